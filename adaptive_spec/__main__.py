@@ -1,0 +1,3 @@
+from adaptive_spec.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,80 @@
+"""Sources of randomness for drafting and verification.
+
+Every stochastic function in adaptive-spec draws through a :class:`Sampler`, which has two
+methods: a Bernoulli ``flip`` and a ``categorical`` draw. Two implementations exist:
+
+* :class:`TorchSampler` wraps the caller's ``torch.Generator`` (CPU or CUDA). This is what
+  the engine and the public ``verify`` use.
+* ``adaptive_spec.verifiers.exact.Chooser`` enumerates every outcome of both choices with
+  its exact probability. Running the *same* verifier code under it gives the exact law of
+  the verifier's output (reference §14, "probabilistic-program enumeration").
+
+So the code that is exact-tested is the code that ships.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """A source of Bernoulli and categorical draws."""
+
+    def flip(self, prob: float) -> bool:
+        """Return True with probability ``prob`` (a float in [0, 1])."""
+        ...
+
+    def categorical(self, weights: torch.Tensor) -> int:
+        """Draw an index with probability proportional to ``weights`` (Tensor[V], >= 0)."""
+        ...
+
+
+class TorchSampler:
+    """A :class:`Sampler` over a ``torch.Generator``.
+
+    Uniforms are drawn from the generator in blocks of ``block`` (one host sync per block);
+    categorical draws use ``torch.multinomial`` on the weights' device with the same
+    generator, so a CUDA generator keeps the vocabulary-sized work on the GPU.
+    """
+
+    def __init__(self, generator: torch.Generator, block: int = 64) -> None:
+        if not isinstance(generator, torch.Generator):
+            raise TypeError(f"expected a torch.Generator, got {type(generator).__name__}")
+        self.generator = generator
+        self._block = block
+        self._uniforms: list[float] = []
+
+    def uniform(self) -> float:
+        """One U(0, 1) draw."""
+        if not self._uniforms:
+            u = torch.rand(
+                self._block, generator=self.generator, dtype=torch.float64, device=self.generator.device
+            )
+            self._uniforms = u.tolist()[::-1]
+        return self._uniforms.pop()
+
+    def flip(self, prob: float) -> bool:
+        return self.uniform() < float(prob)
+
+    def categorical(self, weights: torch.Tensor) -> int:
+        w = weights.to(self.generator.device)
+        if w.dtype not in (torch.float32, torch.float64):
+            w = w.double()
+        return int(torch.multinomial(w, 1, generator=self.generator).item())
+
+
+def as_sampler(source: torch.Generator | Sampler | None) -> Sampler:
+    """Turn a ``torch.Generator`` (or an existing :class:`Sampler`) into a :class:`Sampler`.
+
+    ``None`` is refused: every random draw in adaptive-spec comes from the caller's generator.
+    """
+    if isinstance(source, torch.Generator):
+        return TorchSampler(source)
+    if source is None:
+        raise TypeError("a torch.Generator is required (pass torch.Generator().manual_seed(seed))")
+    if isinstance(source, Sampler):
+        return source
+    raise TypeError(f"expected a torch.Generator or Sampler, got {type(source).__name__}")

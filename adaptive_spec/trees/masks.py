@@ -1,0 +1,57 @@
+"""Tree attention masks and position ids for scoring a whole draft tree in one forward pass.
+
+The tree's nodes are fed to the model as one block of ``N`` tokens after ``past_length``
+cached tokens. Node i may attend to every cached token and to its own ancestors (itself
+included), never to siblings or cousins. Its position id is ``past_length + depth``, the
+position it would have in sequential decoding.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def ancestor_matrix(parents: torch.Tensor | list[int]) -> torch.Tensor:
+    """BoolTensor[N, N]: entry (i, j) is True when node j is node i or one of its ancestors.
+
+    Args:
+        parents: LongTensor[N] (or list) of parent indices, -1 for the root; every parent
+            index is smaller than its child's.
+    """
+    parents = torch.as_tensor(parents, dtype=torch.long)
+    n = parents.shape[0]
+    anc = torch.eye(n, dtype=torch.bool, device=parents.device)
+    # Row i = row parent(i) | e_i; parents precede children, so one pass in order suffices.
+    # The Python loop is over tree nodes (<= a few hundred), never over the vocabulary.
+    par = parents.tolist()
+    for i in range(1, n):
+        if par[i] >= 0:
+            anc[i] |= anc[par[i]]
+    return anc
+
+
+def tree_attention_mask(
+    parents: torch.Tensor | list[int],
+    past_length: int,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """4-D additive float mask ``[1, 1, N, past_length + N]`` for the tree block.
+
+    Allowed positions hold 0, masked ones the dtype's most negative finite value, as
+    transformers expects of a custom 4-D mask.
+    """
+    anc = ancestor_matrix(parents).to(device)
+    n = anc.shape[0]
+    mask = torch.full((n, past_length + n), torch.finfo(dtype).min, dtype=dtype, device=device)
+    mask[:, :past_length] = 0
+    mask[:, past_length:].masked_fill_(anc, 0)
+    return mask[None, None]  # [1, 1, N, past+N]
+
+
+def tree_position_ids(
+    depths: torch.Tensor | list[int], past_length: int, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """LongTensor[1, N]: position ``past_length + depth`` for every node."""
+    depths = torch.as_tensor(depths, dtype=torch.long, device=device)
+    return (past_length + depths)[None]

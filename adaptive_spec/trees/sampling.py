@@ -1,0 +1,125 @@
+"""Reference drafting: sample a :class:`DraftTree` from a draft distribution function.
+
+``sample_tree`` is the reference path for tests and research: it calls
+``draft_probs_fn(prefix)`` once per expanded node. The engine drafts with batched model
+calls and must produce the same law (tested in the engine's tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from adaptive_spec.rng import Sampler, as_sampler
+from adaptive_spec.trees.shapes import DraftLaw, TreeShape
+from adaptive_spec.trees.tree import DraftTree
+
+DraftProbsFn = Callable[[tuple[int, ...]], torch.Tensor]
+
+
+class _Builder:
+    """Accumulates nodes while a tree is drafted."""
+
+    def __init__(self, draft_probs_fn: DraftProbsFn, sampler: Sampler) -> None:
+        self.fn = draft_probs_fn
+        self.sampler = sampler
+        self.tokens = [-1]
+        self.parents = [-1]
+        self.depths = [0]
+        self.child_draws: list[list[int]] = [[]]
+        self.prefixes: list[tuple[int, ...]] = [()]
+        self.index: dict[tuple[int, ...], int] = {(): 0}
+        self.rows: dict[int, torch.Tensor] = {}
+        self.vocab: int | None = None
+
+    def row(self, node: int) -> torch.Tensor:
+        """The draft distribution at ``node`` (computed once per node)."""
+        r = self.rows.get(node)
+        if r is None:
+            r = _check_row(self.fn(self.prefixes[node]), self.prefixes[node], self.vocab)
+            self.vocab = r.shape[0]
+            self.rows[node] = r
+        return r
+
+    def draw(self, parent: int, weights: torch.Tensor) -> int:
+        token = self.sampler.categorical(weights)
+        key = self.prefixes[parent] + (token,)
+        idx = self.index.get(key)
+        if idx is None:
+            idx = len(self.tokens)
+            self.tokens.append(token)
+            self.parents.append(parent)
+            self.depths.append(self.depths[parent] + 1)
+            self.child_draws.append([])
+            self.prefixes.append(key)
+            self.index[key] = idx
+        self.child_draws[parent].append(idx)
+        return idx
+
+    def rollout(self, start: int, length: int) -> int:
+        node = start
+        for _ in range(length):
+            node = self.draw(node, self.row(node))
+        return node
+
+    def finish(self, shape: TreeShape) -> DraftTree:
+        ref = self.row(0)
+        probs = torch.zeros(len(self.tokens), ref.shape[0], dtype=ref.dtype, device=ref.device)
+        for i, r in self.rows.items():
+            probs[i] = r
+        return DraftTree(self.tokens, self.parents, self.depths, probs, self.child_draws, shape)
+
+
+def sample_tree(
+    shape: TreeShape, draft_probs_fn: DraftProbsFn, generator: torch.Generator | Sampler
+) -> DraftTree:
+    """Draw a draft tree of ``shape``.
+
+    Args:
+        shape: the tree shape (and so the drafting law).
+        draft_probs_fn: ``prefix -> Tensor[V]``, the draft's next-token distribution after
+            the root context extended by ``prefix``.
+        generator: the caller's ``torch.Generator`` (or a :class:`~adaptive_spec.rng.Sampler`).
+
+    Returns:
+        The tree, with ``draft_probs`` filled for every expanded node.
+    """
+    b = _Builder(draft_probs_fn, as_sampler(generator))
+    b.row(0)
+    if shape.law is DraftLaw.WITHOUT_REPLACEMENT:
+        _expand_without_replacement(b, 0, shape.widths)
+    else:
+        branch = b.rollout(0, shape.trunk)
+        if shape.law is not DraftLaw.CHAIN:
+            for _ in range(shape.paths):
+                b.rollout(branch, shape.branch_len)
+    return b.finish(shape)
+
+
+def _expand_without_replacement(b: _Builder, node: int, widths: tuple[int, ...]) -> None:
+    if not widths:
+        return
+    weights = b.row(node).clone()
+    children = []
+    for _ in range(widths[0]):
+        if not bool(weights.sum() > 0):  # fewer tokens in the support than the width
+            break
+        child = b.draw(node, weights)
+        weights[b.tokens[child]] = 0
+        children.append(child)
+    for child in children:
+        _expand_without_replacement(b, child, widths[1:])
+
+
+def _check_row(row: torch.Tensor, prefix: tuple[int, ...], vocab: int | None) -> torch.Tensor:
+    if not isinstance(row, torch.Tensor) or row.dim() != 1:
+        raise ValueError(f"draft_probs_fn{prefix} must return a 1-D tensor over the vocabulary")
+    if vocab is not None and row.shape[0] != vocab:
+        raise ValueError(f"draft_probs_fn{prefix} returned {row.shape[0]} entries, expected {vocab}")
+    if not bool(torch.isfinite(row).all()) or bool((row < 0).any()):
+        raise ValueError(f"draft_probs_fn{prefix} returned NaN, inf or negative probabilities")
+    total = float(row.sum())
+    if abs(total - 1.0) > 1e-4:
+        raise ValueError(f"draft_probs_fn{prefix} returned probabilities that sum to {total}, not 1")
+    return row

@@ -1,0 +1,160 @@
+"""Tree shapes and drafting laws.
+
+A :class:`TreeShape` says *how* a draft tree is drawn from the draft model. Its
+:class:`DraftLaw` is the part of that description a verifier's losslessness depends on
+(reference §1: "the drafting law is part of the verifier's contract").
+
+Shapes are canonical: a shape that is, as a law, a single chain (``iid(1, L)``,
+``delayed(t, 1, L)``, ``delayed(t, K, 0)``, ``without_replacement((1, 1))``) is built as
+``chain``; ``delayed(0, K, L)`` is built as ``iid(K, L)``. So the law tag is always the most
+specific one, and every verifier that accepts a richer law accepts the chain too.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+
+class DraftLaw(str, enum.Enum):
+    """The drafting law a tree was drawn from."""
+
+    CHAIN = "chain"
+    """One path, each token drawn from the draft's distribution at its parent."""
+    IID = "iid"
+    """K i.i.d. rollouts from the root; child draws kept with multiplicity."""
+    DELAYED = "delayed"
+    """A single trunk path, then K i.i.d. rollouts from the trunk's end (DDTE, reference §10)."""
+    WITHOUT_REPLACEMENT = "without_replacement"
+    """k distinct children per node, drawn one after another without replacement."""
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    """A drafting recipe: which law and which sizes.
+
+    Build shapes with the constructors :meth:`chain`, :meth:`iid`, :meth:`delayed` and
+    :meth:`without_replacement` (or :meth:`parse`), not with the dataclass constructor.
+
+    Attributes:
+        law: the drafting law.
+        trunk: length of the single trunk path (the whole length for a chain).
+        paths: number K of i.i.d. rollouts after the trunk (1 for a chain).
+        branch_len: length of each rollout after the trunk (0 for a chain).
+        widths: number of distinct children per node at each depth (without replacement only).
+    """
+
+    law: DraftLaw
+    trunk: int = 0
+    paths: int = 1
+    branch_len: int = 0
+    widths: tuple[int, ...] = ()
+
+    # ----------------------------------------------------------------- constructors
+    @classmethod
+    def chain(cls, length: int) -> TreeShape:
+        """A single path of ``length`` draft tokens."""
+        _check_int("length", length, 0)
+        return cls(DraftLaw.CHAIN, trunk=length)
+
+    @classmethod
+    def iid(cls, paths: int, length: int) -> TreeShape:
+        """``paths`` i.i.d. rollouts of ``length`` tokens from the root."""
+        _check_int("paths", paths, 1)
+        _check_int("length", length, 0)
+        if paths == 1 or length == 0:
+            return cls.chain(length)
+        return cls(DraftLaw.IID, trunk=0, paths=paths, branch_len=length)
+
+    @classmethod
+    def delayed(cls, trunk: int, paths: int, branch_len: int) -> TreeShape:
+        """A trunk of ``trunk`` tokens, then ``paths`` i.i.d. rollouts of ``branch_len`` tokens."""
+        _check_int("trunk", trunk, 0)
+        _check_int("paths", paths, 1)
+        _check_int("branch_len", branch_len, 0)
+        if paths == 1 or branch_len == 0:
+            return cls.chain(trunk + (branch_len if paths == 1 else 0))
+        if trunk == 0:
+            return cls.iid(paths, branch_len)
+        return cls(DraftLaw.DELAYED, trunk=trunk, paths=paths, branch_len=branch_len)
+
+    @classmethod
+    def without_replacement(cls, widths: tuple[int, ...] | list[int]) -> TreeShape:
+        """``widths[d]`` distinct children per node at depth ``d``, drawn without replacement."""
+        widths = tuple(int(w) for w in widths)
+        for w in widths:
+            _check_int("width", w, 1)
+        if all(w == 1 for w in widths):
+            return cls.chain(len(widths))
+        return cls(DraftLaw.WITHOUT_REPLACEMENT, widths=widths)
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def depth(self) -> int:
+        """Maximum depth of a drafted node (number of draft tokens on the longest path)."""
+        if self.law is DraftLaw.WITHOUT_REPLACEMENT:
+            return len(self.widths)
+        return self.trunk + self.branch_len
+
+    @property
+    def branch_depth(self) -> int:
+        """Depth of the node where i.i.d. branching starts (the trunk length)."""
+        return self.trunk if self.law in (DraftLaw.IID, DraftLaw.DELAYED) else 0
+
+    @property
+    def max_nodes(self) -> int:
+        """Largest possible number of nodes, root included (duplicates merged make it smaller)."""
+        if self.law is DraftLaw.WITHOUT_REPLACEMENT:
+            total, level = 1, 1
+            for w in self.widths:
+                level *= w
+                total += level
+            return total
+        return 1 + self.trunk + self.paths * self.branch_len
+
+    @property
+    def num_draws(self) -> int:
+        """Number of tokens the draft model samples to build the tree (before merging)."""
+        if self.law is DraftLaw.WITHOUT_REPLACEMENT:
+            return self.max_nodes - 1
+        return self.trunk + self.paths * self.branch_len
+
+    def __str__(self) -> str:
+        if self.law is DraftLaw.CHAIN:
+            return f"chain:{self.trunk}"
+        if self.law is DraftLaw.IID:
+            return f"iid:{self.paths}x{self.branch_len}"
+        if self.law is DraftLaw.DELAYED:
+            return f"delayed:{self.trunk}x{self.paths}x{self.branch_len}"
+        return "wor:" + "x".join(str(w) for w in self.widths)
+
+    @classmethod
+    def parse(cls, text: str) -> TreeShape:
+        """Parse ``chain:L``, ``iid:KxL``, ``delayed:TxKxB`` or ``wor:W1xW2x...``.
+
+        Raises:
+            ValueError: if the text does not follow that grammar.
+        """
+        m = re.fullmatch(r"\s*(chain|iid|delayed|wor|without_replacement):([0-9x]+)\s*", text)
+        if not m:
+            raise ValueError(
+                f"cannot parse tree shape {text!r}: expected chain:L, iid:KxL, delayed:TxKxB "
+                "or wor:W1xW2x... (for example 'delayed:2x3x3')"
+            )
+        kind, sizes = m.group(1), [int(s) for s in m.group(2).split("x") if s]
+        expected = {"chain": 1, "iid": 2, "delayed": 3}
+        if kind in expected and len(sizes) != expected[kind]:
+            raise ValueError(f"tree shape {text!r}: '{kind}' takes {expected[kind]} sizes")
+        if kind == "chain":
+            return cls.chain(sizes[0])
+        if kind == "iid":
+            return cls.iid(sizes[0], sizes[1])
+        if kind == "delayed":
+            return cls.delayed(*sizes)
+        return cls.without_replacement(sizes)
+
+
+def _check_int(name: str, value: int, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"tree shape: {name} must be an integer >= {minimum}, got {value!r}")

@@ -1,0 +1,122 @@
+"""The draft tree: distinct prefixes of the root context with their draft distributions."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from adaptive_spec.trees.shapes import DraftLaw, TreeShape
+
+
+@dataclass
+class DraftTree:
+    """A draft tree over the root context.
+
+    Node 0 is the root (the empty prefix ``()``). Every other node is a distinct prefix: its
+    parent's prefix plus one drafted token. Nodes are numbered in creation order, so a parent
+    always has a smaller index than its children.
+
+    Attributes:
+        tokens: ``tokens[i]`` is node i's last token (-1 for the root).
+        parents: ``parents[i]`` is node i's parent index (-1 for the root).
+        depths: ``depths[i]`` is the number of drafted tokens in node i's prefix.
+        draft_probs: Tensor[num_nodes, V]; row i is the draft's next-token distribution after
+            prefix i, the law its children were drawn from. Rows of nodes that were never
+            expanded (leaves) are unused and may be zero.
+        child_draws: ``child_draws[i]`` lists node indices of node i's children in the order
+            the drafting law drew them, with multiplicity for i.i.d. drafting (a token drawn
+            by three paths appears three times).
+        shape: the :class:`TreeShape` it was drawn with; ``shape.law`` is the law tag that
+            verifiers check.
+    """
+
+    tokens: list[int]
+    parents: list[int]
+    depths: list[int]
+    draft_probs: torch.Tensor  # [N, V]
+    child_draws: list[list[int]]
+    shape: TreeShape
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if not (len(self.parents) == len(self.depths) == len(self.child_draws) == n):
+            raise ValueError("DraftTree: tokens, parents, depths and child_draws must have one entry per node")
+        if self.draft_probs.dim() != 2 or self.draft_probs.shape[0] != n:
+            raise ValueError(
+                f"DraftTree: draft_probs must be [num_nodes={n}, V], got {tuple(self.draft_probs.shape)}"
+            )
+        if n == 0 or self.parents[0] != -1:
+            raise ValueError("DraftTree: node 0 must be the root, with parent -1")
+        for i in range(1, n):
+            if not 0 <= self.parents[i] < i:
+                raise ValueError(f"DraftTree: node {i} has parent {self.parents[i]}, which is not an earlier node")
+
+    # ----------------------------------------------------------------- structure
+    @property
+    def law(self) -> DraftLaw:
+        """The drafting law this tree was drawn from."""
+        return self.shape.law
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.draft_probs.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.draft_probs.device
+
+    @cached_property
+    def children(self) -> list[list[int]]:
+        """Distinct children of each node in order of first appearance among the draws."""
+        out: list[list[int]] = []
+        for draws in self.child_draws:
+            seen: list[int] = []
+            for c in draws:
+                if c not in seen:
+                    seen.append(c)
+            out.append(seen)
+        return out
+
+    @cached_property
+    def prefixes(self) -> list[tuple[int, ...]]:
+        """Node i's token tuple; index 0 is the root ``()``."""
+        out: list[tuple[int, ...]] = [()]
+        for i in range(1, self.num_nodes):
+            out.append(out[self.parents[i]] + (self.tokens[i],))
+        return out
+
+    def path(self, node: int) -> list[int]:
+        """Node indices from the root to ``node``, both included."""
+        out = [node]
+        while self.parents[out[-1]] >= 0:
+            out.append(self.parents[out[-1]])
+        return out[::-1]
+
+    def child_with_token(self, node: int, token: int) -> int | None:
+        """The child of ``node`` whose last token is ``token``, or None."""
+        for c in self.children[node]:
+            if self.tokens[c] == token:
+                return c
+        return None
+
+    @cached_property
+    def max_depth(self) -> int:
+        return max(self.depths)
+
+    def parents_tensor(self, device: torch.device | None = None) -> torch.Tensor:
+        """LongTensor[N] of parent indices (-1 for the root)."""
+        return torch.tensor(self.parents, dtype=torch.long, device=device or self.device)
+
+    def tokens_tensor(self, device: torch.device | None = None) -> torch.Tensor:
+        """LongTensor[N] of node tokens (-1 for the root)."""
+        return torch.tensor(self.tokens, dtype=torch.long, device=device or self.device)
+
+    def depths_tensor(self, device: torch.device | None = None) -> torch.Tensor:
+        """LongTensor[N] of node depths."""
+        return torch.tensor(self.depths, dtype=torch.long, device=device or self.device)

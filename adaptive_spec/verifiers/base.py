@@ -1,0 +1,93 @@
+"""The verifier contract and shared numerics.
+
+Vocabulary (as in vLLM's rejection sampler and the reference):
+
+* **accepted** tokens: the drafted tokens on the path from the root to the accepted node;
+* **recovered** token: drawn from a residual distribution at the accepted node, when the
+  verifier rejected (some of) its children;
+* **bonus** token: drawn from the target's own distribution at the accepted node (a leaf
+  whose path was accepted whole, or a node left untouched).
+
+A verifier is a pure function ``(tree, target_probs, sampler) -> VerifyResult``. It never
+mutates its inputs. ``target_probs`` is Tensor[num_nodes, V], row i the target's
+next-token distribution after ``tree.prefixes[i]``; the draft's rows are on the tree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """What a verifier decided for one draft tree.
+
+    Attributes:
+        node: index of the accepted node in the tree (0 = the root: nothing accepted).
+        num_accepted: number of accepted draft tokens, the node's depth (τ).
+        tokens: the accepted tokens followed by the recovered or bonus token (τ + 1 tokens).
+        bonus: True when the last token is a bonus token (drawn from the target's row of an
+            untouched node), False when it is a recovered token (drawn from a residual).
+    """
+
+    node: int
+    num_accepted: int
+    tokens: tuple[int, ...]
+    bonus: bool
+
+    @property
+    def accepted_tokens(self) -> tuple[int, ...]:
+        return self.tokens[:-1]
+
+    @property
+    def next_token(self) -> int:
+        """The recovered or bonus token, the last one emitted."""
+        return self.tokens[-1]
+
+    def as_tensor(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """LongTensor[τ + 1] of the emitted tokens."""
+        return torch.tensor(self.tokens, dtype=torch.long, device=device)
+
+
+def positive_part(x: torch.Tensor) -> torch.Tensor:
+    """``(x)_+`` elementwise."""
+    return x.clamp_min(0.0)
+
+
+def normalized_or(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
+    """``weights / sum(weights)``, or ``fallback`` when the weights are all zero.
+
+    The reference (§2) notes that an all-zero residual is never sampled by a correct
+    verifier (it only arises with probability 0); the fallback keeps the code total.
+    """
+    total = float(weights.sum())
+    if total > 0.0:
+        return weights / total
+    return fallback
+
+
+def accept_prob(target: float, draft: float) -> float:
+    """``min(1, target / draft)``, 0 when the draft probability is 0 (reference §2)."""
+    if draft <= 0.0:
+        return 0.0
+    return min(1.0, target / draft)
+
+
+def result_for(tree, node: int, token: int, bonus: bool) -> VerifyResult:  # noqa: ANN001
+    """Build a :class:`VerifyResult` for ``node`` followed by ``token``."""
+    prefix = tree.prefixes[node]
+    return VerifyResult(node=node, num_accepted=len(prefix), tokens=prefix + (int(token),), bonus=bonus)
+
+
+def edge_probs(tree, probs: torch.Tensor) -> list[float]:  # noqa: ANN001
+    """``probs[parent(i), token(i)]`` for every node i (0.0 for the root), as floats.
+
+    One gather and one host transfer for the whole tree.
+    """
+    if tree.num_nodes == 1:
+        return [0.0]
+    par = tree.parents_tensor(probs.device)[1:]
+    tok = tree.tokens_tensor(probs.device)[1:]
+    return [0.0] + probs[par, tok].double().tolist()

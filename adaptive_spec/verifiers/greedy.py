@@ -1,0 +1,26 @@
+"""Greedy verification (temperature 0), reference §2.
+
+The target at temperature 0 is one-hot at argmax p. Take the longest root path whose every
+token equals the target's argmax at its parent, then emit the argmax at its end. Ties are
+broken towards the lowest token id, as ``torch.argmax`` and transformers' greedy search do.
+Lossless for any tree with respect to the greedy target; no randomness is used.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from adaptive_spec.rng import Sampler
+from adaptive_spec.trees import DraftTree
+from adaptive_spec.verifiers.base import VerifyResult, result_for
+
+
+def verify_greedy(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:  # noqa: ARG001
+    """Greedy verification of any tree; ``sampler`` is unused."""
+    argmax = target_probs.argmax(dim=-1).tolist()  # one pass over all rows, one host transfer
+    node = 0
+    while True:
+        child = tree.child_with_token(node, argmax[node])
+        if child is None:
+            return result_for(tree, node, argmax[node], bonus=not tree.children[node])
+        node = child

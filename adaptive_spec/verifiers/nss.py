@@ -1,0 +1,23 @@
+"""Naive speculative sampling, NSS (SpecInfer), reference §7.
+
+Ignore the draft: draw Y ~ p at the node and move to the child holding Y, if any. Lossless
+for any tree, deterministic ones included.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from adaptive_spec.rng import Sampler
+from adaptive_spec.trees import DraftTree
+from adaptive_spec.verifiers.base import VerifyResult
+from adaptive_spec.verifiers.walk import top_down_walk
+
+
+def _nss_solver(p, q, candidates, sampler):  # noqa: ANN001, ANN202, ARG001
+    return sampler.categorical(p), True
+
+
+def verify_nss(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:
+    """NSS: sample from the target at each node and follow the tree while it matches."""
+    return top_down_walk(tree, target_probs, sampler, _nss_solver, distinct=True)

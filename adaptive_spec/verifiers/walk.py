@@ -1,0 +1,52 @@
+"""The top-down tree walk shared by the OT-based verifiers (reference §5, "Tree walk").
+
+Start at the root and call the node-level solver on the node's candidates. If the token it
+returns is a child, move there and repeat; otherwise stop and emit it. At a leaf, emit a
+bonus token from p. Each solver outputs exactly p(·|node) when its candidates follow its
+drafting contract, so the walk is lossless for that contract.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from adaptive_spec.rng import Sampler
+from adaptive_spec.trees import DraftTree
+from adaptive_spec.verifiers.base import VerifyResult, result_for
+
+# (target row p, draft row q, candidate tokens, sampler) -> (token, drawn from unmodified p)
+NodeSolver = Callable[[torch.Tensor, torch.Tensor, list[int], Sampler], tuple[int, bool]]
+
+
+def top_down_walk(
+    tree: DraftTree,
+    target_probs: torch.Tensor,
+    sampler: Sampler,
+    solver: NodeSolver,
+    *,
+    distinct: bool,
+) -> VerifyResult:
+    """Walk the tree top-down with ``solver`` at each node.
+
+    Args:
+        tree: the draft tree.
+        target_probs: Tensor[N, V].
+        sampler: source of randomness.
+        solver: the node-level solver.
+        distinct: pass the distinct children in order of first appearance (without
+            replacement) instead of every draw with multiplicity (i.i.d.).
+    """
+    node = 0
+    while True:
+        p = target_probs[node].double()
+        if not tree.child_draws[node]:
+            return result_for(tree, node, sampler.categorical(p), bonus=True)
+        draws = tree.children[node] if distinct else tree.child_draws[node]
+        candidates = [tree.tokens[c] for c in draws]
+        token, from_target = solver(p, tree.draft_probs[node].double(), candidates, sampler)
+        child = tree.child_with_token(node, token)
+        if child is None:
+            return result_for(tree, node, token, bonus=from_target)
+        node = child
