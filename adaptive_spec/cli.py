@@ -1,0 +1,46 @@
+"""The ``adaptive-spec`` command line: one dispatch table over ordinary typed functions.
+
+Each command module exposes ``add_arguments(parser)`` and ``run(args) -> int``; the table
+below maps command paths to those modules, imported lazily so that ``--help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command path -> (module, one-line help)
+COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("bench", "verifiers"): (
+        "adaptive_spec.bench.verifiers",
+        "exact block efficiency vs the LP limit per verifier, or (--speed) microseconds per verification",
+    ),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="adaptive-spec", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for path, (module, help_text) in COMMANDS.items():
+        if len(path) == 1:
+            p = sub.add_parser(path[0], help=help_text)
+        else:
+            if path[0] not in groups:
+                g = sub.add_parser(path[0], help=f"{path[0]} commands")
+                groups[path[0]] = g.add_subparsers(dest="subcommand", required=True)
+            p = groups[path[0]].add_parser(path[1], help=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``adaptive-spec`` console script."""
+    args = build_parser().parse_args(argv)
+    return int(importlib.import_module(args._module).run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
