@@ -58,7 +58,7 @@ def block_verify_path(
             continue
         residual = positive_part(w[i] * target_probs[path[i]].double() - draft_row(i))
         s = float(residual.sum())
-        denom = s + 1.0 - w[i]
+        denom = s + (1.0 - w[i])
         h = s / denom if denom > 0 else 0.0  # S = 0 and w = 1: p == q, h undefined, set 0 (§3)
         if sampler.flip(h):
             return result_for(tree, path[i], sampler.categorical(residual), bonus=False)

@@ -80,7 +80,7 @@ def traversal_impl(
         r = positive_part(w[n] * mb_n - ms_n)
         s = float(r.sum())
         if parent_rule == "residual":
-            new_w = s / (s + 1.0 - w[n]) if s > 0 else 0.0
+            new_w = s / (s + (1.0 - w[n])) if s > 0 else 0.0
         elif parent_rule == "remaining_mass":  # negative control, lossy
             remaining = float(ms_n.sum()) - float(ms_n[t])
             new_w = min(1.0, s / remaining) if remaining > 0 else 0.0

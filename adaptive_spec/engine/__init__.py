@@ -1,0 +1,24 @@
+"""The speculative-decoding engine over transformers models.
+
+``SpecEngine(target, draft, tokenizer).generate(prompt, plan="delayed:2x3x3/traversal")``;
+``plan=None`` is plain autoregressive decoding with the target (the baseline).
+"""
+
+from adaptive_spec.engine.engine import EngineState, GenerationResult, SpecEngine
+from adaptive_spec.engine.metrics import GenerationStats
+from adaptive_spec.engine.plan import Plan, Planner, StaticPlanner, StepResult, StepState
+from adaptive_spec.engine.sampling import SamplingConfig, build_logits_processor
+
+__all__ = [
+    "EngineState",
+    "GenerationResult",
+    "GenerationStats",
+    "Plan",
+    "Planner",
+    "SamplingConfig",
+    "SpecEngine",
+    "StaticPlanner",
+    "StepResult",
+    "StepState",
+    "build_logits_processor",
+]

@@ -1,0 +1,579 @@
+"""The speculative-decoding engine: plan -> draft -> score -> verify -> commit, one step at a time.
+
+Vocabulary as in :mod:`adaptive_spec.verifiers.base`: a step drafts a tree with the draft
+model, scores every node in ONE target forward (tree attention mask + explicit position ids),
+verifies it with a registered verifier, and commits the *accepted* tokens plus one
+*recovered* or *bonus* token to both KV caches.
+
+Cache convention (see :mod:`adaptive_spec.engine.kv_cache`): after the prefill the target's
+cache holds ``context[:-1]``; a step's target block is ``[context[-1]] + drafted nodes``, the
+root node being the last committed token. Committing gathers the accepted nodes' KV rows
+into place and crops the rest.
+
+Vocabulary size: both models' logits are cut to ``vocab_size = min(target logits, draft
+logits, len(tokenizer))``, so that models whose embedding matrices are padded differently
+can share a tokenizer. The target law sampled from (by the baseline and by every lossless
+plan alike) is the target's distribution restricted to those tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from adaptive_spec.engine.drafting import check_finite, draft_tree
+from adaptive_spec.engine.kv_cache import ModelRunner
+from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
+from adaptive_spec.engine.plan import Plan, StepResult, StepState, as_plan
+from adaptive_spec.engine.sampling import ProbsFn, SamplingConfig, build_logits_processor
+from adaptive_spec.verifiers import REGISTRY, verify
+
+
+@dataclass
+class GenerationResult:
+    """The output of :meth:`SpecEngine.generate`.
+
+    Attributes:
+        token_ids: the generated tokens (EOS or the stop string included when generation
+            ended on one), prompt excluded.
+        text: ``token_ids`` decoded with special tokens skipped (None without a tokenizer).
+        stats: counters and timings, see :class:`GenerationStats`.
+        steps: one :class:`StepResult` per speculative step (empty for autoregressive decoding).
+        state: the final :class:`EngineState` (models' caches included) when asked for with
+            ``keep_state=True``, else None.
+    """
+
+    token_ids: list[int]
+    text: str | None
+    stats: GenerationStats
+    steps: list[StepResult] = field(default_factory=list)
+    state: EngineState | None = None
+
+
+@dataclass
+class EngineState:
+    """Everything one ``generate`` call mutates, passed explicitly through the loop.
+
+    Attributes:
+        context: committed tokens, prompt then generated.
+        prompt_length: number of prompt tokens.
+        target: the target model with its cache.
+        draft: the draft model with its cache (None for autoregressive decoding).
+        generator: the source of every random draw.
+        stats: running statistics.
+        steps: step results so far.
+    """
+
+    context: list[int]
+    prompt_length: int
+    target: ModelRunner
+    draft: ModelRunner | None
+    generator: torch.Generator
+    stats: GenerationStats
+    steps: list[StepResult] = field(default_factory=list)
+
+    @property
+    def generated(self) -> list[int]:
+        return self.context[self.prompt_length :]
+
+
+class SpecEngine:
+    """Lossless speculative decoding with a target and a draft transformers model.
+
+    Args:
+        target: the target causal LM (``PreTrainedModel``), eager or SDPA attention.
+        draft: the draft causal LM; same tokenizer as the target.
+        tokenizer: the shared tokenizer (needed for text prompts and ``text`` outputs).
+        device: where to run both models (default: the target's device).
+        dtype: cast both models to this dtype (default: leave them as they are).
+        draft_tokenizer: the draft's tokenizer, if separate; it must agree with ``tokenizer``
+            on every token id below ``vocab_size``.
+
+    Raises:
+        ValueError: unsupported attention implementation or cache type, or mismatched
+            tokenizers.
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        draft: PreTrainedModel,
+        tokenizer: Any = None,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        *,
+        draft_tokenizer: Any = None,
+    ) -> None:
+        device = torch.device(device) if device is not None else target.device
+        self.target = target.to(device=device, dtype=dtype).eval() if dtype else target.to(device).eval()
+        self.draft = draft.to(device=device, dtype=dtype).eval() if dtype else draft.to(device).eval()
+        self.device = device
+        self.tokenizer = tokenizer
+        sizes = [_logits_size(self.target), _logits_size(self.draft)]
+        if tokenizer is not None:
+            sizes.append(len(tokenizer))
+        self.vocab_size = min(sizes)
+        self.input_vocab_size = min(m.get_input_embeddings().weight.shape[0] for m in (self.target, self.draft))
+        if tokenizer is not None and draft_tokenizer is not None:
+            check_same_tokenizer(tokenizer, draft_tokenizer, self.vocab_size)
+        windows = [_context_window(m) for m in (self.target, self.draft)]
+        windows = [w for w in windows if w]
+        self.max_positions: int | None = min(windows) if windows else None
+        self.eos_token_ids = _eos_ids(self.target, tokenizer)
+        # Check the attention implementations now rather than at the first call.
+        ModelRunner(self.target)
+        ModelRunner(self.draft)
+        self.sync_timing = True  # CUDA: synchronise at phase boundaries so that phase times are real
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(
+        cls,
+        target: str,
+        draft: str,
+        *,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | str | None = None,
+        attn_implementation: str = "sdpa",
+        trust_remote_code: bool = False,
+        local_files_only: bool | None = None,
+    ) -> SpecEngine:
+        """Load target, draft and their tokenizers from local directories or hub ids.
+
+        Local directories need no network. ``trust_remote_code`` stays off unless asked;
+        ``local_files_only`` defaults to True when both paths are existing directories.
+
+        Raises:
+            ValueError: the two tokenizers disagree.
+        """
+        import os
+
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if isinstance(dtype, str):
+            dtype = _parse_dtype(dtype)
+        if local_files_only is None:
+            local_files_only = os.path.isdir(target) and os.path.isdir(draft)
+        kw = {"trust_remote_code": trust_remote_code, "local_files_only": local_files_only}
+        models = [
+            AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype or "auto", attn_implementation=attn_implementation, **kw
+            )
+            for path in (target, draft)
+        ]
+        tokenizer = AutoTokenizer.from_pretrained(target, **kw)
+        try:
+            draft_tokenizer = AutoTokenizer.from_pretrained(draft, **kw)
+        except (OSError, ValueError):  # a draft saved without its tokenizer shares the target's
+            draft_tokenizer = None
+        return cls(models[0], models[1], tokenizer, device=device, dtype=dtype, draft_tokenizer=draft_tokenizer)
+
+    # ------------------------------------------------------------------ public API
+    def generate(
+        self,
+        prompt: str | Sequence[int] | torch.Tensor,
+        max_new_tokens: int = 32,
+        temperature: float = 1.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        plan: Plan | str | Any = None,
+        seed: int | None = None,
+        stop: Sequence[str | int] | str | None = None,
+        streamer: Any = None,
+        keep_state: bool = False,
+    ) -> GenerationResult:
+        """Generate up to ``max_new_tokens`` tokens after ``prompt``.
+
+        Args:
+            prompt: text (needs a tokenizer) or token ids (list, 1-D tensor or [1, n] tensor).
+            max_new_tokens: exact budget of new tokens (>= 1).
+            temperature: 0 = greedy (the ``greedy`` verifier is used whatever the plan says;
+                the plan's tree shape is still drafted); > 0 samples.
+            top_k: top-k filter (0 disables), applied to draft and target alike.
+            top_p: nucleus filter (1 disables), applied to draft and target alike.
+            plan: None for plain autoregressive decoding with the target (the baseline); a
+                :class:`Plan`; a plan string ``"<tree shape>/<verifier>"`` such as
+                ``"delayed:2x3x3/traversal"``; or a planner with ``choose(state) -> Plan``
+                (and optionally ``observe(step_result)``).
+            seed: seeds the ``torch.Generator`` every random draw comes from (None: random).
+            stop: extra stop conditions: strings (generation stops once the decoded output
+                contains one; it is kept in the output) and/or token ids (treated as EOS).
+            streamer: a transformers-style streamer (``put(tensor)``/``end()``), e.g.
+                ``TextStreamer``; it first receives the prompt ids, then each step's tokens.
+            keep_state: attach the final :class:`EngineState` (with both KV caches) to the
+                result, for inspection.
+
+        Returns:
+            A :class:`GenerationResult`.
+
+        Raises:
+            ValueError: invalid prompt, sampling parameters, plan or budget; NaN/inf logits.
+        """
+        it = self._run(prompt, max_new_tokens, temperature, top_k, top_p, plan, seed, stop, streamer)
+        while True:
+            try:
+                next(it)
+            except StopIteration as done:
+                result: GenerationResult = done.value
+                if not keep_state:
+                    result.state = None
+                return result
+
+    def stream(self, prompt: str | Sequence[int] | torch.Tensor, **kwargs: Any) -> Iterator[str]:
+        """Like :meth:`generate`, but yield the generated text in chunks as steps complete.
+
+        Needs a tokenizer. A chunk is held back while it ends in an incomplete UTF-8
+        character. Keyword arguments are those of :meth:`generate`.
+        """
+        if self.tokenizer is None:
+            raise ValueError("stream() needs a tokenizer; pass tokenizer= to SpecEngine")
+        it = self._run(
+            prompt,
+            kwargs.pop("max_new_tokens", 32),
+            kwargs.pop("temperature", 1.0),
+            kwargs.pop("top_k", 0),
+            kwargs.pop("top_p", 1.0),
+            kwargs.pop("plan", None),
+            kwargs.pop("seed", None),
+            kwargs.pop("stop", None),
+            kwargs.pop("streamer", None),
+        )
+        if kwargs:
+            raise TypeError(f"stream() got unexpected arguments: {', '.join(kwargs)}")
+        generated: list[int] = []
+        sent = ""
+        for chunk in it:
+            generated.extend(chunk)
+            text = self.tokenizer.decode(generated, skip_special_tokens=True)
+            if text.endswith("\ufffd") or len(text) <= len(sent):
+                continue
+            yield text[len(sent) :]
+            sent = text
+        text = self.tokenizer.decode(generated, skip_special_tokens=True)
+        if len(text) > len(sent):
+            yield text[len(sent) :]
+
+    # ------------------------------------------------------------------ the loop
+    def _run(
+        self,
+        prompt: str | Sequence[int] | torch.Tensor,
+        max_new_tokens: int,
+        temperature: float,
+        top_k: int,
+        top_p: float,
+        plan: Any,
+        seed: int | None,
+        stop: Sequence[str | int] | str | None,
+        streamer: Any,
+    ) -> Iterator[list[int]]:
+        """Yield each step's emitted tokens; return the :class:`GenerationResult`."""
+        t_start = time.perf_counter()
+        prompt_ids = self._prompt_ids(prompt)
+        sampling = SamplingConfig(temperature, top_k, top_p)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        choose, observe = _planner_fns(plan)
+        stop_strings, stop_ids = _split_stop(stop)
+        if stop_strings and self.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; pass token ids instead")
+        eos = self.eos_token_ids | stop_ids
+        budget = max_new_tokens
+        if self.max_positions is not None:
+            room = self.max_positions - len(prompt_ids)
+            if room < 1:
+                raise ValueError(
+                    f"the prompt has {len(prompt_ids)} tokens and the context window is {self.max_positions}: "
+                    "no room for a new token; shorten the prompt"
+                )
+            budget = min(budget, room)
+
+        processors = build_logits_processor(sampling.generation_config())
+        target_probs_fn = ProbsFn(processors, self.vocab_size, one_hot=sampling.greedy)
+        # At T=0 the draft drafts from its untempered softmax (any draft is fine for greedy verification).
+        draft_probs_fn = ProbsFn(processors, self.vocab_size, one_hot=False)
+
+        generator = torch.Generator(device=self.device)
+        if seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(int(seed))
+
+        stats = GenerationStats()
+        state = EngineState(
+            context=list(prompt_ids),
+            prompt_length=len(prompt_ids),
+            target=ModelRunner(self.target),
+            draft=ModelRunner(self.draft) if choose is not None else None,
+            generator=generator,
+            stats=stats,
+        )
+        timer = PhaseTimer(stats.phase_times_s, self.device, self.sync_timing)
+        if streamer is not None:
+            streamer.put(torch.tensor([prompt_ids]))
+
+        # Inference mode is entered around each forward-running call, never across a yield.
+        with torch.inference_mode():
+            prompt_t = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
+            timer.switch("target")
+            state.target.chain_forward(prompt_t[:-1], logits_to_keep=1)
+            if state.draft is not None:
+                timer.switch("draft")
+                state.draft.chain_forward(prompt_t[:-1], logits_to_keep=1)
+            timer.switch("other")
+
+        while True:
+            remaining = budget - len(state.generated)
+            if choose is None:
+                emitted = self._autoregressive_step(state, target_probs_fn, sampling.greedy, timer)
+            else:
+                step_state = StepState(
+                    step=stats.steps,
+                    context_length=len(state.context),
+                    generated=len(state.generated),
+                    remaining=remaining,
+                    temperature=float(temperature),
+                    last=state.steps[-1] if state.steps else None,
+                )
+                step_plan = as_plan(choose(step_state)).truncated(remaining - 1)
+                result = self._speculative_step(state, step_plan, sampling, target_probs_fn, draft_probs_fn, timer)
+                state.steps.append(result)
+                emitted = list(result.tokens)
+                if observe is not None:
+                    observe(result)
+            stats.steps += 1
+
+            # Cut at the budget, at EOS, or at a stop string.
+            emitted = emitted[:remaining]
+            reason = "max_new_tokens" if len(emitted) == remaining else ""
+            for i, tok in enumerate(emitted):
+                if tok in eos:
+                    emitted, reason = emitted[: i + 1], "eos"
+                    break
+            before = len(state.generated)
+            state.context.extend(emitted)
+            if stop_strings:
+                cut = self._stop_string_cut(state.generated, before, stop_strings)
+                if cut is not None:
+                    del state.context[state.prompt_length + cut :]
+                    emitted, reason = state.generated[before:], "stop"
+            if reason == "max_new_tokens" and budget < max_new_tokens and len(state.generated) == budget:
+                reason = "context_window"
+            timer.switch(None)
+            if streamer is not None and emitted:
+                streamer.put(torch.tensor(emitted))
+            if emitted:
+                yield emitted
+            timer.switch("other")
+            if reason:
+                stats.stop_reason = reason
+                break
+        timer.switch(None)
+
+        if streamer is not None:
+            streamer.end()
+        stats.new_tokens = len(state.generated)
+        stats.target_forwards = state.target.forwards
+        stats.draft_forwards = state.draft.forwards if state.draft is not None else 0
+        stats.wall_time_s = time.perf_counter() - t_start
+        text = self.tokenizer.decode(state.generated, skip_special_tokens=True) if self.tokenizer is not None else None
+        return GenerationResult(list(state.generated), text, stats, state.steps, state)
+
+    @torch.inference_mode()
+    def _autoregressive_step(
+        self, state: EngineState, target_probs_fn: ProbsFn, greedy: bool, timer: PhaseTimer
+    ) -> list[int]:
+        """One plain target decoding step (the baseline): feed the pending token, sample the next."""
+        timer.switch("target")
+        target = state.target
+        pending = torch.tensor(state.context[target.cached :], dtype=torch.long, device=self.device)
+        logits = target.chain_forward(pending, logits_to_keep=1)  # [1, V']
+        check_finite(logits, "target")
+        if greedy:
+            token = logits[0, : self.vocab_size].argmax()
+        else:
+            probs = target_probs_fn(logits)  # [1, V]
+            token = torch.multinomial(probs[0], 1, generator=state.generator)[0]
+        state.stats.accept_lengths.append(0)
+        state.stats.tree_sizes.append(1)
+        timer.switch("other")
+        return [int(token.item())]
+
+    @torch.inference_mode()
+    def _speculative_step(
+        self,
+        state: EngineState,
+        plan: Plan,
+        sampling: SamplingConfig,
+        target_probs_fn: ProbsFn,
+        draft_probs_fn: ProbsFn,
+        timer: PhaseTimer,
+    ) -> StepResult:
+        """Draft, score, verify and commit one tree."""
+        target, draft = state.target, state.draft
+        assert draft is not None
+        verifier = "greedy" if sampling.greedy else plan.verifier
+        if not sampling.greedy and REGISTRY[verifier].greedy_only:
+            raise ValueError(
+                f"verifier {verifier!r} is only lossless at temperature 0; use temperature=0 or another verifier"
+            )
+        device = self.device
+        n_ctx = len(state.context)
+
+        # 1) draft the tree
+        timer.switch("draft")
+        draft_base = draft.cached
+        pending_d = torch.tensor(state.context[draft_base:], dtype=torch.long, device=device)
+        outcome = draft_tree(draft, pending_d, plan.shape, draft_probs_fn, state.generator, sampling.greedy)
+        tree = outcome.tree
+        N = tree.num_nodes
+
+        # 2) score every node in one target forward: block = pending (root last) + drafted nodes
+        timer.switch("target")
+        target_base = target.cached
+        p = n_ctx - target_base
+        ids = torch.tensor(state.context[target_base:] + tree.tokens[1:], dtype=torch.long, device=device)
+        depths = torch.tensor(tree.depths[1:], dtype=torch.long, device=device)
+        pos = torch.cat([torch.arange(target_base, n_ctx, device=device), n_ctx - 1 + depths])
+        m = p - 1 + N
+        anc = torch.zeros(m, m, dtype=torch.bool, device=device)  # [block, block]
+        anc[:p, :p] = torch.ones(p, p, dtype=torch.bool, device=device).tril_()
+        anc[p - 1 :, : p - 1] = True
+        anc[p - 1 :, p - 1 :] = outcome.ancestors
+        logits = target.block_forward(ids, pos, anc, logits_to_keep=N)  # [N, V']
+        check_finite(logits, "target")
+        target_probs = target_probs_fn(logits)  # [N, V]
+
+        # 3) verify
+        timer.switch("verify")
+        result = verify(verifier, tree, target_probs, state.generator, allow_lossy=plan.allow_lossy, check_inputs=False)
+
+        # 4) commit the accepted path to both caches
+        timer.switch("other")
+        accepted = tree.path(result.node)[1:]  # accepted nodes, root excluded
+        rows = torch.tensor([n_ctx - 1 + a for a in accepted], dtype=torch.long, device=device)
+        target.commit(n_ctx, rows)
+        if outcome.pending_fed:
+            fed = [a for a in accepted if a < outcome.fed_nodes]
+            rows_d = torch.tensor([n_ctx - 1 + a for a in fed], dtype=torch.long, device=device)
+            draft.commit(n_ctx, rows_d)
+        state.stats.accept_lengths.append(result.num_accepted)
+        state.stats.tree_sizes.append(N)
+        return StepResult(plan, N, result.num_accepted, result.tokens, result.bonus, timer.take_step())
+
+    # ------------------------------------------------------------------ helpers
+    def _prompt_ids(self, prompt: str | Sequence[int] | torch.Tensor) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError("a text prompt needs a tokenizer; pass tokenizer= or give token ids")
+            ids = list(self.tokenizer(prompt)["input_ids"])
+        elif isinstance(prompt, torch.Tensor):
+            if prompt.dim() == 2 and prompt.shape[0] == 1:
+                prompt = prompt[0]
+            if prompt.dim() != 1:
+                raise ValueError(f"a token-id prompt must be 1-D or [1, n], got shape {tuple(prompt.shape)}")
+            ids = [int(x) for x in prompt.tolist()]
+        elif isinstance(prompt, Sequence):
+            ids = [int(x) for x in prompt]
+        else:
+            raise ValueError(f"prompt must be text or token ids, got {type(prompt).__name__}")
+        if not ids:
+            raise ValueError("the prompt is empty: give at least one token (e.g. the BOS token)")
+        bad = [t for t in ids if not 0 <= t < self.input_vocab_size]
+        if bad:
+            raise ValueError(
+                f"prompt token ids {bad[:5]} are outside the models' vocabulary [0, {self.input_vocab_size})"
+            )
+        return ids
+
+    def _stop_string_cut(self, generated: list[int], before: int, stop_strings: list[str]) -> int | None:
+        """Smallest token count whose decoded text contains a stop string (None if there is none)."""
+        decode = self.tokenizer.decode
+        if not any(s in decode(generated, skip_special_tokens=True) for s in stop_strings):
+            return None
+        for n in range(before + 1, len(generated) + 1):
+            text = decode(generated[:n], skip_special_tokens=True)
+            if any(s in text for s in stop_strings):
+                return n
+        return len(generated)
+
+
+# ---------------------------------------------------------------------- module helpers
+def check_same_tokenizer(tokenizer: Any, other: Any, vocab_size: int) -> None:
+    """Raise a ValueError unless both tokenizers map the same strings to the same ids below ``vocab_size``."""
+    a = {k: v for k, v in tokenizer.get_vocab().items() if v < vocab_size}
+    b = {k: v for k, v in other.get_vocab().items() if v < vocab_size}
+    if a != b:
+        diff = sorted(set(a.items()) ^ set(b.items()), key=lambda kv: kv[1])[:3]
+        raise ValueError(
+            "the target and draft tokenizers differ (speculative decoding needs one shared vocabulary); "
+            f"first differences: {diff}"
+        )
+
+
+def _logits_size(model: PreTrainedModel) -> int:
+    head = model.get_output_embeddings()
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    return int(model.config.get_text_config().vocab_size)
+
+
+def _context_window(model: PreTrainedModel) -> int | None:
+    cfg = model.config.get_text_config()
+    w = getattr(cfg, "max_position_embeddings", None)
+    return int(w) if w else None
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: Any) -> set[int]:
+    out: set[int] = set()
+    for source in (getattr(model, "generation_config", None), model.config):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        if eos is not None:
+            out.update([eos] if isinstance(eos, int) else list(eos))
+            break
+    if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
+        out.add(int(tokenizer.eos_token_id))
+    return out
+
+
+def _planner_fns(plan: Any) -> tuple[Callable[[StepState], Any] | None, Callable[[StepResult], None] | None]:
+    if plan is None:
+        return None, None
+    if hasattr(plan, "choose"):
+        return plan.choose, getattr(plan, "observe", None)
+    static = as_plan(plan)
+    return (lambda _state: static), None
+
+
+def _split_stop(stop: Sequence[str | int] | str | None) -> tuple[list[str], set[int]]:
+    if stop is None:
+        return [], set()
+    if isinstance(stop, (str, int)):
+        stop = [stop]
+    strings, ids = [], set()
+    for s in stop:
+        if isinstance(s, str) and s:
+            strings.append(s)
+        elif isinstance(s, int) and not isinstance(s, bool) and s >= 0:
+            ids.add(s)
+        else:
+            raise ValueError(f"stop entries must be non-empty strings or token ids, got {s!r}")
+    return strings, ids
+
+
+def _parse_dtype(name: str) -> torch.dtype:
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r}; use one of {', '.join(table)}")
+    return table[name]

@@ -1,0 +1,137 @@
+"""One model with its KV cache: block forwards under a tree mask, and commit/rollback.
+
+Convention (for both models): the cache holds a prefix ``context[:cached]`` of the committed
+context; the tokens ``context[cached:]`` are *pending* and are fed, as a causal chain, at the
+start of the next block. For the target ``cached == len(context) - 1`` after every step (its
+pending token is the last committed one, the tree's root). The draft may lag by one more
+token (an accepted leaf is never fed to the draft).
+
+A block is ``pending chain + tree nodes``; block token j has the parent set given by the
+caller's ancestor rows, and the KV rows of a block are appended to the cache in order.
+Committing keeps ``context[:cached]`` plus chosen block rows (the accepted path), gathered
+in place and then cropped with ``Cache.crop`` (which in transformers 5 takes a negative
+count of tokens to remove).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
+SUPPORTED_ATTENTION = ("eager", "sdpa")
+
+
+class ModelRunner:
+    """A causal LM plus its ``DynamicCache``; the engine keeps one per model.
+
+    Attributes:
+        model: the transformers model (eval mode).
+        cache: its ``DynamicCache``.
+        cached: number of committed context tokens whose KV rows are in the cache.
+        forwards: number of forward passes run so far.
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        impl = getattr(model.config, "_attn_implementation", None) or "eager"
+        if impl not in SUPPORTED_ATTENTION:
+            raise ValueError(
+                f"{type(model).__name__} uses attn_implementation={impl!r}; tree attention needs a custom 4-D "
+                f"mask, supported by {SUPPORTED_ATTENTION}: load it with attn_implementation='sdpa'"
+            )
+        self.model = model
+        self.cache = DynamicCache(config=model.config)
+        for layer in self.cache.layers:
+            if type(layer) is not DynamicLayer or isinstance(layer, DynamicSlidingWindowLayer):
+                raise ValueError(
+                    f"{type(model).__name__}: cache layer {type(layer).__name__} is not supported "
+                    "(sliding-window or hybrid caches cannot be gathered row by row); disable sliding windows"
+                )
+        self.cached = 0
+        self.forwards = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    def cache_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def chain_forward(self, tokens: torch.Tensor, logits_to_keep: int) -> torch.Tensor | None:
+        """Feed committed tokens (LongTensor[n]) with the model's own causal mask.
+
+        Returns the last ``logits_to_keep`` logits rows (None when ``tokens`` is empty); the
+        tokens become committed cache rows.
+        """
+        if tokens.numel() == 0:
+            return None
+        pos = torch.arange(self.cached, self.cached + tokens.numel(), device=tokens.device)
+        out = self.model(
+            input_ids=tokens[None],
+            position_ids=pos[None],
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
+        self.forwards += 1
+        self.cached += tokens.numel()
+        return out.logits[0]
+
+    def block_forward(
+        self,
+        input_ids: torch.Tensor,  # [n]
+        position_ids: torch.Tensor,  # [n]
+        ancestors: torch.Tensor,  # [n, m] bool: rows over the m block tokens fed this step (these n last)
+        logits_to_keep: int,
+    ) -> torch.Tensor:
+        """Run ``n`` block tokens against the cache; return logits Tensor[logits_to_keep, V'].
+
+        The cache must hold ``cached`` committed rows plus the ``m - n`` block tokens fed
+        earlier in this step. Each new token attends to every committed row and to the block
+        tokens marked in its ``ancestors`` row (itself included).
+        """
+        n, m = ancestors.shape
+        past = self.cached
+        if self.cache_length() != past + m - n:
+            raise RuntimeError(f"cache holds {self.cache_length()} rows, expected {past + m - n}")
+        mask = torch.zeros(n, past + m, dtype=self.dtype, device=input_ids.device)  # [n, past + m]
+        mask[:, past:].masked_fill_(~ancestors, torch.finfo(self.dtype).min)
+        out = self.model(
+            input_ids=input_ids[None],
+            attention_mask=mask[None, None],  # [1, 1, n, past + m]
+            position_ids=position_ids[None],
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
+        self.forwards += 1
+        return out.logits[0]  # [logits_to_keep, V']
+
+    def commit(self, committed: int, block_rows: torch.Tensor | None) -> None:
+        """Keep ``committed`` context rows, then the block rows ``block_rows`` (cache indices), drop the rest.
+
+        Args:
+            committed: number of leading cache rows that stay as they are.
+            block_rows: LongTensor[k] of cache row indices (all >= ``committed``) to move, in
+                order, to positions ``committed .. committed + k - 1``; None or empty for none.
+        """
+        k = 0 if block_rows is None else int(block_rows.numel())
+        if k:
+            for layer in self.cache.layers:
+                # index_select copies first, so overlapping source and destination are safe.
+                layer.keys[..., committed : committed + k, :] = layer.keys.index_select(-2, block_rows)
+                layer.values[..., committed : committed + k, :] = layer.values.index_select(-2, block_rows)
+        self.rollback(committed + k)
+
+    def rollback(self, length: int) -> None:
+        """Crop the cache to its first ``length`` rows and mark them committed."""
+        extra = self.cache_length() - length
+        if extra < 0:
+            raise RuntimeError(f"cannot roll back a cache of {self.cache_length()} rows to {length}")
+        if extra:
+            self.cache.crop(-extra)
+        self.cached = length

@@ -1,0 +1,96 @@
+"""Sampling settings at the model boundary: ``GenerationConfig`` -> ``LogitsProcessorList`` -> probabilities.
+
+The same processors are applied to the draft's and the target's logits (reference §2: the
+distributions used for drafting and verification must be the ones actually sampled from).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """Validated sampling settings, following transformers' conventions.
+
+    Attributes:
+        temperature: 0 means greedy decoding (argmax, ties to the lowest token id); > 0 samples
+            from ``softmax(logits / temperature)``.
+        top_k: keep the ``top_k`` most likely tokens (0 disables it).
+        top_p: nucleus sampling mass in (0, 1] (1 disables it).
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        k = self.top_k
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"top_k must be an integer >= 0 (0 disables top-k), got {k!r}")
+        p = self.top_p
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1] (1 disables nucleus sampling), got {p!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def generation_config(self) -> GenerationConfig:
+        """The equivalent transformers ``GenerationConfig``."""
+        if self.greedy:
+            return GenerationConfig(do_sample=False)
+        return GenerationConfig(
+            do_sample=True, temperature=float(self.temperature), top_k=self.top_k or None, top_p=float(self.top_p)
+        )
+
+
+def build_logits_processor(config: GenerationConfig) -> LogitsProcessorList:
+    """Sampling warpers for ``config`` in transformers' order: temperature, top-k, top-p.
+
+    Only the warpers are built (no repetition penalties or other history-dependent
+    processors): those would make the draft and target laws depend on the tree branch.
+    """
+    procs = LogitsProcessorList()
+    if not config.do_sample:
+        return procs
+    if config.temperature is not None and float(config.temperature) != 1.0:
+        procs.append(TemperatureLogitsWarper(float(config.temperature)))
+    if config.top_k:
+        procs.append(TopKLogitsWarper(top_k=int(config.top_k)))
+    if config.top_p is not None and float(config.top_p) < 1.0:
+        procs.append(TopPLogitsWarper(top_p=float(config.top_p)))
+    return procs
+
+
+class ProbsFn:
+    """Turns raw logits rows into the next-token distributions used for sampling.
+
+    ``__call__(logits)`` maps Tensor[n, V'] (any float dtype; V' >= ``vocab_size``) to
+    float32 Tensor[n, vocab_size]. With ``one_hot`` (the target at temperature 0) each row
+    is one-hot at its argmax; otherwise the processors are applied and a softmax taken.
+    """
+
+    def __init__(self, processors: LogitsProcessorList, vocab_size: int, one_hot: bool) -> None:
+        self.processors = processors
+        self.vocab_size = vocab_size
+        self.one_hot = one_hot
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        scores = logits[..., : self.vocab_size].float()  # [n, V]
+        if self.one_hot:
+            out = torch.zeros_like(scores)
+            return out.scatter_(-1, scores.argmax(dim=-1, keepdim=True), 1.0)
+        if len(self.processors):
+            # The warpers used here never read input_ids; an empty placeholder keeps the signature.
+            placeholder = torch.empty(scores.shape[0], 0, dtype=torch.long, device=scores.device)
+            scores = self.processors(placeholder, scores)
+        return torch.softmax(scores, dim=-1)
