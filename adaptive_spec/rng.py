@@ -50,9 +50,7 @@ class TorchSampler:
     def uniform(self) -> float:
         """One U(0, 1) draw."""
         if not self._uniforms:
-            u = torch.rand(
-                self._block, generator=self.generator, dtype=torch.float64, device=self.generator.device
-            )
+            u = torch.rand(self._block, generator=self.generator, dtype=torch.float64, device=self.generator.device)
             self._uniforms = u.tolist()[::-1]
         return self._uniforms.pop()
 

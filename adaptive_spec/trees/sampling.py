@@ -71,9 +71,7 @@ class _Builder:
         return DraftTree(self.tokens, self.parents, self.depths, probs, self.child_draws, shape)
 
 
-def sample_tree(
-    shape: TreeShape, draft_probs_fn: DraftProbsFn, generator: torch.Generator | Sampler
-) -> DraftTree:
+def sample_tree(shape: TreeShape, draft_probs_fn: DraftProbsFn, generator: torch.Generator | Sampler) -> DraftTree:
     """Draw a draft tree of ``shape``.
 
     Args:

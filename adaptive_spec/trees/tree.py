@@ -44,9 +44,7 @@ class DraftTree:
         if not (len(self.parents) == len(self.depths) == len(self.child_draws) == n):
             raise ValueError("DraftTree: tokens, parents, depths and child_draws must have one entry per node")
         if self.draft_probs.dim() != 2 or self.draft_probs.shape[0] != n:
-            raise ValueError(
-                f"DraftTree: draft_probs must be [num_nodes={n}, V], got {tuple(self.draft_probs.shape)}"
-            )
+            raise ValueError(f"DraftTree: draft_probs must be [num_nodes={n}, V], got {tuple(self.draft_probs.shape)}")
         if n == 0 or self.parents[0] != -1:
             raise ValueError("DraftTree: node 0 must be the root, with parent -1")
         for i in range(1, n):

@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):  # noqa: ANN202
+def __getattr__(name: str):
     # scipy is imported only when the LP is used.
     if name == "lp_limit":
         from adaptive_spec.verifiers.lp import lp_limit

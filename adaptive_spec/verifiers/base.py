@@ -75,13 +75,13 @@ def accept_prob(target: float, draft: float) -> float:
     return min(1.0, target / draft)
 
 
-def result_for(tree, node: int, token: int, bonus: bool) -> VerifyResult:  # noqa: ANN001
+def result_for(tree, node: int, token: int, bonus: bool) -> VerifyResult:
     """Build a :class:`VerifyResult` for ``node`` followed by ``token``."""
     prefix = tree.prefixes[node]
     return VerifyResult(node=node, num_accepted=len(prefix), tokens=prefix + (int(token),), bonus=bonus)
 
 
-def edge_probs(tree, probs: torch.Tensor) -> list[float]:  # noqa: ANN001
+def edge_probs(tree, probs: torch.Tensor) -> list[float]:
     """``probs[parent(i), token(i)]`` for every node i (0.0 for the root), as floats.
 
     One gather and one host transfer for the whole tree.

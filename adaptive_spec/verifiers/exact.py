@@ -142,9 +142,7 @@ def target_joint(target_fn: ProbsFn, vocab: int, length: int) -> dict[tuple[int,
     return joint
 
 
-def completed_tv(
-    law: dict[tuple[int, ...], float], target_fn: ProbsFn, vocab: int, length: int
-) -> tuple[float, float]:
+def completed_tv(law: dict[tuple[int, ...], float], target_fn: ProbsFn, vocab: int, length: int) -> tuple[float, float]:
     """Complete each output to ``length`` tokens with target samples; return (TV, total mass).
 
     TV = ½ Σ_s |P_completed(s) − p^n(s)| over all s in V^length (reference §14 item 3).

@@ -22,5 +22,5 @@ def verify_greedy(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler)
     while True:
         child = tree.child_with_token(node, argmax[node])
         if child is None:
-            return result_for(tree, node, argmax[node], bonus=not tree.children[node])
+            return result_for(tree, node, argmax[node], bonus=True)
         node = child

@@ -45,9 +45,7 @@ def verify_hsd(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) ->
 
     def plus(k: int) -> tuple[torch.Tensor, float]:
         run_max = max([1.0] + [big_p[j] / big_q[j] for j in range(k + 1) if big_q[j] > 0])
-        diff = (big_p[k] / run_max) * target_probs[path[k]].double() - big_q[k] * tree.draft_probs[
-            path[k]
-        ].double()
+        diff = (big_p[k] / run_max) * target_probs[path[k]].double() - big_q[k] * tree.draft_probs[path[k]].double()
         pos = positive_part(diff)
         s_plus, s_minus = float(pos.sum()), float(positive_part(-diff).sum())
         stop = s_plus / max(s_plus, s_minus) if s_plus > 0 else 0.0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 import torch
@@ -31,10 +31,10 @@ def toy_instance() -> Instance:
     """The context-free toy of reference §3: p = (1/3, 2/3), q = (2/3, 1/3)."""
     p = torch.tensor([1 / 3, 2 / 3], dtype=torch.float64)
     q = torch.tensor([2 / 3, 1 / 3], dtype=torch.float64)
-    return Instance("toy", 2, lambda c: p, lambda c: q)
+    return Instance("toy", 2, lambda _c: p, lambda _c: q)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _row(seed: int, model: int, context: tuple[int, ...], vocab: int, zero_frac: float, alpha: float) -> torch.Tensor:
     rng = np.random.default_rng([seed, model, len(context), *context])
     x = rng.dirichlet(np.full(vocab, alpha))

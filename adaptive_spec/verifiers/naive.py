@@ -16,7 +16,7 @@ from adaptive_spec.verifiers.base import VerifyResult, accept_prob, normalized_o
 from adaptive_spec.verifiers.walk import top_down_walk
 
 
-def _naive_solver(p, q, candidates, sampler):  # noqa: ANN001, ANN202
+def _naive_solver(p, q, candidates, sampler):
     x = candidates[0]
     if sampler.flip(accept_prob(float(p[x]), float(q[x]))):
         return x, False

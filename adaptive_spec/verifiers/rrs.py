@@ -42,11 +42,11 @@ def rrs_solve(
     return sampler.categorical(p), not touched
 
 
-def _specinfer_solver(p, q, candidates, sampler):  # noqa: ANN001, ANN202
+def _specinfer_solver(p, q, candidates, sampler):
     return rrs_solve(p, q, candidates, sampler, without_replacement=False)
 
 
-def _rrsw_solver(p, q, candidates, sampler):  # noqa: ANN001, ANN202
+def _rrsw_solver(p, q, candidates, sampler):
     return rrs_solve(p, q, candidates, sampler, without_replacement=True)
 
 

@@ -18,26 +18,27 @@ def tiny_model(
     max_positions: int = 256,
     eos: int | None = 1,
     init_range: float = 0.3,
+    layers: int = 2,
 ):
-    """A 2-layer random causal LM; ``init_range`` large enough that the logits are peaked."""
+    """A small random causal LM (2 layers by default); ``init_range`` large enough that the logits are peaked."""
     common = {"vocab_size": vocab, "bos_token_id": 0, "eos_token_id": eos, "pad_token_id": 0}
     if kind == "llama":
         cfg = LlamaConfig(
-            hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2, num_attention_heads=4,
+            hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=max_positions, initializer_range=init_range,
             tie_word_embeddings=False, **common,
         )  # fmt: skip
         cls = LlamaForCausalLM
     elif kind == "qwen2":
         cfg = Qwen2Config(
-            hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2, num_attention_heads=4,
+            hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=max_positions, initializer_range=init_range,
             tie_word_embeddings=False, use_sliding_window=False, **common,
         )  # fmt: skip
         cls = Qwen2ForCausalLM
     elif kind == "gpt2":
         cfg = GPT2Config(
-            n_embd=hidden, n_layer=2, n_head=4, n_positions=max_positions, initializer_range=init_range,
+            n_embd=hidden, n_layer=layers, n_head=4, n_positions=max_positions, initializer_range=init_range,
             **common,
         )  # fmt: skip
         cls = GPT2LMHeadModel

@@ -1,0 +1,113 @@
+"""End-to-end losslessness: the joint law of the first 3 generated tokens is the target's law.
+
+Tiny random models over V=8 tokens; the exact target law of (x1, x2, x3) is computed by
+enumerating all V^2 two-token continuations in one batched forward. Each case runs the engine
+a few thousand times with seeds 0..n-1 and applies a chi-square test (cells with small
+expected counts pooled). Seeds are fixed, so the outcome is deterministic.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from _tiny import perturbed, tiny_model
+from scipy.stats import chisquare
+
+from adaptive_spec.engine import SpecEngine
+from adaptive_spec.engine.sampling import ProbsFn, SamplingConfig, build_logits_processor
+from adaptive_spec.trees import DraftLaw
+from adaptive_spec.verifiers import REGISTRY
+
+V = 8
+PROMPT = [3]  # one token: no prefill, so each run is a few forwards
+SHAPE_FOR_LAW = {
+    DraftLaw.CHAIN: "chain:2",
+    DraftLaw.IID: "iid:2x2",
+    DraftLaw.DELAYED: "delayed:1x2x1",
+    DraftLaw.WITHOUT_REPLACEMENT: "wor:2x2",
+}
+ALL_CASES = [
+    (name, law)
+    for name, spec in REGISTRY.items()
+    if spec.lossless and not spec.greedy_only
+    for law in DraftLaw
+    if law in spec.laws
+]
+# A quick subset (every law, five verifiers) in the default run; the full sweep is marked slow.
+FAST_CASES = [
+    ("token", DraftLaw.CHAIN),
+    ("traversal", DraftLaw.WITHOUT_REPLACEMENT),
+    ("specinfer", DraftLaw.IID),
+    ("gbv", DraftLaw.DELAYED),
+    ("block", DraftLaw.CHAIN),
+]
+SLOW_CASES = [c for c in ALL_CASES if c not in FAST_CASES]
+SAMPLING = SamplingConfig(temperature=0.9, top_k=6, top_p=1.0)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: threads only add overhead
+    target = tiny_model("llama", vocab=V, hidden=16, eos=None, init_range=0.5, seed=11, layers=1)
+    draft = perturbed(target, scale=0.8, seed=12)
+    yield SpecEngine(target, draft)
+    torch.set_num_threads(threads)
+
+
+def exact_law(model, sampling: SamplingConfig) -> torch.Tensor:
+    """Tensor[V, V, V]: the target's law of the first three tokens under ``sampling``."""
+    probs_fn = ProbsFn(build_logits_processor(sampling.generation_config()), V, one_hot=False)
+    seqs = torch.tensor([PROMPT + [a, b] for a, b in itertools.product(range(V), repeat=2)])  # [V*V, L+2]
+    with torch.inference_mode():
+        logits = model(input_ids=seqs).logits  # [V*V, L+2, V]
+    L = len(PROMPT)
+    p1 = probs_fn(logits[0, L - 1 : L]).double()[0]  # [V]
+    p2 = probs_fn(logits[::V, L]).double()  # [V(x1), V]: sequences with b == 0 give p(x2 | x1)
+    p3 = probs_fn(logits[:, L + 1]).double().view(V, V, V)  # [x1, x2, x3]
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor, min_expected: float = 5.0) -> float:
+    n = counts.sum()
+    expected = probs.flatten() * n
+    counts = counts.flatten().double()
+    assert counts[expected == 0].sum() == 0, "a zero-probability outcome was generated"
+    small = expected < min_expected
+    obs = torch.cat([counts[~small], counts[small].sum()[None]])
+    exp = torch.cat([expected[~small], expected[small].sum()[None]])
+    keep = exp > 0
+    obs, exp = obs[keep], exp[keep]
+    exp = exp * (obs.sum() / exp.sum())  # float rounding: scipy wants equal totals
+    return float(chisquare(obs.numpy(), exp.numpy()).pvalue)
+
+
+def run_case(engine: SpecEngine, verifier: str, law: DraftLaw, runs: int) -> float:
+    plan = f"{SHAPE_FOR_LAW[law]}/{verifier}"
+    counts = torch.zeros(V, V, V, dtype=torch.long)
+    for seed in range(runs):
+        out = engine.generate(
+            PROMPT, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k, plan=plan, seed=seed
+        )
+        counts[tuple(out.token_ids)] += 1
+    return chi_square_pvalue(counts, exact_law(engine.target, SAMPLING))
+
+
+def test_autoregressive_baseline_is_the_target_law(engine: SpecEngine) -> None:
+    counts = torch.zeros(V, V, V, dtype=torch.long)
+    for seed in range(2000):
+        counts[tuple(engine.generate(PROMPT, max_new_tokens=3, temperature=0.9, top_k=6, seed=seed).token_ids)] += 1
+    assert chi_square_pvalue(counts, exact_law(engine.target, SAMPLING)) > 1e-3
+
+
+@pytest.mark.parametrize(("verifier", "law"), FAST_CASES, ids=[f"{v}-{law.value}" for v, law in FAST_CASES])
+def test_lossless_end_to_end(engine: SpecEngine, verifier: str, law: DraftLaw) -> None:
+    assert run_case(engine, verifier, law, runs=2000) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("verifier", "law"), SLOW_CASES, ids=[f"{v}-{law.value}" for v, law in SLOW_CASES])
+def test_lossless_end_to_end_all_verifiers(engine: SpecEngine, verifier: str, law: DraftLaw) -> None:
+    assert run_case(engine, verifier, law, runs=3000) > 1e-3
