@@ -12,6 +12,14 @@ import sys
 
 # command path -> (module, one-line help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("generate",): (
+        "adaptive_spec.engine.cli_generate",
+        "generate text with speculative decoding (a tree plan) or plain autoregressive decoding",
+    ),
+    ("bench", "e2e"): (
+        "adaptive_spec.bench.e2e",
+        "end-to-end tokens/s of plans vs autoregressive and transformers' assisted generation",
+    ),
     ("bench", "verifiers"): (
         "adaptive_spec.bench.verifiers",
         "exact block efficiency vs the LP limit per verifier, or (--speed) microseconds per verification",

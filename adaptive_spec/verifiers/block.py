@@ -42,7 +42,7 @@ def block_verify_path(
     """
     gamma = len(path) - 1
     if gamma == 0:
-        return result_for(tree, 0, sampler.categorical(target_probs[0].double()), bonus=True)
+        return result_for(tree, 0, sampler.categorical(target_probs[0]), bonus=True)
     nodes = torch.tensor(path, device=target_probs.device)
     toks = torch.tensor([tree.tokens[n] for n in path[1:]], device=target_probs.device)
     p_edge = target_probs[nodes[:-1], toks].double().tolist()
@@ -52,17 +52,21 @@ def block_verify_path(
 
     if sampler.flip(w[gamma]):
         leaf = path[gamma]
-        return result_for(tree, leaf, sampler.categorical(target_probs[leaf].double()), bonus=True)
-    for i in range(gamma - 1, 0, -1):
-        if w[i] <= 0.0:  # S_i = 0 and w_i = 0: h_i = 0, nothing to draw
-            continue
-        residual = positive_part(w[i] * target_probs[path[i]].double() - draft_row(i))
+        return result_for(tree, leaf, sampler.categorical(target_probs[leaf]), bonus=True)
+    residuals: dict[int, torch.Tensor] = {}
+
+    def h(i: int) -> float:
+        residual = positive_part(w[i] * target_probs[path[i]] - draft_row(i))
+        residuals[i] = residual
         s = float(residual.sum())
         denom = s + (1.0 - w[i])
-        h = s / denom if denom > 0 else 0.0  # S = 0 and w = 1: p == q, h undefined, set 0 (§3)
-        if sampler.flip(h):
-            return result_for(tree, path[i], sampler.categorical(residual), bonus=False)
-    p0 = target_probs[0].double()
+        return s / denom if denom > 0 else 0.0  # S = 0 and w = 1: p == q, h undefined, set 0 (§3)
+
+    for i in range(gamma - 1, 0, -1):
+        # h_i <= w_i (S_i <= w_i), so the row pass is skipped whenever the uniform exceeds w_i.
+        if w[i] > 0.0 and sampler.flip_bounded(w[i], lambda i=i: h(i)):
+            return result_for(tree, path[i], sampler.categorical(residuals[i]), bonus=False)
+    p0 = target_probs[0]
     residual = positive_part(p0 - draft_row(0))
     weights = residual if float(residual.sum()) > 0 else p0
     return result_for(tree, 0, sampler.categorical(weights), bonus=False)
@@ -77,6 +81,6 @@ def verify_block(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) 
         path,
         target_probs,
         [q_edge[n] for n in path[1:]],
-        lambda i: tree.draft_probs[path[i]].double(),
+        lambda i: tree.draft_probs[path[i]],
         sampler,
     )

@@ -52,6 +52,9 @@ class Chooser:
         options = [(v, w) for v, w in ((True, prob), (False, 1.0 - prob)) if w > 0.0]
         return bool(self._choose(options))
 
+    def flip_bounded(self, bound: float, prob: Callable[[], float]) -> bool:  # noqa: ARG002
+        return self.flip(prob())
+
     def categorical(self, weights: torch.Tensor) -> int:
         w = weights.detach().double().cpu()
         total = float(w.sum())

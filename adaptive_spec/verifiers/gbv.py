@@ -57,35 +57,63 @@ def skewed_draft(q: torch.Tensor, cdf: torch.Tensor, a_mass: float, x_mass: floa
     return skew / skew.sum()
 
 
+def _skew_factor(a_mass: float, below: float, qt: float, x_mass: float, k: int) -> float:
+    """P(best path continues with t | best path starts with c), from scalar masses."""
+    b = a_mass + x_mass * below
+    a = b + x_mass * qt
+    num = x_mass * qt * sum(a**j * b ** (k - 1 - j) for j in range(k))
+    den = x_mass * sum((a_mass + x_mass) ** j * a_mass ** (k - 1 - j) for j in range(k))
+    return num / den if den > 0 else 0.0
+
+
 def verify_gbv(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:
-    """GBV on a chain (= BV), an i.i.d. tree or a delayed tree."""
+    """GBV on a chain (= BV), an i.i.d. tree or a delayed tree.
+
+    Only what BV needs is computed eagerly: the rank keys and the CDF value F(t) of the
+    chosen token at each depth (one masked pass per depth). Full skewed rows (one sort each)
+    are built only for the positions the backward scan of BV reaches.
+    """
     k = tree.shape.paths if tree.law in (DraftLaw.IID, DraftLaw.DELAYED) else 1
     branch_depth = tree.shape.branch_depth
     path = [0]
-    draft_rows: list[torch.Tensor] = []
     draft_edge: list[float] = []
+    # Per path position: (q row, key row, A, x) for skewed positions, None for plain q.
+    skew_state: list[tuple[torch.Tensor, torch.Tensor, float, float] | None] = []
     a_mass, x_mass = 0.0, 1.0
     node = 0
     while tree.children[node]:
-        p = target_probs[node].double()
-        q = tree.draft_probs[node].double()
-        key = rank_key(p, q)
         kids = tree.children[node]
         kid_tokens = [tree.tokens[c] for c in kids]
-        kid_keys = key[torch.tensor(kid_tokens, device=key.device)].tolist()
-        # Highest rank: largest key, then largest token id (the same total order as the sort).
-        best = max(range(len(kids)), key=lambda i: (kid_keys[i], kid_tokens[i]))
-        t = kid_tokens[best]
+        q = tree.draft_probs[node].double()
         if tree.depths[node] < branch_depth or k == 1:
-            row = q
+            # Along a shared trunk (or with one path) the chosen path is the drafted one.
+            best = 0
+            t = kid_tokens[0]
+            skew_state.append(None)
+            draft_edge.append(float(q[t]))
         else:
-            cdf = rank_cdf(q, key)
-            row = skewed_draft(q, cdf, a_mass, x_mass, k)
-            # A gains the mass of the paths ranked strictly below c·t; x becomes c·t's mass.
-            a_mass = a_mass + x_mass * (float(cdf[t]) - float(q[t]))
-            x_mass = x_mass * float(q[t])
-        draft_rows.append(row)
-        draft_edge.append(float(row[t]))
+            p = target_probs[node].double()
+            key = rank_key(p, q)
+            kid_keys = key[torch.tensor(kid_tokens, device=key.device)].tolist()
+            # Highest rank: largest key, then largest token id (the order of the stable sort).
+            best = max(range(len(kids)), key=lambda i: (kid_keys[i], kid_tokens[i]))
+            t, kt = kid_tokens[best], kid_keys[best]
+            ids = torch.arange(key.shape[0], device=key.device)
+            # Mass ranked strictly below t: F(t) − q(t).
+            below = float(q[(key < kt) | ((key == kt) & (ids < t))].sum())
+            qt = float(q[t])
+            skew_state.append((q, key, a_mass, x_mass))
+            draft_edge.append(_skew_factor(a_mass, below, qt, x_mass, k))
+            a_mass = a_mass + x_mass * below
+            x_mass = x_mass * qt
         node = kids[best]
         path.append(node)
-    return block_verify_path(tree, path, target_probs, draft_edge, lambda i: draft_rows[i], sampler)
+
+    def draft_row(i: int) -> torch.Tensor:
+        state = skew_state[i]
+        if state is None:
+            return tree.draft_probs[path[i]].double()
+        q, key, a, x = state
+        return skewed_draft(q, rank_cdf(q, key), a, x, k)
+
+    return block_verify_path(tree, path, target_probs, draft_edge, draft_row, sampler)

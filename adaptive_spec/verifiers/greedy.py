@@ -17,10 +17,10 @@ from adaptive_spec.verifiers.base import VerifyResult, result_for
 
 def verify_greedy(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:  # noqa: ARG001
     """Greedy verification of any tree; ``sampler`` is unused."""
-    argmax = target_probs.argmax(dim=-1).tolist()  # one pass over all rows, one host transfer
     node = 0
     while True:
-        child = tree.child_with_token(node, argmax[node])
+        best = int(target_probs[node].argmax())  # only the rows on the accepted path are read
+        child = tree.child_with_token(node, best)
         if child is None:
-            return result_for(tree, node, argmax[node], bonus=True)
+            return result_for(tree, node, best, bonus=True)
         node = child

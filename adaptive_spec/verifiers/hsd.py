@@ -37,15 +37,15 @@ def verify_hsd(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) ->
         big_p.append(big_p[-1] * p_edge[n])
         big_q.append(big_q[-1] * q_edge[n])
     if gamma == 0:
-        return result_for(tree, 0, sampler.categorical(target_probs[0].double()), bonus=True)
+        return result_for(tree, 0, sampler.categorical(target_probs[0]), bonus=True)
     full_ratio = big_p[gamma] / big_q[gamma] if big_q[gamma] > 0 else 0.0
     if sampler.flip(min(1.0, full_ratio)):
         leaf = path[gamma]
-        return result_for(tree, leaf, sampler.categorical(target_probs[leaf].double()), bonus=True)
+        return result_for(tree, leaf, sampler.categorical(target_probs[leaf]), bonus=True)
 
     def plus(k: int) -> tuple[torch.Tensor, float]:
         run_max = max([1.0] + [big_p[j] / big_q[j] for j in range(k + 1) if big_q[j] > 0])
-        diff = (big_p[k] / run_max) * target_probs[path[k]].double() - big_q[k] * tree.draft_probs[path[k]].double()
+        diff = (big_p[k] / run_max) * target_probs[path[k]] - big_q[k] * tree.draft_probs[path[k]]
         pos = positive_part(diff)
         s_plus, s_minus = float(pos.sum()), float(positive_part(-diff).sum())
         stop = s_plus / max(s_plus, s_minus) if s_plus > 0 else 0.0
@@ -56,5 +56,5 @@ def verify_hsd(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) ->
         if sampler.flip(stop):
             return result_for(tree, path[k], sampler.categorical(pos), bonus=False)
     pos, _ = plus(0)  # s_0 = 1
-    p0 = target_probs[0].double()
+    p0 = target_probs[0]
     return result_for(tree, 0, sampler.categorical(normalized_or(pos, p0)), bonus=False)

@@ -28,10 +28,10 @@ def verify_token(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) 
     while tree.children[node]:
         child = tree.children[node][0]
         if not sampler.flip(accept_prob(p_edge[child], q_edge[child])):
-            p = target_probs[node].double()
-            residual = positive_part(p - tree.draft_probs[node].double())
+            p = target_probs[node]
+            residual = positive_part(p - tree.draft_probs[node])
             # An all-zero residual means p == q here, so rejection had probability 0.
             weights = residual if float(residual.sum()) > 0 else p
             return result_for(tree, node, sampler.categorical(weights), bonus=False)
         node = child
-    return result_for(tree, node, sampler.categorical(target_probs[node].double()), bonus=True)
+    return result_for(tree, node, sampler.categorical(target_probs[node]), bonus=True)

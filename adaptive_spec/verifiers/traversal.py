@@ -69,7 +69,7 @@ def traversal_impl(
             row = mb.get(leaf)
             bonus = row is None
             if row is None:
-                row = target_probs[leaf].double()
+                row = target_probs[leaf]
             return result_for(tree, leaf, sampler.categorical(row), bonus=bonus)
 
         # Reject the leaf: delete it and update its parent n.

@@ -40,12 +40,12 @@ def top_down_walk(
     """
     node = 0
     while True:
-        p = target_probs[node].double()
+        p = target_probs[node]
         if not tree.child_draws[node]:
             return result_for(tree, node, sampler.categorical(p), bonus=True)
         draws = tree.children[node] if distinct else tree.child_draws[node]
         candidates = [tree.tokens[c] for c in draws]
-        token, from_target = solver(p, tree.draft_probs[node].double(), candidates, sampler)
+        token, from_target = solver(p, tree.draft_probs[node], candidates, sampler)
         child = tree.child_with_token(node, token)
         if child is None:
             return result_for(tree, node, token, bonus=from_target)

@@ -23,11 +23,11 @@ def test_tree_logits_match_sequential_after_commits(kind: str, attn: str) -> Non
     runner = ModelRunner(model)
     g = torch.Generator().manual_seed(0)
     context = [0, 5, 9, 3, 17]
+    uniform = torch.full((V,), 1.0 / V)
     with torch.inference_mode():
         runner.chain_forward(torch.tensor(context[:-1]), logits_to_keep=1)
         for step, text in enumerate(["delayed:1x3x2", "wor:3x2", "iid:2x3", "chain:3"]):
             shape = TreeShape.parse(text)
-            uniform = torch.full((V,), 1.0 / V)
             tree = sample_tree(shape, lambda _prefix: uniform, g)
             n, N = len(context), tree.num_nodes
             ids = torch.tensor([context[-1], *tree.tokens[1:]])

@@ -1,0 +1,68 @@
+"""``adaptive-spec generate``: generate text with speculative decoding and print statistics."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``generate`` options."""
+    parser.add_argument("--target", required=True, help="target model: local directory or hub id")
+    parser.add_argument("--draft", required=True, help="draft model: local directory or hub id")
+    parser.add_argument("--prompt", required=True, help="prompt text")
+    parser.add_argument(
+        "--plan",
+        default="delayed:2x3x3/traversal",
+        help="'<tree shape>/<verifier>' (shapes: chain:L, iid:KxL, delayed:TxKxB, wor:W1xW2x...) "
+        "or 'ar' for plain autoregressive decoding (default: %(default)s)",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="number of new tokens (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: %(default)s)")
+    parser.add_argument("--top-k", type=int, default=0, help="top-k filter, 0 = off (default: %(default)s)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus filter, 1 = off (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
+    parser.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the hub")
+    parser.add_argument("--stream", action="store_true", help="print text as it is generated")
+    parser.add_argument("--json", action="store_true", help="print the statistics as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the models, generate, print the text and statistics; return the exit status."""
+    import torch
+
+    from adaptive_spec.engine import SpecEngine
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    engine = SpecEngine.from_pretrained(
+        args.target, args.draft, device=device, dtype=args.dtype, trust_remote_code=args.trust_remote_code
+    )
+    plan = None if args.plan.lower() in ("ar", "none", "autoregressive") else args.plan
+    kwargs = {
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "plan": plan,
+        "seed": args.seed,
+    }
+    if args.stream:
+        from transformers import TextStreamer
+
+        result = engine.generate(args.prompt, streamer=TextStreamer(engine.tokenizer, skip_prompt=True), **kwargs)
+    else:
+        result = engine.generate(args.prompt, **kwargs)
+        print(result.text)
+    s = result.stats
+    if args.json:
+        print(json.dumps({"plan": str(plan) if plan else "autoregressive", **s.as_dict()}, indent=2))
+    else:
+        print(
+            f"\n[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, block efficiency {s.block_efficiency:.2f}, "
+            f"{s.target_forwards} target / {s.draft_forwards} draft forwards, stop: {s.stop_reason}]",
+            file=sys.stderr,
+        )
+    return 0
