@@ -15,6 +15,8 @@ a scalar bisection inside the right piece; no per-iteration pass over the vocabu
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from adaptive_spec.rng import Sampler
@@ -31,12 +33,16 @@ def _f(rho: float, a: float, b: float, k: int) -> float:
     return 1.0 - (1.0 - beta) ** k - rho * beta
 
 
+_SORT_LIMIT = 2048  # above this many breakpoints, bucket them first
+_BUCKETS = 1024
+
+
 def spectr_rho(p: torch.Tensor, q: torch.Tensor, k: int) -> float:
     """ρ* for k i.i.d. candidates (the upper end of a bracket of width < 1e-15·k).
 
     Args:
-        p: Tensor[V] float64, target row.
-        q: Tensor[V] float64, draft row.
+        p: Tensor[V], target row.
+        q: Tensor[V], draft row.
         k: number of candidates.
     """
     if k <= 1:
@@ -46,10 +52,42 @@ def spectr_rho(p: torch.Tensor, q: torch.Tensor, k: int) -> float:
     low = p <= q
     high = p >= k * q
     mid = ~(low | high)
-    a0 = float(p[low].sum())
-    b0 = float(q[high].sum())
-    pm, qm = p[mid], q[mid]
-    ratios, order = (pm / qm).sort()
+    a0 = float(torch.where(low, p, 0.0).sum())
+    b0 = float(torch.where(high, q, 0.0).sum())
+    pm, qm = p[mid].double(), q[mid].double()
+    ratios = pm / qm
+    if ratios.numel() > _SORT_LIMIT:
+        # Bucket the log-ratios; f at each non-empty bucket's largest ratio is exact from
+        # the bucket sums, and the root lies in the first bucket where f <= 0, so only that
+        # bucket's breakpoints are sorted.
+        idx = (ratios.log() / math.log(k) * _BUCKETS).long().clamp_(0, _BUCKETS - 1)
+        psum = torch.zeros(_BUCKETS, dtype=pm.dtype, device=pm.device).index_add_(0, idx, pm)
+        qsum = torch.zeros(_BUCKETS, dtype=pm.dtype, device=pm.device).index_add_(0, idx, qm)
+        rmax = torch.ones(_BUCKETS, dtype=pm.dtype, device=pm.device).scatter_reduce_(
+            0, idx, ratios, "amax", include_self=False
+        )
+        filled = torch.zeros(_BUCKETS, dtype=torch.bool, device=pm.device).index_fill_(0, idx, True)
+        a_up = a0 + psum.cumsum(0)  # tokens in buckets <= j contribute p/ρ at ρ = rmax_j
+        b_up = b0 + qm.sum() - qsum.cumsum(0)
+        beta = (a_up / rmax.clamp(min=1.0) + b_up).clamp(max=1.0)
+        f = 1.0 - (1.0 - beta) ** k - rmax * beta
+        hits = (filled & (f <= 0)).nonzero()
+        j = int(hits[0]) if hits.numel() else _BUCKETS
+        if j < _BUCKETS:
+            sel = idx == j
+            a_below = float(a_up[j - 1]) if j > 0 else a0
+            b_above = float(b_up[j])
+            return _solve_sorted(pm[sel], qm[sel], ratios[sel], a_below, b_above, k)
+        # f > 0 at every breakpoint: the root is above them all, in the last piece.
+        return _solve_sorted(pm[:0], qm[:0], ratios[:0], float(a_up[-1]), b0, k, lo=float(ratios.max()))
+    return _solve_sorted(pm, qm, ratios, a0, b0, k)
+
+
+def _solve_sorted(
+    pm: torch.Tensor, qm: torch.Tensor, ratios: torch.Tensor, a0: float, b0: float, k: int, lo: float = 1.0
+) -> float:
+    """Root of f on breakpoints ``ratios``; tokens below contribute ``a0``/ρ, above ``b0``."""
+    ratios, order = ratios.sort()
     pm, qm = pm[order], qm[order]
     # Between breakpoints r_(j) and r_(j+1): β = (a0 + Σ_{i≤j} p_i)/ρ + b0 + Σ_{i>j} q_i.
     a_cum = torch.cat([pm.new_zeros(1), pm.cumsum(0)]) + a0  # [M+1]
@@ -62,7 +100,7 @@ def spectr_rho(p: torch.Tensor, q: torch.Tensor, k: int) -> float:
         j = int(nonpos[0]) if nonpos.numel() else ratios.numel()
     else:
         j = 0
-    lo = float(ratios[j - 1]) if j > 0 else 1.0
+    lo = float(ratios[j - 1]) if j > 0 else lo
     hi = float(ratios[j]) if j < ratios.numel() else float(k)
     a, b = float(a_cum[j]), float(b_cum[j])
     if _f(lo, a, b, k) <= 0:  # root at the left breakpoint (or at 1)

@@ -8,7 +8,7 @@ import torch
 from adaptive_spec.trees import TreeShape
 from adaptive_spec.verifiers import REGISTRY, lp_limit
 from adaptive_spec.verifiers.exact import block_efficiency, output_law, tree_law
-from adaptive_spec.verifiers.gbv import rank_cdf, rank_key, skewed_draft
+from adaptive_spec.verifiers.gbv import rank_cdf, skewed_draft
 from adaptive_spec.verifiers.instances import random_instance, toy_instance
 from adaptive_spec.verifiers.spectr import spectr_rho
 
@@ -40,7 +40,7 @@ def test_gbv_with_one_path_equals_bv(inst):
 @pytest.mark.parametrize("inst", INSTANCES, ids=lambda i: i.name)
 def test_gbv_skew_with_k1_is_the_draft(inst):
     p, q = inst.target_fn(()), inst.draft_fn(())
-    cdf = rank_cdf(q, rank_key(p, q))
+    cdf = rank_cdf(p, q)
     assert torch.allclose(skewed_draft(q, cdf, 0.0, 1.0, 1), q, atol=1e-15)
     # Mid-path masses change nothing for K = 1 either.
     assert torch.allclose(skewed_draft(q, cdf, 0.3, 0.2, 1), q, atol=1e-15)
@@ -159,3 +159,46 @@ def test_spectr_rho_is_the_root_and_on_the_safe_side():
                 lower = rho - 1e-9
                 beta_l = float(torch.minimum(p / lower, q).sum())
                 assert 1 - (1 - beta_l) ** k - lower * beta_l > -1e-12  # and tight
+
+
+@pytest.mark.parametrize("tail_prob", [0.15, 0.35])
+def test_gbv_with_a_large_tail_is_still_exact(monkeypatch, tail_prob):
+    """Exercise the tail ranking (tokens ranked by id below the head) through the exact test."""
+    from adaptive_spec.verifiers import gbv
+    from adaptive_spec.verifiers.exact import completed_tv
+
+    monkeypatch.setattr(gbv, "GBV_TAIL_PROB", tail_prob)
+    for seed in range(8):
+        inst = random_instance(300 + seed, 4, zero_frac=0.1)
+        for shape in [TreeShape.iid(2, 2), TreeShape.delayed(1, 2, 1), TreeShape.iid(3, 1)]:
+            law = output_law(gbv.verify_gbv, shape, inst.draft_fn, inst.target_fn)
+            tv, mass = completed_tv(law, inst.target_fn, inst.vocab, shape.depth + 1)
+            assert tv < 1e-9 and abs(mass - 1) < 1e-12
+
+
+def test_gbv_rank_tuple_matches_rank_cdf_order():
+    for seed in range(10):
+        inst = random_instance(400 + seed, 6, zero_frac=0.2)
+        p, q = inst.target_fn(()), inst.draft_fn(())
+        cdf = rank_cdf(p, q, tail_prob=0.1)
+        from adaptive_spec.verifiers.gbv import rank_tuple
+
+        support = [t for t in range(6) if q[t] > 0]
+        by_tuple = sorted(support, key=lambda t: rank_tuple(float(p[t]), float(q[t]), t, tail_prob=0.1))
+        by_cdf = sorted(support, key=lambda t: float(cdf[t]))
+        assert by_tuple == by_cdf
+
+
+def test_spectr_bucketed_root_equals_the_sorted_root(monkeypatch):
+    from adaptive_spec.verifiers import spectr
+
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(6):
+        logits = torch.randn(6000, generator=gen, dtype=torch.float64) * 2
+        p = torch.softmax(logits, 0)
+        q = torch.softmax(logits + torch.randn(6000, generator=gen, dtype=torch.float64) * (0.3 + trial / 3), 0)
+        for k in (2, 3, 4):
+            monkeypatch.setattr(spectr, "_SORT_LIMIT", 10**9)
+            exact = spectr.spectr_rho(p, q, k)
+            monkeypatch.setattr(spectr, "_SORT_LIMIT", 64)
+            assert spectr.spectr_rho(p, q, k) == pytest.approx(exact, abs=1e-12)
