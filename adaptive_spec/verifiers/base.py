@@ -12,8 +12,9 @@ A verifier is a pure function ``(tree, target_probs, sampler) -> VerifyResult``.
 mutates its inputs. Row arithmetic runs in the rows' own dtype (float64 in the exact tests,
 the model's float32 in the engine, where a float64 copy of a 128k row costs more than the
 arithmetic), except where the reference asks for float64: traversal's Mb/Ms rows and GBV's
-skewed law. Scalars (weights, ratios) are Python floats, i.e. float64, everywhere. ``target_probs`` is Tensor[num_nodes, V], row i the target's
-next-token distribution after ``tree.prefixes[i]``; the draft's rows are on the tree.
+skewed law. Scalars (weights, ratios) are Python floats, i.e. float64, everywhere.
+``target_probs`` is Tensor[num_nodes, V], row i the target's next-token distribution
+after ``tree.prefixes[i]``; the draft's rows are on the tree.
 """
 
 from __future__ import annotations
