@@ -61,9 +61,17 @@ def families() -> list[Family]:
     return out
 
 
-def quality_rows(progress: bool = True) -> list[dict]:
+def quality_rows(
+    progress: bool = True, family_names: list[str] | None = None, shapes: list[TreeShape] | None = None
+) -> list[dict]:
     """One row per (family, shape, verifier): exact BE, LP limit and ratio (means over seeds)."""
-    jobs = [(fam, shape) for fam in families() for shape in QUALITY_SHAPES]
+    fams = families()
+    if family_names:
+        unknown = set(family_names) - {f.name for f in fams}
+        if unknown:
+            raise ValueError(f"unknown families {sorted(unknown)}; known: {[f.name for f in fams]}")
+        fams = [f for f in fams if f.name in family_names]
+    jobs = [(fam, shape) for fam in fams for shape in (shapes or QUALITY_SHAPES)]
     rows = []
     for fam, shape in tqdm(jobs, desc="bench verifiers", disable=not progress):
         limits = [lp_limit(shape, i.draft_fn, i.target_fn, i.vocab) for i in fam.instances]
@@ -162,6 +170,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="device for --speed (default: cuda if available, else cpu)")
     parser.add_argument("--repeats", type=int, default=30, help="timed verifications per cell (--speed)")
     parser.add_argument("--quick", action="store_true", help="--speed at V = 32k only, 10 repeats")
+    parser.add_argument("--families", default=None, help="comma-separated instance families (default: all)")
+    parser.add_argument("--shapes", default=None, help="comma-separated tree shapes, e.g. chain:2,iid:2x2")
+    parser.add_argument("--vocabs", default=None, help="comma-separated vocabulary sizes for --speed")
+    parser.add_argument("--nodes", default=None, help="comma-separated tree sizes for --speed, from 8,32,64")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
@@ -170,13 +182,21 @@ def run(args: argparse.Namespace) -> int:
     if args.speed:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         vocabs = (32_000,) if args.quick else (32_000, 128_000)
+        if args.vocabs:
+            vocabs = tuple(int(v) for v in args.vocabs.split(","))
+        nodes = tuple(int(n) for n in args.nodes.split(",")) if args.nodes else (8, 32, 64)
+        bad = set(nodes) - set(SPEED_SHAPES["chain"])
+        if bad:
+            raise SystemExit(f"--nodes must be among 8, 32, 64 (got {sorted(bad)})")
         repeats = 10 if args.quick else args.repeats
-        rows = speed_rows(device, vocabs=vocabs, repeats=repeats, progress=progress)
+        rows = speed_rows(device, vocabs=vocabs, nodes=nodes, repeats=repeats, progress=progress)
         _print_table(rows, ["verifier", "vocab", "nodes", "shape", "us_per_verify", "mean_accepted"])
         if device.type == "cpu":
             print(f"(CPU, {torch.get_num_threads()} threads)")
     else:
-        rows = quality_rows(progress=progress)
+        shapes = [TreeShape.parse(t) for t in args.shapes.split(",")] if args.shapes else None
+        fams = args.families.split(",") if args.families else None
+        rows = quality_rows(progress=progress, family_names=fams, shapes=shapes)
         _print_table(rows, ["family", "shape", "verifier", "block_efficiency", "lp_limit", "ratio"])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
