@@ -24,6 +24,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.bench.verifiers",
         "exact block efficiency vs the LP limit per verifier, or (--speed) microseconds per verification",
     ),
+    ("zoo", "build"): (
+        "adaptive_spec.zoo.cli",
+        "train the built-in draft/target pair (Llama-style, Python stdlib source) from a seed",
+    ),
 }
 
 

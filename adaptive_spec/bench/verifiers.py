@@ -174,11 +174,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shapes", default=None, help="comma-separated tree shapes, e.g. chain:2,iid:2x2")
     parser.add_argument("--vocabs", default=None, help="comma-separated vocabulary sizes for --speed")
     parser.add_argument("--nodes", default=None, help="comma-separated tree sizes for --speed, from 8,32,64")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
 def run(args: argparse.Namespace) -> int:
     progress = not args.no_progress
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.speed:
         device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         vocabs = (32_000,) if args.quick else (32_000, 128_000)

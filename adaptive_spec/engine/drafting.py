@@ -7,7 +7,7 @@ level are then drawn with a few torch ops from the caller's generator:
 
 * chain / trunk: one *walker* draws one token per level;
 * i.i.d. rollouts (``iid``, the branches of ``delayed``): K walkers, each drawing one token
-  per level from the row of the node it stands on (``torch.multinomial`` with replacement);
+  per level from the row of the node it stands on (exponential race, with replacement);
   walkers that draw the same token from the same node merge into one node, and the draw is
   kept with multiplicity in ``child_draws``;
 * without replacement: every frontier node draws ``widths[d]`` distinct children by the
@@ -55,13 +55,26 @@ class DraftOutcome:
     fed_nodes: int
 
 
-def check_finite(logits: torch.Tensor, who: str) -> None:
-    """Raise a ValueError when a forward pass returned NaN or inf logits (one host sync)."""
-    if not bool(torch.isfinite(logits).all()):
+def finite_flag(logits: torch.Tensor) -> torch.Tensor:
+    """0-dim bool tensor: are all ``logits`` finite? One reduction, no host sync."""
+    return torch.isfinite(logits.sum(dtype=torch.float32))
+
+
+def check_finite(ok: torch.Tensor | bool, who: str) -> None:
+    """Raise a ValueError when a forward pass returned NaN or inf logits (a host sync if ``ok`` is a tensor)."""
+    if not bool(ok):
         raise ValueError(
             f"the {who} model returned NaN or inf logits; check the model weights and dtype "
             "(fp16 overflows are common: try dtype=torch.bfloat16 or float32)"
         )
+
+
+def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One draw per row of ``probs`` (Tensor[W, V]) by the exponential race ``argmax(probs / Exp(1))``.
+
+    Same law as ``torch.multinomial(probs, 1)``, without its per-row setup cost and host sync.
+    """
+    return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(dim=-1)  # [W]
 
 
 def draft_tree(
@@ -95,7 +108,7 @@ def draft_tree(
     anc[:p, :p] = torch.ones(p, p, dtype=torch.bool, device=device).tril_()
     positions = torch.arange(base, base + p, device=device)
     logits = runner.block_forward(pending, positions, anc[:p, :p], logits_to_keep=1)  # [1, V']
-    check_finite(logits, "draft")
+    ok = finite_flag(logits)  # checked at the level's host sync, before any drawn token is used
     rows = [probs_fn(logits)]  # per level: Tensor[nodes at that depth, V]
     level_first = 0  # node id of the first node at the current depth
     iid_like = shape.law in (DraftLaw.IID, DraftLaw.DELAYED)
@@ -109,7 +122,8 @@ def draft_tree(
             keys = R if deterministic else R / torch.empty_like(R).exponential_(generator=generator)
             idx = keys.topk(k, dim=-1).indices  # [F, k], in draw order
             valid = R.gather(-1, idx) > 0  # zero-probability tokens are never drawn
-            flat = torch.cat([idx.flatten(), valid.flatten().long()]).tolist()  # one host sync
+            flat = torch.cat([idx.flatten(), valid.flatten().long(), ok.long()[None]]).tolist()  # one host sync
+            check_finite(flat[-1], "draft")
             n_draws = idx.numel()
             for f in range(R.shape[0]):
                 node = level_first + f
@@ -120,12 +134,13 @@ def draft_tree(
             if iid_like and d == shape.trunk:
                 walkers = walkers * shape.paths  # the rollouts start at the trunk's end
             sel = R[torch.tensor([w - level_first for w in walkers], device=device)]  # [W, V]
-            if deterministic and len(walkers) == 1:
-                drawn = sel.argmax(dim=-1)
-            else:
-                drawn = torch.multinomial(sel, 1, replacement=True, generator=generator).squeeze(-1)  # [W]
+            # [W] draws, i.i.d. with replacement (the argmax for a lone walker at T=0)
+            single = deterministic and len(walkers) == 1
+            drawn = sel.argmax(dim=-1) if single else sample_categorical(sel, generator)
+            drawn = torch.cat([drawn, ok.long()[None]]).tolist()  # one host sync
+            check_finite(drawn.pop(), "draft")
             index: dict[tuple[int, int], int] = {}
-            for w, tok in enumerate(drawn.tolist()):  # one host sync
+            for w, tok in enumerate(drawn):
                 node = walkers[w]
                 child = index.get((node, tok))
                 if child is None:
@@ -145,7 +160,7 @@ def draft_tree(
             pos = torch.full((new_last - new_first,), base + p - 1 + d + 1, device=device)
             m = p - 1 + new_last
             logits = runner.block_forward(ids, pos, anc[b_new, :m], logits_to_keep=new_last - new_first)
-            check_finite(logits, "draft")
+            ok = finite_flag(logits)
             rows.append(probs_fn(logits))
 
     n = len(tokens)

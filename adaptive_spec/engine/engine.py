@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from adaptive_spec.engine.drafting import check_finite, draft_tree
+from adaptive_spec.engine.drafting import check_finite, draft_tree, finite_flag, sample_categorical
 from adaptive_spec.engine.kv_cache import ModelRunner
 from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
 from adaptive_spec.engine.plan import Plan, StepResult, StepState, as_plan
@@ -392,12 +392,11 @@ class SpecEngine:
         target = state.target
         pending = torch.tensor(state.context[target.cached :], dtype=torch.long, device=self.device)
         logits = target.chain_forward(pending, logits_to_keep=1)  # [1, V']
-        check_finite(logits, "target")
+        check_finite(finite_flag(logits), "target")
         if greedy:
             token = logits[0, : self.vocab_size].argmax()
         else:
-            probs = target_probs_fn(logits)  # [1, V]
-            token = torch.multinomial(probs[0], 1, generator=state.generator)[0]
+            token = sample_categorical(target_probs_fn(logits), state.generator)[0]
         state.stats.accept_lengths.append(0)
         state.stats.tree_sizes.append(1)
         timer.switch("other")
@@ -445,7 +444,7 @@ class SpecEngine:
         anc[p - 1 :, : p - 1] = True
         anc[p - 1 :, p - 1 :] = outcome.ancestors
         logits = target.block_forward(ids, pos, anc, logits_to_keep=N)  # [N, V']
-        check_finite(logits, "target")
+        check_finite(finite_flag(logits), "target")
         target_probs = target_probs_fn(logits)  # [N, V]
 
         # 3) verify
