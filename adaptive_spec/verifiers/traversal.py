@@ -58,50 +58,54 @@ def traversal_impl(
     w = [1.0] * n_nodes
     for i in range(1, n_nodes):  # parents precede children
         w[i] = min(1.0, w[parents[i]] * ratio[i])
-    mb: dict[int, torch.Tensor] = {}  # rows changed by rejections, float64
-    ms: dict[int, torch.Tensor] = {}
+    # Rows changed by rejections, kept as scale * raw float64 vector so that a rejection
+    # costs four passes over the vocabulary: Mb = cb * rb, Ms = cs * rs, sum_rs = Σ rs.
+    mb: dict[int, tuple[torch.Tensor, float]] = {}
+    ms: dict[int, tuple[torch.Tensor, float, float]] = {}
 
     while True:
         leaf = 0
         while children[leaf]:
             leaf = children[leaf][0]
         if leaf == 0 or sampler.flip(w[leaf]):
-            row = mb.get(leaf)
-            bonus = row is None
-            if row is None:
-                row = target_probs[leaf]
-            return result_for(tree, leaf, sampler.categorical(row), bonus=bonus)
+            if leaf in mb:
+                return result_for(tree, leaf, sampler.categorical(mb[leaf][0]), bonus=False)
+            return result_for(tree, leaf, sampler.categorical(target_probs[leaf]), bonus=True)
 
         # Reject the leaf: delete it and update its parent n.
         n, t = parents[leaf], tokens[leaf]
         children[n].pop(0)
-        mb_n = mb[n] if n in mb else target_probs[n].double()
-        ms_n = ms[n] if n in ms else tree.draft_probs[n].double()
-        r = positive_part(w[n] * mb_n - ms_n)
+        rb, cb = mb[n] if n in mb else (target_probs[n].double(), 1.0)
+        if n in ms:
+            rs, cs, sum_rs = ms[n]
+        else:
+            rs = tree.draft_probs[n].to(torch.float64, copy=True)  # zeroed in place below
+            cs, sum_rs = 1.0, float(rs.sum())
+        r = rb * (w[n] * cb)
+        r.sub_(rs, alpha=cs).clamp_(min=0.0)  # r = (w · Mb − Ms)_+
         s = float(r.sum())
         if parent_rule == "residual":
             new_w = s / (s + (1.0 - w[n])) if s > 0 else 0.0
         elif parent_rule == "remaining_mass":  # negative control, lossy
-            remaining = float(ms_n.sum()) - float(ms_n[t])
+            remaining = cs * (sum_rs - float(rs[t]))
             new_w = min(1.0, s / remaining) if remaining > 0 else 0.0
         else:
             raise ValueError(f"unknown parent_rule {parent_rule!r}")
         w[n] = new_w
         if s > 0:
-            mb_n = r / s
+            rb, cb = r, 1.0 / s
         if zero_rejected:
-            ms_n = ms_n.clone()
-            ms_n[t] = 0.0
-            total = float(ms_n.sum())
-            if total > 0:
-                ms_n = ms_n / total
-        mb[n], ms[n] = mb_n, ms_n
+            sum_rs -= float(rs[t])
+            rs[t] = 0.0
+            if sum_rs > 0:
+                cs = 1.0 / sum_rs
+        mb[n], ms[n] = (rb, cb), (rs, cs, sum_rs)
 
         # Recompute the weights of n's remaining subtrees, top-down.
         kids = children[n]
         if kids:
-            idx = torch.tensor([tokens[c] for c in kids], device=mb_n.device)
-            num, den = mb_n[idx].tolist(), ms_n[idx].tolist()
+            idx = torch.tensor([tokens[c] for c in kids], device=rb.device)
+            num, den = (rb[idx] * cb).tolist(), (rs[idx] * cs).tolist()
             stack = []
             for c, a, b in zip(kids, num, den, strict=True):
                 w[c] = min(1.0, w[n] * a / b) if b > 0 else 0.0

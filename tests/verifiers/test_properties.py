@@ -140,3 +140,23 @@ def test_p_equal_q_accepts_everything_on_a_chain():
 def test_law_tags_are_canonical():
     assert TreeShape.iid(1, 4).law is DraftLaw.CHAIN
     assert TreeShape.delayed(0, 3, 2) == TreeShape.iid(3, 2)
+
+
+def test_verifiers_never_mutate_their_inputs():
+    vocab = 6
+
+    def row(model, c):
+        g = torch.Generator().manual_seed(hash((model, len(c), *c)) % (2**31))
+        return torch.softmax(torch.randn(vocab, generator=g, dtype=torch.float64) * 2, 0)
+
+    gen = torch.Generator().manual_seed(0)
+    for shape in SHAPES:
+        tree = sample_tree(shape, lambda c: row(1, c), gen)
+        rows = torch.stack([row(0, pre) for pre in tree.prefixes])
+        draft_before, rows_before = tree.draft_probs.clone(), rows.clone()
+        for name, spec in REGISTRY.items():
+            if shape.law in spec.laws:
+                for _ in range(10):
+                    verify(name, tree, rows, gen, allow_lossy=True)
+        assert torch.equal(tree.draft_probs, draft_before)
+        assert torch.equal(rows, rows_before)
