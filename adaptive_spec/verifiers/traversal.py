@@ -25,7 +25,7 @@ import torch
 
 from adaptive_spec.rng import Sampler
 from adaptive_spec.trees import DraftTree
-from adaptive_spec.verifiers.base import VerifyResult, edge_probs, positive_part, result_for
+from adaptive_spec.verifiers.base import VerifyResult, edge_probs, result_for
 
 
 def verify_traversal(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:
