@@ -136,7 +136,7 @@ class TreeShape:
         Raises:
             ValueError: if the text does not follow that grammar.
         """
-        m = re.fullmatch(r"\s*(chain|iid|delayed|wor|without_replacement):([0-9x]+)\s*", text)
+        m = re.fullmatch(r"\s*(chain|iid|delayed|wor|without_replacement):([0-9]+(?:x[0-9]+)*)\s*", text)
         if not m:
             raise ValueError(
                 f"cannot parse tree shape {text!r}: expected chain:L, iid:KxL, delayed:TxKxB "

@@ -29,7 +29,7 @@ def test_shape_parse_round_trips(text):
     assert str(TreeShape.parse(text)) == text
 
 
-@pytest.mark.parametrize("text", ["chain", "iid:3", "tree:2x2", "delayed:1x2", "chain:-1"])
+@pytest.mark.parametrize("text", ["chain", "iid:3", "tree:2x2", "delayed:1x2", "chain:-1", "chain:x"])
 def test_shape_parse_errors_are_clear(text):
     with pytest.raises(ValueError, match="tree shape"):
         TreeShape.parse(text)
