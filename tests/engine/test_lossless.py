@@ -109,7 +109,7 @@ def test_lossless_end_to_end(engine: SpecEngine, verifier: str, law: DraftLaw) -
 @pytest.mark.slow
 @pytest.mark.parametrize(("verifier", "law"), SLOW_CASES, ids=[f"{v}-{law.value}" for v, law in SLOW_CASES])
 def test_lossless_end_to_end_all_verifiers(engine: SpecEngine, verifier: str, law: DraftLaw) -> None:
-    assert run_case(engine, verifier, law, runs=3000) > 1e-3
+    assert run_case(engine, verifier, law, runs=2000) > 1e-3
 
 
 @pytest.mark.slow
