@@ -12,6 +12,10 @@ import sys
 
 # command path -> (module, one-line help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("demo",): (
+        "adaptive_spec.bench.demo",
+        "run the built-in pair on its held-out prompts: table of speedups and a report with plots",
+    ),
     ("generate",): (
         "adaptive_spec.engine.cli_generate",
         "generate text with speculative decoding (a tree plan) or plain autoregressive decoding",

@@ -23,9 +23,11 @@ DEFAULT_PLANS = "chain:4/block,delayed:2x3x3/traversal,wor:3x2x1/traversal"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``bench e2e`` options."""
-    parser.add_argument("--target", required=True, help="target model directory or hub id")
-    parser.add_argument("--draft", required=True, help="draft model directory or hub id")
-    parser.add_argument("--prompts", required=True, help="JSON Lines file (.gz ok) with 'prompt' or 'turns'")
+    parser.add_argument("--target", default=None, help="target model directory or hub id (default: built-in pair)")
+    parser.add_argument("--draft", default=None, help="draft model directory or hub id (default: built-in pair)")
+    parser.add_argument(
+        "--prompts", default=None, help="JSON Lines file (.gz ok) with 'prompt' or 'turns' (default: built-in prompts)"
+    )
     parser.add_argument("--plans", default=DEFAULT_PLANS, help="comma-separated plans (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
@@ -35,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
 def read_prompts(path: str | Path, limit: int | None = None) -> list[str]:
@@ -65,6 +68,18 @@ class _Tally:
         self.tokens = 0
         self.seconds = 0.0
         self.steps = 0
+        self.accept_lengths: list[int] = []
+        self.tree_sizes: list[int] = []
+        self.phase_times_s: dict[str, float] = {}
+
+    def add(self, stats) -> None:
+        self.tokens += stats.new_tokens
+        self.seconds += stats.wall_time_s
+        self.steps += stats.steps
+        self.accept_lengths += list(stats.accept_lengths)
+        self.tree_sizes += list(stats.tree_sizes)
+        for k, v in stats.phase_times_s.items():
+            self.phase_times_s[k] = self.phase_times_s.get(k, 0.0) + v
 
     def summary(self, ar_tps: float | None, hf_tps: float | None) -> dict:
         tps = self.tokens / self.seconds if self.seconds > 0 else 0.0
@@ -75,16 +90,19 @@ class _Tally:
             "block_efficiency": self.tokens / self.steps if self.steps else None,
             "new_tokens": self.tokens,
             "seconds": self.seconds,
+            "mean_tree_size": sum(self.tree_sizes) / len(self.tree_sizes) if self.tree_sizes else None,
+            "accept_histogram": {str(k): self.accept_lengths.count(k) for k in sorted(set(self.accept_lengths))},
+            "phase_times_s": self.phase_times_s,
         }
 
 
-def _hf_assisted(engine, prompt: str, args: argparse.Namespace, seed: int) -> tuple[int, float]:
+def _hf_assisted(engine, prompt: str, temperature: float, max_new_tokens: int, seed: int) -> tuple[int, float]:
     import torch
 
     ids = engine.tokenizer(prompt, return_tensors="pt").input_ids.to(engine.device)
     sampling = {"do_sample": False}
-    if args.temperature > 0:
-        sampling = {"do_sample": True, "temperature": args.temperature, "top_k": None, "top_p": None}
+    if temperature > 0:
+        sampling = {"do_sample": True, "temperature": temperature, "top_k": None, "top_p": None}
     torch.manual_seed(seed)
     t0 = time.perf_counter()
     with torch.inference_mode():
@@ -92,7 +110,7 @@ def _hf_assisted(engine, prompt: str, args: argparse.Namespace, seed: int) -> tu
             ids,
             attention_mask=torch.ones_like(ids),
             assistant_model=engine.draft,
-            max_new_tokens=args.max_new_tokens,
+            max_new_tokens=max_new_tokens,
             pad_token_id=engine.tokenizer.pad_token_id or engine.tokenizer.eos_token_id,
             **sampling,
         )
@@ -101,74 +119,111 @@ def _hf_assisted(engine, prompt: str, args: argparse.Namespace, seed: int) -> tu
     return out.shape[1] - ids.shape[1], time.perf_counter() - t0
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the benchmark, print a table, optionally write JSON; return the exit status."""
-    import torch
+def measure(
+    engine,
+    prompts: list[str],
+    plans: list,
+    temperature: float,
+    max_new_tokens: int,
+    seed: int = 0,
+    hf: bool = True,
+    progress: bool = True,
+) -> dict:
+    """Run the baseline, every plan and (optionally) HF assisted generation, interleaved per prompt.
 
-    from adaptive_spec.engine import Plan, SpecEngine
+    Returns:
+        ``{"results": [...], "baselines": {"autoregressive": ..., "hf_assisted": ...}}``; each
+        row has tokens/s, speedup over autoregressive, ratio to HF assisted, block
+        efficiency, new tokens, the accepted-length histogram and the phase times.
+    """
+    from tqdm.auto import tqdm
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    engine = SpecEngine.from_pretrained(args.target, args.draft, device=device, dtype=args.dtype)
-    plans = [Plan.parse(p.strip()) for p in args.plans.split(",") if p.strip()]
-    prompts = read_prompts(args.prompts, args.limit)
-    ar, hf = _Tally(), _Tally()
+    ar, hf_tally = _Tally(), _Tally()
     tallies = {str(p): _Tally() for p in plans}
     hf_error = None
-
-    engine.generate(prompts[0], max_new_tokens=4, temperature=args.temperature, plan=plans[0] if plans else None)
-    for i, prompt in enumerate(prompts):
-        seed = args.seed + i
+    # Warm-up: first calls pay for lazy initialisation.
+    engine.generate(prompts[0], max_new_tokens=4, temperature=temperature, plan=plans[0] if plans else None)
+    engine.generate(prompts[0], max_new_tokens=4, temperature=temperature)
+    for i, prompt in enumerate(tqdm(prompts, desc=f"bench e2e T={temperature:g}", disable=not progress)):
         for plan in [None, *plans]:
             r = engine.generate(
-                prompt, max_new_tokens=args.max_new_tokens, temperature=args.temperature, plan=plan, seed=seed
+                prompt, max_new_tokens=max_new_tokens, temperature=temperature, plan=plan, seed=seed + i
             )
-            tally = ar if plan is None else tallies[str(plan)]
-            tally.tokens += r.stats.new_tokens
-            tally.seconds += r.stats.wall_time_s
-            tally.steps += r.stats.steps
-        if not args.no_hf and hf_error is None:
+            (ar if plan is None else tallies[str(plan)]).add(r.stats)
+        if hf and hf_error is None:
             try:
-                n, dt = _hf_assisted(engine, prompt, args, seed)
+                n, dt = _hf_assisted(engine, prompt, temperature, max_new_tokens, seed + i)
             except (RuntimeError, ValueError, TypeError) as err:  # report, keep benchmarking the rest
                 hf_error = f"{type(err).__name__}: {err}"
             else:
-                hf.tokens += n
-                hf.seconds += dt
-
+                hf_tally.tokens += n
+                hf_tally.seconds += dt
     ar_tps = ar.tokens / ar.seconds if ar.seconds else None
-    hf_tps = hf.tokens / hf.seconds if hf.seconds and hf_error is None else None
+    hf_tps = hf_tally.tokens / hf_tally.seconds if hf_tally.seconds and hf_error is None else None
     results = [{"plan": name, **t.summary(ar_tps, hf_tps)} for name, t in tallies.items()]
     baselines = {"autoregressive": {"plan": "autoregressive", **ar.summary(ar_tps, hf_tps)}}
-    if not args.no_hf:
-        hf_row = {"plan": "hf_assisted", **hf.summary(ar_tps, hf_tps), "block_efficiency": None}
+    if hf:
+        hf_row = {"plan": "hf_assisted", **hf_tally.summary(ar_tps, hf_tps), "block_efficiency": None}
         if hf_error:
             hf_row["error"] = hf_error
         baselines["hf_assisted"] = hf_row
-    report = {
-        "results": results,
-        "baselines": baselines,
-        "config": {
-            "target": args.target,
-            "draft": args.draft,
-            "prompts": str(args.prompts),
-            "num_prompts": len(prompts),
-            "temperature": args.temperature,
-            "max_new_tokens": args.max_new_tokens,
-            "seed": args.seed,
-            "device": str(engine.device),
-            "dtype": str(engine.target.dtype),
-        },
+    return {"results": results, "baselines": baselines}
+
+
+def load_engine(target: str | None, draft: str | None, device: str | None, dtype: str | None):
+    """The engine over ``target``/``draft``, or over the built-in default pair when both are None."""
+    import torch
+
+    from adaptive_spec.engine import SpecEngine
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    if (target is None) != (draft is None):
+        raise SystemExit("give both --target and --draft, or neither (the built-in default pair)")
+    return SpecEngine.from_pretrained(target, draft, device=device, dtype=dtype)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark, print a table, optionally write JSON; return the exit status."""
+    from adaptive_spec.engine import Plan
+
+    engine = load_engine(args.target, args.draft, args.device, args.dtype)
+    plans = [Plan.parse(p.strip()) for p in args.plans.split(",") if p.strip()]
+    if args.prompts is None:
+        from adaptive_spec.zoo import default_prompts
+
+        prompts = default_prompts()[: args.limit] if args.limit else default_prompts()
+    else:
+        prompts = read_prompts(args.prompts, args.limit)
+    report = measure(
+        engine, prompts, plans, args.temperature, args.max_new_tokens, args.seed, hf=not args.no_hf,
+        progress=not args.no_progress,
+    )  # fmt: skip
+    report["config"] = {
+        "target": args.target or "default pair",
+        "draft": args.draft or "default pair",
+        "prompts": str(args.prompts or "built-in prompts"),
+        "num_prompts": len(prompts),
+        "temperature": args.temperature,
+        "max_new_tokens": args.max_new_tokens,
+        "seed": args.seed,
+        "device": str(engine.device),
+        "dtype": str(engine.target.dtype),
+        "threads": __import__("torch").get_num_threads(),
     }
-    _print_table([*baselines.values(), *results])
-    if hf_error:
-        print(f"HF assisted generation failed: {hf_error}")
+    print_table([*report["baselines"].values(), *report["results"]])
+    hf_row = report["baselines"].get("hf_assisted", {})
+    if hf_row.get("error"):
+        print(f"HF assisted generation failed: {hf_row['error']}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.json}")
     return 0
 
 
-def _print_table(rows: list[dict]) -> None:
+def print_table(rows: list[dict]) -> None:
+    """Print one line per method: tokens/s, speedup vs AR and vs HF assisted, block efficiency."""
+
     def fmt(x: float | None, spec: str) -> str:
         return "-" if x is None else format(x, spec)
 

@@ -134,8 +134,8 @@ class SpecEngine:
     @classmethod
     def from_pretrained(
         cls,
-        target: str,
-        draft: str,
+        target: str | None = None,
+        draft: str | None = None,
         *,
         device: torch.device | str | None = None,
         dtype: torch.dtype | str | None = None,
@@ -145,8 +145,11 @@ class SpecEngine:
     ) -> SpecEngine:
         """Load target, draft and their tokenizers from local directories or hub ids.
 
-        Local directories need no network. ``trust_remote_code`` stays off unless asked;
-        ``local_files_only`` defaults to True when both paths are existing directories.
+        With no model arguments, loads the built-in default pair (``adaptive_spec.zoo``),
+        in float32 on CPU (its checkpoint is float16, which is slow on CPUs) unless
+        ``dtype`` says otherwise. Local directories need no network. ``trust_remote_code``
+        stays off unless asked; ``local_files_only`` defaults to True when both paths are
+        existing directories.
 
         Raises:
             ValueError: the two tokenizers disagree.
@@ -157,6 +160,15 @@ class SpecEngine:
 
         if isinstance(dtype, str):
             dtype = _parse_dtype(dtype)
+        if target is None and draft is None:
+            from adaptive_spec.zoo import default_pair_path
+
+            root = default_pair_path()
+            target, draft = str(root / "target"), str(root / "draft")
+            if dtype is None and torch.device(device or "cpu").type == "cpu":
+                dtype = torch.float32
+        elif target is None or draft is None:
+            raise ValueError("give both target and draft, or neither for the built-in default pair")
         if local_files_only is None:
             local_files_only = os.path.isdir(target) and os.path.isdir(draft)
         kw = {"trust_remote_code": trust_remote_code, "local_files_only": local_files_only}

@@ -1,0 +1,163 @@
+"""``adaptive-spec demo``: speculative decoding on the built-in pair, with a report.
+
+Loads the default draft/target pair, runs the built-in held-out prompts in one interleaved
+run per temperature (autoregressive decoding, the demo plans, transformers' assisted
+generation), prints a table of tokens/s, speedup and block efficiency per plan, and writes
+a report folder: ``summary.md``, ``results.json`` and three PNG plots (speedup per plan,
+histogram of accepted lengths, block efficiency against tree size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+# Static plans shown by the demo, one per tree family; measured on the default pair
+# (see README) until the tuned best-static plans of `adaptive-spec tune plans` replace them.
+DEMO_PLANS = "chain:4/block,chain:6/traversal,delayed:2x2x3/traversal,iid:2x4/gbv,wor:2x2x1x1/traversal"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", type=Path, default=Path("data/demo"), help="report folder (default: %(default)s)")
+    parser.add_argument("--plans", default=DEMO_PLANS, help="comma-separated plans (default: %(default)s)")
+    parser.add_argument("--temperatures", default="0,1", help="comma-separated temperatures (default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N built-in prompts")
+    parser.add_argument("--seed", type=int, default=0, help="base seed (default: %(default)s)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
+    parser.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    from adaptive_spec.bench.e2e import load_engine, measure, print_table
+    from adaptive_spec.engine import Plan
+    from adaptive_spec.zoo import default_pair_path, default_prompts
+
+    t0 = time.perf_counter()
+    engine = load_engine(None, None, args.device, None)
+    prompts = default_prompts()[: args.limit] if args.limit else default_prompts()
+    plans = [Plan.parse(p.strip()) for p in args.plans.split(",") if p.strip()]
+    temps = [float(t) for t in args.temperatures.split(",")]
+    info_path = default_pair_path() / "build_info.json"
+    report = {
+        "pair": json.loads(info_path.read_text()) if info_path.exists() else {},
+        "config": {
+            "num_prompts": len(prompts),
+            "max_new_tokens": args.max_new_tokens,
+            "seed": args.seed,
+            "device": str(engine.device),
+            "threads": __import__("torch").get_num_threads(),
+        },
+        "runs": {},
+    }
+    for temp in temps:
+        res = measure(engine, prompts, plans, temp, args.max_new_tokens, args.seed, hf=not args.no_hf,
+                      progress=not args.no_progress)  # fmt: skip
+        report["runs"][f"{temp:g}"] = res
+        print(f"\ntemperature {temp:g}, {len(prompts)} prompts, {args.max_new_tokens} new tokens each")
+        print_table([*res["baselines"].values(), *res["results"]])
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(report, indent=2))
+    plots = write_plots(report, args.out)
+    (args.out / "summary.md").write_text(summary_markdown(report, plots))
+    print(f"\nreport: {args.out / 'summary.md'} ({time.perf_counter() - t0:.0f} s)")
+    return 0
+
+
+def summary_markdown(report: dict, plots: list[str]) -> str:
+    """The report's Markdown summary: one table per temperature, then the plots."""
+    lines = ["# adaptive-spec demo", ""]
+    pair = report.get("pair", {})
+    if pair:
+        lines += [
+            "Built-in pair: " + ", ".join(f"{k}={v}" for k, v in pair.items() if not isinstance(v, (dict, list)))[:600],
+            "",
+        ]
+    cfg = report["config"]
+    lines += [
+        f"{cfg['num_prompts']} held-out prompts, {cfg['max_new_tokens']} new tokens each, device {cfg['device']}, "
+        f"{cfg['threads']} threads. All methods interleaved per prompt in one run.",
+        "",
+    ]
+    for temp, res in report["runs"].items():
+        lines += [f"## Temperature {temp}", "", "| plan | tokens/s | vs AR | vs HF assisted | block efficiency |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for row in [*res["baselines"].values(), *res["results"]]:
+
+            def f(x: float | None, spec: str = ".2f") -> str:
+                return "-" if x is None else format(x, spec)
+
+            lines.append(
+                f"| {row['plan']} | {f(row['tokens_per_s'], '.1f')} | {f(row['speedup_vs_ar'])} | "
+                f"{f(row['ratio_to_hf_assisted'])} | {f(row['block_efficiency'])} |"
+            )
+        lines.append("")
+    lines += [f"![{p}]({p})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def write_plots(report: dict, out: Path) -> list[str]:
+    """Speedup per plan, accepted-length histograms, block efficiency vs tree size (PNG)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = report["runs"]
+    temps = list(runs)
+    names = [r["plan"] for r in runs[temps[0]]["results"]]
+    hf = [t for t in temps if runs[t]["baselines"].get("hf_assisted", {}).get("speedup_vs_ar")]
+    files = []
+
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    labels = [*names, "hf_assisted"] if hf else names
+    width = 0.8 / len(temps)
+    for j, t in enumerate(temps):
+        vals = [r["speedup_vs_ar"] or 0 for r in runs[t]["results"]]
+        if hf:
+            vals.append(runs[t]["baselines"].get("hf_assisted", {}).get("speedup_vs_ar") or 0)
+        ax.bar([i + j * width for i in range(len(vals))], vals, width, label=f"T={t}")
+    ax.axhline(1.0, color="gray", lw=1, ls="--")
+    ax.set_xticks([i + width * (len(temps) - 1) / 2 for i in range(len(labels))], labels, rotation=20, ha="right")
+    ax.set_ylabel("speedup over autoregressive (tokens/s ratio)")
+    ax.set_title("Speedup per plan")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "speedup.png", dpi=110)
+    plt.close(fig)
+    files.append("speedup.png")
+
+    fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 4), squeeze=False)
+    for ax, t in zip(axes[0], temps, strict=True):
+        for r in runs[t]["results"]:
+            hist = {int(k): v for k, v in r["accept_histogram"].items()}
+            total = sum(hist.values()) or 1
+            xs = list(range(max(hist, default=0) + 1))  # lengths never seen count as zero
+            ax.plot(xs, [hist.get(x, 0) / total for x in xs], marker="o", label=r["plan"])
+        ax.set_xlabel("accepted draft tokens per step")
+        ax.set_ylabel("fraction of steps")
+        ax.set_title(f"Accepted lengths, T={t}")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "accepted_lengths.png", dpi=110)
+    plt.close(fig)
+    files.append("accepted_lengths.png")
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for t in temps:
+        rows = [r for r in runs[t]["results"] if r["mean_tree_size"]]
+        ax.scatter([r["mean_tree_size"] for r in rows], [r["block_efficiency"] for r in rows], label=f"T={t}")
+        for r in rows:
+            ax.annotate(r["plan"], (r["mean_tree_size"], r["block_efficiency"]), fontsize=6)
+    ax.set_xlabel("mean draft tree size (nodes, root included)")
+    ax.set_ylabel("block efficiency (tokens per target pass)")
+    ax.set_title("Block efficiency against tree size")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "block_efficiency_vs_tree_size.png", dpi=110)
+    plt.close(fig)
+    files.append("block_efficiency_vs_tree_size.png")
+    return files
