@@ -20,8 +20,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
+	$(BIN)/adaptive-spec demo --out data/demo
+
+bench-verifiers: setup
 	$(BIN)/adaptive-spec bench verifiers --json data/bench/verifiers.json
-	$(BIN)/adaptive-spec bench verifiers --speed --quick --json data/bench/verifiers_speed.json
+	$(BIN)/adaptive-spec bench verifiers --speed --json data/bench/verifiers_speed.json
 
 test: setup
 	$(BIN)/ruff check adaptive_spec tests

@@ -24,6 +24,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.bench.e2e",
         "end-to-end tokens/s of plans vs autoregressive and transformers' assisted generation",
     ),
+    ("bench", "overhead"): (
+        "adaptive_spec.bench.overhead",
+        "share of each step spent outside the two models' forward passes (16-node trees by default)",
+    ),
     ("bench", "verifiers"): (
         "adaptive_spec.bench.verifiers",
         "exact block efficiency vs the LP limit per verifier, or (--speed) microseconds per verification",

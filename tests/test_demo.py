@@ -53,3 +53,14 @@ def test_bench_e2e_defaults_to_the_builtin_pair_and_prompts(tiny_pair, tmp_path)
     assert report["config"]["num_prompts"] == 2
     assert report["results"][0]["plan"] == "chain:2/token"
     assert report["results"][0]["new_tokens"] > 0
+
+
+def test_bench_overhead_separates_forwards_from_engine_time(tiny_pair, tmp_path):
+    out = tmp_path / "ovh.json"
+    rc = main(["bench", "overhead", "--plans", "iid:3x5/specinfer", "--max-new-tokens", "12", "--limit", "2",
+               "--json", str(out)])  # fmt: skip
+    assert rc == 0
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["plan"] == "iid:3x5/specinfer"
+    assert 0 < row["target_forward_s"] < row["wall_s"] and 0 < row["draft_forward_s"] < row["wall_s"]
+    assert 0 < row["overhead_fraction"] < 1

@@ -1,0 +1,115 @@
+"""``adaptive-spec bench overhead``: how much of a step is spent outside the two models' forwards.
+
+Forward hooks on the target and the draft time every forward pass (pre-hook to hook, with a
+CUDA synchronisation on GPUs); the rest of each generation's wall time is engine overhead:
+tree bookkeeping, sampling, verification, cache commits and Python. Reported per plan as a
+fraction of the wall time, with the per-phase split from the engine's own timers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+DEFAULT_PLANS = "delayed:3x3x4/traversal,iid:3x5/specinfer,chain:15/block,wor:3x2x2x1/traversal"  # 16-node trees
+
+
+class ForwardClock:
+    """Accumulates the wall time spent inside a module's forward passes."""
+
+    def __init__(self, module, sync_device=None) -> None:
+        import torch
+
+        self.seconds = 0.0
+        self.calls = 0
+        self._t0 = 0.0
+        self._sync = (lambda: torch.cuda.synchronize(sync_device)) if sync_device is not None else (lambda: None)
+        self._handles = [
+            module.register_forward_pre_hook(self._start),
+            module.register_forward_hook(self._stop),
+        ]
+
+    def _start(self, *_: object) -> None:
+        self._sync()
+        self._t0 = time.perf_counter()
+
+    def _stop(self, *_: object) -> None:
+        self._sync()
+        self.seconds += time.perf_counter() - self._t0
+        self.calls += 1
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def measure_overhead(engine, prompts: list[str], plans: list, temperature: float, max_new_tokens: int) -> list[dict]:
+    """Per plan: wall time, time inside target and draft forwards, overhead fraction."""
+    sync = engine.device if engine.device.type == "cuda" else None
+    rows = []
+    for plan in plans:
+        engine.generate(prompts[0], max_new_tokens=8, temperature=temperature, plan=plan, seed=0)  # warm-up
+        clocks = {"target": ForwardClock(engine.target, sync), "draft": ForwardClock(engine.draft, sync)}
+        wall, tokens, steps, phases = 0.0, 0, 0, {}
+        try:
+            for i, prompt in enumerate(prompts):
+                r = engine.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, plan=plan, seed=i)
+                wall += r.stats.wall_time_s
+                tokens += r.stats.new_tokens
+                steps += r.stats.steps
+                for k, v in r.stats.phase_times_s.items():
+                    phases[k] = phases.get(k, 0.0) + v
+        finally:
+            for c in clocks.values():
+                c.close()
+        fwd = clocks["target"].seconds + clocks["draft"].seconds
+        rows.append(
+            {
+                "plan": str(plan),
+                "steps": steps,
+                "new_tokens": tokens,
+                "wall_s": wall,
+                "target_forward_s": clocks["target"].seconds,
+                "draft_forward_s": clocks["draft"].seconds,
+                "overhead_s": wall - fwd,
+                "overhead_fraction": (wall - fwd) / wall if wall else None,
+                "overhead_ms_per_step": 1e3 * (wall - fwd) / steps if steps else None,
+                "phase_times_s": phases,
+            }
+        )
+    return rows
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default=None, help="target model directory (default: built-in pair)")
+    parser.add_argument("--draft", default=None, help="draft model directory (default: built-in pair)")
+    parser.add_argument("--plans", default=DEFAULT_PLANS, help="comma-separated plans (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="(default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="(default: %(default)s)")
+    parser.add_argument("--limit", type=int, default=8, help="number of built-in prompts (default: %(default)s)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
+    parser.add_argument("--json", type=Path, default=None, help="write the rows to this JSON file")
+
+
+def run(args: argparse.Namespace) -> int:
+    from adaptive_spec.bench.e2e import load_engine
+    from adaptive_spec.engine import Plan
+    from adaptive_spec.zoo import default_prompts
+
+    engine = load_engine(args.target, args.draft, args.device, None)
+    prompts = default_prompts()[: args.limit]
+    plans = [Plan.parse(p.strip()) for p in args.plans.split(",") if p.strip()]
+    rows = measure_overhead(engine, prompts, plans, args.temperature, args.max_new_tokens)
+    print(f"{'plan':<28} {'overhead':>9} {'ms/step':>8} {'target fwd':>11} {'draft fwd':>10} {'steps':>6}")
+    for r in rows:
+        print(
+            f"{r['plan']:<28} {100 * r['overhead_fraction']:8.1f}% {r['overhead_ms_per_step']:8.2f} "
+            f"{r['target_forward_s']:10.2f}s {r['draft_forward_s']:9.2f}s {r['steps']:>6}"
+        )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"rows": rows}, indent=2))
+        print(f"wrote {args.json}")
+    return 0
