@@ -31,12 +31,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import lightning as L
+import lightning as L  # noqa: N812 (Lightning's own convention)
 import torch
 import transformers
+from lightning.pytorch.callbacks import TQDMProgressBar
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 
-from adaptive_spec.zoo.config import ZooConfig
+from adaptive_spec.zoo.config import DEFAULT_MINUTES, ZooConfig
 from adaptive_spec.zoo.data import (
     TokenWindows,
     default_corpus,
@@ -85,6 +86,7 @@ def _fit(
             enable_model_summary=False,
             logger=False,
             enable_progress_bar=progress,
+            callbacks=[TQDMProgressBar(refresh_rate=1)] if progress else [],
             default_root_dir=root,
         )
         t0 = time.monotonic()
@@ -119,7 +121,7 @@ def _load(path: Path) -> PreTrainedModel:
 def build_pair(
     out_dir: str | Path,
     corpus: str | Path | None = None,
-    minutes: float = 60.0,
+    minutes: float = DEFAULT_MINUTES,
     seed: int = 0,
     config: ZooConfig | None = None,
     progress: bool = True,
@@ -185,7 +187,7 @@ def build_pair(
         for prompt in prompts:
             f.write(json.dumps({"prompt": prompt}) + "\n")
 
-    # Figures of the pair as saved, on held-out windows not used for validation during training.
+    # Figures of the pair as saved, on windows of held-out files (drawn with another salt than the validation ones).
     target, draft = _load(out / "target"), _load(out / "draft")
     eval_windows = windows(config.target_train, config.eval_windows, 2)
     eval_texts = [tokenizer.decode(w, skip_special_tokens=False) for w in eval_windows]

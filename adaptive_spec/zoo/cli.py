@@ -5,21 +5,32 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from adaptive_spec.zoo.config import DEFAULT_MINUTES
+
+if TYPE_CHECKING:
+    from adaptive_spec.zoo.config import ZooConfig
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``zoo build`` options."""
     parser.add_argument(
-        "--out", type=Path, default=None, help="output directory (default: the package's zoo/default, the committed pair)"
+        "--out",
+        type=Path,
+        default=None,
+        help="output directory (default: the committed pair, adaptive_spec/zoo/default)",
     )
     parser.add_argument(
         "--corpus", type=Path, default=None, help="directory of .py files (default: this Python's standard library)"
     )
     parser.add_argument(
-        "--minutes", type=float, default=60.0,
-        help="training budget, 75%% target / 25%% draft distillation (default: %(default)s)",
+        "--minutes", type=float, default=DEFAULT_MINUTES,
+        help="training budget, split target / draft by ZooConfig.target_share, 85%%/15%% (default: %(default)s)",
     )  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0, help="split, init, data order and prompts (default: %(default)s)")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="fixes split, init, data order, prompts (default: %(default)s)"
+    )
     parser.add_argument(
         "--config", type=Path, default=None,
         help="JSON or YAML file of ZooConfig overrides, e.g. configs/zoo/tiny.yaml (default: the built-in recipe)",
@@ -27,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
 
-def load_config(path: Path | None):
+def load_config(path: Path | None) -> ZooConfig:
     """A :class:`ZooConfig` from a JSON/YAML file of overrides (nested keys merge into the defaults)."""
     from adaptive_spec.zoo.config import ZooConfig
 

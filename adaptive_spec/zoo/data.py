@@ -159,7 +159,9 @@ def extract_prompts(
             if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) or not node.body:
                 continue
             doc = node.body[0]
-            if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)):
+            if not (
+                isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)
+            ):
                 continue
             # From the ``def`` line to the docstring's first line, inclusive.
             snippet = textwrap.dedent("".join(lines[node.lineno - 1 : doc.lineno]))

@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: N812 (PyTorch's own convention)
 from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 import time
 
-import lightning as L
+import lightning as L  # noqa: N812 (Lightning's own convention)
 import torch
-import torch.nn.functional as F
+import torch.nn.functional as F  # noqa: N812 (PyTorch's own convention)
 from transformers import PreTrainedModel
 
 from adaptive_spec.zoo.config import TrainSpec
@@ -65,8 +65,10 @@ class _BudgetedModule(L.LightningModule):
 
     def on_validation_epoch_end(self) -> None:
         metrics = {k: float(v) for k, v in self.trainer.callback_metrics.items() if k.startswith("val_")}
-        if metrics:
+        if metrics and not self.trainer.sanity_checking:
             self.history.append({"step": float(self.global_step), "budget_used": self.budget_used(), **metrics})
+            shown = ", ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+            self.print(f"step {self.global_step} ({self.budget_used():.0%} of budget): {shown}")
 
 
 def lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -87,10 +89,10 @@ class LMModule(_BudgetedModule):
         self.log(f"{stage}_loss", loss, prog_bar=True, on_step=stage == "train", on_epoch=stage == "val")
         return loss
 
-    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:  # noqa: ARG002
         return self._common_step(batch, "train")
 
-    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:  # noqa: ARG002
         self._common_step(batch, "val")
 
 
@@ -141,8 +143,8 @@ class DistillModule(_BudgetedModule):
             self.log("val_acceptance", accept, prog_bar=True, on_epoch=True)
         return kl
 
-    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:  # noqa: ARG002
         return self._common_step(batch, "train")
 
-    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:  # noqa: ARG002
         self._common_step(batch, "val")
