@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 JOBS ?= 2
 
-.PHONY: setup demo test lint bench-verifiers clean
+.PHONY: setup demo test lint bench-verifiers zoo clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,9 @@ bench-verifiers: setup
 test: setup
 	$(BIN)/ruff check adaptive_spec tests
 	$(BIN)/python -m pytest -n $(JOBS) -q
+
+zoo: setup
+	$(BIN)/adaptive-spec zoo build --out adaptive_spec/zoo/default --minutes 60
 
 lint: setup
 	$(BIN)/ruff check adaptive_spec tests
