@@ -88,14 +88,13 @@ def target_rows(tree: DraftTree, target_fn: ProbsFn) -> torch.Tensor:
 
 def tree_law(shape: TreeShape, draft_fn: ProbsFn) -> list[tuple[DraftTree, float]]:
     """Every draft tree of ``shape`` with its exact probability (one entry per draw sequence)."""
-    trees: list[tuple[DraftTree, float]] = []
+    trees: list[DraftTree] = []
 
     def program(ch: Sampler) -> int:
-        trees.append((sample_tree(shape, draft_fn, ch), 0.0))
-        return len(trees) - 1
+        trees.append(sample_tree(shape, draft_fn, ch))
+        return len(trees) - 1  # every run ends in its own leaf of the choice tree
 
-    law = enumerate_law(program)
-    return [(trees[i][0], prob) for i, prob in law.items()]
+    return [(trees[i], prob) for i, prob in enumerate_law(program).items()]
 
 
 def output_law(

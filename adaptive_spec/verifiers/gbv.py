@@ -60,11 +60,15 @@ def rank_cdf(p: torch.Tensor, q: torch.Tensor, tail_prob: float | None = None) -
 
 
 def rank_tuple(p_t: float, q_t: float, t: int, tail_prob: float | None = None) -> tuple[int, float, int]:
-    """Sort key of token t in the order of :func:`rank_cdf` (larger = ranked higher)."""
+    """Sort key of token t in the order of :func:`rank_cdf` (larger = ranked higher).
+
+    The key is computed as :func:`rank_key` does (one IEEE float64 division, capped at 1),
+    so the two orders agree exactly.
+    """
     tail_prob = GBV_TAIL_PROB if tail_prob is None else tail_prob
     if q_t < tail_prob:
         return (0, 0.0, t)
-    key = float(rank_key(torch.tensor([p_t], dtype=torch.float64), torch.tensor([q_t], dtype=torch.float64))[0])
+    key = min(1.0, p_t / q_t) if q_t > 0 else (1.0 if p_t > 0 else 0.0)
     return (1, key, t)
 
 
