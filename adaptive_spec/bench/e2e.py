@@ -13,7 +13,6 @@ list (the first turn is used).
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import time
 from pathlib import Path
@@ -38,29 +37,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
     parser.add_argument("--json", default=None, help="write the results to this JSON file")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-
-
-def read_prompts(path: str | Path, limit: int | None = None) -> list[str]:
-    """Prompts from a JSON Lines file (``.gz`` accepted): ``prompt`` or the first of ``turns``."""
-    path = Path(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    prompts: list[str] = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            if isinstance(record.get("prompt"), str):
-                prompts.append(record["prompt"])
-            elif isinstance(record.get("turns"), list) and record["turns"]:
-                prompts.append(str(record["turns"][0]))
-            else:
-                raise ValueError(f"{path}:{line_no}: a record needs a 'prompt' string or a non-empty 'turns' list")
-            if limit is not None and len(prompts) >= limit:
-                break
-    if not prompts:
-        raise ValueError(f"{path}: no prompts")
-    return prompts
 
 
 class _Tally:
@@ -193,6 +169,8 @@ def run(args: argparse.Namespace) -> int:
 
         prompts = default_prompts()[: args.limit] if args.limit else default_prompts()
     else:
+        from adaptive_spec.zoo import read_prompts
+
         prompts = read_prompts(args.prompts, args.limit)
     report = measure(
         engine, prompts, plans, args.temperature, args.max_new_tokens, args.seed, hf=not args.no_hf,

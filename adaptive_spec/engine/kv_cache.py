@@ -19,6 +19,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
+from adaptive_spec.trees import additive_mask
+
 SUPPORTED_ATTENTION = ("eager", "sdpa")
 
 
@@ -98,11 +100,9 @@ class ModelRunner:
         past = self.cached
         if self.cache_length() != past + m - n:
             raise RuntimeError(f"cache holds {self.cache_length()} rows, expected {past + m - n}")
-        mask = torch.zeros(n, past + m, dtype=self.dtype, device=input_ids.device)  # [n, past + m]
-        mask[:, past:].masked_fill_(~ancestors, torch.finfo(self.dtype).min)
         out = self.model(
             input_ids=input_ids[None],
-            attention_mask=mask[None, None],  # [1, 1, n, past + m]
+            attention_mask=additive_mask(ancestors, past, self.dtype),  # [1, 1, n, past + m]
             position_ids=position_ids[None],
             past_key_values=self.cache,
             use_cache=True,

@@ -30,6 +30,22 @@ def ancestor_matrix(parents: torch.Tensor | list[int]) -> torch.Tensor:
     return anc
 
 
+def additive_mask(allowed: torch.Tensor, past_length: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """4-D additive float mask ``[1, 1, n, past_length + m]`` from a block's allowed pairs.
+
+    Args:
+        allowed: BoolTensor[n, m]; entry (i, j) says whether new token i may attend to block
+            token j (the last ``n`` of the ``m`` block tokens are the ones being fed).
+        past_length: cached tokens before the block; every new token attends to all of them.
+        dtype: the model's dtype. Allowed positions hold 0, masked ones the dtype's most
+            negative finite value, as transformers expects of a custom 4-D mask.
+    """
+    n, m = allowed.shape
+    mask = torch.zeros(n, past_length + m, dtype=dtype, device=allowed.device)
+    mask[:, past_length:].masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]  # [1, 1, n, past + m]
+
+
 def tree_attention_mask(
     parents: torch.Tensor | list[int],
     past_length: int,
@@ -41,12 +57,7 @@ def tree_attention_mask(
     Allowed positions hold 0, masked ones the dtype's most negative finite value, as
     transformers expects of a custom 4-D mask.
     """
-    anc = ancestor_matrix(parents).to(device)
-    n = anc.shape[0]
-    mask = torch.full((n, past_length + n), torch.finfo(dtype).min, dtype=dtype, device=device)
-    mask[:, :past_length] = 0
-    mask[:, past_length:].masked_fill_(anc, 0)
-    return mask[None, None]  # [1, 1, N, past+N]
+    return additive_mask(ancestor_matrix(parents).to(device), past_length, dtype)  # [1, 1, N, past+N]
 
 
 def tree_position_ids(

@@ -21,6 +21,7 @@ With a time budget the number of optimisation steps depends on the machine's spe
 from __future__ import annotations
 
 import datetime as dt
+import gzip
 import json
 import logging
 import platform
@@ -255,13 +256,32 @@ def load_pair(
     return target, draft, tokenizer
 
 
-def read_prompts(path: str | Path) -> list[str]:
-    """The prompts of a ``prompts.jsonl`` file (or of the directory holding one)."""
+def read_prompts(path: str | Path, limit: int | None = None) -> list[str]:
+    """Prompts from a JSON Lines file (``.gz`` accepted), or from the ``prompts.jsonl`` of a directory.
+
+    Each record has a ``prompt`` string or a ``turns`` list (the first turn is used).
+    """
     path = Path(path)
     if path.is_dir():
         path = path / PROMPTS
-    with path.open(encoding="utf-8") as f:
-        return [json.loads(line)["prompt"] for line in f if line.strip()]
+    opener = gzip.open if path.suffix == ".gz" else open
+    prompts: list[str] = []
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if isinstance(record.get("prompt"), str):
+                prompts.append(record["prompt"])
+            elif isinstance(record.get("turns"), list) and record["turns"]:
+                prompts.append(str(record["turns"][0]))
+            else:
+                raise ValueError(f"{path}:{line_no}: a record needs a 'prompt' string or a non-empty 'turns' list")
+            if limit is not None and len(prompts) >= limit:
+                break
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return prompts
 
 
 __all__ = ["BUILD_INFO", "PROMPTS", "build_pair", "load_pair", "read_prompts"]
