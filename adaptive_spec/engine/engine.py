@@ -29,8 +29,8 @@ from transformers import PreTrainedModel
 from adaptive_spec.engine.drafting import check_finite, draft_tree, finite_flag, sample_categorical
 from adaptive_spec.engine.kv_cache import ModelRunner
 from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
-from adaptive_spec.engine.plan import Plan, StepResult, StepState, as_plan
 from adaptive_spec.engine.sampling import ProbsFn, SamplingConfig, build_logits_processor
+from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
 from adaptive_spec.verifiers import REGISTRY, verify
 
 

@@ -1,0 +1,177 @@
+"""Plans (tree shape + verifier) and the planner protocol.
+
+A :class:`Plan` says how one speculative step drafts and verifies. Text form::
+
+    <tree shape>/<verifier>        e.g.  "delayed:2x3x3/traversal", "chain:4/block", "wor:3x2x1/rrsw"
+
+where ``<tree shape>`` is anything :meth:`TreeShape.parse` accepts (``chain:L``, ``iid:KxL``,
+``delayed:TxKxB``, ``wor:W1xW2x...``) and ``<verifier>`` a name in
+:data:`adaptive_spec.verifiers.VERIFIER_NAMES`. Omitting ``/<verifier>`` means ``traversal``,
+which is lossless for every drafting law.
+
+A *planner* is any object with ``choose(state: StepState) -> Plan | str`` and, optionally,
+``observe(result: StepResult) -> None``; the engine calls ``choose`` before each step and
+``observe`` after it. A planner that sets ``needs_features = True`` gets the step's root
+features (:mod:`adaptive_spec.selector.features`) in ``StepState.features``, and one that sets
+``needs_hidden = True`` also gets the models' last hidden states.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from adaptive_spec.trees import DraftLaw, TreeShape
+from adaptive_spec.verifiers import check_compatible, get_verifier
+
+__all__ = [
+    "DEFAULT_VERIFIER",
+    "Plan",
+    "Planner",
+    "StaticPlanner",
+    "StepResult",
+    "StepState",
+    "as_plan",
+    "truncate_shape",
+]
+
+DEFAULT_VERIFIER = "traversal"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One speculative step's recipe: a tree shape and the verifier that checks it.
+
+    Attributes:
+        shape: the draft tree shape (and so the drafting law).
+        verifier: a registered verifier name that is lossless for ``shape.law``.
+        allow_lossy: permit a verifier registered as lossy (``hsd``); off by default.
+
+    Raises:
+        ValueError: unknown verifier, or a verifier that cannot verify the shape's law
+            (an ``IncompatibleTreeError``, which lists the verifiers that can).
+    """
+
+    shape: TreeShape
+    verifier: str = DEFAULT_VERIFIER
+    allow_lossy: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.shape, TreeShape):
+            raise ValueError(f"Plan.shape must be a TreeShape, got {type(self.shape).__name__}")
+        spec = get_verifier(self.verifier)
+        if not spec.greedy_only:
+            check_compatible(self.verifier, self.shape.law, allow_lossy=self.allow_lossy)
+
+    @classmethod
+    def parse(cls, text: str) -> Plan:
+        """Parse ``"<tree shape>/<verifier>"`` (the verifier part is optional)."""
+        if not isinstance(text, str):
+            raise ValueError(f"a plan string is expected, got {type(text).__name__}")
+        shape_text, sep, verifier = text.partition("/")
+        verifier = verifier.strip() if sep else DEFAULT_VERIFIER
+        if sep and not verifier:
+            raise ValueError(f"plan {text!r}: missing verifier name after '/'")
+        return cls(TreeShape.parse(shape_text), verifier)
+
+    def __str__(self) -> str:
+        return f"{self.shape}/{self.verifier}"
+
+    def truncated(self, max_depth: int) -> Plan:
+        """The same plan with the tree cut to depth ``max_depth`` (for the last tokens of a budget)."""
+        if self.shape.depth <= max_depth:
+            return self
+        return Plan(truncate_shape(self.shape, max_depth), self.verifier, self.allow_lossy)
+
+
+def truncate_shape(shape: TreeShape, max_depth: int) -> TreeShape:
+    """``shape`` with every path cut to at most ``max_depth`` tokens (canonical constructors)."""
+    if shape.law is DraftLaw.WITHOUT_REPLACEMENT:
+        return TreeShape.without_replacement(shape.widths[:max_depth])
+    if shape.law is DraftLaw.CHAIN:
+        return TreeShape.chain(min(shape.trunk, max_depth))
+    trunk = min(shape.trunk, max_depth)
+    return TreeShape.delayed(trunk, shape.paths, min(shape.branch_len, max_depth - trunk))
+
+
+def as_plan(plan: Plan | str | TreeShape) -> Plan:
+    """Coerce a :class:`Plan`, plan string or bare :class:`TreeShape` (verified by traversal)."""
+    if isinstance(plan, Plan):
+        return plan
+    if isinstance(plan, str):
+        return Plan.parse(plan)
+    if isinstance(plan, TreeShape):
+        return Plan(plan)
+    raise ValueError(
+        f"plan must be None, a Plan, a plan string like 'delayed:2x3x3/traversal', or a planner with "
+        f"choose(state); got {type(plan).__name__}"
+    )
+
+
+@dataclass(frozen=True)
+class StepState:
+    """What a planner sees before a step.
+
+    Attributes:
+        step: index of the step about to run (0 for the first).
+        context_length: committed tokens so far (prompt + generated).
+        generated: tokens generated so far.
+        remaining: tokens still allowed (budget and context window).
+        temperature: the sampling temperature (0 = greedy).
+        last: the previous step's result, or None before the first step.
+        features: the root features by schema name (:data:`adaptive_spec.selector.features.SCHEMA`),
+            or None when neither the planner (``needs_features``) nor a feature log asked for them.
+        draft_hidden: the draft's last hidden state at the root (1-D float tensor), or None.
+        target_hidden: the target's last hidden state over the root token (1-D float tensor), or None.
+    """
+
+    step: int
+    context_length: int
+    generated: int
+    remaining: int
+    temperature: float
+    last: StepResult | None = None
+    features: Mapping[str, float] | None = None
+    draft_hidden: Any = None
+    target_hidden: Any = None
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one speculative step did (passed to ``planner.observe``).
+
+    Attributes:
+        plan: the plan that was run (after any truncation to the budget).
+        num_nodes: draft tree size, root included.
+        num_accepted: accepted draft tokens (τ).
+        tokens: emitted tokens (accepted + recovered/bonus), before any EOS/budget cut.
+        bonus: whether the last token was a bonus token.
+        times: seconds per phase for this step (``draft``, ``target``, ``verify``, ``other``).
+    """
+
+    plan: Plan
+    num_nodes: int
+    num_accepted: int
+    tokens: tuple[int, ...]
+    bonus: bool
+    times: dict[str, float] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Planner(Protocol):
+    """Chooses a plan before each step."""
+
+    def choose(self, state: StepState) -> Plan | str:
+        """Return the plan for the coming step."""
+        ...
+
+
+class StaticPlanner:
+    """The same plan at every step (the fixed-plan baseline)."""
+
+    def __init__(self, plan: Plan | str) -> None:
+        self.plan = as_plan(plan)
+
+    def choose(self, state: StepState) -> Plan:  # noqa: ARG002
+        return self.plan
