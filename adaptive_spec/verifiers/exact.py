@@ -28,6 +28,10 @@ T = TypeVar("T", bound=Hashable)
 ProbsFn = Callable[[tuple[int, ...]], torch.Tensor]
 
 
+class EnumerationBudgetError(RuntimeError):
+    """The enumeration needed more runs than allowed."""
+
+
 class Chooser:
     """A :class:`Sampler` that follows forced choices, then takes option 0 and records the rest."""
 
@@ -65,13 +69,25 @@ class Chooser:
         return int(self._choose(list(zip(nz, vals, strict=True))))
 
 
-def enumerate_law(program: Callable[[Sampler], T]) -> dict[T, float]:
-    """The exact law of ``program``'s output: {output: probability}."""
+def enumerate_law(
+    program: Callable[[Sampler], T], chooser: Callable[[list[int]], Chooser] = Chooser, max_runs: int | None = None
+) -> dict[T, float]:
+    """The exact law of ``program``'s output: {output: probability}.
+
+    Args:
+        program: a function of a sampler.
+        chooser: makes the :class:`Chooser` for each run from its forced prefix of choices.
+        max_runs: raise :class:`EnumerationBudgetError` after this many runs (None: no limit).
+    """
     law: dict[T, float] = defaultdict(float)
     stack: list[list[int]] = [[]]
+    runs = 0
     while stack:
         forced = stack.pop()
-        ch = Chooser(forced)
+        runs += 1
+        if max_runs is not None and runs > max_runs:
+            raise EnumerationBudgetError(f"more than {max_runs} runs")
+        ch = chooser(forced)
         out = program(ch)
         law[out] += ch.weight
         for pos in range(len(forced), len(ch.trace)):
