@@ -19,8 +19,14 @@ import torch
 
 from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftTree
+from adaptive_spec.verifiers.base import edge_probs
 from adaptive_spec.verifiers.exact import Chooser, EnumerationBudgetError, enumerate_law
+from adaptive_spec.verifiers.naive import _naive_solver
+from adaptive_spec.verifiers.nss import _nss_solver
 from adaptive_spec.verifiers.registry import REGISTRY
+from adaptive_spec.verifiers.rrs import _rrsw_solver, _specinfer_solver
+from adaptive_spec.verifiers.spectr import spectr_rho, spectr_solve
+from adaptive_spec.verifiers.traversal import traversal_impl
 
 __all__ = ["expected_block_efficiency", "greedy_block_efficiency"]
 
@@ -45,6 +51,115 @@ class _CollapsingChooser(Chooser):
         if rest > 0.0:
             options.append((int(other.argmax()), rest / total))
         return int(self._choose(options))
+
+
+# Top-down walks: (node solver, distinct children) as in each verifier's module.
+_WALKS = {
+    "specinfer": (_specinfer_solver, False),
+    "rrsw": (_rrsw_solver, True),
+    "spectr": (spectr_solve, False),
+    "nss": (_nss_solver, True),
+    "naive": (_naive_solver, False),
+}
+
+
+class _RejectAll:
+    """A sampler that records every acceptance probability and rejects (the spine of a caterpillar)."""
+
+    def __init__(self) -> None:
+        self.probs: list[float] = []
+
+    def flip(self, prob: float) -> bool:
+        self.probs.append(float(prob))
+        return False
+
+    def flip_bounded(self, bound: float, prob) -> bool:  # noqa: ARG002
+        return self.flip(prob())
+
+    def categorical(self, weights: torch.Tensor) -> int:
+        return int(weights.argmax())
+
+
+def _caterpillar(probs: list[float], depths: list[int]) -> float:
+    """E[τ+1] when test k accepts depth ``depths[k]`` w.p. ``probs[k]`` and all rejected means τ = 0."""
+    alive, total = 1.0, 0.0
+    for w, d in zip(probs, depths, strict=True):
+        total += alive * w * (d + 1)
+        alive *= 1.0 - w
+    return total + alive
+
+
+def _token_be(tree: DraftTree, target_probs: torch.Tensor) -> float:
+    p, q = edge_probs(tree, target_probs), edge_probs(tree, tree.draft_probs)
+    total, run = 1.0, 1.0
+    for i in range(1, tree.num_nodes):
+        run *= min(1.0, p[i] / q[i]) if q[i] > 0 else 0.0
+        total += run
+    return total
+
+
+def _traversal_be(tree: DraftTree, target_probs: torch.Tensor) -> float:
+    # Traversal tests the leaves of a shrinking tree in post-order (children in drafting order), so
+    # the k-th flip of an all-reject run tests the k-th node of the post-order: one run gives the law.
+    order: list[int] = []
+
+    def post(n: int) -> None:
+        for c in tree.children[n]:
+            post(c)
+        order.append(n)
+
+    post(0)
+    rec = _RejectAll()
+    traversal_impl(tree, target_probs, rec)
+    depths = [tree.depths[n] for n in order[:-1]]
+    if len(rec.probs) != len(depths):  # pragma: no cover - guards the post-order argument
+        raise AssertionError("traversal tested nodes outside post-order")
+    return _caterpillar(rec.probs, depths)
+
+
+def _gbv_be(tree: DraftTree, target_probs: torch.Tensor) -> float:
+    # GBV picks its path deterministically, then runs BV's backward scan along it: flip w_γ at
+    # depth γ, then h_i for i = γ-1 .. 1, skipping the i with w_i = 0. Zero weights form a
+    # suffix of the path (w_i = 0 makes every deeper w zero), so the flips after the first are
+    # at depths m .. 1, and the first tests depth m + 1 whenever its probability is not zero.
+    rec = _RejectAll()
+    REGISTRY["gbv"].fn(tree, target_probs, rec)
+    if not rec.probs:
+        return 1.0
+    m = len(rec.probs) - 1
+    return _caterpillar(rec.probs, [m + 1, *range(m, 0, -1)])
+
+
+def _walk_be(tree: DraftTree, target_probs: torch.Tensor, verifier: str) -> float:
+    # DDTE eq. 1-3: E[τ+1] = Σ_nodes P(reach node); the branching law of each node's solver is
+    # enumerated exactly over its own candidates (plus one 'other' token).
+    solver, distinct = _WALKS[verifier]
+    reach = [0.0] * tree.num_nodes
+    reach[0] = 1.0
+    V = target_probs.shape[-1]
+    for node in range(tree.num_nodes):  # parents precede children
+        if reach[node] == 0.0 or not tree.child_draws[node]:
+            continue
+        if verifier == "nss":  # Y ~ p: branch to each child with its target probability
+            row = target_probs[node].double()
+            for child in tree.children[node]:
+                reach[child] = reach[node] * float(row[tree.tokens[child]])
+            continue
+        draws = tree.children[node] if distinct else tree.child_draws[node]
+        candidates = [tree.tokens[c] for c in draws]
+        in_tree = torch.zeros(V, dtype=torch.bool)
+        in_tree[torch.tensor(candidates, dtype=torch.long)] = True
+        p, q = target_probs[node], tree.draft_probs[node]
+        if verifier == "spectr":  # ρ* depends on (p, q, k) only: solve it once, not once per run
+            rho = spectr_rho(p, q, len(candidates))
+            solver = lambda p, q, c, ch, rho=rho: spectr_solve(p, q, c, ch, rho=rho)  # noqa: E731
+        law = enumerate_law(
+            lambda ch, p=p, q=q, candidates=candidates, solver=solver: solver(p, q, candidates, ch)[0],
+            chooser=lambda forced, in_tree=in_tree: _CollapsingChooser(forced, in_tree),
+        )
+        for child in tree.children[node]:
+            reach[child] = reach[node] * law.get(tree.tokens[child], 0.0)
+    return sum(reach)
 
 
 def greedy_block_efficiency(tree: DraftTree, target_probs: torch.Tensor) -> float:
@@ -81,6 +196,16 @@ def expected_block_efficiency(
     """
     if verifier == "greedy":
         return greedy_block_efficiency(tree, target_probs), True
+    if verifier == "token":
+        return _token_be(tree, target_probs), True
+    if verifier in ("traversal", "block"):  # block = traversal on a chain (same law, reference §4)
+        if verifier == "block" and any(len(c) > 1 for c in tree.children):
+            raise ValueError("block verification needs a chain")
+        return _traversal_be(tree, target_probs), True
+    if verifier in _WALKS:
+        return _walk_be(tree, target_probs, verifier), True
+    if verifier == "gbv":
+        return _gbv_be(tree, target_probs), True
     fn = REGISTRY[verifier].fn
     in_tree = torch.zeros(target_probs.shape[-1], dtype=torch.bool)
     in_tree[torch.tensor(tree.tokens[1:], dtype=torch.long)] = True

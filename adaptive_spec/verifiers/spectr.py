@@ -116,10 +116,13 @@ def _solve_sorted(
     return hi
 
 
-def spectr_solve(p: torch.Tensor, q: torch.Tensor, candidates: list[int], sampler: Sampler) -> tuple[int, bool]:
-    """One node of K-SEQ; returns (token, drawn from unmodified p)."""
+def spectr_solve(
+    p: torch.Tensor, q: torch.Tensor, candidates: list[int], sampler: Sampler, rho: float | None = None
+) -> tuple[int, bool]:
+    """One node of K-SEQ; returns (token, drawn from unmodified p). ``rho``: precomputed ρ*(p, q, k)."""
     k = len(candidates)
-    rho = spectr_rho(p, q, k)
+    if rho is None:
+        rho = spectr_rho(p, q, k)
     for x in candidates:
         qx = float(q[x])
         if qx > 0 and sampler.flip(min(1.0, float(p[x]) / (rho * qx))):

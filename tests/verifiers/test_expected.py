@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaptive_spec.trees import DraftLaw, sample_tree
+from adaptive_spec.trees import DraftLaw, TreeShape, sample_tree
 from adaptive_spec.verifiers import REGISTRY
 from adaptive_spec.verifiers.exact import fixed_tree_law, target_rows
 from adaptive_spec.verifiers.expected import expected_block_efficiency, greedy_block_efficiency
@@ -35,11 +35,13 @@ def test_collapsed_enumeration_is_exact(name, law):
 
 def test_monte_carlo_fallback_is_close():
     base, shape = next((b, s) for b, s in cases_for(DraftLaw.IID) if s.max_nodes >= 5)
-    inst = instance_for("traversal", base)
+    inst = instance_for("hsd", base)  # no closed form: the enumerator, or Monte Carlo past its budget
+    shape = TreeShape.chain(3)
     tree = sample_tree(shape, inst.draft_fn, torch.Generator().manual_seed(1))
     rows = target_rows(tree, inst.target_fn)
-    exact_value, _ = expected_block_efficiency("traversal", tree, rows)
-    mc_value, exact = expected_block_efficiency("traversal", tree, rows, max_runs=1, mc_runs=4000)
+    exact_value, exact = expected_block_efficiency("hsd", tree, rows)
+    assert exact
+    mc_value, exact = expected_block_efficiency("hsd", tree, rows, max_runs=1, mc_runs=4000)
     assert not exact
     assert mc_value == pytest.approx(exact_value, abs=0.06)  # 4000 runs: sd <= 1.5/63
 
