@@ -24,6 +24,14 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.bench.e2e",
         "end-to-end tokens/s of plans vs autoregressive and transformers' assisted generation",
     ),
+    ("profile",): (
+        "adaptive_spec.bench.profile",
+        "measure the draft and target forward latency (context x tokens), verifier and bookkeeping times",
+    ),
+    ("bench", "latency-model"): (
+        "adaptive_spec.bench.latency_model",
+        "compare the latency model's predicted step times with measured engine steps (MAPE per plan)",
+    ),
     ("bench", "overhead"): (
         "adaptive_spec.bench.overhead",
         "share of each step spent outside the two models' forward passes (16-node trees by default)",
@@ -31,6 +39,18 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("bench", "verifiers"): (
         "adaptive_spec.bench.verifiers",
         "exact block efficiency vs the LP limit per verifier, or (--speed) microseconds per verification",
+    ),
+    ("tune", "plans"): (
+        "adaptive_spec.tuning.cli_plans",
+        "search the static plan (shape, sizes, verifier) per temperature with Optuna; best to configs/plans",
+    ),
+    ("train-selector",): (
+        "adaptive_spec.selector.train",
+        "train the plan selector with LightningCLI (--config configs/selector/default.yaml --data.labels DIR)",
+    ),
+    ("export-selector",): (
+        "adaptive_spec.selector.export",
+        "export a selector checkpoint to ONNX (features in, one logit per plan out; schema in the metadata)",
     ),
     ("zoo", "build"): (
         "adaptive_spec.zoo.cli",

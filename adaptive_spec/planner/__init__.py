@@ -1,10 +1,24 @@
 """Planning: what each speculative step drafts and how it verifies it.
 
 :mod:`adaptive_spec.planner.plan` holds the :class:`Plan` (tree shape + verifier), the planner
-protocol and the step records the engine passes to planners. The planner depends on trees and
-verifiers only; the engine depends on the planner.
+protocol and the step records the engine passes to planners;
+:mod:`~adaptive_spec.planner.actions` the action space (a YAML grid of plans);
+:mod:`~adaptive_spec.planner.explore` random planners for data collection;
+:mod:`~adaptive_spec.planner.latency` the latency model that predicts a step's time from a
+profile (``adaptive-spec profile``). The planner depends on trees and verifiers only; the engine
+depends on the planner.
 """
 
+from adaptive_spec.planner.actions import (
+    DEFAULT_ACTIONS_PATH,
+    ActionSpace,
+    PlanStructure,
+    draft_level_sizes,
+    parse_plans,
+    plan_structure,
+)
+from adaptive_spec.planner.explore import ExplorePlanner
+from adaptive_spec.planner.latency import LatencyModel, StepTimePrediction, default_profile_path
 from adaptive_spec.planner.plan import (
     DEFAULT_VERIFIER,
     Plan,
@@ -17,12 +31,22 @@ from adaptive_spec.planner.plan import (
 )
 
 __all__ = [
+    "DEFAULT_ACTIONS_PATH",
     "DEFAULT_VERIFIER",
+    "ActionSpace",
+    "ExplorePlanner",
+    "LatencyModel",
     "Plan",
+    "PlanStructure",
     "Planner",
     "StaticPlanner",
     "StepResult",
     "StepState",
+    "StepTimePrediction",
     "as_plan",
+    "default_profile_path",
+    "draft_level_sizes",
+    "parse_plans",
+    "plan_structure",
     "truncate_shape",
 ]

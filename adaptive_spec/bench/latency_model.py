@@ -1,0 +1,187 @@
+"""``adaptive-spec bench latency-model``: how well the latency model predicts real engine steps.
+
+Runs the engine with several static plans (chains, i.i.d., delayed and without-replacement
+trees of different sizes, none of them the profile's calibration plans) on built-in prompts,
+and compares each step's measured time (the sum of ``StepResult.times``) with
+:meth:`LatencyModel.predict` for the plan the step ran and its context length. Reports the mean
+absolute percentage error (MAPE) per step, per plan and overall, the signed bias, and the
+error of each plan's *mean* step time and the rank correlation of the plans' mean step
+times (what a planner ranking plans by speed relies on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PLANS = (
+    "chain:2/token,chain:6/block,iid:2x4/specinfer,iid:3x6/traversal,delayed:2x2x4/gbv,delayed:4x4x4/traversal,"
+    "wor:2x2x1/traversal,wor:3x2x2/rrsw"
+)
+
+
+def compare(model: Any, steps: Sequence[dict[str, Any]], temperature: float) -> dict[str, Any]:
+    """Per-step predictions and error summaries (per plan and overall) for rows of ``measure_steps``."""
+    from adaptive_spec.planner.actions import plan_structure
+
+    rows = []
+    for r in steps:
+        pred = model.predict(r["plan"], r["context_length"], temperature=temperature, first_step=r["step"] == 0)
+        rows.append({**r, "predicted_s": pred.total_s, "predicted": pred.as_dict()})
+
+    def summary(group: list[dict[str, Any]]) -> dict[str, Any]:
+        ape = [abs(g["predicted_s"] - g["measured_s"]) / g["measured_s"] for g in group]
+        signed = [(g["predicted_s"] - g["measured_s"]) / g["measured_s"] for g in group]
+        mean_meas = statistics.fmean(g["measured_s"] for g in group)
+        mean_pred = statistics.fmean(g["predicted_s"] for g in group)
+        return {
+            "steps": len(group),
+            "measured_ms": 1e3 * mean_meas,
+            "predicted_ms": 1e3 * mean_pred,
+            "mape": statistics.fmean(ape),
+            "median_ape": statistics.median(ape),
+            "bias": statistics.fmean(signed),
+            "mean_step_ape": abs(mean_pred - mean_meas) / mean_meas,
+            "mean_nodes": statistics.fmean(g["num_nodes"] for g in group),
+            "max_nodes": plan_structure(group[0]["requested"]).num_nodes,
+            "measured_phase_ms": {
+                k: 1e3 * statistics.fmean(g["times"].get(k, 0.0) for g in group) for k in group[0]["times"]
+            },
+            "predicted_phase_ms": {
+                k: 1e3 * statistics.fmean(g["predicted"][f"{k}_s"] for g in group)
+                for k in ("draft", "target", "verify", "overhead")
+            },
+        }
+
+    plans = list(dict.fromkeys(r["requested"] for r in rows))
+    per_plan = {p: summary([r for r in rows if r["requested"] == p]) for p in plans}
+    overall = summary(rows)
+    overall.pop("max_nodes")
+    overall["plan_mean_step_mape"] = statistics.fmean(v["mean_step_ape"] for v in per_plan.values())
+    overall["plan_rank_spearman"] = _spearman(
+        [v["measured_ms"] for v in per_plan.values()], [v["predicted_ms"] for v in per_plan.values()]
+    )
+    return {"per_plan": per_plan, "overall": overall, "steps": rows}
+
+
+def _spearman(xs: list[float], ys: list[float]) -> float | None:
+    """Spearman rank correlation (None for fewer than 3 points or constant ranks)."""
+    if len(xs) < 3:
+        return None
+    from scipy.stats import spearmanr
+
+    rho = float(spearmanr(xs, ys).statistic)
+    return None if rho != rho else rho  # NaN for constant input
+
+
+def plot_comparison(report: dict[str, Any], path: str | Path) -> Path:
+    """Scatter of predicted against measured step time, one colour per plan, with the y = x line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig, ax = plt.subplots(figsize=(6.5, 5.5))
+    lo, hi = float("inf"), 0.0
+    for plan, s in report["per_plan"].items():
+        pts = [(1e3 * r["measured_s"], 1e3 * r["predicted_s"]) for r in report["steps"] if r["requested"] == plan]
+        xs, ys = zip(*pts, strict=True)
+        ax.scatter(xs, ys, s=8, alpha=0.5, label=f"{plan} (MAPE {100 * s['mape']:.0f}%)")
+        lo, hi = min(lo, *xs, *ys), max(hi, *xs, *ys)
+    ax.plot([lo, hi], [lo, hi], color="black", lw=1, ls="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured step time (ms)")
+    ax.set_ylabel("predicted step time (ms)")
+    ax.set_title(f"latency model: step MAPE {100 * report['overall']['mape']:.1f}%")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", default=None, help="target model directory or hub id (default: built-in pair)")
+    parser.add_argument("--draft", default=None, help="draft model directory or hub id (default: built-in pair)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the engine's)")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="latency profile (default: data/profile/profile.json)"
+    )
+    parser.add_argument("--plans", default=DEFAULT_PLANS, help="comma-separated static plans (default: %(default)s)")
+    parser.add_argument("--limit", type=int, default=4, help="number of built-in prompts (default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="(default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--json", type=Path, default=None, help="write the report (and a PNG beside it) here")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from adaptive_spec.bench.e2e import load_engine
+    from adaptive_spec.bench.profile import device_info, measure_steps, write_json_atomic
+    from adaptive_spec.planner.actions import parse_plans
+    from adaptive_spec.planner.latency import LatencyModel
+    from adaptive_spec.zoo import default_prompts
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        model = LatencyModel.load(args.profile)
+        plans = parse_plans(args.plans)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(str(err)) from None
+    if not plans:
+        raise SystemExit("--plans: give at least one plan")
+    engine = load_engine(args.target, args.draft, args.device, args.dtype)
+    here = device_info(engine.device)
+    there = model.profile.get("device", {})
+    if (here["type"], here["name"]) != (there.get("type"), there.get("name")):
+        print(f"warning: the profile was measured on {there.get('name')} ({there.get('type')}), this is {here['name']}")
+    prompts = default_prompts()[: args.limit]
+    steps = measure_steps(
+        engine, prompts, plans, args.max_new_tokens, args.temperature, args.seed, not args.no_progress,
+        desc="bench latency-model",
+    )  # fmt: skip
+    report = compare(model, steps, args.temperature)
+    report["config"] = {
+        "profile": str(args.profile or "data/profile/profile.json"),
+        "profile_created": model.profile.get("created"),
+        "num_prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "seed": args.seed,
+        "device": here,
+    }
+    head = ("plan", "steps", "measured", "predicted", "MAPE", "bias", "mean err", "nodes")
+    print("{:<26} {:>5} {:>9} {:>9} {:>6} {:>6} {:>8} {:>9}".format(*head))
+    for plan, s in report["per_plan"].items():
+        print(
+            f"{plan:<26} {s['steps']:>5} {s['measured_ms']:7.2f}ms {s['predicted_ms']:7.2f}ms {100 * s['mape']:5.1f}% "
+            f"{100 * s['bias']:+5.1f}% {100 * s['mean_step_ape']:7.1f}% {s['mean_nodes']:4.1f}/{s['max_nodes']:<4}"
+        )
+    o = report["overall"]
+    print(
+        f"{'overall':<26} {o['steps']:>5} {o['measured_ms']:7.2f}ms {o['predicted_ms']:7.2f}ms {100 * o['mape']:5.1f}% "
+        f"{100 * o['bias']:+5.1f}% {100 * o['plan_mean_step_mape']:7.1f}%"
+    )
+    rho = o["plan_rank_spearman"]
+    print(
+        "(MAPE: per step; mean err: error of each plan's mean step time; nodes: real/largest tree)\n"
+        "rank correlation of the plans' mean step times, predicted vs measured: "
+        + (f"{rho:.2f}" if rho is not None else "n/a")
+    )
+    if args.json:
+        write_json_atomic(report, args.json)
+        print(f"wrote {args.json} and {plot_comparison(report, args.json.with_suffix('.png'))}")
+    return 0
