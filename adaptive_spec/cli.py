@@ -40,6 +40,14 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.bench.verifiers",
         "exact block efficiency vs the LP limit per verifier, or (--speed) microseconds per verification",
     ),
+    ("train-selector",): (
+        "adaptive_spec.selector.train",
+        "train the plan selector with LightningCLI (--config configs/selector/default.yaml --data.labels DIR)",
+    ),
+    ("export-selector",): (
+        "adaptive_spec.selector.export",
+        "export a selector checkpoint to ONNX (features in, one logit per plan out; schema in the metadata)",
+    ),
     ("zoo", "build"): (
         "adaptive_spec.zoo.cli",
         "train the built-in draft/target pair (Llama-style, Python stdlib source) from a seed",

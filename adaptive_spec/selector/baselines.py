@@ -1,0 +1,84 @@
+"""scikit-learn baselines for the selector, on the same scalar features and the same split.
+
+- ``hgb``: one ``HistGradientBoostingRegressor`` per candidate action on tokens/s relative to the
+  best static action (so that sampling groups share a scale); the choice is the argmax prediction.
+  Candidates: the ``max_actions`` actions most often best per context on the train split, plus the
+  best static ones (an action space of hundreds would otherwise mean hundreds of fits).
+- ``logistic``: a standardised multinomial ``LogisticRegression`` on the per-context best action.
+
+Hidden states are not used (hundreds of float16 columns per block would dominate the fit time);
+the neural selector's report says whether it used them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from adaptive_spec.selector.data import SelectorSplit, score_choices
+
+BASELINES = ("hgb", "logistic")
+
+
+def candidate_actions(train: SelectorSplit, max_actions: int) -> np.ndarray:
+    """Indices of the actions most often best per train context (at most ``max_actions``) and the static ones."""
+    counts = np.bincount(train.best_action, minlength=train.tps.shape[1])
+    ranked = [int(a) for a in np.argsort(-counts, kind="stable") if counts[a] > 0][:max_actions]
+    return np.array(sorted(set(ranked) | {int(a) for a in np.unique(train.base_action)}), dtype=np.int64)
+
+
+def fit_predict(
+    name: str,
+    train: SelectorSplit,
+    val: SelectorSplit,
+    *,
+    seed: int = 0,
+    max_iter: int = 100,
+    max_actions: int = 32,
+    progress: bool = True,
+) -> np.ndarray:
+    """Fit baseline ``name`` on ``train``; return its chosen action per ``val`` row, int64 [n_val]."""
+    if name == "hgb":
+        from sklearn.ensemble import HistGradientBoostingRegressor
+
+        target = train.rel_tps  # [n, A]
+        actions = candidate_actions(train, max_actions)
+        preds = np.empty((len(val), len(actions)), np.float64)
+        for j, a in enumerate(tqdm(actions, desc="hgb per action", disable=not progress, leave=False)):
+            reg = HistGradientBoostingRegressor(max_iter=max_iter, random_state=seed, early_stopping=False)
+            preds[:, j] = reg.fit(train.features, target[:, a]).predict(val.features)
+        return actions[preds.argmax(axis=1)]
+    if name == "logistic":
+        from sklearn.linear_model import LogisticRegression
+        from sklearn.pipeline import make_pipeline
+        from sklearn.preprocessing import StandardScaler
+
+        labels = train.best_action
+        if len(np.unique(labels)) < 2:  # one class only: that class is the prediction
+            return np.full(len(val), labels[0], dtype=np.int64)
+        clf = make_pipeline(StandardScaler(), LogisticRegression(max_iter=max(max_iter, 200), random_state=seed))
+        clf.fit(train.features, labels)
+        return np.asarray(clf.predict(val.features), dtype=np.int64)
+    raise ValueError(f"unknown baseline {name!r}; use one of {', '.join(BASELINES)}")
+
+
+def run_baselines(
+    train: SelectorSplit,
+    val: SelectorSplit,
+    names: Sequence[str] = BASELINES,
+    *,
+    seed: int = 0,
+    max_iter: int = 100,
+    max_actions: int = 32,
+    progress: bool = True,
+) -> dict[str, dict[str, float]]:
+    """Scores (:func:`~adaptive_spec.selector.data.score_choices`) of each baseline on ``val``."""
+    return {
+        name: score_choices(
+            fit_predict(name, train, val, seed=seed, max_iter=max_iter, max_actions=max_actions, progress=progress),
+            val,
+        )
+        for name in names
+    }

@@ -1,0 +1,300 @@
+"""Run an exported selector with onnxruntime: :class:`SelectorRuntime` and :class:`AdaptivePlanner`.
+
+Inference only: numpy, onnxruntime, the feature schema and the plan type; no torch, no Lightning.
+Usage::
+
+    engine.generate(prompt, plan=AdaptivePlanner("selector.onnx"))
+
+Everything that could make a decision silently wrong is checked when the file is loaded: the
+file parses as ONNX, it carries ``export-selector``'s metadata, its feature schema (version and
+hash) is this package's, every action is a valid plan, and the graph's inputs and outputs have
+the widths the metadata promises. A failed check raises :class:`SelectorLoadError` saying what to
+do. Each decision (feature assembly + one onnxruntime call + argmax) is timed; see
+:meth:`AdaptivePlanner.latency_us`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from adaptive_spec.planner.plan import Plan, StepState
+from adaptive_spec.selector.features import SCHEMA
+
+FORMAT = "adaptive-spec-selector/1"  # same string as adaptive_spec.selector.export.FORMAT
+HIDDEN_INPUTS = ("draft_hidden", "target_hidden")
+
+
+class SelectorLoadError(ValueError):
+    """The file is not a usable selector for this adaptive-spec (corrupt, foreign, or another schema)."""
+
+
+class SelectorRuntime:
+    """An exported selector loaded into a single-threaded onnxruntime session.
+
+    Args:
+        path: the ``.onnx`` file written by ``adaptive-spec export-selector``.
+        threads: intra-op threads (1: a decision is a few small matrix products; more threads only
+            add synchronisation).
+
+    Attributes:
+        actions: the plan strings, one per logit.
+        plans: the parsed :class:`Plan` per action.
+        input_names: ``["features"]`` plus the hidden-state inputs the model takes.
+        hidden_dims: width per hidden-state input (0 = not taken).
+        manifest: the training labels' manifest.
+        training: the training run's summary (checkpoint, split, best static actions, hyper-parameters).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        SelectorLoadError: see the module docstring.
+    """
+
+    def __init__(self, path: str | Path, *, threads: int = 1) -> None:
+        import onnxruntime as ort
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"no selector at {self.path}; export one with `adaptive-spec export-selector CKPT`")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options.log_severity_level = 3  # errors only; load failures are re-raised below
+        try:
+            self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        except Exception as err:  # onnxruntime raises its own (pybind) exception types for bad files
+            raise SelectorLoadError(
+                f"{self.path} is not a readable ONNX model ({type(err).__name__}: {str(err).strip()[:300]}); "
+                "the file is corrupt or truncated: export it again with `adaptive-spec export-selector CKPT`"
+            ) from err
+        meta = dict(self.session.get_modelmeta().custom_metadata_map)
+        self._check_metadata(meta)
+        self._check_graph()
+
+    # ------------------------------------------------------------------ load-time checks
+    def _fail(self, what: str) -> SelectorLoadError:
+        return SelectorLoadError(f"{self.path}: {what}")
+
+    def _check_metadata(self, meta: Mapping[str, str]) -> None:
+        if meta.get("adaptive_spec.format") != FORMAT:
+            found = meta.get("adaptive_spec.format")
+            raise self._fail(
+                "no adaptive-spec selector metadata (was it written by `adaptive-spec export-selector`?)"
+                if found is None else f"selector format {found!r}, this adaptive-spec reads {FORMAT!r}"
+            )  # fmt: skip
+        try:
+            version = int(meta["adaptive_spec.schema_version"])
+            hash_ = meta["adaptive_spec.schema_hash"]
+            names = json.loads(meta["adaptive_spec.feature_names"])
+            self.actions: list[str] = json.loads(meta["adaptive_spec.actions"])
+            hidden = json.loads(meta["adaptive_spec.hidden_dims"])
+            self.manifest: dict[str, Any] = json.loads(meta.get("adaptive_spec.manifest", "{}"))
+            self.training: dict[str, Any] = json.loads(meta.get("adaptive_spec.training", "{}"))
+        except (KeyError, ValueError) as err:
+            raise self._fail(f"missing or malformed selector metadata ({err}); export the selector again") from err
+        try:
+            SCHEMA.check_compatible(version, hash_, what=f"the selector {self.path}")
+        except ValueError as err:
+            raise SelectorLoadError(str(err)) from err
+        if list(names) != list(SCHEMA.names):
+            raise self._fail(f"feature names {names} differ from the schema's {list(SCHEMA.names)}")
+        if not isinstance(self.actions, list) or len(self.actions) < 2:
+            raise self._fail(f"the action list must hold >= 2 plan strings, got {self.actions!r}")
+        self.plans: list[Plan] = []
+        for i, action in enumerate(self.actions):
+            try:
+                self.plans.append(Plan.parse(action))
+            except ValueError as err:
+                raise self._fail(f"action {i} ({action!r}) is not a valid plan: {err}") from err
+        if not isinstance(hidden, dict) or set(hidden) - set(HIDDEN_INPUTS):
+            raise self._fail(f"hidden_dims must map {HIDDEN_INPUTS} to widths, got {hidden!r}")
+        self.hidden_dims = {k: int(hidden.get(k, 0)) for k in HIDDEN_INPUTS}
+
+    def _check_graph(self) -> None:
+        inputs = {i.name: i for i in self.session.get_inputs()}
+        want = {"features": SCHEMA.num_scalar, **{k: d for k, d in self.hidden_dims.items() if d > 0}}
+        if set(inputs) != set(want):
+            raise self._fail(f"graph inputs {sorted(inputs)} differ from the metadata's {sorted(want)}")
+        for name, width in want.items():
+            arg = inputs[name]
+            if arg.type != "tensor(float)" or len(arg.shape) != 2 or arg.shape[1] != width:
+                raise self._fail(f"input {name!r} is {arg.type} {arg.shape}, expected float32 [batch, {width}]")
+        outputs = self.session.get_outputs()
+        if [o.name for o in outputs] != ["logits"]:
+            raise self._fail(f"graph outputs {[o.name for o in outputs]}, expected ['logits']")
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        # One real run: the output width must match the action list (the graph's may be symbolic).
+        probe = self.logits(np.zeros((1, SCHEMA.num_scalar), np.float32), **{
+            k: np.zeros((1, d), np.float32) for k, d in self.hidden_dims.items() if d > 0
+        })  # fmt: skip
+        if probe.shape != (1, len(self.actions)):
+            raise self._fail(f"the graph gives {probe.shape[-1]} logits for {len(self.actions)} actions")
+
+    # ------------------------------------------------------------------ inference
+    @property
+    def takes_hidden(self) -> bool:
+        return any(d > 0 for d in self.hidden_dims.values())
+
+    def logits(
+        self, features: np.ndarray, draft_hidden: np.ndarray | None = None, target_hidden: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Logits [B, A] for raw features [B, F] (schema order) and, if taken, hidden states [B, H]."""
+        feeds = {"features": np.ascontiguousarray(features, np.float32)}
+        for name, h in (("draft_hidden", draft_hidden), ("target_hidden", target_hidden)):
+            if self.hidden_dims[name] > 0:
+                if h is None:
+                    raise ValueError(f"this selector takes {name} [batch, {self.hidden_dims[name]}]; pass it")
+                feeds[name] = np.ascontiguousarray(h, np.float32)
+        return self.session.run(["logits"], feeds)[0]
+
+    def choose_index(self, features: np.ndarray, **hidden: np.ndarray) -> np.ndarray:
+        """The argmax action index per row, int64 [B]."""
+        return self.logits(features, **hidden).argmax(axis=1)
+
+    def __repr__(self) -> str:
+        return f"SelectorRuntime({str(self.path)!r}, actions={len(self.actions)}, inputs={self.input_names})"
+
+
+class AdaptivePlanner:
+    """A planner that asks the exported selector for every step's plan.
+
+    The engine fills ``StepState.features`` because :attr:`needs_features` is true (and the hidden
+    states when the model takes them, :attr:`needs_hidden`). One decision writes the features into a
+    preallocated buffer bound to the onnxruntime session (no per-step allocation), runs it once and
+    takes the argmax over the allowed actions.
+
+    Args:
+        selector: a path to an exported selector or a loaded :class:`SelectorRuntime`.
+        allowed: restrict the choice to these plans (plan strings or :class:`Plan`, each one of the
+            selector's actions); None allows all.
+
+    Attributes:
+        decision_times_s: seconds per decision (feature assembly included), one entry per step.
+    """
+
+    needs_features = True
+
+    def __init__(self, selector: str | Path | SelectorRuntime, allowed: Sequence[str | Plan] | None = None) -> None:
+        import onnxruntime as ort
+
+        self.runtime = selector if isinstance(selector, SelectorRuntime) else SelectorRuntime(selector)
+        rt = self.runtime
+        self.needs_hidden = rt.takes_hidden
+        self._names = SCHEMA.names
+        if allowed is None:
+            self._allowed: np.ndarray | None = None
+        else:
+            index = {str(p): i for i, p in enumerate(rt.plans)}
+            picked = []
+            for a in allowed:
+                key = str(a if isinstance(a, Plan) else Plan.parse(a))
+                if key not in index:
+                    raise ValueError(f"allowed plan {key!r} is not one of the selector's actions: {rt.actions}")
+                picked.append(index[key])
+            if not picked:
+                raise ValueError("allowed must name at least one action")
+            self._allowed = np.array(sorted(set(picked)), dtype=np.int64)
+        # Buffers shared with onnxruntime: writing them in place is the next run's input.
+        self._inputs = {"features": np.zeros((1, SCHEMA.num_scalar), np.float32)}
+        for name, d in rt.hidden_dims.items():
+            if d > 0:
+                self._inputs[name] = np.zeros((1, d), np.float32)
+        self._logits = np.zeros((1, len(rt.actions)), np.float32)
+        self._binding = rt.session.io_binding()
+        for name, buf in self._inputs.items():
+            self._binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(buf))
+        self._binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self._logits))
+        self.decision_times_s: list[float] = []
+
+    @property
+    def actions(self) -> list[str]:
+        return self.runtime.actions
+
+    def choose(self, state: StepState) -> Plan:
+        """The plan for the coming step: argmax of the selector's logits at ``state.features``.
+
+        Raises:
+            RuntimeError: the engine passed no features (or no hidden states the model needs).
+            ValueError: a feature is missing or the logits are not finite (non-finite features).
+        """
+        t0 = time.perf_counter()
+        features = state.features
+        if features is None:
+            raise RuntimeError(
+                "AdaptivePlanner needs StepState.features but the engine passed None; use an engine that computes "
+                "root features for planners with needs_features=True"
+            )
+        try:
+            self._inputs["features"][0] = [features[n] for n in self._names]
+        except KeyError as err:
+            raise ValueError(f"StepState.features lacks {err}; the engine's features differ from schema "
+                             f"v{SCHEMA.version}") from err  # fmt: skip
+        if self.needs_hidden:
+            for name in HIDDEN_INPUTS:
+                if name in self._inputs:
+                    self._inputs[name][0] = _host_vector(getattr(state, name), name, self._inputs[name].shape[1])
+        self.runtime.session.run_with_iobinding(self._binding)
+        logits = self._logits[0]
+        allowed = self._allowed
+        best = int(logits.argmax()) if allowed is None else int(allowed[logits[allowed].argmax()])
+        if not np.isfinite(logits[best]):
+            bad = [n for n in self._names if not np.isfinite(features[n])]
+            raise ValueError(f"the selector's logits are not finite; non-finite features: {bad}")
+        self.decision_times_s.append(time.perf_counter() - t0)
+        return self.runtime.plans[best]
+
+    def latency_us(self) -> dict[str, float]:
+        """Decision latency so far, microseconds: ``median``, ``p90``, ``mean``, ``max`` and the count ``n``."""
+        if not self.decision_times_s:
+            return {"n": 0}
+        t = np.asarray(self.decision_times_s) * 1e6
+        return {
+            "n": len(t), "median": float(np.median(t)), "p90": float(np.percentile(t, 90)), "mean": float(t.mean()),
+            "max": float(t.max()),
+        }  # fmt: skip
+
+    def __repr__(self) -> str:
+        return f"AdaptivePlanner({self.runtime!r})"
+
+
+def decision_latency_us(
+    selector: str | Path | SelectorRuntime, *, decisions: int = 5000, warmup: int = 200, seed: int = 0
+) -> dict[str, float]:
+    """Time :meth:`AdaptivePlanner.choose` (feature assembly included) on random feature dicts.
+
+    Returns:
+        :meth:`AdaptivePlanner.latency_us` over ``decisions`` timed calls, after ``warmup`` untimed ones.
+    """
+    planner = AdaptivePlanner(selector)
+    rng = np.random.default_rng(seed)
+    hidden = {k: rng.standard_normal(d).astype(np.float32) for k, d in planner.runtime.hidden_dims.items() if d > 0}
+    states = [
+        StepState(step=i, context_length=64, generated=i, remaining=1000, temperature=0.0,
+                  features=dict(zip(SCHEMA.names, rng.standard_normal(SCHEMA.num_scalar).tolist(), strict=True)),
+                  **hidden)
+        for i in range(64)
+    ]  # fmt: skip
+    for i in range(warmup):
+        planner.choose(states[i % len(states)])
+    planner.decision_times_s.clear()
+    for i in range(decisions):
+        planner.choose(states[i % len(states)])
+    return planner.latency_us()
+
+
+def _host_vector(h: Any, name: str, width: int) -> np.ndarray:
+    if h is None:
+        raise RuntimeError(f"this selector takes {name} but the engine passed None (needs_hidden=True)")
+    if hasattr(h, "detach"):  # a torch tensor, possibly on an accelerator: one copy to the host
+        h = h.detach().float().cpu().numpy()
+    h = np.asarray(h, np.float32).reshape(-1)
+    if h.shape[0] != width:
+        raise ValueError(f"{name} has {h.shape[0]} values, the selector was trained on width {width} (another model?)")
+    return h

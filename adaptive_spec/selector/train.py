@@ -1,0 +1,156 @@
+r"""``adaptive-spec train-selector``: train the selector with LightningCLI, then write the report.
+
+Every argument after ``train-selector`` goes to LightningCLI unchanged (its ``--help`` included)::
+
+    adaptive-spec train-selector --config configs/selector/default.yaml --data.labels runs/labels
+    adaptive-spec train-selector --config configs/selector/default.yaml --config configs/selector/ddp.yaml \
+        --data.labels runs/labels --trainer.max_epochs 5
+
+The run directory is the logger's (CSV logs under ``trainer.default_root_dir``, ``version_N``):
+checkpoints, ``config.yaml``, ``metrics.csv`` and ``report/`` (JSON, Markdown, PNG) comparing the
+neural selector with the scikit-learn baselines, the best static action and the oracle on the
+validation prompts. Under DDP only rank 0 writes the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L  # noqa: N812 (Lightning's own convention)
+import numpy as np
+import torch
+from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.loggers import CSVLogger
+
+from adaptive_spec.selector.baselines import BASELINES, run_baselines
+from adaptive_spec.selector.data import SelectorSplit, score_choices
+from adaptive_spec.selector.lit import HistoryCallback, SelectorDataModule, SelectorModule
+
+DEFAULT_ROOT = "runs/selector"
+
+
+class SelectorCLI(LightningCLI):
+    """LightningCLI over :class:`SelectorModule` / :class:`SelectorDataModule`, plus report options."""
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.link_arguments("data.spec", "model.data_spec", apply_on="instantiate")
+        parser.add_argument("--report", type=bool, default=True, help="write the training report after fitting")
+        parser.add_argument(
+            "--baselines", type=list[str], default=list(BASELINES),
+            help=f"scikit-learn baselines in the report, from {list(BASELINES)} (empty: none)",
+        )  # fmt: skip
+        parser.add_argument("--baseline_max_iter", type=int, default=100, help="boosting rounds / solver iterations")
+
+    def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
+        trainer = self.config.trainer
+        if trainer.logger is None or trainer.logger is True:  # default: CSV logs in the run directory
+            kwargs.setdefault("logger", CSVLogger(save_dir=trainer.default_root_dir or DEFAULT_ROOT, name=""))
+        return super().instantiate_trainer(**kwargs)
+
+
+def main(args: list[str] | None = None) -> dict[str, Any] | None:
+    """Train from LightningCLI arguments (``None``: ``sys.argv``); return the report on rank 0."""
+    # `adaptive-spec train-selector ARGS` passes ARGS while sys.argv still holds them: not a mistake here.
+    # (sys.argv must stay as it is: DDP's launcher starts the other ranks with it.)
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+    cli = SelectorCLI(
+        SelectorModule, SelectorDataModule, run=False, args=args, save_config_kwargs={"overwrite": True},
+        trainer_defaults={"callbacks": [HistoryCallback()]}, parser_kwargs={"prog": "adaptive-spec train-selector"},
+    )  # fmt: skip
+    trainer, model, dm = cli.trainer, cli.model, cli.datamodule
+    trainer.fit(model, datamodule=dm)
+    run_dir = Path(trainer.log_dir or trainer.default_root_dir)  # a collective under DDP: every rank calls it
+    if not trainer.is_global_zero or not cli.config.report:
+        return None
+    trainer_info = {
+        "world_size": trainer.world_size,
+        "strategy": type(trainer.strategy).__name__,
+        "epochs": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "run_dir": str(run_dir),
+    }
+    history = next((c.history for c in trainer.callbacks if isinstance(c, HistoryCallback)), [])
+    ckpt = trainer.checkpoint_callback
+    best = ckpt.best_model_path if ckpt is not None and ckpt.best_model_path else None
+    if best:  # score the checkpoint the export will use
+        model = SelectorModule.load_from_checkpoint(best, map_location="cpu")
+    return build_report(
+        model, dm, run_dir / "report", history=history, checkpoint=best, trainer_info=trainer_info,
+        baselines=cli.config.baselines,
+        baseline_max_iter=cli.config.baseline_max_iter, seed=int(cli.config.seed_everything or 0),
+    )  # fmt: skip
+
+
+@torch.no_grad()
+def predict(model: SelectorModule, data: SelectorSplit, batch_size: int = 4096) -> np.ndarray:
+    """The network's argmax action per row of ``data``, int64 [n] (CPU, eval mode)."""
+    net = model.net.to("cpu").eval()
+    out = []
+    for i in range(0, len(data), batch_size):
+        inputs = {"features": torch.from_numpy(data.features[i : i + batch_size]).float()}
+        for name in net.input_names[1:]:
+            inputs[name] = torch.from_numpy(getattr(data, name)[i : i + batch_size]).float()
+        out.append(net(**inputs).argmax(dim=-1).numpy())
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+def build_report(
+    model: SelectorModule,
+    dm: SelectorDataModule,
+    out_dir: Path,
+    *,
+    history: list[dict[str, float]],
+    checkpoint: str | None,
+    baselines: list[str],
+    trainer_info: dict[str, Any] | None = None,
+    baseline_max_iter: int = 100,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """Score neural vs baselines vs best static vs oracle on the val split; write the report files."""
+    from adaptive_spec.selector.report import write_report
+
+    train, val = dm.train_split, dm.val_split
+    choices = predict(model, val)
+    actions = model.actions
+    spec = model.hparams.data_spec
+    scores = {"neural": score_choices(choices, val)}
+    scores.update(run_baselines(train, val, baselines, seed=seed, max_iter=baseline_max_iter))
+    scores["best_static"] = score_choices(val.base_action, val)
+    scores["oracle"] = score_choices(val.best_action, val)
+    counts = np.bincount(choices, minlength=len(actions))
+    report = {
+        "checkpoint": checkpoint,
+        "trainer": trainer_info or {},
+        "labels": spec.get("labels"),
+        "split": spec["split"],
+        "best_static": spec["best_static"],
+        "use_hidden": bool(model.hparams.use_hidden),
+        "hparams": {k: v for k, v in model.hparams.items() if k != "data_spec"},
+        "scores": scores,
+        "neural_action_share": {a: float(c / max(1, len(choices))) for a, c in zip(actions, counts, strict=True)},
+        "history": history,
+    }
+    report["files"] = write_report(report, out_dir)
+    return report
+
+
+# ------------------------------------------------------------------ CLI: adaptive-spec train-selector
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Forward everything after ``train-selector`` to LightningCLI (``--help`` shows its options)."""
+    # No option of this parser starts with '\0', so every argument, '--config' and '--help' included,
+    # is a positional string collected by the REMAINDER below and handed to LightningCLI untouched.
+    parser.prefix_chars = "\0"
+    parser.add_argument("cli_args", nargs=argparse.REMAINDER, help="LightningCLI arguments, e.g. --config FILE")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Train and report; return the exit status."""
+    report = main(list(args.cli_args))
+    if report is not None:
+        shown = ", ".join(f"{k} {v['rel_tps']:.4f}" for k, v in report["scores"].items())
+        print(f"val rel tokens/s: {shown}")
+        print(f"report: {report['files']['markdown']}")
+    return 0
