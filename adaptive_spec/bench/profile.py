@@ -438,6 +438,7 @@ def measure_profile(
     seed: int = 0,
     progress: bool = True,
     models: dict[str, Any] | None = None,
+    verify_trees: int = 3,
 ) -> dict[str, Any]:
     """Measure a full latency profile (forwards, verifiers, bookkeeping) for ``engine``'s pair.
 
@@ -455,6 +456,7 @@ def measure_profile(
         seed: seeds the synthetic inputs and the calibration run.
         progress: show progress bars.
         models: labels for the profile's ``models`` section (default: from the models).
+        verify_trees: sampled trees per shape for the verifier curves.
 
     Returns:
         The profile dict (see :mod:`adaptive_spec.planner.latency`).
@@ -464,7 +466,9 @@ def measure_profile(
 
     t0 = time.perf_counter()
     fwd = measure_forwards(engine.target, engine.draft, contexts, tokens, warmup, repeats, seed, progress)
-    verify_ms = measure_verifiers(engine.vocab_size, engine.device, repeats=repeats, seed=seed, progress=progress)
+    verify_ms = measure_verifiers(
+        engine.vocab_size, engine.device, repeats=repeats, trees_per_size=verify_trees, seed=seed, progress=progress
+    )
     models = models or {}
     profile: dict[str, Any] = {
         "format": PROFILE_FORMAT,
@@ -477,7 +481,7 @@ def measure_profile(
             "draft": model_info(engine.draft, models.get("draft")),
         },
         "vocab_size": engine.vocab_size,
-        "settings": {"warmup": warmup, "repeats": repeats, "seed": seed, "statistic": "median"},
+        "settings": {"warmup": warmup, "repeats": repeats, "verify_trees": verify_trees, "seed": seed},
         **fwd,
         "verify_ms": verify_ms,
         "overhead": {},
@@ -597,6 +601,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--calibration-tokens", type=int, default=48, help="new tokens per calibration run (default: %(default)s)"
     )
+    parser.add_argument(
+        "--verify-trees", type=int, default=3, help="sampled trees per shape for the verifiers (default: %(default)s)"
+    )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG next to the JSON")
@@ -611,8 +618,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    if args.repeats < 1 or args.warmup < 0:
-        raise SystemExit("--repeats must be >= 1 and --warmup >= 0")
+    if args.repeats < 1 or args.warmup < 0 or args.verify_trees < 1:
+        raise SystemExit("--repeats and --verify-trees must be >= 1, --warmup >= 0")
     try:
         plans = parse_plans(args.calibration_plans)
     except ValueError as err:
@@ -623,6 +630,7 @@ def run(args: argparse.Namespace) -> int:
         profile = measure_profile(
             engine, args.contexts, args.tokens, args.warmup, args.repeats, plans,
             calibration_tokens=args.calibration_tokens, seed=args.seed, progress=not args.no_progress, models=labels,
+            verify_trees=args.verify_trees,
         )  # fmt: skip
     except ValueError as err:
         raise SystemExit(f"profile: {err}") from None

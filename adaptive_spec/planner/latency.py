@@ -233,7 +233,7 @@ class LatencyModel:
     @classmethod
     def from_profile(cls, profile: str | Path | Mapping[str, Any]) -> LatencyModel:
         """From a profile dict or the path of a profile JSON file."""
-        if isinstance(profile, Mapping):
+        if not isinstance(profile, (str, Path)):
             return cls(profile)
         path = Path(profile)
         if not path.is_file():
@@ -365,6 +365,5 @@ class LatencyModel:
         models = self.profile.get("models", {})
         names = {k: (v.get("name") if isinstance(v, Mapping) else v) for k, v in models.items()}
         return (
-            f"LatencyModel(device={self.device_name!r}, models={names}, contexts={self.contexts}, "
-            f"tokens={self.tokens})"
+            f"LatencyModel(device={self.device_name!r}, models={names}, contexts={self.contexts}, tokens={self.tokens})"
         )

@@ -1,0 +1,86 @@
+"""``adaptive-spec profile`` and ``bench latency-model`` on a tiny pair: files, formats, rough accuracy."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adaptive_spec.cli import main
+from adaptive_spec.planner import LatencyModel
+from adaptive_spec.selector.features import SCHEMA
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def tiny_profile(module_tiny_pair, tmp_path_factory):
+    out = tmp_path_factory.mktemp("prof") / "profile.json"
+    rc = main([
+        "profile", "--out", str(out), "--contexts", "4,32", "--tokens", "1,4,16", "--warmup", "1", "--repeats", "3",
+        "--verify-trees", "1",
+        "--calibration-plans", "chain:1/token,chain:4/block,iid:3x3/specinfer,wor:2x2x1/rrsw",
+        "--calibration-tokens", "12", "--no-progress", "--device", "cpu",
+    ])  # fmt: skip
+    assert rc == 0
+    return out
+
+
+@pytest.mark.slow
+def test_profile_writes_a_loadable_profile_and_a_plot(tiny_profile):
+    data = json.loads(tiny_profile.read_text())
+    assert data["contexts"] == [4, 32] and data["tokens"] == [1, 4, 16]
+    assert data["device"]["type"] == "cpu" and data["device"]["torch_threads"] >= 1
+    assert data["models"]["target"]["parameters"] > data["models"]["draft"]["parameters"] * 0.5
+    assert data["vocab_size"] == 48 and data["created"]
+    for name in ("draft", "target"):
+        grid = data[f"{name}_ms"]
+        assert len(grid) == 2 and all(len(r) == 3 and all(v > 0 for v in r) for r in grid)
+        for lo_r, m_r, hi_r in zip(data[f"{name}_q1_ms"], grid, data[f"{name}_q3_ms"], strict=True):
+            assert all(lo <= m <= hi for lo, m, hi in zip(lo_r, m_r, hi_r, strict=True))
+    # Every lossless verifier on every law it accepts, with increasing tree sizes.
+    assert {"traversal", "token", "block", "gbv", "spectr", "specinfer", "rrsw", "nss", "naive", "greedy"} <= set(
+        data["verify_ms"]
+    )
+    assert set(data["verify_ms"]["traversal"]) == {"chain", "iid", "delayed", "without_replacement"}
+    assert set(data["verify_ms"]["block"]) == {"chain"}
+    ovh = data["overhead"]
+    assert ovh["steps"] > 10 and ovh["const_ms"] >= 0 and ovh["per_level_ms"] >= 0 and ovh["per_node_ms"] >= 0
+    assert tiny_profile.with_suffix(".png").read_bytes()[:8] == PNG
+    model = LatencyModel.load(tiny_profile)
+    feats = model.features(20)
+    assert set(feats) <= set(SCHEMA.names) and feats["target_ms"] > 0 and feats["draft_ms"] > 0
+
+
+@pytest.mark.slow
+def test_latency_model_predicts_measured_steps_to_the_right_order(tiny_profile, tmp_path):
+    out = tmp_path / "lm.json"
+    rc = main([
+        "bench", "latency-model", "--profile", str(tiny_profile), "--plans", "chain:2/token,iid:2x3/traversal,"
+        "delayed:1x2x2/gbv,wor:3x2/traversal", "--limit", "2", "--max-new-tokens", "12", "--json", str(out),
+        "--no-progress", "--device", "cpu",
+    ])  # fmt: skip
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert set(report["per_plan"]) == {"chain:2/token", "iid:2x3/traversal", "delayed:1x2x2/gbv", "wor:3x2/traversal"}
+    for s in report["per_plan"].values():
+        assert s["steps"] >= 2
+        # Loose: timing on a shared CI machine is noisy; the model must get the order of magnitude.
+        assert 0.2 < s["predicted_ms"] / s["measured_ms"] < 5
+    assert report["overall"]["mape"] >= 0 and report["overall"]["steps"] == len(report["steps"])
+    step = report["steps"][0]
+    assert step["predicted"]["total_s"] == pytest.approx(step["predicted_s"])
+    assert out.with_suffix(".png").read_bytes()[:8] == PNG
+
+
+def test_profile_refuses_a_grid_beyond_the_context_window(module_tiny_pair, tmp_path):
+    with pytest.raises(SystemExit, match="context window is 256"):
+        main(["profile", "--out", str(tmp_path / "p.json"), "--contexts", "250", "--tokens", "1,16", "--no-progress",
+              "--device", "cpu"])  # fmt: skip
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_bench_latency_model_without_a_profile_says_how_to_make_one(module_tiny_pair, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="adaptive-spec profile"):
+        main(["bench", "latency-model", "--no-progress"])
