@@ -1,0 +1,110 @@
+"""Offline labels against exact expectations on tiny trees."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from adaptive_spec.data.label import LabelConfig, Labeller, family_specs
+from adaptive_spec.engine.sampling import ProbsFn, SamplingConfig, build_logits_processor
+from adaptive_spec.planner.latency import LatencyModel
+from adaptive_spec.planner.plan import Plan
+from adaptive_spec.verifiers.exact import target_rows, tree_law
+from adaptive_spec.verifiers.expected import expected_block_efficiency
+from tests.engine._tiny import tiny_model
+from tests.planner.test_latency import synthetic_profile
+
+V = 5
+CONTEXT = [0, 3, 2]
+PLANS = [
+    "chain:2/token", "chain:2/block", "chain:1/traversal", "iid:2x2/specinfer", "iid:2x1/traversal",
+    "iid:3x1/spectr", "delayed:1x2x1/gbv", "delayed:1x2x1/nss", "wor:2x1/rrsw", "wor:3/traversal",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def pair():
+    torch.manual_seed(0)
+    target = tiny_model("llama", vocab=V, seed=1, init_range=0.4).eval()
+    draft = tiny_model("llama", vocab=V, seed=2, init_range=0.4).eval()
+    return target, draft
+
+
+def _probs_fn(model, temperature):
+    sampling = SamplingConfig(temperature)
+    fn = ProbsFn(build_logits_processor(sampling.generation_config()), V, one_hot=False)
+
+    @functools.cache
+    @torch.inference_mode()
+    def row(prefix: tuple[int, ...]) -> torch.Tensor:
+        ids = torch.tensor([[*CONTEXT, *prefix]])
+        return fn(model(input_ids=ids).logits[:, -1]).double()[0]
+
+    return row
+
+
+def _exact_label(plan: Plan, target, draft, temperature: float) -> float:
+    total = 0.0
+    draft_fn, target_fn = _probs_fn(draft, temperature), _probs_fn(target, temperature)
+    for tree, prob in tree_law(plan.shape, draft_fn):
+        value, exact = expected_block_efficiency(plan.verifier, tree, target_rows(tree, target_fn))
+        assert exact
+        total += prob * value
+    return total
+
+
+def test_family_specs_cover_every_plan():
+    plans = [Plan.parse(p) for p in PLANS]
+    kinds = [(s.kind, s.trunk, s.paths, s.length, s.widths) for s in family_specs(plans)]
+    assert kinds == [
+        ("chain", 0, 1, 2, ()), ("rollout", 0, 3, 2, ()), ("rollout", 1, 2, 1, ()), ("wor", 0, 1, 0, (3, 1)),
+    ]  # fmt: skip
+
+
+def test_labels_match_exact_expectations(pair):
+    target, draft = pair
+    plans = [Plan.parse(p) for p in PLANS]
+    samples = 200
+    labeller = Labeller(target, draft, plans, LatencyModel.from_profile(synthetic_profile()), V,
+                        LabelConfig(samples=samples))  # fmt: skip
+    be, times = labeller.label(CONTEXT, 1.0, 0, 1.0, seed=0)
+    assert times.shape == (len(plans),) and (times > 0).all()
+    for a, plan in enumerate(plans):
+        exact = _exact_label(plan, target, draft, 1.0)
+        # Each label is a mean of `samples` exact per-tree expectations in [1, depth + 1]: 4.5 sd.
+        tol = 4.5 * (plan.shape.depth / 2) / np.sqrt(samples)
+        assert be[a] == pytest.approx(exact, abs=tol), str(plan)
+
+
+def test_greedy_labels_are_exact_for_deterministic_drafts(pair):
+    target, draft = pair
+    plans = [Plan.parse(p) for p in ("chain:2/block", "wor:2x1/rrsw", "chain:1/token")]
+    labeller = Labeller(target, draft, plans, LatencyModel.from_profile(synthetic_profile()), V,
+                        LabelConfig(samples=2))  # fmt: skip
+    be, _ = labeller.label(CONTEXT, 0.0, 0, 1.0, seed=3)
+    target_fn = _probs_fn(target, 1.0)
+    draft_fn = _probs_fn(draft, 1.0)
+    # Greedy chain: follow the draft's argmax while it equals the target's argmax.
+    prefix, accepted = (), 0
+    for _ in range(2):
+        tok = int(draft_fn(prefix).argmax())
+        if tok != int(target_fn(prefix).argmax()):
+            break
+        prefix, accepted = (*prefix, tok), accepted + 1
+    assert be[0] == accepted + 1
+    assert be[2] == min(accepted, 1) + 1
+    top2 = draft_fn(()).topk(2).indices.tolist()
+    first = int(target_fn(()).argmax()) in top2
+    assert be[1] >= 1 + first and be[1] <= 2 + first
+
+
+def test_labels_are_reproducible(pair):
+    target, draft = pair
+    labeller = Labeller(target, draft, [Plan.parse(p) for p in PLANS], LatencyModel.from_profile(synthetic_profile()),
+                        V, LabelConfig(samples=3))  # fmt: skip
+    a, _ = labeller.label(CONTEXT, 0.7, 0, 0.9, seed=5)
+    b, _ = labeller.label(CONTEXT, 0.7, 0, 0.9, seed=5)
+    assert np.array_equal(a, b) and (a >= 1).all()
