@@ -239,7 +239,7 @@ class AdaptivePlanner:
         if self.needs_hidden:
             for name in HIDDEN_INPUTS:
                 if name in self._inputs:
-                    self._inputs[name][0] = _host_vector(getattr(state, name), name, self._inputs[name].shape[1])
+                    self._copy_hidden(name, getattr(state, name))
         self.runtime.session.run_with_iobinding(self._binding)
         logits = self._logits[0]
         allowed = self._allowed
@@ -249,6 +249,23 @@ class AdaptivePlanner:
             raise ValueError(f"the selector's logits are not finite; non-finite features: {bad}")
         self.decision_times_s.append(time.perf_counter() - t0)
         return self.runtime.plans[best]
+
+    def _copy_hidden(self, name: str, h: Any) -> None:
+        """Copy one hidden state (a torch tensor on any device, or an array) into its input buffer."""
+        buf = self._inputs[name][0]
+        if h is None:
+            raise RuntimeError(f"this selector takes {name} but the engine passed None (needs_hidden=True)")
+        size = h.numel() if hasattr(h, "numel") else np.size(h)
+        if size != buf.shape[0]:
+            width = buf.shape[0]
+            raise ValueError(f"{name} has {size} values; the selector was trained on width {width} (other model?)")
+        if hasattr(h, "detach"):  # a torch tensor: one copy (and cast) into the shared buffer, from any device
+            import torch  # already loaded: the engine handed over a tensor
+
+            # A fresh view each time: one made under inference_mode could not be written outside it.
+            torch.from_numpy(buf).copy_(h.detach().reshape(-1))
+        else:
+            buf[:] = np.asarray(h, np.float32).reshape(-1)
 
     def latency_us(self) -> dict[str, float]:
         """Decision latency so far, microseconds: ``median``, ``p90``, ``mean``, ``max`` and the count ``n``."""
@@ -287,14 +304,3 @@ def decision_latency_us(
     for i in range(decisions):
         planner.choose(states[i % len(states)])
     return planner.latency_us()
-
-
-def _host_vector(h: Any, name: str, width: int) -> np.ndarray:
-    if h is None:
-        raise RuntimeError(f"this selector takes {name} but the engine passed None (needs_hidden=True)")
-    if hasattr(h, "detach"):  # a torch tensor, possibly on an accelerator: one copy to the host
-        h = h.detach().float().cpu().numpy()
-    h = np.asarray(h, np.float32).reshape(-1)
-    if h.shape[0] != width:
-        raise ValueError(f"{name} has {h.shape[0]} values, the selector was trained on width {width} (another model?)")
-    return h
