@@ -86,19 +86,19 @@ def plot_comparison(report: dict[str, Any], path: str | Path) -> Path:
 
     path = Path(path)
     fig, ax = plt.subplots(figsize=(6.5, 5.5))
-    lo, hi = float("inf"), 0.0
+    hi = 0.0
     for plan, s in report["per_plan"].items():
         pts = [(1e3 * r["measured_s"], 1e3 * r["predicted_s"]) for r in report["steps"] if r["requested"] == plan]
         xs, ys = zip(*pts, strict=True)
         ax.scatter(xs, ys, s=8, alpha=0.5, label=f"{plan} (MAPE {100 * s['mape']:.0f}%)")
-        lo, hi = min(lo, *xs, *ys), max(hi, *xs, *ys)
-    ax.plot([lo, hi], [lo, hi], color="black", lw=1, ls="--")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
+        hi = max(hi, *xs, *ys)
+    ax.plot([0, hi], [0, hi], color="black", lw=1, ls="--")
+    ax.set_xlim(0, hi * 1.05)
+    ax.set_ylim(0, hi * 1.05)
     ax.set_xlabel("measured step time (ms)")
     ax.set_ylabel("predicted step time (ms)")
     ax.set_title(f"latency model: step MAPE {100 * report['overall']['mape']:.1f}%")
-    ax.grid(alpha=0.3, which="both")
+    ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
