@@ -245,7 +245,8 @@ def measure_verifiers(
             shape = TreeShape.parse(text)
             batch = []
             for k in range(trees_per_size):
-                tree = sample_tree(shape, lambda c: rows(c)[1], torch.Generator().manual_seed(seed + 1000 * k + 1))
+                tree_gen = torch.Generator(device=device).manual_seed(seed + 1000 * k + 1)
+                tree = sample_tree(shape, lambda c: rows(c)[1], tree_gen)
                 soft = torch.stack([rows(p)[0] for p in tree.prefixes])  # [N, V]
                 hard = torch.nn.functional.one_hot(soft.argmax(-1), vocab).to(soft.dtype)
                 batch.append((tree, soft, hard))
