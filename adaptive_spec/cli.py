@@ -48,6 +48,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.selector.export",
         "export a selector checkpoint to ONNX (features in, one logit per plan out; schema in the metadata)",
     ),
+    ("tune", "plans"): (
+        "adaptive_spec.tuning.cli_plans",
+        "search the static plan (shape, sizes, verifier) per temperature with Optuna; best to configs/plans",
+    ),
     ("zoo", "build"): (
         "adaptive_spec.zoo.cli",
         "train the built-in draft/target pair (Llama-style, Python stdlib source) from a seed",

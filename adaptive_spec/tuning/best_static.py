@@ -1,0 +1,198 @@
+"""The best static plan per temperature: ``configs/plans/best-static.yaml``.
+
+``adaptive-spec tune plans`` writes the best plan it found for each temperature here; the file is
+the static baseline and the selector's reference (``best-static``), read back with
+:func:`load_best_static`. Layout::
+
+    version: 1
+    plans:
+      "0":                                # temperature, formatted with :g
+        plan: chain:5/greedy
+        tokens_per_s: 211.4               # the study's best value (objective below)
+        objective: measured               # or predicted
+        study: plans/T=0
+        ...                               # storage, trial number, baselines, model pair, time
+
+Where the file lives: ``configs/plans/best-static.yaml`` under the *working directory* (run the
+commands from the repository root), or under ``--config-out DIR`` / the ``path`` argument. An
+installed package has no repository root; :func:`load_best_static` then also looks in the source
+checkout the package was installed from (editable installs), and otherwise says which path it
+tried and how to create it.
+
+Writes merge (other temperatures are kept) and are atomic (temporary file, then rename, under a
+lock on the folder), so two tuners finishing at once do not lose each other's entry.
+
+This module does not import Optuna: the engine side (``bench e2e --plans best-static``) uses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import math
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from adaptive_spec.planner.plan import Plan
+
+__all__ = [
+    "BEST_STATIC_RELPATH",
+    "best_static_path",
+    "load_best_static",
+    "read_best_static",
+    "temperature_key",
+    "write_best_static",
+]
+
+BEST_STATIC_RELPATH = Path("configs") / "plans" / "best-static.yaml"
+FORMAT_VERSION = 1
+_HEADER = """\
+# Best static plan per temperature, written by `adaptive-spec tune plans` (merged per temperature).
+# The static baseline and the selector's reference: load with
+# adaptive_spec.tuning.load_best_static(temperature) or `bench e2e --plans best-static`.
+"""
+
+
+def temperature_key(temperature: float) -> str:
+    """The mapping key of a temperature: ``0``, ``0.7``, ``1``."""
+    t = float(temperature)
+    if not math.isfinite(t) or t < 0:
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    return f"{t:g}"
+
+
+def best_static_path(config_dir: str | Path | None = None) -> Path:
+    """``<config_dir>/plans/best-static.yaml``; ``config_dir`` defaults to ``./configs``."""
+    if config_dir is None:
+        return Path.cwd() / BEST_STATIC_RELPATH
+    return Path(config_dir) / BEST_STATIC_RELPATH.relative_to("configs")
+
+
+def _candidates(path: str | Path | None) -> list[Path]:
+    if path is not None:
+        return [Path(path)]
+    out = [Path.cwd() / BEST_STATIC_RELPATH]
+    checkout = Path(__file__).resolve().parents[2] / BEST_STATIC_RELPATH  # source tree (editable install)
+    if checkout.parent.parent.is_dir() and checkout not in out:
+        out.append(checkout)
+    return out
+
+
+def read_best_static(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The entries of a best-static file by temperature key (empty when the file does not exist).
+
+    Raises:
+        ValueError: the file exists but is not a best-static file (the message names it).
+    """
+    import yaml
+
+    path = Path(path)
+    if not path.exists():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path} is not valid YAML ({err}); fix or delete it") from err
+    plans = data.get("plans") if isinstance(data, dict) else None
+    if not isinstance(plans, dict):
+        raise ValueError(f"{path} is not a best-static file: expected a mapping with a 'plans' mapping")
+    out: dict[str, dict[str, Any]] = {}
+    for key, entry in plans.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("plan"), str):
+            raise ValueError(f"{path}: entry for temperature {key!r} must be a mapping with a 'plan' string")
+        try:
+            Plan.parse(entry["plan"])
+        except ValueError as err:
+            raise ValueError(f"{path}: temperature {key!r}: {err}") from err
+        out[temperature_key(float(key))] = entry
+    return out
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: atomic rename still protects the file itself
+        yield
+        return
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def write_best_static(temperature: float, entry: dict[str, Any], path: str | Path | None = None) -> Path:
+    """Set the entry of ``temperature`` (keeping the others) and write the file atomically.
+
+    Args:
+        temperature: the temperature the plan was tuned at.
+        entry: at least ``{"plan": "<plan string>"}``; ``tokens_per_s``, study information and
+            baselines are kept as given (plain YAML types); ``updated`` is added.
+        path: the file (default ``./configs/plans/best-static.yaml``).
+
+    Returns:
+        The path written.
+
+    Raises:
+        ValueError: an invalid plan, or an existing file that cannot be read (it is left as it is).
+    """
+    import yaml
+
+    Plan.parse(entry["plan"])
+    path = Path(path) if path is not None else best_static_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    entry = {**entry, "updated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
+    with _folder_lock(path.parent):
+        plans = read_best_static(path)
+        plans[temperature_key(temperature)] = entry
+        plans = dict(sorted(plans.items(), key=lambda kv: float(kv[0])))
+        text = _HEADER + yaml.safe_dump({"version": FORMAT_VERSION, "plans": plans}, sort_keys=False)
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    return path
+
+
+def load_best_static(temperature: float, path: str | Path | None = None) -> Plan:
+    """The best static plan tuned for ``temperature``.
+
+    Looks in ``path``, else ``./configs/plans/best-static.yaml``, else the source checkout's
+    ``configs/``. Without an entry for exactly this temperature, falls back (with a warning) to
+    the nearest tuned temperature of the same kind: greedy (0) or sampling (> 0), since a
+    greedy plan's verifier is not valid when sampling.
+
+    Raises:
+        FileNotFoundError: no best-static file was found (the message lists where it looked).
+        LookupError: the file has no plan usable at this temperature.
+        ValueError: a malformed file.
+    """
+    key = temperature_key(temperature)
+    tried = _candidates(path)
+    found = next((p for p in tried if p.exists()), None)
+    if found is None:
+        raise FileNotFoundError(
+            f"no best-static plan file (looked at {', '.join(map(str, tried))}); create it with "
+            f"`adaptive-spec tune plans --temperature {key}` from the repository root, or pass its path"
+        )
+    plans = read_best_static(found)
+    if key in plans:
+        return Plan.parse(plans[key]["plan"])
+    t = float(key)
+    same_kind = [k for k in plans if (float(k) == 0) == (t == 0)]
+    if not same_kind:
+        have = ", ".join(plans) or "none"
+        raise LookupError(
+            f"{found} has no plan for temperature {key} (tuned temperatures: {have}); run "
+            f"`adaptive-spec tune plans --temperature {key}`"
+        )
+    nearest = min(same_kind, key=lambda k: abs(float(k) - t))
+    warnings.warn(
+        f"{found} has no plan for temperature {key}; using the one tuned at {nearest}", UserWarning, stacklevel=2
+    )
+    return Plan.parse(plans[nearest]["plan"])

@@ -1,0 +1,308 @@
+"""Tune the static plan per temperature: one Optuna study per temperature, best plan to ``configs/``.
+
+For each temperature ``T`` the study ``<study>-T<T>`` (e.g. ``plans-T0``, ``plans-T1``) is created
+or resumed in the storage; the known-good plans (:data:`~adaptive_spec.tuning.space.KNOWN_GOOD_PLANS`)
+are enqueued first (by worker 0, once per study), then the seeded TPE sampler proposes plans. Afterwards the
+best plan is compared with the autoregressive baseline and ``bench e2e``'s default plans on the
+same prompts (measured objective: interleaved, median over repeats; predicted objective: the
+table's predictions), written to ``configs/plans/best-static.yaml`` and summarised in a report.
+
+A study remembers what it measures (objective, pair, prompts, tokens, labels) in its user
+attributes; resuming it with other settings is refused, since their figures would not compare.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import statistics
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from adaptive_spec.planner.plan import Plan
+from adaptive_spec.tuning.space import PLAN_PARAM_GROUPS, known_good_params
+from adaptive_spec.tuning.storage import DEFAULT_GRACE_S, DEFAULT_HEARTBEAT_S, DEFAULT_STORAGE
+
+__all__ = ["DEFAULT_PLANS", "PlanTuningConfig", "compare_plans", "study_name", "tune_plans"]
+
+DEFAULT_PLANS = ("chain:4/block", "delayed:2x3x3/traversal", "wor:3x2x1/traversal")  # bench e2e's defaults
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PlanTuningConfig:
+    """Settings of ``tune plans`` (the CLI's options; defaults are the CLI's defaults).
+
+    Attributes:
+        storage: SQLAlchemy URL of the study storage.
+        study: study name prefix; temperature ``T`` uses the study ``<study>-T<T>``.
+        n_trials: trials this worker runs per temperature (enqueued trials included).
+        timeout: seconds this worker spends per temperature at most (None: no limit).
+        temperatures: the temperatures to tune, one study each.
+        objective: ``"measured"`` (engine tokens/s) or ``"predicted"`` (label table).
+        labels: label table directory or file (predicted objective).
+        target, draft: model directories or hub ids (None, None: the built-in pair).
+        device, dtype: where and in which precision to run the models (None: defaults).
+        prompts: JSON Lines prompt file (None: the built-in prompts).
+        num_prompts: prompts used from the set.
+        max_new_tokens: new tokens per prompt.
+        repeats: passes over the prompts per trial (the objective is the median).
+        seed: base seed of generation (prompt ``i`` uses ``seed + i``) and of the sampler.
+        worker: index of this worker process; parallel workers need distinct indices.
+        heartbeat_interval, grace_period: seconds (see :mod:`adaptive_spec.tuning.storage`).
+        enqueue: enqueue the known-good plans first (worker 0 only, skipping those already in the study).
+        compare: measure best vs autoregressive vs default plans at the end.
+        config_out: configs folder receiving ``plans/best-static.yaml`` (None: ``./configs``);
+            ``write_config=False`` skips it.
+        report: report folder (None: next to the study: ``<sqlite folder>/reports/<study>``).
+        write_report: write the report.
+        progress: show progress bars.
+    """
+
+    storage: str = DEFAULT_STORAGE
+    study: str = "plans"
+    n_trials: int = 20
+    timeout: float | None = None
+    temperatures: tuple[float, ...] = (0.0, 1.0)
+    objective: str = "measured"
+    labels: str | None = None
+    target: str | None = None
+    draft: str | None = None
+    device: str | None = None
+    dtype: str | None = None
+    prompts: str | None = None
+    num_prompts: int = 4
+    max_new_tokens: int = 64
+    repeats: int = 3
+    seed: int = 0
+    worker: int = 0
+    heartbeat_interval: int = DEFAULT_HEARTBEAT_S
+    grace_period: int = DEFAULT_GRACE_S
+    enqueue: bool = True
+    compare: bool = True
+    config_out: str | None = None
+    write_config: bool = True
+    report: str | None = None
+    write_report: bool = True
+    progress: bool = True
+    default_plans: tuple[str, ...] = field(default=DEFAULT_PLANS)
+
+    def __post_init__(self) -> None:
+        if self.objective not in ("measured", "predicted"):
+            raise ValueError(f"objective must be 'measured' or 'predicted', got {self.objective!r}")
+        if self.objective == "predicted" and not self.labels:
+            raise ValueError("the predicted objective needs a label table: give --labels DIR")
+        if self.n_trials < 0 or self.num_prompts < 1 or self.max_new_tokens < 1 or self.repeats < 1:
+            raise ValueError("n_trials must be >= 0 and num_prompts, max_new_tokens, repeats >= 1")
+        if not self.temperatures:
+            raise ValueError("give at least one temperature")
+        for t in self.temperatures:
+            if not t >= 0:
+                raise ValueError(f"temperatures must be >= 0, got {t}")
+        for p in self.default_plans:
+            Plan.parse(p)
+
+
+def study_name(prefix: str, temperature: float) -> str:
+    """``<prefix>-T<temperature>``, e.g. ``plans-T0``, ``plans-T0.7``."""
+    from adaptive_spec.tuning.best_static import temperature_key
+
+    return f"{prefix}-T{temperature_key(temperature)}"
+
+
+def _report_dir(cfg: PlanTuningConfig) -> Path:
+    from adaptive_spec.tuning.storage import sqlite_path
+
+    if cfg.report:
+        return Path(cfg.report)
+    db = sqlite_path(cfg.storage)
+    base = db.parent if db is not None else Path("data") / "tuning"
+    return base / "reports" / re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.study)
+
+
+def _fingerprint(cfg: PlanTuningConfig, temperature: float, prompts: list[str] | None) -> dict[str, Any]:
+    """What a study's values depend on; a resumed study must match it."""
+    if cfg.objective == "predicted":
+        return {"objective": "predicted", "temperature": temperature, "labels": str(Path(cfg.labels).resolve())}
+    return {
+        "objective": "measured",
+        "temperature": temperature,
+        "target": cfg.target or "built-in pair",
+        "draft": cfg.draft or "built-in pair",
+        "prompts": cfg.prompts or "built-in prompts",
+        "num_prompts": len(prompts or []),
+        "max_new_tokens": cfg.max_new_tokens,
+        "repeats": cfg.repeats,
+        "seed": cfg.seed,
+    }
+
+
+def _check_fingerprint(study: Any, fingerprint: dict[str, Any]) -> None:
+    old = study.user_attrs.get("fingerprint")
+    if old is None:
+        study.set_user_attr("fingerprint", fingerprint)
+        return
+    diff = {k: (old.get(k), v) for k, v in fingerprint.items() if old.get(k) != v}
+    if diff:
+        detail = ", ".join(f"{k}: study has {a!r}, now {b!r}" for k, (a, b) in diff.items())
+        raise ValueError(
+            f"study {study.study_name!r} was run with other settings ({detail}); its values would not compare. "
+            "Use another --study name or the study's settings."
+        )
+
+
+def compare_plans(
+    engine: Any, prompts: list[str], plans: list[str], temperature: float, max_new_tokens: int, repeats: int,
+    seed: int = 0, progress: bool = True,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """Tokens/s of autoregressive decoding and each plan, interleaved repeat by repeat.
+
+    Returns:
+        One row per method (``"autoregressive"`` first): median tokens/s over ``repeats``, the
+        per-repeat figures, block efficiency and the speedup over autoregressive decoding.
+    """
+    from tqdm.auto import tqdm
+
+    from adaptive_spec.tuning.objectives import MeasuredTokensPerSecond
+
+    methods: list[str | None] = [None, *dict.fromkeys(plans)]
+    runs: dict[str | None, list[dict[str, Any]]] = {m: [] for m in methods}
+    one = MeasuredTokensPerSecond(engine, prompts, temperature, max_new_tokens, repeats=1, seed=seed)
+    with tqdm(total=repeats * len(methods), desc=f"compare T={temperature:g}", disable=not progress) as bar:
+        for _ in range(repeats):
+            for m in methods:
+                runs[m].append(one(Plan.parse(m) if m else None))
+                bar.update()
+    rows = [
+        {
+            "plan": m or "autoregressive",
+            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs[m]),
+            "tokens_per_s_repeats": [r["tokens_per_s"] for r in runs[m]],
+            "block_efficiency": runs[m][0]["block_efficiency"],
+        }
+        for m in methods
+    ]
+    ar = rows[0]["tokens_per_s"]
+    for r in rows:
+        r["speedup_vs_ar"] = r["tokens_per_s"] / ar if ar else None
+    return rows
+
+
+def tune_plans(cfg: PlanTuningConfig, engine: Any = None) -> dict[str, Any]:
+    """Run (or resume) the studies of ``cfg``; write best-static and the report.
+
+    Args:
+        cfg: the settings.
+        engine: a ready :class:`~adaptive_spec.engine.SpecEngine` for the measured objective
+            (None: load ``cfg.target``/``cfg.draft``, or the built-in pair).
+
+    Returns:
+        The report summary: per temperature the study summary, the best plan, and the comparison.
+    """
+    import optuna
+
+    from adaptive_spec.tuning.best_static import best_static_path, temperature_key, write_best_static
+    from adaptive_spec.tuning.objectives import MeasuredTokensPerSecond, PlanObjective, PredictedTokensPerSecond
+    from adaptive_spec.tuning.report import plot_comparison, plot_study, study_summary, write_summary
+    from adaptive_spec.tuning.storage import make_storage, open_study
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING if cfg.progress else optuna.logging.INFO)
+    storage = make_storage(cfg.storage, cfg.heartbeat_interval, cfg.grace_period)
+    prompts: list[str] | None = None
+    table = None
+    if cfg.objective == "measured":
+        if engine is None:
+            from adaptive_spec.bench.e2e import load_engine
+
+            engine = load_engine(cfg.target, cfg.draft, cfg.device, cfg.dtype)
+        if cfg.prompts is None:
+            from adaptive_spec.zoo import default_prompts
+
+            prompts = default_prompts()[: cfg.num_prompts]
+        else:
+            from adaptive_spec.zoo import read_prompts
+
+            prompts = read_prompts(cfg.prompts, cfg.num_prompts)
+    else:
+        from adaptive_spec.data.label_table import read_labels
+
+        table = read_labels(cfg.labels)
+    report_dir = _report_dir(cfg)
+    best_static = best_static_path(cfg.config_out)
+    summary: dict[str, Any] = {"config": asdict(cfg), "temperatures": {}}
+    for temperature in cfg.temperatures:
+        key = temperature_key(temperature)
+        name = study_name(cfg.study, temperature)
+        study = open_study(name, storage, seed=cfg.seed, worker=cfg.worker)
+        _check_fingerprint(study, _fingerprint(cfg, temperature, prompts))
+        if cfg.objective == "measured":
+            evaluator = MeasuredTokensPerSecond(engine, prompts, temperature, cfg.max_new_tokens, cfg.repeats, cfg.seed)
+        else:
+            evaluator = PredictedTokensPerSecond(table, temperature)
+        if cfg.enqueue and cfg.worker == 0:  # one worker enqueues, so parallel workers cannot race to duplicate
+            for params in known_good_params(temperature):
+                study.enqueue_trial(params, user_attrs={"enqueued": True}, skip_if_exists=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.optimize(
+                PlanObjective(evaluator, temperature, cfg.worker), n_trials=cfg.n_trials, timeout=cfg.timeout,
+                catch=(ValueError, RuntimeError), show_progress_bar=cfg.progress and cfg.n_trials > 0,
+            )  # fmt: skip
+        info = study_summary(study)
+        best = info["best"]
+        section: dict[str, Any] = {"study": info}
+        if best is None:
+            log.warning("study %s has no complete trial yet; nothing to write", name)
+            summary["temperatures"][key] = section
+            continue
+        if cfg.objective == "measured" and cfg.compare:
+            rows = compare_plans(engine, prompts, [best["plan"], *cfg.default_plans], temperature,
+                                 cfg.max_new_tokens, cfg.repeats, cfg.seed, cfg.progress)  # fmt: skip
+        elif cfg.objective == "predicted":  # the table's predictions for the same plans
+            rows = []
+            for plan in dict.fromkeys([best["plan"], *cfg.default_plans]):
+                predicted = evaluator(Plan.parse(plan))
+                if predicted is not None:
+                    rows.append({"plan": plan, **predicted})
+        else:
+            rows = []
+        section["comparison"] = rows
+        entry = {
+            "plan": best["plan"],
+            "tokens_per_s": round(best["value"], 3),
+            "block_efficiency": best["user_attrs"].get("block_efficiency"),
+            "objective": cfg.objective,
+            "study": name,
+            "storage": cfg.storage,
+            "trial": best["number"],
+            "n_complete": info["states"].get("COMPLETE", 0),
+            "settings": _fingerprint(cfg, temperature, prompts),
+            "comparison": {r["plan"]: round(float(r["tokens_per_s"]), 3) for r in rows},
+        }
+        if cfg.write_config:
+            section["best_static"] = str(write_best_static(temperature, entry, best_static))
+        if cfg.write_report:
+            section["plots"] = plot_study(study, report_dir, prefix=f"T{key}_", groups=PLAN_PARAM_GROUPS)
+            if rows:
+                file = f"T{key}_comparison.png"
+                plot_comparison(rows, f"{name}: best plan vs defaults ({cfg.objective} tokens/s)", report_dir / file)
+                section["plots"]["comparison"] = file
+        summary["temperatures"][key] = section
+        _print_section(key, name, best, rows, cfg.objective)
+    if cfg.write_report:
+        path = write_summary(summary, report_dir)
+        print(f"report: {path.parent}")
+    if cfg.write_config and any("best_static" in s for s in summary["temperatures"].values()):
+        print(f"best plans: {best_static}")
+    return summary
+
+
+def _print_section(key: str, name: str, best: dict[str, Any], rows: list[dict[str, Any]], objective: str) -> None:
+    print(f"\ntemperature {key} (study {name}): best plan {best['plan']} at {best['value']:.1f} tokens/s ({objective})")
+    if rows:
+        print(f"  {'method':<30} {'tok/s':>8} {'vs AR':>6}")
+        for r in rows:
+            vs = r.get("speedup_vs_ar")
+            print(f"  {r['plan']:<30} {r['tokens_per_s']:8.1f} {'-' if vs is None else format(vs, '6.2f'):>6}")

@@ -1,0 +1,48 @@
+"""Worker processes for the storage tests.
+
+``python -m tests.tuning._worker tune <tune plans options>`` runs the ``tune plans`` command
+module (its own parser and ``run``), without the full CLI table, whose other commands import
+the engine and would add seconds of start-up to every process.
+
+``python -m tests.tuning._worker hang STORAGE_URL STUDY MARKER`` opens the study the way
+``tune plans`` does (``make_storage`` + ``open_study``: heartbeats on), samples a plan through
+the real objective, writes ``MARKER`` once the trial is RUNNING in the storage, and then blocks,
+heartbeating, until the test kills it (SIGKILL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def hang(url: str, study_name: str, marker: str) -> None:
+    from adaptive_spec.tuning.objectives import PlanObjective
+    from adaptive_spec.tuning.storage import make_storage, open_study
+
+    storage = make_storage(url, heartbeat_interval=1, grace_period=2)
+    study = open_study(study_name, storage, seed=0, worker=7)
+
+    def evaluate(plan):
+        Path(marker).write_text(str(plan))
+        while True:
+            time.sleep(1)
+
+    study.optimize(PlanObjective(evaluate, temperature=1.0, worker=7), n_trials=1)
+
+
+def tune(argv: list[str]) -> int:
+    from adaptive_spec.tuning import cli_plans
+
+    parser = argparse.ArgumentParser(prog="tune plans")
+    cli_plans.add_arguments(parser)
+    return cli_plans.run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "hang":
+        hang(*sys.argv[2:5])
+    else:
+        sys.exit(tune(sys.argv[2:]))
