@@ -52,6 +52,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.tuning.cli_plans",
         "search the static plan (shape, sizes, verifier) per temperature with Optuna; best to configs/plans",
     ),
+    ("tune", "selector"): (
+        "adaptive_spec.tuning.cli_selector",
+        "search the selector's hyper-parameters with Optuna, pruning on val/rel_tps; best to best-selector.yaml",
+    ),
     ("zoo", "build"): (
         "adaptive_spec.zoo.cli",
         "train the built-in draft/target pair (Llama-style, Python stdlib source) from a seed",

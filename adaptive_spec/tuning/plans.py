@@ -139,20 +139,6 @@ def _fingerprint(cfg: PlanTuningConfig, temperature: float, prompts: list[str] |
     }
 
 
-def _check_fingerprint(study: Any, fingerprint: dict[str, Any]) -> None:
-    old = study.user_attrs.get("fingerprint")
-    if old is None:
-        study.set_user_attr("fingerprint", fingerprint)
-        return
-    diff = {k: (old.get(k), v) for k, v in fingerprint.items() if old.get(k) != v}
-    if diff:
-        detail = ", ".join(f"{k}: study has {a!r}, now {b!r}" for k, (a, b) in diff.items())
-        raise ValueError(
-            f"study {study.study_name!r} was run with other settings ({detail}); its values would not compare. "
-            "Use another --study name or the study's settings."
-        )
-
-
 def compare_plans(
     engine: Any, prompts: list[str], plans: list[str], temperature: float, max_new_tokens: int, repeats: int,
     seed: int = 0, progress: bool = True,
@@ -206,7 +192,7 @@ def tune_plans(cfg: PlanTuningConfig, engine: Any = None) -> dict[str, Any]:
     from adaptive_spec.tuning.best_static import best_static_path, temperature_key, write_best_static
     from adaptive_spec.tuning.objectives import MeasuredTokensPerSecond, PlanObjective, PredictedTokensPerSecond
     from adaptive_spec.tuning.report import plot_comparison, plot_study, study_summary, write_summary
-    from adaptive_spec.tuning.storage import make_storage, open_study
+    from adaptive_spec.tuning.storage import check_settings, make_storage, open_study
 
     optuna.logging.set_verbosity(optuna.logging.WARNING if cfg.progress else optuna.logging.INFO)
     storage = make_storage(cfg.storage, cfg.heartbeat_interval, cfg.grace_period)
@@ -236,7 +222,7 @@ def tune_plans(cfg: PlanTuningConfig, engine: Any = None) -> dict[str, Any]:
         key = temperature_key(temperature)
         name = study_name(cfg.study, temperature)
         study = open_study(name, storage, seed=cfg.seed, worker=cfg.worker)
-        _check_fingerprint(study, _fingerprint(cfg, temperature, prompts))
+        check_settings(study, _fingerprint(cfg, temperature, prompts))
         if cfg.objective == "measured":
             evaluator = MeasuredTokensPerSecond(engine, prompts, temperature, cfg.max_new_tokens, cfg.repeats, cfg.seed)
         else:

@@ -43,11 +43,11 @@ def plot_study(
 ) -> dict[str, str]:
     """Render Optuna's plots of ``study`` to PNG files in ``out_dir``.
 
-    Always the optimization history and the parameter importances (over the parameters every
-    trial has); then, for a conditional space, the slice, parallel-coordinate and importance
-    plots per group of parameters (e.g. one group per plan family), each over the complete
-    trials that have the group's parameters. Without ``groups`` there is one group: all
-    parameters.
+    Always the optimization history (and the intermediate values, when trials report them)
+    and the parameter importances over the parameters every trial has. Then, for a conditional
+    space, slice, parallel-coordinate and importance plots per group of parameters (e.g. one
+    group per plan family), each over the complete trials that have the group's parameters.
+    Without ``groups`` there is one group: all parameters.
 
     Returns:
         ``{plot name: file name}`` for the plots drawn, and ``{plot name: "skipped: reason"}`` for
@@ -66,6 +66,8 @@ def plot_study(
     if groups is None:
         groups = {"": sorted({p for t in complete for p in t.params})}
     jobs: list[tuple[str, str, dict[str, Any]]] = [("optimization_history", "optimization_history", {})]
+    if any(t.intermediate_values for t in study.get_trials(deepcopy=False)):  # learning curves (pruned ones too)
+        jobs.append(("intermediate_values", "intermediate_values", {}))
     common = sorted(set.intersection(*(set(t.params) for t in complete))) if complete else []
     jobs.append(("param_importances", "param_importances", {"params": common}))
     for group, params in groups.items():
@@ -83,10 +85,10 @@ def plot_study(
     try:
         for name, kind, kw in jobs:
             trials = kw.pop("_trials", complete)
-            if kind != "optimization_history" and not kw.get("params"):
+            if kind not in ("optimization_history", "intermediate_values") and not kw.get("params"):
                 drawn[name] = "skipped: no parameters in common"
                 continue
-            if kind != "optimization_history" and len({t.value for t in trials}) < 2:
+            if kind not in ("optimization_history", "intermediate_values") and len({t.value for t in trials}) < 2:
                 drawn[name] = "skipped: needs two complete trials with different values"
                 continue
             try:

@@ -56,6 +56,7 @@ __all__ = [
     "KNOWN_GOOD_PLANS",
     "MAX_NODES",
     "PLAN_PARAM_GROUPS",
+    "SELECTOR_KNOWN_GOOD",
     "SELECTOR_SPACE",
     "TREE_VERIFIERS",
     "WOR_VERIFIERS",
@@ -65,6 +66,7 @@ __all__ = [
     "params_to_plan",
     "plan_in_space",
     "plan_to_params",
+    "selector_kwargs",
     "suggest_plan",
     "suggest_selector_hparams",
 ]
@@ -314,35 +316,45 @@ def iter_plans(temperature: float) -> Iterator[Plan]:
 
 
 # ---------------------------------------------------------------------------- selector
-# Hyper-parameters of the learned plan selector (``tune selector``): name -> (kind, range, log).
+# Hyper-parameters of the learned plan selector (``tune selector``), as
+# :class:`adaptive_spec.selector.lit.SelectorModule` takes them: name -> (kind, choices or bounds, log).
 SELECTOR_SPACE: dict[str, tuple[str, tuple[Any, ...], bool]] = {
-    "hidden": ("categorical", (64, 128, 256, 512), False),  # width of the MLP
-    "depth": ("int", (1, 4), False),  # hidden layers
-    "dropout": ("float", (0.0, 0.4), False),
-    "lr": ("float", (1e-4, 1e-2), True),
+    "width": ("categorical", (32, 64, 128, 256, 512), False),  # units per MLP layer
+    "depth": ("int", (1, 3), False),  # MLP layers: hidden_sizes = (width,) * depth
+    "dropout": ("float", (0.0, 0.3), False),
+    "lr": ("float", (1e-4, 3e-2), True),
     "weight_decay": ("float", (1e-6, 1e-2), True),
+    "ce_weight": ("float", (0.05, 2.0), True),  # loss weight: cross-entropy towards the per-context best action
+    "tail_weight": ("float", (0.0, 1.0), False),  # loss weight: worst-contexts penalty (0 = off)
 }
 
 
-def suggest_selector_hparams(trial: optuna.Trial, loss_weights: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Sample the selector's hyper-parameters (:data:`SELECTOR_SPACE`, plus one weight per loss term).
+# Close to configs/selector/default.yaml (its [512, 32] funnel is not a (width,) * depth MLP); enqueued first.
+SELECTOR_KNOWN_GOOD = {
+    "width": 128, "depth": 2, "dropout": 0.1, "lr": 1e-3, "weight_decay": 1e-4, "ce_weight": 0.5, "tail_weight": 0.0,
+}  # fmt: skip
 
-    Args:
-        trial: the Optuna trial.
-        loss_weights: names of the selector's loss weights (e.g. ``"w_regret"``); each is
-            searched on [0.1, 10] log-uniformly.
+
+def suggest_selector_hparams(trial: optuna.Trial) -> dict[str, Any]:
+    """Sample the selector's hyper-parameters (:data:`SELECTOR_SPACE`).
 
     Returns:
-        ``{name: value}``, ready to pass to the selector's LightningModule.
+        Keyword arguments of :class:`~adaptive_spec.selector.lit.SelectorModule`: ``hidden_sizes``
+        (``(width,) * depth``), ``dropout``, ``lr``, ``weight_decay``, ``ce_weight``, ``tail_weight``.
     """
-    out: dict[str, Any] = {}
+    raw: dict[str, Any] = {}
     for name, (kind, bounds, log) in SELECTOR_SPACE.items():
         if kind == "categorical":
-            out[name] = trial.suggest_categorical(name, bounds)
+            raw[name] = trial.suggest_categorical(name, bounds)
         elif kind == "int":
-            out[name] = trial.suggest_int(name, *bounds, log=log)
+            raw[name] = trial.suggest_int(name, *bounds, log=log)
         else:
-            out[name] = trial.suggest_float(name, *bounds, log=log)
-    for name in loss_weights:
-        out[name] = trial.suggest_float(name, 0.1, 10.0, log=True)
+            raw[name] = trial.suggest_float(name, *bounds, log=log)
+    return selector_kwargs(raw)
+
+
+def selector_kwargs(params: dict[str, Any]) -> dict[str, Any]:
+    """SelectorModule keyword arguments from a trial's parameters (``width``/``depth`` -> ``hidden_sizes``)."""
+    out = {k: v for k, v in params.items() if k not in ("width", "depth")}
+    out["hidden_sizes"] = [int(params["width"])] * int(params["depth"])
     return out

@@ -28,12 +28,12 @@ import random
 import time
 import warnings
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import optuna
 
-__all__ = ["DEFAULT_STORAGE", "make_storage", "open_study", "sqlite_path", "worker_seed"]
+__all__ = ["DEFAULT_STORAGE", "check_settings", "make_storage", "open_study", "sqlite_path", "worker_seed"]
 
 DEFAULT_STORAGE = "sqlite:///data/tuning/optuna.db"
 DEFAULT_HEARTBEAT_S = 10
@@ -193,3 +193,25 @@ def open_study(
     if failed:
         log.warning("study %s: trials %s of a dead worker marked FAIL", name, failed)
     return study
+
+
+def check_settings(study: optuna.Study, settings: dict[str, Any]) -> None:
+    """Record what the study's values depend on, or refuse to go on with other settings.
+
+    The first run stores ``settings`` as the study's ``fingerprint`` user attribute; a resumed run
+    must bring the same values, since figures measured under other settings do not compare.
+
+    Raises:
+        ValueError: a setting differs (the message lists each one, before and now).
+    """
+    old = study.user_attrs.get("fingerprint")
+    if old is None:
+        study.set_user_attr("fingerprint", settings)
+        return
+    diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
+    if diff:
+        detail = ", ".join(f"{k}: study has {a!r}, now {b!r}" for k, (a, b) in diff.items())
+        raise ValueError(
+            f"study {study.study_name!r} was run with other settings ({detail}); its values would not compare. "
+            "Use another study name or the study's settings."
+        )

@@ -102,13 +102,19 @@ def test_bad_parameters_name_the_problem():
         space.params_to_plan({"family": "chain", "chain_len": 2}, -1.0)
 
 
-def test_selector_space_is_sampled_within_its_bounds():
+def test_selector_space_gives_selector_module_arguments_within_bounds():
+    import inspect
+
+    from adaptive_spec.selector.lit import SelectorModule
+
+    accepted = set(inspect.signature(SelectorModule).parameters)
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    for _ in range(20):
+    for _ in range(30):
         trial = study.ask()
-        hp = space.suggest_selector_hparams(trial, loss_weights=("w_ce", "w_regret"))
-        assert set(hp) == {*space.SELECTOR_SPACE, "w_ce", "w_regret"}
-        assert hp["hidden"] in space.SELECTOR_SPACE["hidden"][1]
-        assert 1 <= hp["depth"] <= 4 and 0.0 <= hp["dropout"] <= 0.4
-        assert 1e-4 <= hp["lr"] <= 1e-2 and 0.1 <= hp["w_regret"] <= 10
+        hp = space.suggest_selector_hparams(trial)
+        assert set(hp) <= accepted
+        assert set(hp) == {"hidden_sizes", "dropout", "lr", "weight_decay", "ce_weight", "tail_weight"}
+        assert len(hp["hidden_sizes"]) == trial.params["depth"] and set(hp["hidden_sizes"]) == {trial.params["width"]}
+        assert 0.0 <= hp["dropout"] <= 0.3 and 1e-4 <= hp["lr"] <= 3e-2 and 0.05 <= hp["ce_weight"] <= 2.0
+        assert space.selector_kwargs(trial.params) == hp
         study.tell(trial, 0.0)
