@@ -24,6 +24,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.bench.e2e",
         "end-to-end tokens/s of plans vs autoregressive and transformers' assisted generation",
     ),
+    ("collect",): (
+        "adaptive_spec.data.collect",
+        "run the engine over prompts (static plan or --explore) and log each step's features as Parquet shards",
+    ),
     ("profile",): (
         "adaptive_spec.bench.profile",
         "measure the draft and target forward latency (context x tokens), verifier and bookkeeping times",

@@ -23,6 +23,11 @@ the same order. Only the node numbering differs (here breadth first). Leaves (de
 At temperature 0 (``deterministic=True``) single-walker draws take the argmax and
 without-replacement draws the top-w tokens (deterministic top-k, fine for greedy
 verification, reference §2), while i.i.d. rollouts are still sampled so that they differ.
+
+The first draft forward of a step, over the *pending* context tokens (those not yet in the
+draft cache, the root last), does not depend on the tree shape: :func:`draft_root` runs it on
+its own (the engine does so before the planner chooses, when root features are wanted, since
+its last row is the draft's root distribution) and :func:`draft_tree` continues from it.
 """
 
 from __future__ import annotations
@@ -55,6 +60,45 @@ class DraftOutcome:
     fed_nodes: int
 
 
+@dataclass
+class DraftRoot:
+    """The first draft forward of a step: the pending tokens fed as a causal chain.
+
+    Attributes:
+        pending: number of pending tokens fed (the root is the last).
+        base: the draft cache's committed length before the forward.
+        probs: Tensor[keep, V], the processed rows of the last ``keep`` pending tokens; the last
+            row is the draft's root distribution (over the first drafted token).
+        ok: 0-dim bool tensor, whether the logits were finite (checked at the first host sync).
+        causal: BoolTensor[p, p], the causal mask the pending tokens were fed under.
+        hidden: Tensor[keep, H], the draft's last hidden states at those rows, when the runner
+            keeps hidden states; else None.
+    """
+
+    pending: int
+    base: int
+    probs: torch.Tensor
+    ok: torch.Tensor
+    causal: torch.Tensor
+    hidden: torch.Tensor | None = None
+
+
+def draft_root(runner: ModelRunner, pending: torch.Tensor, probs_fn: ProbsFn, keep: int = 1) -> DraftRoot:
+    """Feed the ``pending`` tokens (LongTensor[p], root last) to the draft; keep the last ``keep`` rows.
+
+    The rows stay in the draft cache as block rows ``0 .. p - 1``; :func:`draft_tree` grows
+    the tree after them, and the caller commits or rolls back.
+    """
+    p = int(pending.numel())
+    if p < 1:
+        raise ValueError("draft_root needs at least the root token")
+    base = runner.cached
+    causal = torch.ones(p, p, dtype=torch.bool, device=runner.device).tril_()  # [p, p]
+    positions = torch.arange(base, base + p, device=runner.device)
+    logits = runner.block_forward(pending, positions, causal, logits_to_keep=min(keep, p))  # [keep, V']
+    return DraftRoot(p, base, probs_fn(logits), finite_flag(logits), causal, runner.hidden)
+
+
 def finite_flag(logits: torch.Tensor) -> torch.Tensor:
     """0-dim bool tensor: are all ``logits`` finite? One reduction, no host sync."""
     return torch.isfinite(logits.sum(dtype=torch.float32))
@@ -79,7 +123,7 @@ def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch
 
 def draft_tree(
     runner: ModelRunner,
-    pending: torch.Tensor,  # [p] committed tokens not yet in the draft cache; the last is the root
+    pending: torch.Tensor | DraftRoot,  # [p] committed tokens not yet in the draft cache (root last), or their forward
     shape: TreeShape,
     probs_fn: ProbsFn,
     generator: torch.Generator,
@@ -87,8 +131,9 @@ def draft_tree(
 ) -> DraftOutcome:
     """Draft a tree of ``shape`` after the committed context; see the module docstring.
 
-    The draft cache is left holding ``pending`` plus the fed tree nodes; the caller commits
-    or rolls back.
+    ``pending`` is either the pending tokens, fed here (not at all for a depth-0 shape), or
+    the :class:`DraftRoot` of their forward, already run. The draft cache is left holding
+    the pending tokens plus the fed tree nodes; the caller commits or rolls back.
     """
     V = probs_fn.vocab_size
     device = runner.device
@@ -96,20 +141,21 @@ def draft_tree(
     tokens, parents, depths = [-1], [-1], [0]
     child_draws: list[list[int]] = [[]]
     if D == 0:
+        if isinstance(pending, DraftRoot):  # the pending tokens were fed: node 0 has its row
+            tree = DraftTree(tokens, parents, depths, pending.probs[-1:], child_draws, shape)
+            return DraftOutcome(tree, torch.ones(1, 1, dtype=torch.bool, device=device), pending.pending, 1)
         probs = torch.zeros(1, V, dtype=torch.float32, device=device)
         tree = DraftTree(tokens, parents, depths, probs, child_draws, shape)
         return DraftOutcome(tree, torch.ones(1, 1, dtype=torch.bool, device=device), 0, 0)
 
-    p = int(pending.numel())
-    base = runner.cached
+    root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
+    p, base = root.pending, root.base
     # Block ancestor matrix: block index b < p is a pending token, tree node i sits at p - 1 + i.
     size = p - 1 + shape.max_nodes
     anc = torch.zeros(size, size, dtype=torch.bool, device=device)  # [block, block]
-    anc[:p, :p] = torch.ones(p, p, dtype=torch.bool, device=device).tril_()
-    positions = torch.arange(base, base + p, device=device)
-    logits = runner.block_forward(pending, positions, anc[:p, :p], logits_to_keep=1)  # [1, V']
-    ok = finite_flag(logits)  # checked at the level's host sync, before any drawn token is used
-    rows = [probs_fn(logits)]  # per level: Tensor[nodes at that depth, V]
+    anc[:p, :p] = root.causal
+    ok = root.ok  # checked at the level's host sync, before any drawn token is used
+    rows = [root.probs[-1:]]  # per level: Tensor[nodes at that depth, V]
     level_first = 0  # node id of the first node at the current depth
     iid_like = shape.law in (DraftLaw.IID, DraftLaw.DELAYED)
     walkers = [0]  # chain / i.i.d. laws: node each walker stands on

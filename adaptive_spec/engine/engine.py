@@ -14,24 +14,42 @@ Vocabulary size: both models' logits are cut to ``vocab_size = min(target logits
 logits, len(tokenizer))``, so that models whose embedding matrices are padded differently
 can share a tokenizer. The target law sampled from (by the baseline and by every lossless
 plan alike) is the target's distribution restricted to those tokens.
+
+Root features (:mod:`adaptive_spec.engine.features`) are computed before each speculative step
+only when the planner sets ``needs_features``/``needs_hidden`` or a feature log is attached;
+otherwise the step runs exactly as without them (no extra forward, no extra host sync).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PreTrainedModel
 
-from adaptive_spec.engine.drafting import check_finite, draft_tree, finite_flag, sample_categorical
+from adaptive_spec.engine.drafting import (
+    DraftRoot,
+    check_finite,
+    draft_root,
+    draft_tree,
+    finite_flag,
+    sample_categorical,
+)
+from adaptive_spec.engine.features import LatencyFeatures, RootFeatures, RootTracker
 from adaptive_spec.engine.kv_cache import ModelRunner
 from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
 from adaptive_spec.engine.sampling import ProbsFn, SamplingConfig, build_logits_processor
 from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
 from adaptive_spec.verifiers import REGISTRY, verify
+
+if TYPE_CHECKING:
+    from adaptive_spec.data.logger import FeatureLogger
+
+_ENGINE_PLANNER: Any = object()  # generate()'s default plan: the engine's own planner
 
 
 @dataclass
@@ -67,6 +85,7 @@ class EngineState:
         generator: the source of every random draw.
         stats: running statistics.
         steps: step results so far.
+        root: the root-feature tracker, when features are computed (else None).
     """
 
     context: list[int]
@@ -76,6 +95,7 @@ class EngineState:
     generator: torch.Generator
     stats: GenerationStats
     steps: list[StepResult] = field(default_factory=list)
+    root: RootTracker | None = None
 
     @property
     def generated(self) -> list[int]:
@@ -93,10 +113,18 @@ class SpecEngine:
         dtype: cast both models to this dtype (default: leave them as they are).
         draft_tokenizer: the draft's tokenizer, if separate; it must agree with ``tokenizer``
             on every token id below ``vocab_size``.
+        planner: what :meth:`generate` uses when it is given no ``plan``: a plan, plan string
+            or planner (default None: autoregressive decoding).
+        feature_log: log every speculative step's features: a directory, or a
+            :class:`~adaptive_spec.data.logger.FeatureLogger` for other settings (shard size,
+            hidden states, run id). See :mod:`adaptive_spec.data.logger`.
+        latency_model: source of the latency features (anything with
+            ``features(context_length)``, e.g. ``adaptive_spec.planner.LatencyModel``); they are
+            0 without one.
 
     Raises:
-        ValueError: unsupported attention implementation or cache type, or mismatched
-            tokenizers.
+        ValueError: unsupported attention implementation or cache type, mismatched
+            tokenizers, or a feature log directory holding another schema or other models.
     """
 
     def __init__(
@@ -108,6 +136,9 @@ class SpecEngine:
         dtype: torch.dtype | None = None,
         *,
         draft_tokenizer: Any = None,
+        planner: Plan | str | Any = None,
+        feature_log: str | os.PathLike | FeatureLogger | None = None,
+        latency_model: LatencyFeatures | None = None,
     ) -> None:
         device = torch.device(device) if device is not None else target.device
         self.target = target.to(device=device, dtype=dtype).eval() if dtype else target.to(device).eval()
@@ -129,6 +160,65 @@ class SpecEngine:
         ModelRunner(self.target)
         ModelRunner(self.draft)
         self.sync_timing = True  # CUDA: synchronise at phase boundaries so that phase times are real
+        self.hidden_sizes = tuple(m.get_output_embeddings().weight.shape[1] for m in (self.draft, self.target))
+        self.planner = planner
+        self.latency_model = latency_model
+        self.feature_log: FeatureLogger | None = None
+        if feature_log is not None:
+            from adaptive_spec.data.logger import FeatureLogger
+
+            log = feature_log if isinstance(feature_log, FeatureLogger) else FeatureLogger(feature_log)
+            log.attach(self.describe())
+            self.feature_log = log
+
+    def describe(self) -> dict[str, Any]:
+        """The engine's configuration, as recorded in a feature log's manifest.
+
+        Returns:
+            ``{"models": ..., "run": ...}``: ``models`` (both config dicts, vocabulary size,
+            dtypes, hidden sizes) must match for logs to be mixed; ``run`` (model names or
+            paths, device, package versions) describes this engine only.
+        """
+        import platform
+        from importlib.metadata import PackageNotFoundError, version
+
+        def config(model: PreTrainedModel, hidden: int) -> dict[str, Any]:
+            cfg = model.config.to_dict()
+            for key in ("_name_or_path", "transformers_version", "dtype", "torch_dtype"):
+                cfg.pop(key, None)
+            return {"config": cfg, "dtype": str(model.dtype).removeprefix("torch."), "hidden_size": hidden,
+                    "logits_size": _logits_size(model)}  # fmt: skip
+
+        versions = {"python": platform.python_version()}
+        for pkg in ("adaptive-spec", "torch", "transformers", "numpy"):
+            try:
+                versions[pkg] = version(pkg)
+            except PackageNotFoundError:
+                versions[pkg] = None
+        return {
+            "models": {
+                "target": config(self.target, self.hidden_sizes[1]),
+                "draft": config(self.draft, self.hidden_sizes[0]),
+                "vocab_size": self.vocab_size,
+            },
+            "run": {
+                "target": getattr(self.target, "name_or_path", "") or None,
+                "draft": getattr(self.draft, "name_or_path", "") or None,
+                "device": str(self.device),
+                "versions": versions,
+            },
+        }
+
+    def close(self) -> None:
+        """Flush and close the feature log, if any (also done at interpreter exit)."""
+        if self.feature_log is not None:
+            self.feature_log.close()
+
+    def __enter__(self) -> SpecEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -142,6 +232,7 @@ class SpecEngine:
         attn_implementation: str = "sdpa",
         trust_remote_code: bool = False,
         local_files_only: bool | None = None,
+        **engine_kwargs: Any,
     ) -> SpecEngine:
         """Load target, draft and their tokenizers from local directories or hub ids.
 
@@ -149,7 +240,8 @@ class SpecEngine:
         in float32 on CPU (its checkpoint is float16, which is slow on CPUs) unless
         ``dtype`` says otherwise. Local directories need no network. ``trust_remote_code``
         stays off unless asked; ``local_files_only`` defaults to True when both paths are
-        existing directories.
+        existing directories. Other keyword arguments (``planner``, ``feature_log``,
+        ``latency_model``) go to the constructor.
 
         Raises:
             ValueError: the two tokenizers disagree.
@@ -183,7 +275,15 @@ class SpecEngine:
             draft_tokenizer = AutoTokenizer.from_pretrained(draft, **kw)
         except (OSError, ValueError):  # a draft saved without its tokenizer shares the target's
             draft_tokenizer = None
-        return cls(models[0], models[1], tokenizer, device=device, dtype=dtype, draft_tokenizer=draft_tokenizer)
+        return cls(
+            models[0],
+            models[1],
+            tokenizer,
+            device=device,
+            dtype=dtype,
+            draft_tokenizer=draft_tokenizer,
+            **engine_kwargs,
+        )
 
     # ------------------------------------------------------------------ public API
     def generate(
@@ -193,7 +293,7 @@ class SpecEngine:
         temperature: float = 1.0,
         top_k: int = 0,
         top_p: float = 1.0,
-        plan: Plan | str | Any = None,
+        plan: Plan | str | Any = _ENGINE_PLANNER,
         seed: int | None = None,
         stop: Sequence[str | int] | str | None = None,
         streamer: Any = None,
@@ -211,7 +311,7 @@ class SpecEngine:
             plan: None for plain autoregressive decoding with the target (the baseline); a
                 :class:`Plan`; a plan string ``"<tree shape>/<verifier>"`` such as
                 ``"delayed:2x3x3/traversal"``; or a planner with ``choose(state) -> Plan``
-                (and optionally ``observe(step_result)``).
+                (and optionally ``observe(step_result)``). Default: the engine's ``planner``.
             seed: seeds the ``torch.Generator`` every random draw comes from (None: random).
             stop: extra stop conditions: strings (generation stops once the decoded output
                 contains one; it is kept in the output) and/or token ids (treated as EOS).
@@ -250,7 +350,7 @@ class SpecEngine:
             kwargs.pop("temperature", 1.0),
             kwargs.pop("top_k", 0),
             kwargs.pop("top_p", 1.0),
-            kwargs.pop("plan", None),
+            kwargs.pop("plan", _ENGINE_PLANNER),
             kwargs.pop("seed", None),
             kwargs.pop("stop", None),
             kwargs.pop("streamer", None),
@@ -289,7 +389,14 @@ class SpecEngine:
         sampling = SamplingConfig(temperature, top_k, top_p)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        if plan is _ENGINE_PLANNER:
+            plan = self.planner
         choose, observe = _planner_fns(plan)
+        # Root features only when asked for (autoregressive decoding has no speculative steps).
+        log = self.feature_log if choose is not None else None
+        asks = lambda name: choose is not None and bool(getattr(plan, name, False))  # noqa: E731
+        want_hidden = asks("needs_hidden") or (log is not None and log.hidden)
+        want_features = want_hidden or asks("needs_features") or log is not None
         stop_strings, stop_ids = _split_stop(stop)
         if stop_strings and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; pass token ids instead")
@@ -319,11 +426,14 @@ class SpecEngine:
         state = EngineState(
             context=list(prompt_ids),
             prompt_length=len(prompt_ids),
-            target=ModelRunner(self.target),
-            draft=ModelRunner(self.draft) if choose is not None else None,
+            target=ModelRunner(self.target, keep_hidden=want_hidden),
+            draft=ModelRunner(self.draft, keep_hidden=want_hidden) if choose is not None else None,
             generator=generator,
             stats=stats,
         )
+        if want_features:
+            state.root = RootTracker(temperature, top_p, self.latency_model, want_hidden, self.hidden_sizes)
+        key = _prompt_key(prompt_ids) if log is not None else ""
         timer = PhaseTimer(stats.phase_times_s, self.device, self.sync_timing)
         if streamer is not None:
             streamer.put(torch.tensor([prompt_ids]))
@@ -332,27 +442,41 @@ class SpecEngine:
         with torch.inference_mode():
             prompt_t = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
             timer.switch("target")
-            state.target.chain_forward(prompt_t[:-1], logits_to_keep=1)
+            logits_t = state.target.chain_forward(prompt_t[:-1], logits_to_keep=1)  # [1, V'] over the root, or None
+            logits_d = None
             if state.draft is not None:
                 timer.switch("draft")
-                state.draft.chain_forward(prompt_t[:-1], logits_to_keep=1)
+                logits_d = state.draft.chain_forward(prompt_t[:-1], logits_to_keep=1)
             timer.switch("other")
+            if state.root is not None and logits_t is not None:  # the previous rows of the first step
+                hidden = state.target.hidden[-1] if want_hidden else None
+                state.root.set_previous(draft_probs_fn(logits_t)[0], draft_probs_fn(logits_d)[0], hidden)
 
         while True:
             remaining = budget - len(state.generated)
+            n_root = len(state.context)
             if choose is None:
                 emitted = self._autoregressive_step(state, target_probs_fn, sampling.greedy, timer)
             else:
+                root, features = None, None
+                if state.root is not None:  # the first draft forward runs before the planner chooses
+                    root, features = self._root_features(state, draft_probs_fn, timer, log is not None)
                 step_state = StepState(
                     step=stats.steps,
-                    context_length=len(state.context),
+                    context_length=n_root,
                     generated=len(state.generated),
                     remaining=remaining,
                     temperature=float(temperature),
                     last=state.steps[-1] if state.steps else None,
+                    features=features.values if features is not None else None,
+                    draft_hidden=features.draft_hidden if features is not None else None,
+                    target_hidden=features.target_hidden if features is not None else None,
                 )
                 step_plan = as_plan(choose(step_state)).truncated(remaining - 1)
-                result = self._speculative_step(state, step_plan, sampling, target_probs_fn, draft_probs_fn, timer)
+                propensity = getattr(plan, "last_propensity", None) if log is not None else None
+                result = self._speculative_step(
+                    state, step_plan, sampling, target_probs_fn, draft_probs_fn, timer, root
+                )
                 state.steps.append(result)
                 emitted = list(result.tokens)
                 if observe is not None:
@@ -376,6 +500,22 @@ class SpecEngine:
             if reason == "max_new_tokens" and budget < max_new_tokens and len(state.generated) == budget:
                 reason = "context_window"
             timer.switch(None)
+            if log is not None:  # untimed, so that logging does not count as a step's time
+                log.log_step(
+                    prompt_key=key,
+                    step=stats.steps - 1,
+                    features=features.values,
+                    draft_hidden=features.draft_hidden_host,
+                    target_hidden=features.target_hidden_host,
+                    action=str(result.plan),
+                    num_nodes=result.num_nodes,
+                    accepted=result.num_accepted,
+                    emitted=len(emitted),
+                    times=result.times,
+                    context_ids=state.context[:n_root],
+                    top_k=top_k,
+                    propensity=propensity,
+                )
             if streamer is not None and emitted:
                 streamer.put(torch.tensor(emitted))
             if emitted:
@@ -385,6 +525,8 @@ class SpecEngine:
                 stats.stop_reason = reason
                 break
         timer.switch(None)
+        if log is not None:
+            log.end_generation()
 
         if streamer is not None:
             streamer.end()
@@ -423,8 +565,9 @@ class SpecEngine:
         target_probs_fn: ProbsFn,
         draft_probs_fn: ProbsFn,
         timer: PhaseTimer,
+        root: DraftRoot | None = None,
     ) -> StepResult:
-        """Draft, score, verify and commit one tree."""
+        """Draft, score, verify and commit one tree (``root``: the first draft forward, if already run)."""
         target, draft = state.target, state.draft
         assert draft is not None
         verifier = "greedy" if sampling.greedy else plan.verifier
@@ -437,9 +580,10 @@ class SpecEngine:
 
         # 1) draft the tree
         timer.switch("draft")
-        draft_base = draft.cached
-        pending_d = torch.tensor(state.context[draft_base:], dtype=torch.long, device=device)
-        outcome = draft_tree(draft, pending_d, plan.shape, draft_probs_fn, state.generator, sampling.greedy)
+        pending = root  # the first draft forward, if already run; else the pending tokens (root last)
+        if pending is None:
+            pending = torch.tensor(state.context[draft.cached :], dtype=torch.long, device=device)
+        outcome = draft_tree(draft, pending, plan.shape, draft_probs_fn, state.generator, sampling.greedy)
         tree = outcome.tree
         N = tree.num_nodes
 
@@ -472,9 +616,29 @@ class SpecEngine:
             fed = [a for a in accepted if a < outcome.fed_nodes]
             rows_d = torch.tensor([n_ctx - 1 + a for a in fed], dtype=torch.long, device=device)
             draft.commit(n_ctx, rows_d)
+        if state.root is not None:  # the rows over the next root token: at the last accepted node
+            node = result.node
+            # At T=0 the target's rows are one-hot; features use its plain softmax.
+            target_row = draft_probs_fn(logits[node : node + 1])[0] if sampling.greedy else target_probs[node]
+            draft_row = outcome.tree.draft_probs[node] if node < outcome.fed_nodes else None  # None: a leaf
+            state.root.set_previous(target_row, draft_row, target.hidden[node] if target.keep_hidden else None)
+            state.root.after_step(result.num_accepted)
         state.stats.accept_lengths.append(result.num_accepted)
         state.stats.tree_sizes.append(N)
         return StepResult(plan, N, result.num_accepted, result.tokens, result.bonus, timer.take_step())
+
+    @torch.inference_mode()
+    def _root_features(
+        self, state: EngineState, draft_probs_fn: ProbsFn, timer: PhaseTimer, host_hidden: bool
+    ) -> tuple[DraftRoot, RootFeatures]:
+        """Run the step's first draft forward (pending tokens, root last) and compute the root features."""
+        assert state.draft is not None and state.root is not None
+        timer.switch("draft")
+        pending = torch.tensor(state.context[state.draft.cached :], dtype=torch.long, device=self.device)
+        keep = 2 if state.root.needs_draft_row() else 1  # row -2: the draft's row over the root token
+        root = draft_root(state.draft, pending, draft_probs_fn, keep)
+        timer.switch("other")
+        return root, state.root.features(root.probs, root.hidden, root.ok, len(state.context), host_hidden)
 
     # ------------------------------------------------------------------ helpers
     def _prompt_ids(self, prompt: str | Sequence[int] | torch.Tensor) -> list[int]:
@@ -549,6 +713,12 @@ def _eos_ids(model: PreTrainedModel, tokenizer: Any) -> set[int]:
     if tokenizer is not None and getattr(tokenizer, "eos_token_id", None) is not None:
         out.add(int(tokenizer.eos_token_id))
     return out
+
+
+def _prompt_key(ids: Sequence[int]) -> str:
+    from adaptive_spec.data.logger import prompt_key
+
+    return prompt_key(ids)
 
 
 def _planner_fns(plan: Any) -> tuple[Callable[[StepState], Any] | None, Callable[[StepResult], None] | None]:

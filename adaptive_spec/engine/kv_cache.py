@@ -32,9 +32,12 @@ class ModelRunner:
         cache: its ``DynamicCache``.
         cached: number of committed context tokens whose KV rows are in the cache.
         forwards: number of forward passes run so far.
+        keep_hidden: whether forwards keep the model's last hidden states (the LM head's
+            input) at the rows whose logits they return.
+        hidden: with ``keep_hidden``, Tensor[logits_to_keep, H] of the latest forward, else None.
     """
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, keep_hidden: bool = False) -> None:
         impl = getattr(model.config, "_attn_implementation", None) or "eager"
         if impl not in SUPPORTED_ATTENTION:
             raise ValueError(
@@ -51,6 +54,8 @@ class ModelRunner:
                 )
         self.cached = 0
         self.forwards = 0
+        self.keep_hidden = keep_hidden
+        self.hidden: torch.Tensor | None = None
 
     @property
     def device(self) -> torch.device:
@@ -72,7 +77,7 @@ class ModelRunner:
         if tokens.numel() == 0:
             return None
         pos = torch.arange(self.cached, self.cached + tokens.numel(), device=tokens.device)
-        out = self.model(
+        out = self._forward(
             input_ids=tokens[None],
             position_ids=pos[None],
             past_key_values=self.cache,
@@ -100,7 +105,7 @@ class ModelRunner:
         past = self.cached
         if self.cache_length() != past + m - n:
             raise RuntimeError(f"cache holds {self.cache_length()} rows, expected {past + m - n}")
-        out = self.model(
+        out = self._forward(
             input_ids=input_ids[None],
             attention_mask=additive_mask(ancestors, past, self.dtype),  # [1, 1, n, past + m]
             position_ids=position_ids[None],
@@ -110,6 +115,21 @@ class ModelRunner:
         )
         self.forwards += 1
         return out.logits[0]  # [logits_to_keep, V']
+
+    def _forward(self, **kwargs):
+        if not self.keep_hidden:
+            return self.model(**kwargs)
+        # The LM head's input is the last hidden state (after the final norm), already cut to
+        # the kept rows: a pre-hook reads it for any causal LM architecture, at no extra cost.
+        seen: list[torch.Tensor] = []
+        head = self.model.get_output_embeddings()
+        handle = head.register_forward_pre_hook(lambda _module, args: seen.append(args[0]))
+        try:
+            out = self.model(**kwargs)
+        finally:
+            handle.remove()
+        self.hidden = seen[-1][0]  # [logits_to_keep, H]
+        return out
 
     def commit(self, committed: int, block_rows: torch.Tensor | None) -> None:
         """Keep ``committed`` context rows, then the block rows ``block_rows`` (cache indices), drop the rest.

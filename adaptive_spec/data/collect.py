@@ -1,0 +1,229 @@
+"""``adaptive-spec collect``: run the engine over prompts and log every speculative step's features.
+
+Each prompt is generated ``--repeats`` times at each of ``--temperatures``, with a static plan
+(``--plan``) or an exploring planner (``--explore uniform`` draws a uniformly random action of
+the action space at every step, ``--explore epsilon:0.2`` the static plan with probability 0.8);
+the engine logs one record per step to ``--out`` as Parquet shards (see
+:mod:`adaptive_spec.data.logger`). Generation ``i`` (counting over repeats, prompts and
+temperatures, in that nesting) is seeded with ``--seed + i``, and the exploring planner with
+``--seed``, so a run is reproducible. A second run into the same directory appends to it.
+
+Prompts: JSON Lines (``.gz`` accepted; each record has a ``prompt`` string or a ``turns`` list)
+or a ``.txt`` file with one prompt per line; default: the built-in pair's prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PLAN = "delayed:2x2x2/traversal"
+DEFAULT_TEMPERATURES = "0,0.7,1.0"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``collect`` options."""
+    parser.add_argument("--out", required=True, help="log directory (created; appended to if it holds a log)")
+    parser.add_argument(
+        "--prompts", default=None, help="JSON Lines (.gz ok) or .txt (one per line) prompts (default: built-in)"
+    )
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    parser.add_argument(
+        "--plan", default=DEFAULT_PLAN, help="static plan (exploited by --explore epsilon) (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--explore", default=None,
+        help="explore the action space: 'uniform' (a random action every step) or 'epsilon:E' (a random action "
+        "with probability E, else --plan)",
+    )  # fmt: skip
+    parser.add_argument("--actions", default=None, help="action space YAML for --explore (default: the built-in grid)")
+    parser.add_argument(
+        "--temperatures", default=DEFAULT_TEMPERATURES, help="comma-separated; 0 = greedy (default: %(default)s)"
+    )
+    parser.add_argument("--top-k", type=int, default=0, help="top-k filter, 0 = off (default: %(default)s)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus filter, 1 = off (default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per generation (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=1, help="generations per prompt and temperature (default: 1)")
+    parser.add_argument("--seed", type=int, default=0, help="base seed (default: %(default)s)")
+    parser.add_argument("--shard-size", type=int, default=1024, help="records per Parquet shard (default: %(default)s)")
+    parser.add_argument("--hidden", action="store_true", help="also log the models' last hidden states (float16)")
+    parser.add_argument("--profile", default=None, help="latency profile JSON (default: none: latency features 0)")
+    parser.add_argument("--run-id", default=None, help="name of this run in the log (default: time + random digits)")
+    parser.add_argument("--target", default=None, help="target model directory or hub id (default: built-in pair)")
+    parser.add_argument("--draft", default=None, help="draft model directory or hub id (default: built-in pair)")
+    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
+    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def read_prompt_file(path: str | Path, limit: int | None = None) -> list[str]:
+    """Prompts from a ``.txt`` file (one per non-empty line) or a JSON Lines file (``zoo.read_prompts``)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"prompt file {path} does not exist")
+    if path.suffix == ".txt":
+        prompts = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        if not prompts:
+            raise ValueError(f"{path}: no prompts")
+        return prompts[:limit] if limit else prompts
+    from adaptive_spec.zoo import read_prompts
+
+    return read_prompts(path, limit)
+
+
+def parse_temperatures(text: str) -> list[float]:
+    """``"0,0.7,1"`` -> ``[0.0, 0.7, 1.0]``; each must be a finite number >= 0."""
+    try:
+        temps = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--temperatures must be comma-separated numbers, got {text!r}") from None
+    if not temps or any(not (t >= 0 and t < float("inf")) for t in temps):
+        raise ValueError(f"--temperatures must be finite numbers >= 0, got {text!r}")
+    return temps
+
+
+def make_planner(plan: str, explore: str | None, actions: str | None, seed: int) -> Any:
+    """The static plan, or an :class:`~adaptive_spec.planner.ExplorePlanner` for ``explore``."""
+    from adaptive_spec.planner import Plan
+
+    base = Plan.parse(plan)
+    if explore is None:
+        return base
+    from adaptive_spec.planner import ActionSpace, ExplorePlanner
+
+    space = ActionSpace.from_yaml(actions) if actions else ActionSpace.default()
+    mode, _, eps = explore.partition(":")
+    if mode == "uniform" and not eps:
+        return ExplorePlanner(space, "uniform", seed=seed)
+    if mode == "epsilon":
+        try:
+            epsilon = float(eps) if eps else 0.2
+        except ValueError:
+            raise ValueError(f"--explore epsilon:E needs a number E in [0, 1], got {explore!r}") from None
+        return ExplorePlanner(space, "epsilon", epsilon=epsilon, base=base, seed=seed)
+    raise ValueError(f"--explore must be 'uniform' or 'epsilon:E' (e.g. epsilon:0.2), got {explore!r}")
+
+
+def collect(
+    engine: Any,
+    prompts: list[str],
+    planner: Any,
+    temperatures: list[float],
+    *,
+    max_new_tokens: int,
+    repeats: int = 1,
+    seed: int = 0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Generate every (repeat, prompt, temperature) with ``planner``; the engine's feature log records the steps.
+
+    Returns:
+        ``{"generations", "steps", "tokens", "families": {family: {"steps", "mean_accepted",
+        "mean_emitted"}}}`` where a family is the tree law of the step's plan (``chain``,
+        ``iid``, ``delayed``, ``wor``).
+    """
+    from tqdm.auto import tqdm
+
+    log = engine.feature_log
+    acc: dict[str, list[int]] = defaultdict(list)
+    emitted: dict[str, list[int]] = defaultdict(list)
+    tokens = 0
+    jobs = [(r, i, t) for r in range(repeats) for i in range(len(prompts)) for t in temperatures]
+    bar = tqdm(jobs, desc="collect", unit="gen", disable=not progress)
+    for n, (_, i, temperature) in enumerate(bar):
+        if log is not None:
+            log.prompt_index = i
+        out = engine.generate(
+            prompts[i], max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+            plan=planner, seed=seed + n,
+        )  # fmt: skip
+        tokens += len(out.token_ids)
+        for step in out.steps:
+            family = str(step.plan.shape).partition(":")[0]
+            acc[family].append(step.num_accepted)
+            emitted[family].append(len(step.tokens))
+        if log is not None:
+            bar.set_postfix(records=log.records_written + log.buffered, refresh=False)
+    families = {
+        f: {"steps": len(v), "mean_accepted": sum(v) / len(v), "mean_emitted": sum(emitted[f]) / len(v)}
+        for f, v in sorted(acc.items())
+    }
+    steps = sum(len(v) for v in acc.values())
+    return {"generations": len(jobs), "steps": steps, "tokens": tokens, "families": families}
+
+
+def run(args: argparse.Namespace) -> int:
+    """Load the models, collect, print a summary; return the exit status."""
+    import torch
+
+    from adaptive_spec.data.logger import FeatureLogger
+    from adaptive_spec.engine import SpecEngine
+
+    for name in ("max_new_tokens", "repeats", "shard_size"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
+    if (args.target is None) != (args.draft is None):
+        raise SystemExit("give both --target and --draft, or neither (the built-in default pair)")
+    try:
+        temperatures = parse_temperatures(args.temperatures)
+        planner = make_planner(args.plan, args.explore, args.actions, args.seed)
+        if args.prompts is None:
+            from adaptive_spec.zoo import default_prompts
+
+            prompts = default_prompts()[: args.limit] if args.limit else default_prompts()
+        else:
+            prompts = read_prompt_file(args.prompts, args.limit)
+        latency = None
+        if args.profile:
+            from adaptive_spec.planner import LatencyModel
+
+            latency = LatencyModel.load(args.profile)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"collect: {err}") from None
+
+    settings = {
+        "collect": {
+            "prompts": str(args.prompts or "built-in prompts"),
+            "num_prompts": len(prompts),
+            "plan": str(args.plan),
+            "explore": args.explore,
+            "actions": [str(p) for p in planner.space] if args.explore else None,
+            "temperatures": temperatures,
+            "top_k": args.top_k,
+            "top_p": args.top_p,
+            "max_new_tokens": args.max_new_tokens,
+            "repeats": args.repeats,
+            "seed": args.seed,
+            "profile": args.profile,
+        }
+    }
+    logger = FeatureLogger(
+        args.out, shard_size=args.shard_size, hidden=args.hidden, run_id=args.run_id, manifest_extra=settings,
+        flush_each_generation=False,
+    )  # fmt: skip
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        engine = SpecEngine.from_pretrained(
+            args.target, args.draft, device=device, dtype=args.dtype, feature_log=logger, latency_model=latency
+        )
+    except ValueError as err:  # e.g. the directory holds a log of other models
+        raise SystemExit(f"collect: {err}") from None
+    with engine:
+        summary = collect(
+            engine, prompts, planner, temperatures, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
+            seed=args.seed, top_k=args.top_k, top_p=args.top_p, progress=not args.no_progress,
+        )  # fmt: skip
+    print(
+        f"run {logger.run_id}: {summary['generations']} generations, {summary['tokens']} tokens, "
+        f"{logger.records_written} records in {len(logger.shards)} shards -> {args.out}"
+    )
+    print(f"{'family':<10} {'steps':>8} {'mean accepted':>14} {'tokens/step':>12}")
+    for family, row in summary["families"].items():
+        print(f"{family:<10} {row['steps']:>8} {row['mean_accepted']:>14.3f} {row['mean_emitted']:>12.3f}")
+    sys.stdout.flush()
+    return 0

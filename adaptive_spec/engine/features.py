@@ -1,0 +1,210 @@
+"""Root features: what a planner sees before each speculative step (names: ``selector.features.SCHEMA``).
+
+The *root* of a step is the last committed token. Its features compare two rows over the root
+token itself, plus the draft's row after it:
+
+- the *previous target row*: the target's distribution the root token came from, i.e. the
+  target's row at the previous step's last accepted tree node (the target scores every node),
+  or the prompt prefill's last row before the first step;
+- the *previous draft row*: the draft's distribution at the same position: the row of that
+  node in the previous tree if the draft expanded it, else (an accepted leaf, or a depth-0
+  step) row -2 of this step's first draft forward, which feeds the pending tokens;
+- the draft's *root distribution*: the last row of that first draft forward (over the first
+  drafted token), computed before the planner chooses; drafting continues from it.
+
+At temperature 0 the rows are plain softmaxes (T=1), since the greedy verifier's one-hot target
+rows carry no information; otherwise they are the processed rows (temperature, top-k, top-p)
+that drafting and verification use. With a one-token prompt there is no previous row before
+the first step: the six comparison features are then 0.
+
+With features on, the first draft forward runs before the planner chooses, so a depth-0 step
+(chosen, or forced for the last token of a budget) runs it too: it feeds committed tokens,
+which stay in the draft cache, so only a final depth-0 step costs an extra forward. Plain
+autoregressive decoding (``plan=None``) has no speculative steps, hence no features.
+
+:func:`distribution_features` computes the eight distribution features on the device in one
+small batch; :class:`RootTracker` keeps the rows, hidden states and acceptance history between
+steps and assembles the full feature dict with one host transfer per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from adaptive_spec.engine.drafting import check_finite
+from adaptive_spec.selector.features import SCHEMA
+
+DIST_NAMES = (
+    "target_entropy",
+    "draft_entropy",
+    "kl_target_draft",
+    "kl_draft_target",
+    "l1_target_draft",
+    "target_top1",
+    "draft_root_entropy",
+    "draft_root_top1",
+)
+LATENCY_NAMES = ("draft_ms", "target_ms", "target_ms_per_token")
+EMA_WEIGHT = 0.3  # weight of the newest step in accepted_ema
+# Probabilities are clamped here before a log: zeros (top-k/top-p, one-hot rows) give finite values.
+LOG_CLAMP = torch.finfo(torch.float32).tiny
+
+
+class LatencyFeatures(Protocol):
+    """Anything with ``features(context_length)`` returning ``draft_ms``, ``target_ms`` and ``target_ms_per_token``.
+
+    For example :class:`adaptive_spec.planner.latency.LatencyModel`.
+    """
+
+    def features(self, context_length: int) -> Mapping[str, float]: ...
+
+
+def distribution_features(
+    target_row: torch.Tensor | None,  # [V] previous target row, or None if unknown
+    draft_row: torch.Tensor | None,  # [V] previous draft row, or None if unknown
+    root_row: torch.Tensor,  # [V] the draft's root distribution
+) -> torch.Tensor:
+    """The :data:`DIST_NAMES` features as a float32 Tensor[8] on the rows' device (no host sync).
+
+    Entropies and KL divergences in nats, with probabilities clamped at :data:`LOG_CLAMP`
+    inside logs; the six comparison features are 0 when a previous row is unknown.
+    """
+    if target_row is None or draft_row is None:
+        p = root_row.float()
+        ent = -(p * p.clamp_min(LOG_CLAMP).log()).sum()
+        return torch.cat([torch.zeros(6, device=p.device), torch.stack([ent, p.max()])])
+    rows = torch.stack([target_row, draft_row, root_row]).float()  # [3, V]
+    logs = rows.clamp_min(LOG_CLAMP).log()  # [3, V]
+    ent = -(rows * logs).sum(-1)  # [3]
+    top1 = rows.amax(-1)  # [3]
+    log_ratio = logs[0] - logs[1]  # [V] log target - log draft
+    kl_td = (rows[0] * log_ratio).sum()
+    kl_dt = -(rows[1] * log_ratio).sum()
+    l1 = (rows[0] - rows[1]).abs().sum()
+    return torch.stack([ent[0], ent[1], kl_td, kl_dt, l1, top1[0], ent[2], top1[2]])
+
+
+@dataclass
+class RootFeatures:
+    """One step's root features.
+
+    Attributes:
+        values: feature name -> value, exactly the names of ``SCHEMA`` in its order.
+        draft_hidden: the draft's last hidden state at the root (Tensor[Hd] on the device), or None.
+        target_hidden: the target's last hidden state at the previous row (Tensor[Ht]), or None.
+        draft_hidden_host: ``draft_hidden`` as a float16 numpy array, when asked for (logging).
+        target_hidden_host: likewise for ``target_hidden``.
+    """
+
+    values: dict[str, float]
+    draft_hidden: torch.Tensor | None = None
+    target_hidden: torch.Tensor | None = None
+    draft_hidden_host: Any = None
+    target_hidden_host: Any = None
+
+
+class RootTracker:
+    """The rows, hidden states and acceptance history behind the root features of one generation.
+
+    The engine creates one per ``generate`` call when features are wanted, sets the previous
+    rows after the prefill (:meth:`set_previous`) and after each step (:meth:`after_step`), and
+    calls :meth:`features` before each step.
+
+    Args:
+        temperature: sampling temperature (a feature).
+        top_p: nucleus mass (a feature).
+        latency_model: source of the latency features, or None for zeros.
+        hidden: keep and return hidden states.
+        hidden_sizes: (draft, target) hidden widths, for the zero vectors used when a state is unknown.
+    """
+
+    def __init__(
+        self,
+        temperature: float,
+        top_p: float,
+        latency_model: LatencyFeatures | None,
+        hidden: bool,
+        hidden_sizes: tuple[int, int],
+    ) -> None:
+        self.temperature = float(temperature)
+        self.top_p = float(top_p)
+        self.latency_model = latency_model
+        self.hidden = hidden
+        self.hidden_sizes = hidden_sizes
+        self.target_row: torch.Tensor | None = None  # [V]
+        self.draft_row: torch.Tensor | None = None  # [V]; None: row -2 of the next first draft forward
+        self.target_hidden: torch.Tensor | None = None  # [Ht]
+        self.steps = 0
+        self.last_accepted = 0
+        self.accepted_ema = 0.0
+
+    def set_previous(
+        self, target_row: torch.Tensor | None, draft_row: torch.Tensor | None, target_hidden: torch.Tensor | None
+    ) -> None:
+        """The rows over the next root token (and the target's hidden state at that row)."""
+        self.target_row, self.draft_row = target_row, draft_row
+        if self.hidden:
+            self.target_hidden = target_hidden
+
+    def needs_draft_row(self) -> bool:
+        """Whether the next first draft forward must keep row -2 (the previous draft row)."""
+        return self.draft_row is None
+
+    def after_step(self, num_accepted: int) -> None:
+        """Update the acceptance history with a step's τ (EMA starts at the first step's τ)."""
+        tau = float(num_accepted)
+        self.accepted_ema = tau if self.steps == 0 else EMA_WEIGHT * tau + (1.0 - EMA_WEIGHT) * self.accepted_ema
+        self.last_accepted = int(num_accepted)
+        self.steps += 1
+
+    def features(
+        self,
+        root_probs: torch.Tensor,  # [keep, V] rows of the first draft forward, root last
+        root_hidden: torch.Tensor | None,  # [keep, Hd] or None
+        root_ok: torch.Tensor,  # 0-dim bool: were the draft forward's logits finite?
+        context_length: int,
+        host_hidden: bool = False,
+    ) -> RootFeatures:
+        """The step's features; one host transfer (hidden states ride along when ``host_hidden``).
+
+        Raises:
+            ValueError: the draft's logits were NaN or inf.
+        """
+        if self.draft_row is None and root_probs.shape[0] >= 2:
+            self.draft_row = root_probs[-2]
+        dist = distribution_features(self.target_row, self.draft_row, root_probs[-1])  # [8]
+        draft_hidden = target_hidden = None
+        parts = [dist, root_ok.float()[None]]
+        if self.hidden:
+            hd, ht = self.hidden_sizes
+            draft_hidden = root_hidden[-1] if root_hidden is not None else dist.new_zeros(hd)
+            target_hidden = self.target_hidden if self.target_hidden is not None else dist.new_zeros(ht)
+            if host_hidden:
+                parts += [draft_hidden.float(), target_hidden.float()]
+        host = torch.cat(parts).cpu()  # the step's one host transfer
+        n = len(DIST_NAMES)
+        check_finite(bool(host[n]), "draft")
+        values = dict(zip(DIST_NAMES, host[:n].tolist(), strict=True))
+        values.update(
+            last_accepted=float(self.last_accepted),
+            accepted_ema=self.accepted_ema,
+            is_first_step=1.0 if self.steps == 0 else 0.0,
+            context_length=float(context_length),
+            temperature=self.temperature,
+            top_p=self.top_p,
+        )
+        if self.latency_model is None:
+            values.update(dict.fromkeys(LATENCY_NAMES, 0.0))
+        else:
+            latency = self.latency_model.features(context_length)
+            values.update({name: float(latency[name]) for name in LATENCY_NAMES})
+        out = RootFeatures({name: values[name] for name in SCHEMA.names}, draft_hidden, target_hidden)
+        if self.hidden and host_hidden:
+            hd = draft_hidden.numel()
+            rest = host[n + 1 :].numpy().astype("float16")
+            out.draft_hidden_host, out.target_hidden_host = rest[:hd], rest[hd:]
+        return out
