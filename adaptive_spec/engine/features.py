@@ -22,8 +22,9 @@ With features on, the first draft forward runs before the planner chooses, so a 
 which stay in the draft cache, so only a final depth-0 step costs an extra forward. Plain
 autoregressive decoding (``plan=None``) has no speculative steps, hence no features.
 
-:func:`distribution_features` computes the eight distribution features on the device in one
-small batch; :class:`RootTracker` keeps the rows, hidden states and acceptance history between
+:func:`root_statistics` computes the sums behind the eight distribution features on the device
+in one small batch of kernels, :func:`distribution_features` finishes them on the host;
+:class:`RootTracker` keeps the rows, hidden states and acceptance history between
 steps and assembles the full feature dict with one host transfer per step.
 """
 
@@ -63,29 +64,39 @@ class LatencyFeatures(Protocol):
     def features(self, context_length: int) -> Mapping[str, float]: ...
 
 
-def distribution_features(
-    target_row: torch.Tensor | None,  # [V] previous target row, or None if unknown
-    draft_row: torch.Tensor | None,  # [V] previous draft row, or None if unknown
+def root_statistics(
+    target_row: torch.Tensor,  # [V] previous target row
+    draft_row: torch.Tensor,  # [V] previous draft row
     root_row: torch.Tensor,  # [V] the draft's root distribution
 ) -> torch.Tensor:
-    """The :data:`DIST_NAMES` features as a float32 Tensor[8] on the rows' device (no host sync).
+    """Float32 Tensor[9] on the rows' device (no host sync), the raw sums behind :data:`DIST_NAMES`.
 
-    Entropies and KL divergences in nats, with probabilities clamped at :data:`LOG_CLAMP`
-    inside logs; the six comparison features are 0 when a previous row is unknown.
+    ``[t.log t, d.log d, r.log r, t.(log t - log d), d.(log t - log d), |t - d|_1, max t, max d,
+    max r]``, probabilities clamped at :data:`LOG_CLAMP` inside logs; one small batch of
+    kernels. :func:`distribution_features` turns them into the features on the host.
     """
-    if target_row is None or draft_row is None:
-        p = root_row.float()
-        ent = -(p * p.clamp_min(LOG_CLAMP).log()).sum()
-        return torch.cat([torch.zeros(6, device=p.device), torch.stack([ent, p.max()])])
     rows = torch.stack([target_row, draft_row, root_row]).float()  # [3, V]
     logs = rows.clamp_min(LOG_CLAMP).log()  # [3, V]
-    ent = -(rows * logs).sum(-1)  # [3]
-    top1 = rows.amax(-1)  # [3]
-    log_ratio = logs[0] - logs[1]  # [V] log target - log draft
-    kl_td = (rows[0] * log_ratio).sum()
-    kl_dt = -(rows[1] * log_ratio).sum()
-    l1 = (rows[0] - rows[1]).abs().sum()
-    return torch.stack([ent[0], ent[1], kl_td, kl_dt, l1, top1[0], ent[2], top1[2]])
+    return torch.cat(
+        [
+            (rows * logs).sum(-1),  # [3] minus the entropies
+            rows[:2] @ (logs[0] - logs[1]),  # [2] KL(t || d) and -KL(d || t)
+            (rows[0] - rows[1]).abs().sum()[None],  # [1] L1 distance
+            rows.amax(-1),  # [3] top-1 probabilities
+        ]
+    )
+
+
+def distribution_features(stats: list[float], known: bool) -> dict[str, float]:
+    """The :data:`DIST_NAMES` features from :func:`root_statistics` (as host floats).
+
+    The six comparison features are 0 when the previous rows are not ``known``.
+    """
+    t_log_t, d_log_d, r_log_r, kl_td, minus_kl_dt, l1, top_t, _, top_r = stats
+    if not known:
+        t_log_t = d_log_d = kl_td = minus_kl_dt = l1 = top_t = 0.0
+    values = (-t_log_t, -d_log_d, kl_td, -minus_kl_dt, l1, top_t, -r_log_r, top_r)
+    return {name: v + 0.0 for name, v in zip(DIST_NAMES, values, strict=True)}  # + 0.0: no -0.0
 
 
 @dataclass
@@ -176,19 +187,25 @@ class RootTracker:
         """
         if self.draft_row is None and root_probs.shape[0] >= 2:
             self.draft_row = root_probs[-2]
-        dist = distribution_features(self.target_row, self.draft_row, root_probs[-1])  # [8]
+        root_row = root_probs[-1]
+        known = self.target_row is not None and self.draft_row is not None
+        if known:
+            stats = root_statistics(self.target_row, self.draft_row, root_row)  # [9]
+        else:  # a one-token prompt: no previous rows yet
+            stats = root_statistics(root_row, root_row, root_row)
         draft_hidden = target_hidden = None
-        parts = [dist, root_ok.float()[None]]
+        parts = [stats, root_ok.float()[None]]
         if self.hidden:
             hd, ht = self.hidden_sizes
-            draft_hidden = root_hidden[-1] if root_hidden is not None else dist.new_zeros(hd)
-            target_hidden = self.target_hidden if self.target_hidden is not None else dist.new_zeros(ht)
+            draft_hidden = root_hidden[-1] if root_hidden is not None else stats.new_zeros(hd)
+            target_hidden = self.target_hidden if self.target_hidden is not None else stats.new_zeros(ht)
             if host_hidden:
                 parts += [draft_hidden.float(), target_hidden.float()]
         host = torch.cat(parts).cpu()  # the step's one host transfer
-        n = len(DIST_NAMES)
-        check_finite(bool(host[n]), "draft")
-        values = dict(zip(DIST_NAMES, host[:n].tolist(), strict=True))
+        n = stats.numel()
+        head = host[: n + 1].tolist()
+        check_finite(bool(head[n]), "draft")
+        values = distribution_features(head[:n], known)
         values.update(
             last_accepted=float(self.last_accepted),
             accepted_ema=self.accepted_ema,

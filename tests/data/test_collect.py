@@ -16,8 +16,10 @@ import pytest
 
 from adaptive_spec.cli import main
 from adaptive_spec.data.logger import read_manifest, read_shards
+from adaptive_spec.engine.features import LATENCY_NAMES
 from adaptive_spec.selector.features import SCHEMA
 from tests.engine._tiny import perturbed, tiny_model, tiny_tokenizer
+from tests.planner.test_latency import synthetic_profile
 
 V = 48
 
@@ -94,8 +96,8 @@ def test_sigkill_leaves_only_complete_shards_and_a_second_run_appends(pair, tmp_
     assert f"{len(second)} records in" in printed
 
 
-def test_explore_uniform_logs_propensities_and_refuses_other_models(pair, tmp_path, capsys) -> None:
-    from adaptive_spec.planner import ActionSpace
+def test_explore_with_profile_logs_propensities_latency_and_refuses_other_models(pair, tmp_path, capsys) -> None:
+    from adaptive_spec.planner import ActionSpace, LatencyModel
 
     space = tmp_path / "actions.yaml"
     space.write_text(
@@ -103,9 +105,12 @@ def test_explore_uniform_logs_propensities_and_refuses_other_models(pair, tmp_pa
         "  - law: iid\n    paths: 2\n    length: 2\n    verifiers: [traversal]\n"
     )
     n_actions = len(ActionSpace.from_yaml(space))
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(synthetic_profile()))
     out = tmp_path / "log"
     rc = main(collect_args(pair, out, "--explore", "uniform", "--actions", str(space), "--temperatures", "1",
-                           "--max-new-tokens", "16", "--limit", "2", "--hidden", "--seed", "3"))  # fmt: skip
+                           "--max-new-tokens", "16", "--limit", "2", "--hidden", "--seed", "3",
+                           "--profile", str(profile)))  # fmt: skip
     assert rc == 0
     printed = capsys.readouterr().out
     table = read_shards(out)
@@ -114,6 +119,11 @@ def test_explore_uniform_logs_propensities_and_refuses_other_models(pair, tmp_pa
     assert table.column("propensity").to_pylist() == [pytest.approx(1 / n_actions)] * len(table)
     assert all(len(h) == 32 for h in table.column("draft_hidden").to_pylist())
     assert set(table.column("prompt_index").to_pylist()) == {0, 1}
+    latency = LatencyModel.load(profile)
+    for row in table.select(["context_length", *LATENCY_NAMES]).to_pylist():
+        want = latency.features(int(row["context_length"]))
+        assert want["target_ms"] > 0
+        assert [row[n] for n in LATENCY_NAMES] == [pytest.approx(want[n], rel=1e-6) for n in LATENCY_NAMES]
     for family in ("chain", "iid"):
         assert family in printed
     manifest = read_manifest(out)
