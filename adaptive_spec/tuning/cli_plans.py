@@ -56,8 +56,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "after which a trial of a dead worker is failed (default: %(default)s)")  # fmt: skip
     parser.add_argument("--no-enqueue", action="store_true",
                         help="do not enqueue the known-good plans (worker 0 enqueues them)")  # fmt: skip
-    parser.add_argument("--no-compare", action="store_true",
-                        help="skip the final best-vs-defaults measurement")  # fmt: skip
+    parser.add_argument("--finalists", type=int, default=3, help="the study's best plans re-measured against the "
+                        "defaults at the end; the fastest is written (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--no-compare", action="store_true", help="skip that final measurement: write the plan "
+                        "with the best median over the study's trials")  # fmt: skip
     parser.add_argument("--config-out", default=None, help="configs folder receiving plans/best-static.yaml "
                         "(default: ./configs)")  # fmt: skip
     parser.add_argument("--no-write-config", action="store_true", help="do not write best-static.yaml")
@@ -82,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
             num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
             seed=args.seed, worker=args.worker, heartbeat_interval=args.heartbeat_interval,
             grace_period=args.grace_period, enqueue=not args.no_enqueue, compare=not args.no_compare,
+            finalists=args.finalists,
             config_out=args.config_out, write_config=not args.no_write_config, report=args.report,
             write_report=not args.no_report, progress=not args.no_progress,
         )  # fmt: skip

@@ -182,13 +182,13 @@ class PlanObjective:
     def __call__(self, trial: optuna.Trial) -> float:
         import optuna
 
+        trial.set_user_attr("worker", self.worker)
         try:
             plan = suggest_plan(trial, self.temperature)
         except OverBudgetError as err:
             trial.set_user_attr("fail_reason", str(err))
             raise optuna.TrialPruned(str(err)) from None
         trial.set_user_attr("plan", str(plan))
-        trial.set_user_attr("worker", self.worker)
         result = self.evaluator(plan)
         if result is None:
             reason = f"plan {plan} is not among the label table's actions"

@@ -111,8 +111,11 @@ def plot_study(
     return drawn
 
 
-def plot_comparison(rows: list[dict[str, Any]], title: str, path: str | Path) -> Path:
-    """Bar chart of tokens/s per method (``rows``: ``{"plan", "tokens_per_s"}``), best first."""
+def plot_comparison(rows: list[dict[str, Any]], title: str, path: str | Path, highlight: str | None = None) -> Path:
+    """Bar chart of tokens/s per method (``rows``: ``{"plan", "tokens_per_s"}``), fastest on top.
+
+    The autoregressive baseline is grey and ``highlight`` (the tuned plan) orange.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -122,7 +125,7 @@ def plot_comparison(rows: list[dict[str, Any]], title: str, path: str | Path) ->
     fig, ax = plt.subplots(figsize=(8, 0.5 + 0.45 * len(rows)))
     names = [r["plan"] for r in rows]
     values = [r["tokens_per_s"] for r in rows]
-    colors = ["tab:gray" if n == "autoregressive" else "tab:blue" for n in names]
+    colors = ["tab:gray" if n == "autoregressive" else "tab:orange" if n == highlight else "tab:blue" for n in names]
     ax.barh(names[::-1], values[::-1], color=colors[::-1])
     for y, v in enumerate(values[::-1]):
         ax.text(v, y, f" {v:.1f}", va="center", fontsize=8)

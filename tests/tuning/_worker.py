@@ -2,7 +2,9 @@
 
 ``python -m tests.tuning._worker tune <tune plans options>`` runs the ``tune plans`` command
 module (its own parser and ``run``), without the full CLI table, whose other commands import
-the engine and would add seconds of start-up to every process.
+the engine and would add seconds of start-up to every process. With ``WORKER_READY`` and
+``WORKER_GO`` set (file paths) it imports everything, writes the first and waits for the second,
+so that two workers start their trials together.
 
 ``python -m tests.tuning._worker hang STORAGE_URL STUDY MARKER`` opens the study the way
 ``tune plans`` does (``make_storage`` + ``open_study``: heartbeats on), samples a plan through
@@ -13,6 +15,7 @@ heartbeating, until the test kills it (SIGKILL).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -33,16 +36,30 @@ def hang(url: str, study_name: str, marker: str) -> None:
     study.optimize(PlanObjective(evaluate, temperature=1.0, worker=7), n_trials=1)
 
 
-def tune(argv: list[str]) -> int:
+def tune(argv: list[str], ready: str | None = None, go: str | None = None) -> int:
+    """Run ``tune plans``; with ``ready``/``go`` files, import everything, write ``ready``, wait for ``go``."""
     from adaptive_spec.tuning import cli_plans
 
     parser = argparse.ArgumentParser(prog="tune plans")
     cli_plans.add_arguments(parser)
-    return cli_plans.run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    if ready and go:  # start together with the other worker: imports done, then a common start signal
+        import adaptive_spec.data.label_table
+        import adaptive_spec.tuning.objectives
+        import adaptive_spec.tuning.plans
+        import adaptive_spec.tuning.storage  # noqa: F401
+
+        Path(ready).write_text("ready")
+        deadline = time.monotonic() + 120
+        while not Path(go).exists():
+            if time.monotonic() > deadline:
+                raise SystemExit("no start signal")
+            time.sleep(0.01)
+    return cli_plans.run(args)
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "hang":
         hang(*sys.argv[2:5])
     else:
-        sys.exit(tune(sys.argv[2:]))
+        sys.exit(tune(sys.argv[2:], os.environ.get("WORKER_READY"), os.environ.get("WORKER_GO")))

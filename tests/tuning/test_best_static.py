@@ -84,3 +84,16 @@ def test_concurrent_writers_do_not_lose_entries(tmp_path):
     with mp.get_context("fork").Pool(4) as pool:
         pool.map(_write, [(path, t) for t in temps])
     assert set(read_best_static(path)) == {temperature_key(t) for t in temps}
+
+
+def test_reading_best_static_imports_neither_optuna_nor_the_tuner():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, adaptive_spec.tuning, adaptive_spec.tuning.best_static; "
+        "bad = [m for m in ('optuna', 'optuna_integration', 'adaptive_spec.tuning.plans') if m in sys.modules]; "
+        "assert not bad, bad"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -22,7 +22,7 @@ from adaptive_spec.tuning.best_static import read_best_static
 from adaptive_spec.tuning.storage import make_storage
 
 REPO = Path(__file__).resolve().parents[2]
-N_TRIALS = 8
+N_TRIALS = 10
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -35,16 +35,32 @@ def _tune_argv(url: str, labels: Path, out: Path, worker: int, n_trials: int = N
     ]  # fmt: skip
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+def _env(ready: Path | None = None, go: Path | None = None) -> dict[str, str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    if ready is not None and go is not None:  # see _worker.tune: start together
+        env.update(WORKER_READY=str(ready), WORKER_GO=str(go))
+    return env
 
 
 def _run_two_workers(url: str, labels: Path, out: Path) -> None:
+    # The storage's schema, the study and the enqueued plans first, so that both workers go straight
+    # to their trials (SQLite's lock is not fair: a worker still setting up can wait out the other's run).
+    assert main(_tune_argv(url, labels, out, 0, n_trials=0)) == 0
     cmd = [sys.executable, "-m", "tests.tuning._worker", "tune"]
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    go = out / "go"
     procs = [
-        subprocess.Popen([*cmd, *_tune_argv(url, labels, out, w)[2:]], env=_env(), cwd=out, **pipes) for w in (0, 1)
+        subprocess.Popen(
+            [*cmd, *_tune_argv(url, labels, out, w)[2:]], cwd=out, env=_env(ready=out / f"ready{w}", go=go), **pipes
+        )
+        for w in (0, 1)
     ]
+    deadline = time.monotonic() + 120
+    while not all((out / f"ready{w}").exists() for w in (0, 1)):  # both imported: start them together
+        assert all(p.poll() is None for p in procs), [p.communicate()[0][-2000:] for p in procs if p.poll() is not None]
+        assert time.monotonic() < deadline, "the workers never got ready"
+        time.sleep(0.05)
+    go.write_text("go")
     outputs = [p.communicate(timeout=240)[0] for p in procs]
     for p, text in zip(procs, outputs, strict=True):
         assert p.returncode == 0, text[-3000:]
@@ -52,8 +68,13 @@ def _run_two_workers(url: str, labels: Path, out: Path) -> None:
     study = optuna.load_study(study_name="w-T1", storage=url)
     trials = study.get_trials()
     assert len(trials) == 2 * N_TRIALS
+    spans = {}
     for w in (0, 1):
-        assert sum(t.user_attrs.get("worker") == w for t in trials) == N_TRIALS
+        mine = [t for t in trials if t.user_attrs.get("worker") == w]
+        assert len(mine) == N_TRIALS
+        spans[w] = (min(t.datetime_start for t in mine), max(t.datetime_complete for t in mine))
+    # The two workers ran at the same time: their first-start..last-finish spans overlap.
+    assert max(a for a, _ in spans.values()) < min(b for _, b in spans.values()), spans
     # Every trial finished: COMPLETE, or pruned before running because its tree exceeds the node budget.
     pruned = [t for t in trials if t.state != optuna.trial.TrialState.COMPLETE]
     assert all(t.state == optuna.trial.TrialState.PRUNED and "budget" in t.user_attrs["fail_reason"] for t in pruned)
