@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 JOBS ?= 2
 
-.PHONY: setup demo test lint bench-verifiers zoo clean
+.PHONY: setup demo test lint bench-verifiers zoo selector clean
 
 setup: $(STAMP)
 
@@ -29,6 +29,10 @@ bench-verifiers: setup
 test: setup
 	$(BIN)/ruff check adaptive_spec tests
 	$(BIN)/python -m pytest -n $(JOBS) -q
+
+# collect -> label -> train -> export -> bench; installs the selector that `make demo` uses.
+selector: setup
+	$(BIN)/adaptive-spec selector-pipeline --install
 
 zoo: setup
 	$(BIN)/adaptive-spec zoo build --out adaptive_spec/zoo/default --minutes 60

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 
@@ -45,19 +44,21 @@ def _models(args: argparse.Namespace, manifest: dict) -> tuple[str | None, str |
 def run(args: argparse.Namespace) -> int:
     """Label the log, write the label file and the report, print the oracle gain."""
     from adaptive_spec.data.label import LabelConfig, Labeller, label_directory, write_report
-    from adaptive_spec.data.logger import read_manifest
+    from adaptive_spec.data.logger import _differences, _json_normal, read_manifest
     from adaptive_spec.engine import SpecEngine
     from adaptive_spec.planner.actions import ActionSpace
     from adaptive_spec.planner.latency import LatencyModel
 
     manifest = read_manifest(args.log_dir)
     target, draft = _models(args, manifest)
-    engine = SpecEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype)
     logged = manifest.get("models")
-    if logged is not None and engine.describe()["models"] != json.loads(json.dumps(logged)):
+    dtype = args.dtype or (logged or {}).get("target", {}).get("dtype")  # label in the dtype that was logged
+    engine = SpecEngine.from_pretrained(target, draft, device=args.device, dtype=dtype)
+    if logged is not None and _json_normal(engine.describe()["models"]) != logged:
+        diff = "; ".join(_differences(logged, _json_normal(engine.describe()["models"]))[:5])
         raise ValueError(
-            f"{args.log_dir} was logged with other models than the ones loaded for labelling; pass the log's "
-            "models with --target/--draft (labels must use the models that produced the features)"
+            f"{args.log_dir} was logged with other models than the ones loaded for labelling ({diff}); pass the "
+            "log's models with --target/--draft (labels must use the models that produced the features)"
         )
     space = ActionSpace.from_yaml(args.actions) if args.actions else ActionSpace.default()
     latency = LatencyModel.load(args.profile)

@@ -1,0 +1,157 @@
+"""``adaptive-spec selector-pipeline``: collect -> label -> train -> export -> bench, on one pair.
+
+Stages (each one an ordinary command of the CLI, run in this process, in this order):
+
+1. ``profile``: the latency profile of this machine (skipped if ``--profile`` exists, unless
+   ``--reprofile``); its estimates are features and its step-time predictions are in the labels.
+2. training prompts: function headers with their docstring's first line, drawn from the Python
+   standard library's files *other than* the built-in pair's held-out files, so the selector never
+   trains on the benchmark prompts (the built-in prompts are the held-out test set);
+3. ``collect``: the engine runs the training prompts at each temperature with an exploring planner
+   (epsilon-greedy around a default plan) and logs every step's root features;
+4. ``label``: E[τ+1] and predicted step time of every action at every k-th logged root;
+5. ``train-selector`` (LightningCLI, ``configs/selector/default.yaml`` unless ``--config``), with the
+   validation split by prompt;
+6. ``export-selector``: ONNX with the feature standardisation inside, checked against torch;
+7. ``bench e2e``: ``adaptive`` vs ``best-static`` and the reference plans on the built-in held-out
+   prompts at each temperature, in one interleaved run.
+
+With ``--install`` the exported selector is copied next to the built-in pair
+(``adaptive_spec/zoo/default/selector.onnx``), where ``make demo`` and ``bench e2e`` find it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+DEFAULT_OUT = Path("data/selector")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``selector-pipeline`` options."""
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="working folder (default: %(default)s)")
+    parser.add_argument("--num-prompts", type=int, default=48, help="training prompts (default: %(default)s)")
+    parser.add_argument("--temperatures", default="0,0.7,1.0", help="comma-separated (default: %(default)s)")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="per generation (default: %(default)s)")
+    parser.add_argument(
+        "--explore", default="epsilon:0.5", help="collect's exploring planner (default: %(default)s)"
+    )
+    parser.add_argument("--plan", default="delayed:2x2x2/traversal", help="plan exploited by epsilon-greedy")
+    parser.add_argument("--every", type=int, default=8, help="label every k-th root (default: %(default)s)")
+    parser.add_argument("--samples", type=int, default=4, help="trees per root and family (default: %(default)s)")
+    parser.add_argument("--max-contexts", type=int, default=None, help="label at most this many roots")
+    parser.add_argument("--config", type=Path, default=Path("configs/selector/default.yaml"),
+                        help="LightningCLI config of the selector (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--epochs", type=int, default=None, help="override trainer.max_epochs")
+    parser.add_argument("--profile", type=Path, default=Path("data/profile/profile.json"),
+                        help="latency profile; measured first if missing (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--reprofile", action="store_true", help="measure the latency profile even if it exists")
+    parser.add_argument("--bench-plans", default="adaptive,best-static,chain:4/block,chain:6/traversal",
+                        help="plans of the final benchmark (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--bench-tokens", type=int, default=128, help="new tokens per prompt in the benchmark")
+    parser.add_argument("--skip", default="", help="comma-separated stages to skip: collect,label,train,bench")
+    parser.add_argument(
+        "--install", action="store_true",
+        help="copy the selector to adaptive_spec/zoo/default/selector.onnx (used by make demo)",
+    )  # fmt: skip
+    parser.add_argument("--seed", type=int, default=0, help="seeds prompts, exploration, labels, training")
+
+
+def training_prompts(count: int, seed: int) -> list[str]:
+    """Prompts from standard-library files that are not among the built-in pair's held-out files."""
+    from adaptive_spec.zoo import default_pair_path
+    from adaptive_spec.zoo.data import default_corpus, extract_prompts, list_sources
+
+    info = json.loads((default_pair_path() / "build_info.json").read_text())
+    root = default_corpus()
+    heldout = set(info.get("heldout_files", []))
+    files = [p for p in list_sources(root) if p.relative_to(root).as_posix() not in heldout]
+    lo, hi = info.get("config", {}).get("prompt_chars", (100, 300))
+    prompts = extract_prompts(files, count, lo, hi, seed + 1)
+    if len(prompts) < count:
+        raise ValueError(f"found only {len(prompts)} training prompts in {root}; lower --num-prompts")
+    return prompts
+
+
+def _cli(argv: list[str]) -> None:
+    from adaptive_spec.cli import main
+
+    print(f"\n$ adaptive-spec {' '.join(argv)}", flush=True)
+    code = main(argv)
+    if code:
+        raise SystemExit(f"stage `adaptive-spec {argv[0]}` failed with exit status {code}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the stages; print where each result is."""
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    started: dict[str, float] = {}
+    timings: dict[str, float] = {}
+
+    def stage(name: str) -> None:
+        started[name] = time.perf_counter()
+
+    def done(name: str) -> None:
+        timings[name] = round(time.perf_counter() - started[name], 1)
+
+    stage("profile")
+    if args.reprofile or not args.profile.exists():
+        _cli(["profile", "--out", str(args.profile)])
+    done("profile")
+
+    log_dir = out / "log"
+    prompts_file = out / "train_prompts.jsonl"
+    if "collect" not in skip:
+        stage("collect")
+        prompts = training_prompts(args.num_prompts, args.seed)
+        prompts_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+        if log_dir.exists():
+            shutil.rmtree(log_dir)  # a fresh log: features must come from this pair and profile
+        _cli(["collect", "--out", str(log_dir), "--prompts", str(prompts_file), "--explore", args.explore,
+              "--plan", args.plan, "--temperatures", args.temperatures, "--max-new-tokens", str(args.max_new_tokens),
+              "--seed", str(args.seed), "--profile", str(args.profile)])  # fmt: skip
+        done("collect")
+    if "label" not in skip:
+        stage("label")
+        argv = ["label", str(log_dir), "--every", str(args.every), "--samples", str(args.samples),
+                "--profile", str(args.profile), "--seed", str(args.seed)]  # fmt: skip
+        if args.max_contexts:
+            argv += ["--max-contexts", str(args.max_contexts)]
+        _cli(argv)
+        done("label")
+    runs = out / "runs"
+    onnx_path = out / "selector.onnx"
+    if "train" not in skip:
+        stage("train")
+        argv = ["train-selector", "--config", str(args.config), "--data.labels", str(log_dir / "labels.parquet"),
+                "--trainer.default_root_dir", str(runs), "--seed_everything", str(args.seed)]  # fmt: skip
+        if args.epochs:
+            argv += ["--trainer.max_epochs", str(args.epochs)]
+        _cli(argv)
+        version = max(runs.glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+        ckpts = sorted((version / "checkpoints").glob("best-*.ckpt"))
+        if not ckpts:
+            raise SystemExit(f"no best checkpoint in {version / 'checkpoints'}")
+        _cli(["export-selector", str(ckpts[-1]), "--out", str(onnx_path)])
+        done("train")
+    if args.install:
+        from adaptive_spec.zoo import default_pair_path
+
+        dest = default_pair_path() / "selector.onnx"
+        shutil.copyfile(onnx_path, dest)
+        print(f"installed {onnx_path} -> {dest}")
+    if "bench" not in skip:
+        stage("bench")
+        _cli(["bench", "e2e", "--plans", args.bench_plans, "--temperatures", args.temperatures,
+              "--selector", str(onnx_path), "--profile", str(args.profile),
+              "--max-new-tokens", str(args.bench_tokens), "--json", str(out / "bench_e2e.json")])  # fmt: skip
+        done("bench")
+    print(f"\nstage seconds: {json.dumps(timings)}")
+    print(f"selector: {onnx_path}\nlabels: {log_dir / 'label_report' / 'report.md'}")
+    return 0
