@@ -1,10 +1,15 @@
 """``adaptive-spec demo``: speculative decoding on the built-in pair, with a report.
 
 Loads the default draft/target pair, runs the built-in held-out prompts in one interleaved
-run per temperature (autoregressive decoding, the demo plans, transformers' assisted
-generation), prints a table of tokens/s, speedup and block efficiency per plan, and writes
-a report folder: ``summary.md``, ``results.json`` and three PNG plots (speedup per plan,
-histogram of accepted lengths, block efficiency against tree size).
+run over all temperatures (autoregressive decoding, the demo plans, transformers' assisted
+generation), prints a table of tokens/s, speedup and block efficiency per plan and
+temperature, and writes a report folder: ``summary.md``, ``results.json`` and three PNG plots
+(speedup per plan, histogram of accepted lengths, block efficiency against tree size).
+
+When a learned selector is installed (``adaptive_spec/zoo/default/selector.onnx``, written by
+``make selector``; else ``data/selector/selector.onnx``), the demo adds the ``adaptive`` plan
+(the selector choosing every step's plan) and ``best-static`` (the best single static plan on
+the selector's training prompts); otherwise the summary says how to build one.
 """
 
 from __future__ import annotations
@@ -29,18 +34,65 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument(
+        "--selector", default=None,
+        help="ONNX selector for the 'adaptive' plan (default: adaptive_spec/zoo/default/selector.onnx, else "
+        "data/selector/selector.onnx, else none)",
+    )  # fmt: skip
+    parser.add_argument("--no-selector", action="store_true", help="leave out the adaptive and best-static plans")
+
+
+def selector_plans(args: argparse.Namespace, names: list[str], temps: list[float]) -> tuple[dict, dict, list[str]]:
+    """The demo's plans: ``names`` plus ``adaptive`` and ``best-static`` when a selector is found.
+
+    Returns:
+        ``(plans, info, notes)``: what :func:`~adaptive_spec.bench.e2e.measure` takes, the
+        selector's information (path, runtime, best static source) and lines for the summary.
+    """
+    from adaptive_spec.bench.e2e import ADAPTIVE, BEST_STATIC, resolve_plans
+    from adaptive_spec.selector.runtime import PIPELINE_HINT, find_selector
+
+    notes: list[str] = []
+    statics = [n for n in names if n not in (ADAPTIVE, BEST_STATIC)]
+    if args.no_selector:
+        return resolve_plans(statics, temps)[0], {"selector": None, "runtime": None, "best_static": None}, notes
+    try:
+        path = find_selector(args.selector)
+    except FileNotFoundError as err:
+        if args.selector is not None:
+            raise SystemExit(f"demo: {err}") from None
+        notes.append(f"No learned selector is installed, so the adaptive plan is not shown: {PIPELINE_HINT}.")
+        return resolve_plans(statics, temps)[0], {"selector": None, "runtime": None, "best_static": None}, notes
+    try:
+        plans, info = resolve_plans([ADAPTIVE, BEST_STATIC, *statics], temps, selector=path)
+    except (FileNotFoundError, LookupError, ValueError) as err:  # e.g. no best static plan for a temperature
+        try:
+            plans, info = resolve_plans([ADAPTIVE, *statics], temps, selector=path)
+        except ValueError as err2:  # an unusable selector file or a bad plan string
+            raise SystemExit(f"demo: {err2}") from None
+        notes.append(f"best-static is not shown: {err}")
+    return plans, info, notes
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptive_spec.bench.e2e import load_engine, measure, print_table
-    from adaptive_spec.engine import Plan
+    from adaptive_spec.bench.e2e import ADAPTIVE, load_engine, measure, parse_temperatures, print_table
+    from adaptive_spec.selector.runtime import latency_model_for
     from adaptive_spec.zoo import default_pair_path, default_prompts
 
     t0 = time.perf_counter()
-    engine = load_engine(None, None, args.device, None)
+    try:
+        temps = parse_temperatures(args.temperatures)
+    except ValueError as err:
+        raise SystemExit(f"demo: {err}") from None
+    plans, info, notes = selector_plans(args, args.plans.split(","), temps)
+    latency = None
+    if ADAPTIVE in plans:
+        latency, warning = latency_model_for(info["runtime"], None)
+        if warning:
+            print(f"warning: {warning}")
+            notes.append(f"Warning: {warning}.")
+    engine = load_engine(None, None, args.device, None, latency_model=latency)
     prompts = default_prompts()[: args.limit] if args.limit else default_prompts()
-    plans = [Plan.parse(p.strip()) for p in args.plans.split(",") if p.strip()]
-    temps = [float(t) for t in args.temperatures.split(",")]
     info_path = default_pair_path() / "build_info.json"
     report = {
         "pair": json.loads(info_path.read_text()) if info_path.exists() else {},
@@ -50,15 +102,21 @@ def run(args: argparse.Namespace) -> int:
             "seed": args.seed,
             "device": str(engine.device),
             "threads": __import__("torch").get_num_threads(),
+            "selector": info["selector"],
+            "best_static": info["best_static"],
+            "latency_profile": None if latency is None else "data/profile/profile.json",
         },
+        "notes": notes,
         "runs": {},
     }
-    for temp in temps:
-        res = measure(engine, prompts, plans, temp, args.max_new_tokens, args.seed, hf=not args.no_hf,
-                      progress=not args.no_progress)  # fmt: skip
-        report["runs"][f"{temp:g}"] = res
-        print(f"\ntemperature {temp:g}, {len(prompts)} prompts, {args.max_new_tokens} new tokens each")
-        print_table([*res["baselines"].values(), *res["results"]])
+    res = measure(engine, prompts, plans, temps, args.max_new_tokens, args.seed, hf=not args.no_hf,
+                  progress=not args.no_progress)  # fmt: skip
+    report["runs"] = res["runs"]
+    for temp, run_ in report["runs"].items():
+        print(f"\ntemperature {temp}, {len(prompts)} prompts, {args.max_new_tokens} new tokens each")
+        print_table([*run_["baselines"].values(), *run_["results"]])
+    for note in notes:
+        print(note)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(report, indent=2))
     plots = write_plots(report, args.out)
@@ -79,22 +137,41 @@ def summary_markdown(report: dict, plots: list[str]) -> str:
     cfg = report["config"]
     lines += [
         f"{cfg['num_prompts']} held-out prompts, {cfg['max_new_tokens']} new tokens each, device {cfg['device']}, "
-        f"{cfg['threads']} threads. All methods interleaved per prompt in one run.",
+        f"{cfg['threads']} threads. All methods and temperatures interleaved per prompt in one run.",
         "",
     ]
+    if cfg.get("selector"):
+        lines += [
+            f"`adaptive`: the learned selector `{cfg['selector']}` picks every step's plan (latency features from "
+            f"{cfg.get('latency_profile') or 'no profile: zeros'}).",
+            "",
+        ]
+        if cfg.get("best_static"):
+            lines += [f"`best-static`: {cfg['best_static']['source']}.", ""]
+    lines += [*report.get("notes", []), ""] if report.get("notes") else []
+
+    def f(x: float | None, spec: str = ".2f") -> str:
+        return "-" if x is None else format(x, spec)
+
     for temp, res in report["runs"].items():
         lines += [f"## Temperature {temp}", "", "| plan | tokens/s | vs AR | vs HF assisted | block efficiency |",
                   "|---|---|---|---|---|"]  # fmt: skip
         for row in [*res["baselines"].values(), *res["results"]]:
-
-            def f(x: float | None, spec: str = ".2f") -> str:
-                return "-" if x is None else format(x, spec)
-
+            name = f"{row['plan']} (`{row['static_plan']}`)" if row.get("static_plan") else row["plan"]
             lines.append(
-                f"| {row['plan']} | {f(row['tokens_per_s'], '.1f')} | {f(row['speedup_vs_ar'])} | "
+                f"| {name} | {f(row['tokens_per_s'], '.1f')} | {f(row['speedup_vs_ar'])} | "
                 f"{f(row['ratio_to_hf_assisted'])} | {f(row['block_efficiency'])} |"
             )
         lines.append("")
+        for row in res["results"]:
+            if "chosen_actions" in row:
+                ch, lat = row["chosen_actions"], row["decision_latency_us"]
+                top = ", ".join(f"`{a['action']}` {100 * a['share']:.0f}%" for a in ch["top"])
+                lines += [
+                    f"`{row['plan']}`: {ch['decisions']} decisions, median {f(lat['median'], '.0f')} µs each, "
+                    f"{ch['distinct']} distinct actions; most chosen: {top}",
+                    "",
+                ]
     lines += [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
 

@@ -1,10 +1,22 @@
 """``adaptive-spec bench e2e``: end-to-end speed of plans against autoregressive and HF assisted decoding.
 
 On the same prompts, interleaved per prompt (so that drift in machine speed hits every
-method alike): the autoregressive target baseline, each plan, and transformers' own assisted
-generation (``target.generate(assistant_model=draft)``). Reports tokens/s, speedup over the
-autoregressive baseline, block efficiency (tokens per target decoding pass) and the ratio
+method alike) and over every temperature of ``--temperatures`` in the same run: the
+autoregressive target baseline, each plan, and transformers' own assisted generation
+(``target.generate(assistant_model=draft)``). Reports, per temperature, tokens/s, speedup over
+the autoregressive baseline, block efficiency (tokens per target decoding pass) and the ratio
 to HF assisted generation.
+
+Plans are plan strings (``chain:4/block``) or two names:
+
+* ``adaptive``: the learned selector (:class:`~adaptive_spec.selector.runtime.AdaptivePlanner`)
+  from ``--selector``, else ``adaptive_spec/zoo/default/selector.onnx``, else
+  ``data/selector/selector.onnx``; its rows add the chosen actions (top 10) and the median
+  decision latency. The engine gets the latency model of ``--profile`` (default
+  ``data/profile/profile.json`` if it exists) for the selector's latency features.
+* ``best-static``: the best single static action for the temperature, chosen on the selector's
+  training prompts (the selector's metadata), else the plan of ``configs/plans/best-static.yaml``
+  (``adaptive-spec tune plans``).
 
 Prompts: JSON Lines (``.gz`` accepted); each record has a ``prompt`` string or a ``turns``
 list (the first turn is used).
@@ -14,10 +26,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 DEFAULT_PLANS = "chain:4/block,delayed:2x3x3/traversal,wor:3x2x1/traversal"
+ADAPTIVE, BEST_STATIC = "adaptive", "best-static"
+TOP_ACTIONS = 10
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,8 +46,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prompts", default=None, help="JSON Lines file (.gz ok) with 'prompt' or 'turns' (default: built-in prompts)"
     )
-    parser.add_argument("--plans", default=DEFAULT_PLANS, help="comma-separated plans (default: %(default)s)")
+    parser.add_argument(
+        "--plans", default=DEFAULT_PLANS,
+        help=f"comma-separated plans, '{ADAPTIVE}' (the selector) or '{BEST_STATIC}' (default: %(default)s)",
+    )  # fmt: skip
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
+    parser.add_argument(
+        "--temperatures", default=None,
+        help="comma-separated temperatures measured in one interleaved run, e.g. 0,0.7,1.0 (overrides --temperature)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--selector", default=None,
+        help=f"the '{ADAPTIVE}' plan's ONNX selector (default: adaptive_spec/zoo/default/selector.onnx, else "
+        "data/selector/selector.onnx)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--best-static-file", default=None,
+        help=f"'{BEST_STATIC}' plans when the selector records none (default: configs/plans/best-static.yaml)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--profile", default=None,
+        help="latency profile for the selector's latency features (default: data/profile/profile.json if present, "
+        "else the features are 0)",
+    )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     parser.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i (default: %(default)s)")
@@ -47,6 +87,8 @@ class _Tally:
         self.accept_lengths: list[int] = []
         self.tree_sizes: list[int] = []
         self.phase_times_s: dict[str, float] = {}
+        self.choices: Counter[str] = Counter()  # planners that count their choices (AdaptivePlanner)
+        self.decision_s: list[float] = []
 
     def add(self, stats) -> None:
         self.tokens += stats.new_tokens
@@ -70,6 +112,46 @@ class _Tally:
             "accept_histogram": {str(k): self.accept_lengths.count(k) for k in sorted(set(self.accept_lengths))},
             "phase_times_s": self.phase_times_s,
         }
+
+    def planner_summary(self, top: int = TOP_ACTIONS) -> dict:
+        """The chosen actions (``top`` most frequent, with their share) and decision latency (µs)."""
+        n = sum(self.choices.values())
+        lat = [t * 1e6 for t in sorted(self.decision_s)]
+        return {
+            "chosen_actions": {
+                "decisions": n,
+                "distinct": len(self.choices),
+                "top": [{"action": a, "count": c, "share": c / n} for a, c in self.choices.most_common(top)],
+            },
+            "decision_latency_us": {
+                "n": len(lat),
+                "median": _median(lat),
+                "p90": lat[min(len(lat) - 1, int(0.9 * len(lat)))] if lat else None,
+                "mean": sum(lat) / len(lat) if lat else None,
+            },
+        }
+
+
+def _median(xs: list[float]) -> float | None:
+    if not xs:
+        return None
+    m = len(xs) // 2
+    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
+
+
+class _PlannerProbe:
+    """What a counting planner (``choice_counts`` + ``decision_times_s``) did during one generation."""
+
+    def __init__(self, planner: Any) -> None:
+        self.planner = planner
+        self.counts = planner.choice_counts.copy()
+        self.times = len(planner.decision_times_s)
+
+    def add_to(self, tally: _Tally) -> None:
+        p = self.planner
+        for i in (p.choice_counts - self.counts).nonzero()[0]:
+            tally.choices[p.actions[i]] += int(p.choice_counts[i] - self.counts[i])
+        tally.decision_s += p.decision_times_s[self.times :]
 
 
 def _hf_assisted(engine, prompt: str, temperature: float, max_new_tokens: int, seed: int) -> tuple[int, float]:
@@ -95,11 +177,56 @@ def _hf_assisted(engine, prompt: str, temperature: float, max_new_tokens: int, s
     return out.shape[1] - ids.shape[1], time.perf_counter() - t0
 
 
+def temperature_key(temperature: float) -> str:
+    """The key of a temperature in the report: ``0``, ``0.7``, ``1``."""
+    return f"{float(temperature):g}"
+
+
+def parse_temperatures(text: str) -> list[float]:
+    """``"0,0.7,1.0"`` -> ``[0.0, 0.7, 1.0]``; each finite and >= 0, no repeats.
+
+    Raises:
+        ValueError: the list is empty, has a non-number, a negative or non-finite value or a repeat.
+    """
+    temps = []
+    for part in text.split(","):
+        if not part.strip():
+            continue
+        try:
+            t = float(part)
+        except ValueError:
+            raise ValueError(f"temperatures must be comma-separated numbers, got {part.strip()!r}") from None
+        if not math.isfinite(t) or t < 0:
+            raise ValueError(f"a temperature must be finite and >= 0, got {part.strip()!r}")
+        temps.append(t)
+    if not temps:
+        raise ValueError("give at least one temperature")
+    keys = [temperature_key(t) for t in temps]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"repeated temperature in {text!r}")
+    return temps
+
+
+def _per_temperature(plans: Sequence[Any] | Mapping[str, Any], keys: list[str]) -> dict[str, dict[str, Any]]:
+    if not isinstance(plans, Mapping):
+        plans = {str(p): p for p in plans}
+    out = {}
+    for name, value in plans.items():
+        if isinstance(value, Mapping):
+            missing = [k for k in keys if k not in value]
+            if missing:
+                raise ValueError(f"plan {name!r} has no entry for temperature(s) {missing}")
+            out[str(name)] = {k: value[k] for k in keys}
+        else:
+            out[str(name)] = dict.fromkeys(keys, value)
+    return out
+
+
 def measure(
     engine,
     prompts: list[str],
-    plans: list,
-    temperature: float,
+    plans: Sequence[Any] | Mapping[str, Any],
+    temperatures: float | Sequence[float],
     max_new_tokens: int,
     seed: int = 0,
     hf: bool = True,
@@ -107,47 +234,170 @@ def measure(
 ) -> dict:
     """Run the baseline, every plan and (optionally) HF assisted generation, interleaved per prompt.
 
+    Every temperature is measured in the same loop: for each prompt, for each temperature, every
+    method in turn (prompt ``i`` uses seed ``seed + i`` for all of them).
+
+    Args:
+        engine: a :class:`~adaptive_spec.engine.SpecEngine`.
+        prompts: the prompts.
+        plans: plans, plan strings or planners (named by ``str``), or a mapping from a row name to
+            one of those or to a ``{temperature key: plan or planner}`` mapping (a plan that
+            depends on the temperature, e.g. the best static one). A planner with
+            ``choice_counts`` and ``decision_times_s`` (:class:`AdaptivePlanner`) also gets its
+            chosen actions and decision latency reported; it may be shared between temperatures.
+        temperatures: one temperature or several.
+        max_new_tokens: new tokens per generation.
+        seed: base seed.
+        hf: also run transformers' assisted generation.
+        progress: show a tqdm bar.
+
     Returns:
-        ``{"results": [...], "baselines": {"autoregressive": ..., "hf_assisted": ...}}``; each
-        row has tokens/s, speedup over autoregressive, ratio to HF assisted, block
-        efficiency, new tokens, the accepted-length histogram and the phase times.
+        ``{"runs": {temperature key: {"results": [...], "baselines": {"autoregressive": ...,
+        "hf_assisted": ...}}}}``; each row has tokens/s, speedup over autoregressive, ratio to HF
+        assisted, block efficiency, new tokens, the accepted-length histogram and the phase times;
+        rows of a temperature-dependent static plan add ``static_plan``, rows of a counting planner
+        ``chosen_actions`` (top 10) and ``decision_latency_us``.
     """
     from tqdm.auto import tqdm
 
-    ar, hf_tally = _Tally(), _Tally()
-    tallies = {str(p): _Tally() for p in plans}
-    hf_error = None
-    # Warm-up: first calls pay for lazy initialisation.
-    engine.generate(prompts[0], max_new_tokens=4, temperature=temperature, plan=plans[0] if plans else None)
-    engine.generate(prompts[0], max_new_tokens=4, temperature=temperature)
-    for i, prompt in enumerate(tqdm(prompts, desc=f"bench e2e T={temperature:g}", disable=not progress)):
-        for plan in [None, *plans]:
-            r = engine.generate(
-                prompt, max_new_tokens=max_new_tokens, temperature=temperature, plan=plan, seed=seed + i
-            )
-            (ar if plan is None else tallies[str(plan)]).add(r.stats)
-        if hf and hf_error is None:
-            try:
-                n, dt = _hf_assisted(engine, prompt, temperature, max_new_tokens, seed + i)
-            except (RuntimeError, ValueError, TypeError) as err:  # report, keep benchmarking the rest
-                hf_error = f"{type(err).__name__}: {err}"
-            else:
-                hf_tally.tokens += n
-                hf_tally.seconds += dt
-    ar_tps = ar.tokens / ar.seconds if ar.seconds else None
-    hf_tps = hf_tally.tokens / hf_tally.seconds if hf_tally.seconds and hf_error is None else None
-    results = [{"plan": name, **t.summary(ar_tps, hf_tps)} for name, t in tallies.items()]
-    baselines = {"autoregressive": {"plan": "autoregressive", **ar.summary(ar_tps, hf_tps)}}
-    if hf:
-        hf_row = {"plan": "hf_assisted", **hf_tally.summary(ar_tps, hf_tps), "block_efficiency": None}
-        if hf_error:
-            hf_row["error"] = hf_error
-        baselines["hf_assisted"] = hf_row
-    return {"results": results, "baselines": baselines}
+    temps = [float(temperatures)] if isinstance(temperatures, (int, float)) else [float(t) for t in temperatures]
+    keys = [temperature_key(t) for t in temps]
+    table = _per_temperature(plans, keys)
+    ar = {k: _Tally() for k in keys}
+    hf_tally = {k: _Tally() for k in keys}
+    tallies = {k: {name: _Tally() for name in table} for k in keys}
+    hf_error: dict[str, str] = {}
+    # Warm-up: first calls pay for lazy initialisation (per method and temperature; 4 tokens each).
+    for t, k in zip(temps, keys, strict=True):
+        engine.generate(prompts[0], max_new_tokens=4, temperature=t, plan=None)
+        for name in table:
+            engine.generate(prompts[0], max_new_tokens=4, temperature=t, plan=table[name][k])
+    bar = tqdm(total=len(prompts) * len(temps), desc=f"bench e2e T={','.join(keys)}", disable=not progress)
+    for i, prompt in enumerate(prompts):
+        for t, k in zip(temps, keys, strict=True):
+            for name, plan in [(None, None), *((n, table[n][k]) for n in table)]:
+                probe = _PlannerProbe(plan) if hasattr(plan, "choice_counts") else None
+                r = engine.generate(prompt, max_new_tokens=max_new_tokens, temperature=t, plan=plan, seed=seed + i)
+                tally = ar[k] if name is None else tallies[k][name]
+                tally.add(r.stats)
+                if probe is not None:
+                    probe.add_to(tally)
+            if hf and k not in hf_error:
+                try:
+                    n, dt = _hf_assisted(engine, prompt, t, max_new_tokens, seed + i)
+                except (RuntimeError, ValueError, TypeError) as err:  # report, keep benchmarking the rest
+                    hf_error[k] = f"{type(err).__name__}: {err}"
+                else:
+                    hf_tally[k].tokens += n
+                    hf_tally[k].seconds += dt
+            bar.update()
+    bar.close()
+    runs = {}
+    for k in keys:
+        ar_tps = ar[k].tokens / ar[k].seconds if ar[k].seconds else None
+        hf_tps = hf_tally[k].tokens / hf_tally[k].seconds if hf_tally[k].seconds and k not in hf_error else None
+        results = []
+        for name, tally in tallies[k].items():
+            row = {"plan": name, **tally.summary(ar_tps, hf_tps)}
+            plan = table[name][k]
+            if hasattr(plan, "choice_counts"):
+                row.update(tally.planner_summary())
+            elif not hasattr(plan, "choose") and str(plan) != name:
+                row["static_plan"] = str(plan)
+            results.append(row)
+        baselines = {"autoregressive": {"plan": "autoregressive", **ar[k].summary(ar_tps, hf_tps)}}
+        if hf:
+            hf_row = {"plan": "hf_assisted", **hf_tally[k].summary(ar_tps, hf_tps), "block_efficiency": None}
+            if k in hf_error:
+                hf_row["error"] = hf_error[k]
+            baselines["hf_assisted"] = hf_row
+        runs[k] = {"results": results, "baselines": baselines}
+    return {"runs": runs}
 
 
-def load_engine(target: str | None, draft: str | None, device: str | None, dtype: str | None):
-    """The engine over ``target``/``draft``, or over the built-in default pair when both are None."""
+def resolve_plans(
+    names: Sequence[str],
+    temperatures: Sequence[float],
+    *,
+    selector: str | Path | None = None,
+    best_static_file: str | Path | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Turn plan names into what :func:`measure` takes, resolving ``adaptive`` and ``best-static``.
+
+    Args:
+        names: plan strings, ``adaptive`` or ``best-static``.
+        temperatures: the temperatures to measure (``best-static`` is chosen per temperature).
+        selector: the selector file (default: :func:`~adaptive_spec.selector.runtime.find_selector`'s lookup).
+        best_static_file: the ``best-static.yaml`` used when the selector records no best static
+            action (default: :func:`~adaptive_spec.tuning.best_static.load_best_static`'s lookup).
+
+    Returns:
+        ``(plans, info)``: the name -> plan/planner mapping, and ``info`` with the selector's path
+        (None if none was used), its runtime (``"runtime"``) and where the best static plans came from.
+
+    Raises:
+        FileNotFoundError: ``adaptive`` without any selector, or ``best-static`` without a selector
+            that records it and without a best-static file (the messages say how to make them).
+        ValueError: a malformed plan string or selector (:class:`SelectorLoadError`), or
+            ``best-static`` has no plan for a temperature.
+    """
+    from adaptive_spec.planner.plan import Plan
+    from adaptive_spec.selector.runtime import AdaptivePlanner, SelectorRuntime, find_selector
+
+    names = list(dict.fromkeys(n.strip() for n in names if n.strip()))
+    keys = [temperature_key(t) for t in temperatures]
+    info: dict[str, Any] = {"selector": None, "runtime": None, "best_static": None}
+    runtime = None
+    if ADAPTIVE in names:
+        runtime = SelectorRuntime(find_selector(selector))
+    elif BEST_STATIC in names:
+        try:  # a selector records the best static action of its training prompts
+            runtime = SelectorRuntime(find_selector(selector))
+        except FileNotFoundError:
+            if selector is not None:
+                raise
+    if runtime is not None:
+        info["selector"], info["runtime"] = str(runtime.path), runtime
+    plans: dict[str, Any] = {}
+    for name in names:
+        if name == ADAPTIVE:
+            plans[name] = AdaptivePlanner(runtime)
+        elif name == BEST_STATIC:
+            plans[name], info["best_static"] = _best_static(runtime, temperatures, keys, best_static_file)
+        else:
+            plans[str(Plan.parse(name))] = Plan.parse(name)
+    return plans, info
+
+
+def _best_static(runtime, temperatures, keys, path) -> tuple[dict[str, Any], dict[str, Any]]:
+    from adaptive_spec.tuning.best_static import load_best_static
+
+    if runtime is not None and runtime.best_static_groups:
+        try:
+            chosen = {k: runtime.best_static(t) for t, k in zip(temperatures, keys, strict=True)}
+        except LookupError as err:
+            raise ValueError(str(err)) from None
+        source = f"selector metadata ({runtime.path}): best mean tokens/s on its training prompts"
+    else:
+        try:
+            chosen = {k: load_best_static(t, path) for t, k in zip(temperatures, keys, strict=True)}
+        except FileNotFoundError as err:
+            why = "the selector records no best static action" if runtime is not None else "no selector was found"
+            raise FileNotFoundError(
+                f"'{BEST_STATIC}' needs the best static plan per temperature: {why}, and {err}. Build a selector "
+                "with `make selector` (`adaptive-spec selector-pipeline --install`) or pass --selector PATH"
+            ) from None
+        except LookupError as err:
+            raise ValueError(str(err)) from None
+        source = str(path) if path is not None else "configs/plans/best-static.yaml (adaptive-spec tune plans)"
+    return chosen, {"source": source, "plans": {k: str(p) for k, p in chosen.items()}}
+
+
+def load_engine(target: str | None, draft: str | None, device: str | None, dtype: str | None, **engine_kwargs):
+    """The engine over ``target``/``draft``, or over the built-in default pair when both are None.
+
+    ``engine_kwargs`` (e.g. ``latency_model``) go to :class:`~adaptive_spec.engine.SpecEngine`.
+    """
     import torch
 
     from adaptive_spec.engine import SpecEngine
@@ -155,15 +405,29 @@ def load_engine(target: str | None, draft: str | None, device: str | None, dtype
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     if (target is None) != (draft is None):
         raise SystemExit("give both --target and --draft, or neither (the built-in default pair)")
-    return SpecEngine.from_pretrained(target, draft, device=device, dtype=dtype)
+    return SpecEngine.from_pretrained(target, draft, device=device, dtype=dtype, **engine_kwargs)
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the benchmark, print a table, optionally write JSON; return the exit status."""
-    from adaptive_spec.engine import Plan
+    """Run the benchmark, print a table per temperature, optionally write JSON; return the exit status."""
+    from adaptive_spec.selector.runtime import latency_model_for
 
-    engine = load_engine(args.target, args.draft, args.device, args.dtype)
-    plans = [Plan.parse(p.strip()) for p in args.plans.split(",") if p.strip()]
+    try:
+        temps = parse_temperatures(args.temperatures or str(args.temperature))
+        plans, info = resolve_plans(
+            args.plans.split(","), temps, selector=args.selector, best_static_file=args.best_static_file
+        )
+        runtime = info.pop("runtime")
+        latency, warning = (None, None)
+        if args.profile is not None or ADAPTIVE in plans:
+            latency, warning = latency_model_for(runtime if ADAPTIVE in plans else None, args.profile)
+    except (FileNotFoundError, LookupError, ValueError) as err:
+        raise SystemExit(f"bench e2e: {err}") from None
+    if not plans:
+        raise SystemExit("bench e2e: --plans names no plan")
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    engine = load_engine(args.target, args.draft, args.device, args.dtype, latency_model=latency)
     if args.prompts is None:
         from adaptive_spec.zoo import default_prompts
 
@@ -173,7 +437,7 @@ def run(args: argparse.Namespace) -> int:
 
         prompts = read_prompts(args.prompts, args.limit)
     report = measure(
-        engine, prompts, plans, args.temperature, args.max_new_tokens, args.seed, hf=not args.no_hf,
+        engine, prompts, plans, temps, args.max_new_tokens, args.seed, hf=not args.no_hf,
         progress=not args.no_progress,
     )  # fmt: skip
     report["config"] = {
@@ -181,17 +445,24 @@ def run(args: argparse.Namespace) -> int:
         "draft": args.draft or "default pair",
         "prompts": str(args.prompts or "built-in prompts"),
         "num_prompts": len(prompts),
-        "temperature": args.temperature,
+        "temperatures": temps,
+        "plans": list(plans),
+        "selector": info["selector"],
+        "best_static": info["best_static"],
+        "latency_profile": None if latency is None else str(args.profile or "data/profile/profile.json"),
         "max_new_tokens": args.max_new_tokens,
         "seed": args.seed,
         "device": str(engine.device),
         "dtype": str(engine.target.dtype),
         "threads": __import__("torch").get_num_threads(),
     }
-    print_table([*report["baselines"].values(), *report["results"]])
-    hf_row = report["baselines"].get("hf_assisted", {})
-    if hf_row.get("error"):
-        print(f"HF assisted generation failed: {hf_row['error']}")
+    report = {"config": report.pop("config"), **report}
+    for k, res in report["runs"].items():
+        print(f"\ntemperature {k}, {len(prompts)} prompts, {args.max_new_tokens} new tokens each")
+        print_table([*res["baselines"].values(), *res["results"]])
+        hf_row = res["baselines"].get("hf_assisted", {})
+        if hf_row.get("error"):
+            print(f"HF assisted generation failed: {hf_row['error']}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))
@@ -205,11 +476,24 @@ def print_table(rows: list[dict]) -> None:
     def fmt(x: float | None, spec: str) -> str:
         return "-" if x is None else format(x, spec)
 
-    head = f"{'plan':<32} {'tok/s':>9} {'vs AR':>7} {'vs HF':>7} {'BE':>6} {'tokens':>8}"
+    names = [f"{r['plan']} ({r['static_plan']})" if r.get("static_plan") else r["plan"] for r in rows]
+    w = max([32, *map(len, names)])
+    head = f"{'plan':<{w}} {'tok/s':>9} {'vs AR':>7} {'vs HF':>7} {'BE':>6} {'tokens':>8}"
     print(head)
     print("-" * len(head))
-    for r in rows:
+    for name, r in zip(names, rows, strict=True):
         print(
-            f"{r['plan']:<32} {fmt(r['tokens_per_s'], '9.1f')} {fmt(r['speedup_vs_ar'], '7.2f')} "
+            f"{name:<{w}} {fmt(r['tokens_per_s'], '9.1f')} {fmt(r['speedup_vs_ar'], '7.2f')} "
             f"{fmt(r['ratio_to_hf_assisted'], '7.2f')} {fmt(r['block_efficiency'], '6.2f')} {r['new_tokens']:>8}"
         )
+    for r in rows:
+        if "chosen_actions" in r:
+            print(f"  {planner_line(r)}")
+
+
+def planner_line(row: dict) -> str:
+    """One line on a selector's row: decisions, median decision latency and the most chosen actions."""
+    ch, lat = row["chosen_actions"], row["decision_latency_us"]
+    median = "-" if lat["median"] is None else f"{lat['median']:.0f}"
+    top = ", ".join(f"{a['action']} {100 * a['share']:.0f}%" for a in ch["top"][:5])
+    return f"{row['plan']}: {ch['decisions']} decisions, median {median} us each; {ch['distinct']} actions used: {top}"

@@ -1,10 +1,17 @@
-"""``adaptive-spec generate``: generate text with speculative decoding and print statistics."""
+"""``adaptive-spec generate``: generate text with speculative decoding and print statistics.
+
+``--plan`` runs one static plan every step; ``--selector selector.onnx`` lets the learned selector
+(:class:`~adaptive_spec.selector.runtime.AdaptivePlanner`) choose each step's plan, with the
+latency features from ``--profile`` (default ``data/profile/profile.json`` if it exists, else 0).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+
+DEFAULT_PLAN = "delayed:2x3x3/traversal"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,10 +21,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt", required=True, help="prompt text")
     parser.add_argument(
         "--plan",
-        default="delayed:2x3x3/traversal",
+        default=None,
         help="'<tree shape>/<verifier>' (shapes: chain:L, iid:KxL, delayed:TxKxB, wor:W1xW2x...) "
-        "or 'ar' for plain autoregressive decoding (default: %(default)s)",
+        f"or 'ar' for plain autoregressive decoding (default: {DEFAULT_PLAN})",
     )
+    parser.add_argument(
+        "--selector", default=None, help="an ONNX selector (export-selector) choosing the plan of every step"
+    )
+    parser.add_argument(
+        "--profile", default=None,
+        help="latency profile for the selector's latency features (default: data/profile/profile.json if present)",
+    )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=64, help="number of new tokens (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: %(default)s)")
     parser.add_argument("--top-k", type=int, default=0, help="top-k filter, 0 = off (default: %(default)s)")
@@ -36,11 +50,29 @@ def run(args: argparse.Namespace) -> int:
 
     from adaptive_spec.engine import SpecEngine
 
+    latency = None
+    if args.selector is not None:
+        if args.plan is not None:
+            raise SystemExit("generate: give --plan or --selector, not both")
+        from adaptive_spec.selector.runtime import AdaptivePlanner, find_selector, latency_model_for
+
+        try:
+            plan = AdaptivePlanner(find_selector(args.selector))
+            latency, warning = latency_model_for(plan.runtime, args.profile)
+        except (FileNotFoundError, ValueError) as err:  # SelectorLoadError is a ValueError
+            raise SystemExit(f"generate: {err}") from None
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
+    else:
+        if args.profile is not None:
+            raise SystemExit("generate: --profile feeds the selector's latency features; it needs --selector")
+        name = args.plan or DEFAULT_PLAN
+        plan = None if name.lower() in ("ar", "none", "autoregressive") else name
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     engine = SpecEngine.from_pretrained(
-        args.target, args.draft, device=device, dtype=args.dtype, trust_remote_code=args.trust_remote_code
-    )
-    plan = None if args.plan.lower() in ("ar", "none", "autoregressive") else args.plan
+        args.target, args.draft, device=device, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
+        latency_model=latency,
+    )  # fmt: skip
     kwargs = {
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
@@ -57,12 +89,26 @@ def run(args: argparse.Namespace) -> int:
         result = engine.generate(args.prompt, **kwargs)
         print(result.text)
     s = result.stats
+    selector = None
+    if args.selector is not None:
+        selector = {
+            "selector": str(args.selector),
+            "latency_profile": None if latency is None else str(args.profile or "data/profile/profile.json"),
+            "chosen_actions": plan.action_counts(),
+            "decision_latency_us": plan.latency_us(),
+        }
     if args.json:
-        print(json.dumps({"plan": str(plan) if plan else "autoregressive", **s.as_dict()}, indent=2))
+        name = "adaptive" if selector else (str(plan) if plan else "autoregressive")
+        print(json.dumps({"plan": name, **(selector or {}), **s.as_dict()}, indent=2))
     else:
         print(
             f"\n[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, block efficiency {s.block_efficiency:.2f}, "
             f"{s.target_forwards} target / {s.draft_forwards} draft forwards, stop: {s.stop_reason}]",
             file=sys.stderr,
         )
+        if selector:
+            lat = selector["decision_latency_us"]
+            top = ", ".join(f"{a} x{n}" for a, n in list(selector["chosen_actions"].items())[:5])
+            median = f"{lat['median']:.0f} us" if lat.get("median") is not None else "-"
+            print(f"[selector: {lat['n']} decisions, median {median}; chose {top}]", file=sys.stderr)
     return 0

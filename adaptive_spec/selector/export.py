@@ -161,12 +161,24 @@ def export_checkpoint(ckpt: str | Path, out: str | Path, *, check_batch: int = 6
         "split": spec.get("split"),
         "best_static": spec.get("best_static"),
         "best_static_overall": spec.get("best_static_overall"),
+        # Train-split means of the latency features: all 0 when the log had no latency profile
+        # (the runtime warns when such a selector runs without one, see SelectorRuntime).
+        "latency_feature_mean": _latency_means(spec),
         "hparams": hparams,
     }
     return export_net(
         module.net, out, actions=list(spec["actions"]), manifest=spec.get("manifest"), training=training,
         check_batch=check_batch,
     )  # fmt: skip
+
+
+def _latency_means(spec: dict[str, Any]) -> dict[str, float] | None:
+    from adaptive_spec.selector.runtime import LATENCY_FEATURES
+
+    mean = spec.get("feature_mean")
+    if mean is None or len(mean) != SCHEMA.num_scalar:
+        return None
+    return {name: float(mean[SCHEMA.names.index(name)]) for name in LATENCY_FEATURES}
 
 
 def _cpu_copy(net: SelectorNet) -> SelectorNet:

@@ -28,6 +28,9 @@ from adaptive_spec.selector.features import SCHEMA
 
 FORMAT = "adaptive-spec-selector/1"  # same string as adaptive_spec.selector.export.FORMAT
 HIDDEN_INPUTS = ("draft_hidden", "target_hidden")
+LATENCY_FEATURES = ("draft_ms", "target_ms", "target_ms_per_token")  # 0 when the engine has no latency model
+SELECTOR_FILE = "selector.onnx"
+PIPELINE_HINT = "build one with `make selector` (= `adaptive-spec selector-pipeline --install`)"
 
 
 class SelectorLoadError(ValueError):
@@ -49,6 +52,9 @@ class SelectorRuntime:
         hidden_dims: width per hidden-state input (0 = not taken).
         manifest: the training labels' manifest.
         training: the training run's summary (checkpoint, split, best static actions, hyper-parameters).
+        best_static_groups: the best static action per sampling group chosen on the training
+            prompts, ``{"T=0,top_p=1": "chain:4/block", ...}`` (empty when the file does not record
+            it, e.g. a network exported without its training summary); see :meth:`best_static`.
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -116,6 +122,19 @@ class SelectorRuntime:
         if not isinstance(hidden, dict) or set(hidden) - set(HIDDEN_INPUTS):
             raise self._fail(f"hidden_dims must map {HIDDEN_INPUTS} to widths, got {hidden!r}")
         self.hidden_dims = {k: int(hidden.get(k, 0)) for k in HIDDEN_INPUTS}
+        groups = self.training.get("best_static") if isinstance(self.training, dict) else None
+        if groups is None:
+            groups = {}
+        if not isinstance(groups, dict):
+            raise self._fail(f"training.best_static must map sampling groups to actions, got {groups!r}")
+        self.best_static_groups: dict[str, str] = {}
+        for group, action in groups.items():
+            if _parse_group(group) is None or action not in self.actions:
+                raise self._fail(
+                    f"training.best_static has {group!r}: {action!r}; expected 'T=<t>,top_p=<p>' mapped to one of "
+                    "the actions; export the selector again"
+                )
+            self.best_static_groups[group] = action
 
     def _check_graph(self) -> None:
         inputs = {i.name: i for i in self.session.get_inputs()}
@@ -158,8 +177,125 @@ class SelectorRuntime:
         """The argmax action index per row, int64 [B]."""
         return self.logits(features, **hidden).argmax(axis=1)
 
+    def best_static(self, temperature: float, top_p: float = 1.0) -> Plan:
+        """The best single static action for ``(temperature, top_p)`` chosen on the training prompts.
+
+        Uses the sampling group of exactly these settings, else (with a warning) the nearest
+        trained group of the same kind: greedy (0) or sampling (> 0), since a greedy-only plan is
+        not valid when sampling.
+
+        Raises:
+            LookupError: the selector records no best static action usable at this temperature.
+        """
+        import warnings
+
+        t, p = float(temperature), float(top_p)
+        groups = {g: _parse_group(g) for g in self.best_static_groups}
+        exact = [g for g, (gt, gp) in groups.items() if abs(gt - t) < 1e-4 and abs(gp - p) < 1e-4]
+        if exact:
+            return Plan.parse(self.best_static_groups[exact[0]])
+        same_kind = [g for g, (gt, _) in groups.items() if (gt == 0) == (t == 0)]
+        if not same_kind:
+            have = ", ".join(groups) or "none recorded"
+            raise LookupError(
+                f"{self.path} has no best static action for T={t:g}, top_p={p:g} (training groups: {have}); "
+                "train the selector on labels collected at this temperature"
+            )
+        nearest = min(same_kind, key=lambda g: (abs(groups[g][0] - t) + abs(groups[g][1] - p), g))
+        warnings.warn(
+            f"{self.path}: no best static action for T={t:g}, top_p={p:g}; using the one of group {nearest}",
+            UserWarning, stacklevel=2,
+        )  # fmt: skip
+        return Plan.parse(self.best_static_groups[nearest])
+
+    @property
+    def trained_with_latency_features(self) -> bool | None:
+        """Whether the training rows had non-zero latency features (a latency profile at collection).
+
+        Read from the training summary's ``latency_feature_mean`` (``export-selector`` records it),
+        else from the label manifest (``collect --profile`` of each logged run); None when unknown.
+        """
+        means = self.training.get("latency_feature_mean") if isinstance(self.training, dict) else None
+        if isinstance(means, dict) and means:
+            return any(abs(float(v)) > 0 for v in means.values())
+        runs = (self.manifest.get("log") or {}).get("runs") if isinstance(self.manifest, dict) else None
+        if isinstance(runs, list) and runs:
+            return any(bool((r.get("collect") or {}).get("profile")) for r in runs if isinstance(r, dict))
+        return None
+
     def __repr__(self) -> str:
         return f"SelectorRuntime({str(self.path)!r}, actions={len(self.actions)}, inputs={self.input_names})"
+
+
+def _parse_group(group: str) -> tuple[float, float] | None:
+    """``"T=0.7,top_p=1"`` -> ``(0.7, 1.0)`` (the keys of :func:`adaptive_spec.selector.data.sampling_group`)."""
+    try:
+        t, p = group.split(",")
+        if not (t.startswith("T=") and p.startswith("top_p=")):
+            return None
+        return float(t[2:]), float(p[6:])
+    except (AttributeError, ValueError):
+        return None
+
+
+def default_selector_paths() -> list[Path]:
+    """Where a selector is looked for: next to the built-in pair, then ``data/selector/`` (working directory)."""
+    from adaptive_spec.zoo import default_pair_path
+
+    return [default_pair_path() / SELECTOR_FILE, Path("data") / "selector" / SELECTOR_FILE]
+
+
+def find_selector(path: str | Path | None = None) -> Path:
+    """The selector file to use: ``path`` if given, else the first of :func:`default_selector_paths` that exists.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist, or no selector was found (the message lists
+            where it looked and how to build one).
+    """
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"no selector at {path}; {PIPELINE_HINT}, or export one with "
+                                    "`adaptive-spec export-selector CKPT --out PATH`")  # fmt: skip
+        return path
+    tried = default_selector_paths()
+    for candidate in tried:
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(
+        f"no selector found (looked at {', '.join(map(str, tried))}); {PIPELINE_HINT}, or pass --selector PATH"
+    )
+
+
+def latency_model_for(runtime: SelectorRuntime | None, profile: str | Path | None = None) -> tuple[Any, str | None]:
+    """The latency model that feeds the selector's latency features, and a warning if there is none.
+
+    Args:
+        runtime: the selector that will read the features (None: no check).
+        profile: a latency profile JSON; None looks at the default ``data/profile/profile.json``.
+
+    Returns:
+        ``(model, warning)``: a :class:`~adaptive_spec.planner.latency.LatencyModel` or None
+        (latency features 0), and a message when the selector was trained with non-zero latency
+        features but none will be given (else None).
+
+    Raises:
+        FileNotFoundError, ValueError: an explicit ``profile`` is missing or malformed.
+    """
+    from adaptive_spec.planner.latency import LatencyModel, default_profile_path
+
+    if profile is not None:
+        return LatencyModel.load(profile), None
+    if default_profile_path().is_file():
+        return LatencyModel.load(None), None
+    warning = None
+    if runtime is not None and runtime.trained_with_latency_features:
+        warning = (
+            f"the selector {runtime.path} was trained with latency features but there is no latency profile "
+            f"(looked at {default_profile_path()}): they will be 0 and its choices may suffer; measure one with "
+            "`adaptive-spec profile` or pass --profile PATH"
+        )
+    return None, warning
 
 
 class AdaptivePlanner:
@@ -212,10 +348,22 @@ class AdaptivePlanner:
             self._binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(buf))
         self._binding.bind_ortvalue_output("logits", ort.OrtValue.ortvalue_from_numpy(self._logits))
         self.decision_times_s: list[float] = []
+        self.choice_counts = np.zeros(len(rt.actions), dtype=np.int64)
 
     @property
     def actions(self) -> list[str]:
         return self.runtime.actions
+
+    def reset_stats(self) -> None:
+        """Forget the decision times and choice counts (the planner keeps no other state between generations)."""
+        self.decision_times_s.clear()
+        self.choice_counts[:] = 0
+
+    def action_counts(self, top: int | None = None) -> dict[str, int]:
+        """How often each action was chosen so far, most frequent first (the ``top`` first; chosen ones only)."""
+        order = np.argsort(-self.choice_counts, kind="stable")
+        out = {self.runtime.actions[i]: int(self.choice_counts[i]) for i in order if self.choice_counts[i] > 0}
+        return dict(list(out.items())[:top]) if top is not None else out
 
     def choose(self, state: StepState) -> Plan:
         """The plan for the coming step: argmax of the selector's logits at ``state.features``.
@@ -248,6 +396,7 @@ class AdaptivePlanner:
             bad = [n for n in self._names if not np.isfinite(features[n])]
             raise ValueError(f"the selector's logits are not finite; non-finite features: {bad}")
         self.decision_times_s.append(time.perf_counter() - t0)
+        self.choice_counts[best] += 1
         return self.runtime.plans[best]
 
     def _copy_hidden(self, name: str, h: Any) -> None:

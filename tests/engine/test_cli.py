@@ -43,11 +43,65 @@ def test_bench_e2e_command(saved, tmp_path, capsys) -> None:
     argv += ["--max-new-tokens", "8", "--temperature", "0", "--json", str(out_json)]
     assert main(argv) == 0
     report = json.loads(out_json.read_text())
-    assert [r["plan"] for r in report["results"]] == ["chain:3/block", "delayed:1x2x2/traversal"]
-    for row in report["results"]:
+    assert list(report["runs"]) == ["0"] and report["config"]["temperatures"] == [0.0]
+    run = report["runs"]["0"]
+    assert [r["plan"] for r in run["results"]] == ["chain:3/block", "delayed:1x2x2/traversal"]
+    for row in run["results"]:
         assert set(row) >= {"plan", "tokens_per_s", "speedup_vs_ar", "block_efficiency", "new_tokens"}
         assert row["block_efficiency"] >= 1.0
-    assert set(report["baselines"]) == {"autoregressive", "hf_assisted"}
-    assert report["baselines"]["autoregressive"]["block_efficiency"] == 1.0
-    assert "error" not in report["baselines"]["hf_assisted"], report["baselines"]["hf_assisted"]
+        assert "chosen_actions" not in row and "static_plan" not in row
+    assert set(run["baselines"]) == {"autoregressive", "hf_assisted"}
+    assert run["baselines"]["autoregressive"]["block_efficiency"] == 1.0
+    assert "error" not in run["baselines"]["hf_assisted"], run["baselines"]["hf_assisted"]
     assert "chain:3/block" in capsys.readouterr().out
+
+
+@pytest.fixture(scope="module")
+def selector(tmp_path_factory):
+    from tests.selector._tiny_selector import tiny_selector
+
+    return tiny_selector(tmp_path_factory.mktemp("selector") / "selector.onnx")
+
+
+def test_generate_with_the_selector(saved, selector, tmp_path, monkeypatch, capsys) -> None:
+    from tests.planner.test_latency import synthetic_profile
+    from tests.selector._tiny_selector import ACTIONS, restamp
+
+    monkeypatch.chdir(tmp_path)  # no data/profile/profile.json: latency features 0
+    args = ["generate", "--target", str(saved / "target"), "--draft", str(saved / "draft"), "--prompt", "w3 w4"]
+    args += ["--selector", str(selector), "--max-new-tokens", "12", "--seed", "1", "--json"]
+    assert main([*args, "--temperature", "0"]) == 0
+    captured = capsys.readouterr()
+    stats = json.loads(captured.out[captured.out.index("{") :])
+    assert stats["plan"] == "adaptive" and stats["selector"] == str(selector) and stats["latency_profile"] is None
+    assert 1 <= stats["new_tokens"] <= 12
+    chosen = stats["chosen_actions"]
+    assert set(chosen) <= set(ACTIONS) and sum(chosen.values()) == stats["decision_latency_us"]["n"] > 0
+    assert stats["decision_latency_us"]["median"] > 0
+    assert "warning" not in captured.err  # the selector records no latency features
+
+    # A selector trained with latency features: warned once without a profile, silent with one.
+    means = {"draft_ms": 1.5, "target_ms": 8.0, "target_ms_per_token": 0.3}
+    latency_sel = restamp(selector, tmp_path / "lat.onnx", training={"latency_feature_mean": means})
+    args[args.index(str(selector))] = str(latency_sel)
+    assert main(args) == 0
+    assert capsys.readouterr().err.count("trained with latency features") == 1
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(synthetic_profile()))
+    assert main([*args, "--profile", str(profile)]) == 0
+    captured = capsys.readouterr()
+    assert "warning" not in captured.err
+    assert json.loads(captured.out[captured.out.index("{") :])["latency_profile"] == str(profile)
+
+
+def test_generate_selector_errors(saved, selector, tmp_path) -> None:
+    args = ["generate", "--target", str(saved / "target"), "--draft", str(saved / "draft"), "--prompt", "w3"]
+    with pytest.raises(SystemExit, match="not both"):
+        main([*args, "--selector", str(selector), "--plan", "chain:2/block"])
+    with pytest.raises(SystemExit, match=r"no selector at .*selector-pipeline"):
+        main([*args, "--selector", str(tmp_path / "missing.onnx")])
+    (tmp_path / "junk.onnx").write_bytes(b"not onnx")
+    with pytest.raises(SystemExit, match="corrupt or truncated"):
+        main([*args, "--selector", str(tmp_path / "junk.onnx")])
+    with pytest.raises(SystemExit, match="needs --selector"):
+        main([*args, "--profile", str(tmp_path / "p.json")])
