@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F  # noqa: N812 (PyTorch's own convention)
-from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
 def _windows(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], seq_len: int) -> list[torch.Tensor]:
@@ -50,36 +50,51 @@ def window_figures(target: PreTrainedModel, draft: PreTrainedModel, windows: Seq
 
 @torch.inference_mode()
 def one_token_latencies(
-    models: Sequence[PreTrainedModel], context: int, repeats: int, warmup: int = 10, seed: int = 0
+    models: Sequence[PreTrainedModel], context: int, repeats: int, warmup: int = 10, seed: int = 0, block: int = 10
 ) -> list[float]:
-    """Median seconds of a one-token forward with a KV cache of ``context`` tokens, per model.
+    """Median seconds of a one-token forward *through the engine* with ``context`` cached tokens, per model.
 
-    The models are timed interleaved (one step of each per round), so that load from other
-    processes on a shared machine affects their ratio as little as possible. The cache is
-    cropped back to ``context`` after each step.
+    Each step is the engine's own call (:meth:`adaptive_spec.engine.kv_cache.ModelRunner.block_forward`
+    with its explicit 4-D mask and position ids, then reading the logits), so the figure is what a
+    decoding step pays. The models take turns in blocks of ``block`` consecutive steps (as in
+    decoding, where the draft runs several forwards in a row and then the target one), so that load
+    from other processes on a shared machine affects their ratio as little as possible while each
+    model runs with its own weights in the CPU caches; the cache is rolled back to ``context``
+    after each step.
     """
+    from adaptive_spec.engine.kv_cache import ModelRunner
+
     vocab = min(m.config.vocab_size for m in models)
     gen = torch.Generator().manual_seed(seed)
-    prompt = torch.randint(vocab, (1, context + 1), generator=gen)  # [1, context + 1]
-    caches = []
-    for m in models:
-        cache = DynamicCache(config=m.config)
-        m(input_ids=prompt[:, :context].to(m.device), past_key_values=cache, use_cache=True)
-        caches.append(cache)
+    prompt = torch.randint(vocab, (context + 1,), generator=gen)  # [context + 1]
     times: list[list[float]] = [[] for _ in models]
-    step = prompt[:, context:]  # [1, 1]
-    for r in range(warmup + repeats):
-        for i, (m, cache) in enumerate(zip(models, caches, strict=True)):
-            x = step.to(m.device)
+    with torch.inference_mode():
+        runners = []
+        for m in models:
+            runner = ModelRunner(m)
+            runner.chain_forward(prompt[:context].to(m.device), logits_to_keep=1)
+            runners.append(runner)
+
+        def step(m: PreTrainedModel, runner: ModelRunner) -> float:
+            x = prompt[context:].to(m.device)
+            pos = torch.tensor([context], device=m.device)
+            allowed = torch.ones(1, 1, dtype=torch.bool, device=m.device)
             if m.device.type == "cuda":
                 torch.cuda.synchronize(m.device)
             t0 = time.perf_counter()
-            out = m(input_ids=x, past_key_values=cache, use_cache=True)
-            out.logits.sum().item()  # waits for the device; the cost of a sampler reading the logits
+            logits = runner.block_forward(x, pos, allowed, logits_to_keep=1)
+            logits.sum().item()  # waits for the device; the cost of a sampler reading the logits
             dt = time.perf_counter() - t0
-            cache.crop(-1)  # drop the step just taken: back to ``context`` tokens
-            if r >= warmup:
-                times[i].append(dt)
+            runner.rollback(context)  # drop the step just taken: back to ``context`` tokens
+            return dt
+
+        rounds = -(-repeats // block)
+        for r in range(-(-warmup // block) + rounds):
+            for i, (m, runner) in enumerate(zip(models, runners, strict=True)):
+                for _ in range(block):
+                    dt = step(m, runner)
+                    if r >= -(-warmup // block):
+                        times[i].append(dt)
     return [statistics.median(t) for t in times]
 
 
