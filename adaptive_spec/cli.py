@@ -28,6 +28,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.data.collect",
         "run the engine over prompts (static plan or --explore) and log each step's features as Parquet shards",
     ),
+    ("label",): (
+        "adaptive_spec.data.label_cli",
+        "label a feature log: E[tau+1] and predicted step time of every action per root; oracle-gain report",
+    ),
     ("profile",): (
         "adaptive_spec.bench.profile",
         "measure the draft and target forward latency (context x tokens), verifier and bookkeeping times",
@@ -44,14 +48,6 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.bench.verifiers",
         "exact block efficiency vs the LP limit per verifier, or (--speed) microseconds per verification",
     ),
-    ("train-selector",): (
-        "adaptive_spec.selector.train",
-        "train the plan selector with LightningCLI (--config configs/selector/default.yaml --data.labels DIR)",
-    ),
-    ("export-selector",): (
-        "adaptive_spec.selector.export",
-        "export a selector checkpoint to ONNX (features in, one logit per plan out; schema in the metadata)",
-    ),
     ("tune", "plans"): (
         "adaptive_spec.tuning.cli_plans",
         "search the static plan (shape, sizes, verifier) per temperature with Optuna; best to configs/plans",
@@ -59,6 +55,18 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("tune", "selector"): (
         "adaptive_spec.tuning.cli_selector",
         "search the selector's hyper-parameters with Optuna, pruning on val/rel_tps; best to best-selector.yaml",
+    ),
+    ("selector-pipeline",): (
+        "adaptive_spec.selector.pipeline",
+        "collect -> label -> train -> export -> bench the plan selector on the built-in pair (--install for the demo)",
+    ),
+    ("train-selector",): (
+        "adaptive_spec.selector.train",
+        "train the plan selector with LightningCLI (--config configs/selector/default.yaml --data.labels DIR)",
+    ),
+    ("export-selector",): (
+        "adaptive_spec.selector.export",
+        "export a selector checkpoint to ONNX (features in, one logit per plan out; schema in the metadata)",
     ),
     ("zoo", "build"): (
         "adaptive_spec.zoo.cli",
