@@ -9,7 +9,7 @@ import pytest
 
 import adaptive_spec.zoo as zoo
 from adaptive_spec.cli import main
-from tests.engine._tiny import perturbed, tiny_model, tiny_tokenizer
+from tests.engine._tiny import save_tiny_pair
 from tests.selector._tiny_selector import ACTIONS, BEST_STATIC, restamp, tiny_selector
 
 
@@ -21,15 +21,7 @@ def selector(tmp_path_factory):
 @pytest.fixture
 def tiny_pair(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no data/selector, data/profile or configs/plans from the checkout
-    root = tmp_path / "pair"
-    tok = tiny_tokenizer(48)
-    target = tiny_model("llama", vocab=48, eos=1, seed=3)
-    draft = perturbed(target, scale=0.2, seed=4)
-    for name, model in (("target", target), ("draft", draft)):
-        model.save_pretrained(root / name)
-        tok.save_pretrained(root / name)
-    (root / "prompts.jsonl").write_text("\n".join(json.dumps({"prompt": p}) for p in ["w5 w6 w7", "w9 w3"]))
-    (root / "build_info.json").write_text(json.dumps({"seed": 0, "note": "tiny test pair"}))
+    root = save_tiny_pair(tmp_path / "pair", eos=1)
     monkeypatch.setattr(zoo, "default_pair_path", lambda: root)
     return root
 

@@ -35,9 +35,9 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from adaptive_spec.selector.features import SCHEMA
 
@@ -277,17 +277,7 @@ class FeatureLogger:
         table = pa.Table.from_arrays(arrays, schema=schema)
         seq = self._next_seq()
         path = self.directory / f"shard-{self.run_id}-{seq:05d}.parquet"
-        tmp = self.directory / f".{path.name}.tmp-{os.getpid()}"
-        try:
-            with open(tmp, "wb") as f:
-                pq.write_table(table, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
-        _fsync_dir(self.directory)
+        _atomic_write(path, lambda f: pq.write_table(table, f))
         self.records_written += len(table)
         self.shards.append(path)
         for values in self._columns.values():
@@ -427,11 +417,17 @@ def _version(package: str) -> str | None:
         return None
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def _atomic_write(path: Path, data: bytes | Callable[[BinaryIO], object]) -> None:
+    """Write ``data`` (bytes, or a function writing to a binary file) to a hidden temporary file
+    in ``path``'s folder, fsync it, rename it over ``path`` and fsync the folder.
+    """
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            f.write(data)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -78,3 +78,20 @@ def tiny_tokenizer(vocab: int = 48):
 
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>")
+
+
+def save_tiny_pair(root, prompts=("w5 w6 w7", "w9 w3"), eos: int | None = None):
+    """Save a tiny Llama target/draft pair (V=48) with a tokenizer, prompts and build info, like the built-in pair."""
+    import json
+    from pathlib import Path
+
+    root = Path(root)
+    tok = tiny_tokenizer(48)
+    target = tiny_model("llama", vocab=48, eos=eos, seed=3)
+    draft = perturbed(target, scale=0.2, seed=4)
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(root / name)
+        tok.save_pretrained(root / name)
+    (root / "prompts.jsonl").write_text("\n".join(json.dumps({"prompt": p}) for p in prompts))
+    (root / "build_info.json").write_text(json.dumps({"seed": 0, "note": "tiny test pair"}))
+    return root
