@@ -21,7 +21,7 @@ from pathlib import Path
 
 # Static plans shown by the demo, one per tree family; measured on the default pair
 # (see README) until the tuned best-static plans of `adaptive-spec tune plans` replace them.
-DEMO_PLANS = "chain:4/block,chain:6/traversal,delayed:2x2x3/traversal,iid:2x4/gbv,wor:2x2x1x1/traversal"
+DEMO_PLANS = "chain:4/block,chain:6/traversal,delayed:2x3x3/traversal"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
