@@ -35,6 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``selector-pipeline`` options."""
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="working folder (default: %(default)s)")
     parser.add_argument("--num-prompts", type=int, default=48, help="training prompts (default: %(default)s)")
+    parser.add_argument(
+        "--prompts", type=Path, default=None,
+        help="training prompts file (JSONL or .txt) instead of prompts drawn from the standard library",
+    )  # fmt: skip
     parser.add_argument("--temperatures", default="0,0.7,1.0", help="comma-separated (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="per generation (default: %(default)s)")
     parser.add_argument(
@@ -44,8 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--every", type=int, default=8, help="label every k-th root (default: %(default)s)")
     parser.add_argument("--samples", type=int, default=4, help="trees per root and family (default: %(default)s)")
     parser.add_argument("--max-contexts", type=int, default=None, help="label at most this many roots")
-    parser.add_argument("--config", type=Path, default=Path("configs/selector/default.yaml"),
-                        help="LightningCLI config of the selector (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--config", type=Path, default=None,
+                        help="LightningCLI config of the selector (default: configs/selector/default.yaml of "
+                             "the working directory, else of the source checkout)")  # fmt: skip
     parser.add_argument("--epochs", type=int, default=None, help="override trainer.max_epochs")
     parser.add_argument("--profile", type=Path, default=Path("data/profile/profile.json"),
                         help="latency profile; measured first if missing (default: %(default)s)")  # fmt: skip
@@ -75,6 +80,15 @@ def training_prompts(count: int, seed: int) -> list[str]:
     if len(prompts) < count:
         raise ValueError(f"found only {len(prompts)} training prompts in {root}; lower --num-prompts")
     return prompts
+
+
+def default_config() -> Path:
+    """``configs/selector/default.yaml`` of the working directory, else of the source checkout."""
+    rel = Path("configs/selector/default.yaml")
+    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        if (base / rel).is_file():
+            return base / rel
+    raise FileNotFoundError(f"no {rel} in {Path.cwd()} or the source checkout; pass --config")
 
 
 def _cli(argv: list[str]) -> None:
@@ -109,8 +123,11 @@ def run(args: argparse.Namespace) -> int:
     prompts_file = out / "train_prompts.jsonl"
     if "collect" not in skip:
         stage("collect")
-        prompts = training_prompts(args.num_prompts, args.seed)
-        prompts_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+        if args.prompts is not None:
+            prompts_file = args.prompts
+        else:
+            prompts = training_prompts(args.num_prompts, args.seed)
+            prompts_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
         if log_dir.exists():
             shutil.rmtree(log_dir)  # a fresh log: features must come from this pair and profile
         _cli(["collect", "--out", str(log_dir), "--prompts", str(prompts_file), "--explore", args.explore,
@@ -129,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
     onnx_path = out / "selector.onnx"
     if "train" not in skip:
         stage("train")
-        argv = ["train-selector", "--config", str(args.config), "--data.labels", str(log_dir / "labels.parquet"),
+        config = args.config or default_config()
+        argv = ["train-selector", "--config", str(config), "--data.labels", str(log_dir / "labels.parquet"),
                 "--trainer.default_root_dir", str(runs), "--seed_everything", str(args.seed)]  # fmt: skip
         if args.epochs:
             argv += ["--trainer.max_epochs", str(args.epochs)]

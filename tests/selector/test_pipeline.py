@@ -1,0 +1,37 @@
+"""`adaptive-spec selector-pipeline` end to end on a tiny pair: collect -> label -> train -> export -> bench."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adaptive_spec.cli import main
+from adaptive_spec.data.label_table import read_labels
+from adaptive_spec.selector.runtime import SelectorRuntime
+from tests.planner.test_latency import synthetic_profile
+from tests.test_demo import tiny_pair  # noqa: F401  (fixture)
+
+
+@pytest.mark.slow
+def test_pipeline_runs_end_to_end(tiny_pair, tmp_path):  # noqa: F811
+    prompts = tmp_path / "train.txt"
+    prompts.write_text("\n".join(["w5 w6 w7", "w9 w3", "w10 w11 w2", "w12 w4", "w8 w13 w14", "w15 w16"]))
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(synthetic_profile()))
+    out = tmp_path / "sel"
+    code = main([
+        "selector-pipeline", "--out", str(out), "--prompts", str(prompts), "--temperatures", "0,1",
+        "--max-new-tokens", "8", "--every", "1", "--samples", "1", "--epochs", "2", "--profile", str(profile),
+        "--bench-plans", "adaptive,best-static,chain:2/block", "--bench-tokens", "6",
+    ])  # fmt: skip
+    assert code == 0
+    labels = read_labels(out / "log" / "labels.parquet")
+    assert len(labels) >= 6 and len(labels.actions) == 298 and (labels.block_efficiency >= 1).all()
+    runtime = SelectorRuntime(out / "selector.onnx")
+    assert runtime.best_static(0.0) is not None
+    bench = json.loads((out / "bench_e2e.json").read_text())
+    assert set(bench["runs"]) == {"0", "1"}
+    for run in bench["runs"].values():
+        plans = [r["plan"] for r in run["results"]]
+        assert "adaptive" in plans and any(p.startswith("best-static") for p in plans)
