@@ -38,6 +38,7 @@ class _SplitDataset(Dataset):
             "block_efficiency": torch.from_numpy(np.ascontiguousarray(data.block_efficiency, np.float32)),
             "step_time_s": torch.from_numpy(np.ascontiguousarray(data.step_time_s, np.float32)),
             "base_tps": torch.from_numpy(np.ascontiguousarray(data.base_tps, np.float32)),
+            "base_action": torch.from_numpy(np.ascontiguousarray(data.base_action, np.int64)),
         }
         for name in ("draft_hidden", "target_hidden"):
             h = getattr(data, name)
@@ -175,6 +176,11 @@ class SelectorModule(L.LightningModule):
         rel = be / st / base[:, None]  # [B, A]
         choice = logits.argmax(dim=-1)
         rows = torch.arange(n, device=logits.device)
+        # Sums for the aggregate ratio (tokens over time, as measured tokens/s is), logged at epoch end.
+        static = batch["base_action"]
+        sums = torch.stack([be[rows, choice].sum(), st[rows, choice].sum(), be[rows, static].sum(),
+                            st[rows, static].sum()]).double()  # fmt: skip
+        self._val_sums = sums if getattr(self, "_val_sums", None) is None else self._val_sums + sums
         metrics = {
             "val/loss": loss,
             "val/rel_tps": rel[rows, choice].mean(),
@@ -189,6 +195,16 @@ class SelectorModule(L.LightningModule):
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:  # noqa: ARG002
         return self._common_step(batch, "val")
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_sums = None
+
+    def on_validation_epoch_end(self) -> None:
+        """``val/agg_rel_tps``: (Σ BE / Σ T of the choices) / (Σ BE / Σ T of the best static actions)."""
+        sums = getattr(self, "_val_sums", None)
+        if sums is not None and float(sums[1]) > 0 and float(sums[2]) > 0:
+            agg = (sums[0] / sums[1]) / (sums[2] / sums[3])
+            self.log("val/agg_rel_tps", agg.float(), sync_dist=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
         decay = [p for p in self.net.parameters() if p.ndim >= 2]
