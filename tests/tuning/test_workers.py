@@ -68,13 +68,12 @@ def _run_two_workers(url: str, labels: Path, out: Path) -> None:
     study = optuna.load_study(study_name="w-T1", storage=url)
     trials = study.get_trials()
     assert len(trials) == 2 * N_TRIALS
-    spans = {}
     for w in (0, 1):
         mine = [t for t in trials if t.user_attrs.get("worker") == w]
         assert len(mine) == N_TRIALS
-        spans[w] = (min(t.datetime_start for t in mine), max(t.datetime_complete for t in mine))
-    # The two workers ran at the same time: their first-start..last-finish spans overlap.
-    assert max(a for a, _ in spans.values()) < min(b for _, b in spans.values()), spans
+    # Both processes were alive and released together (the ready/go barrier above); whether their
+    # trials interleave is up to the scheduler and SQLite's lock (not fair), so it is not asserted:
+    # on a loaded 2-core machine one worker can finish its few short trials before the other starts.
     # Every trial finished: COMPLETE, or pruned before running because its tree exceeds the node budget.
     pruned = [t for t in trials if t.state != optuna.trial.TrialState.COMPLETE]
     assert all(t.state == optuna.trial.TrialState.PRUNED and "budget" in t.user_attrs["fail_reason"] for t in pruned)
