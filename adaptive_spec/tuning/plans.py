@@ -14,7 +14,6 @@ attributes; resuming it with other settings is refused, since their figures woul
 from __future__ import annotations
 
 import logging
-import re
 import statistics
 import warnings
 from dataclasses import asdict, dataclass, field
@@ -117,13 +116,9 @@ def study_name(prefix: str, temperature: float) -> str:
 
 
 def _report_dir(cfg: PlanTuningConfig) -> Path:
-    from adaptive_spec.tuning.storage import sqlite_path
+    from adaptive_spec.tuning.storage import report_dir
 
-    if cfg.report:
-        return Path(cfg.report)
-    db = sqlite_path(cfg.storage)
-    base = db.parent if db is not None else Path("data") / "tuning"
-    return base / "reports" / re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.study)
+    return report_dir(cfg.report, cfg.storage, cfg.study)
 
 
 def _fingerprint(cfg: PlanTuningConfig, temperature: float, prompts: list[str] | None) -> dict[str, Any]:

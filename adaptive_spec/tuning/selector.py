@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -89,13 +88,9 @@ class SelectorTuningConfig:
 
 
 def _report_dir(cfg: SelectorTuningConfig) -> Path:
-    from adaptive_spec.tuning.storage import sqlite_path
+    from adaptive_spec.tuning.storage import report_dir
 
-    if cfg.report:
-        return Path(cfg.report)
-    db = sqlite_path(cfg.storage)
-    base = db.parent if db is not None else Path("data") / "tuning"
-    return base / "reports" / re.sub(r"[^A-Za-z0-9_.-]+", "_", cfg.study)
+    return report_dir(cfg.report, cfg.storage, cfg.study)
 
 
 class SelectorObjective:

@@ -215,3 +215,16 @@ def check_settings(study: optuna.Study, settings: dict[str, Any]) -> None:
             f"study {study.study_name!r} was run with other settings ({detail}); its values would not compare. "
             "Use another study name or the study's settings."
         )
+
+
+def report_dir(report: str | None, storage: str, study: str) -> Path:
+    """A study's report folder: ``report`` if given, else ``reports/<study>`` next to a SQLite file
+    (``data/tuning/reports/<study>`` for other storages).
+    """
+    import re
+
+    if report:
+        return Path(report)
+    db = sqlite_path(storage)
+    base = db.parent if db is not None else Path("data") / "tuning"
+    return base / "reports" / re.sub(r"[^A-Za-z0-9_.-]+", "_", study)
