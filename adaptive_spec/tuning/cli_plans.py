@@ -23,7 +23,7 @@ import argparse
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``tune plans`` options."""
-    from adaptive_spec.tuning.storage import DEFAULT_GRACE_S, DEFAULT_HEARTBEAT_S, DEFAULT_STORAGE
+    from adaptive_spec.tuning.storage import DEFAULT_STORAGE, add_heartbeat_arguments
 
     parser.add_argument("--storage", default=DEFAULT_STORAGE, help="SQLAlchemy URL of the study storage "
                         "(default: %(default)s, relative to the working directory)")  # fmt: skip
@@ -50,10 +50,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--worker", type=int, default=0, help="index of this worker; give parallel workers "
                         "distinct indices, which seed their samplers differently (default: %(default)s)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    parser.add_argument("--heartbeat-interval", type=int, default=DEFAULT_HEARTBEAT_S,
-                        help="seconds between heartbeats of a running trial (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--grace-period", type=int, default=DEFAULT_GRACE_S, help="seconds without heartbeat "
-                        "after which a trial of a dead worker is failed (default: %(default)s)")  # fmt: skip
+    add_heartbeat_arguments(parser)
     parser.add_argument("--no-enqueue", action="store_true",
                         help="do not enqueue the known-good plans (worker 0 enqueues them)")  # fmt: skip
     parser.add_argument("--finalists", type=int, default=3, help="the study's best plans re-measured against the "

@@ -17,7 +17,7 @@ import argparse
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``tune selector`` options."""
-    from adaptive_spec.tuning.storage import DEFAULT_GRACE_S, DEFAULT_HEARTBEAT_S, DEFAULT_STORAGE
+    from adaptive_spec.tuning.storage import DEFAULT_STORAGE, add_heartbeat_arguments
 
     parser.add_argument("--labels", required=True, help="label table directory or file (adaptive-spec label)")
     parser.add_argument("--storage", default=DEFAULT_STORAGE, help="SQLAlchemy URL of the study storage "
@@ -38,10 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="complete trials before pruning starts (default: %(default)s)")  # fmt: skip
     parser.add_argument("--pruner-warmup-epochs", type=int, default=2,
                         help="epochs never pruned in any trial (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--heartbeat-interval", type=int, default=DEFAULT_HEARTBEAT_S,
-                        help="seconds between heartbeats of a running trial (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--grace-period", type=int, default=DEFAULT_GRACE_S, help="seconds without heartbeat "
-                        "after which a trial of a dead worker is failed (default: %(default)s)")  # fmt: skip
+    add_heartbeat_arguments(parser)
     parser.add_argument("--no-enqueue", action="store_true", help="do not enqueue the default hyper-parameters")
     parser.add_argument("--report", default=None, help="report folder (default: <storage folder>/reports/<study>)")
     parser.add_argument("--no-report", action="store_true", help="write neither the report nor best-selector.yaml")

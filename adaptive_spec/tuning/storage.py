@@ -22,6 +22,7 @@ trials finish still depends on timing, so only single-worker studies replay exac
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import logging
 import random
@@ -228,3 +229,11 @@ def report_dir(report: str | None, storage: str, study: str) -> Path:
     db = sqlite_path(storage)
     base = db.parent if db is not None else Path("data") / "tuning"
     return base / "reports" / re.sub(r"[^A-Za-z0-9_.-]+", "_", study)
+
+
+def add_heartbeat_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``--heartbeat-interval`` and ``--grace-period`` options shared by the ``tune`` commands."""
+    parser.add_argument("--heartbeat-interval", type=int, default=DEFAULT_HEARTBEAT_S,
+                        help="seconds between heartbeats of a running trial (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--grace-period", type=int, default=DEFAULT_GRACE_S, help="seconds without heartbeat "
+                        "after which a trial of a dead worker is failed (default: %(default)s)")  # fmt: skip
