@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from pathlib import Path
@@ -141,12 +140,6 @@ def plot_comparison(rows: list[dict[str, Any]], title: str, path: str | Path, hi
 
 def write_summary(summary: dict[str, Any], out_dir: str | Path) -> Path:
     """Write ``summary.json`` in ``out_dir`` (atomically)."""
-    import os
+    from adaptive_spec.bench.profile import write_json_atomic
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / "summary.json"
-    tmp = out_dir / f".summary.json.tmp-{os.getpid()}"
-    tmp.write_text(json.dumps(summary, indent=2, default=str))
-    os.replace(tmp, path)
-    return path
+    return write_json_atomic(summary, Path(out_dir) / "summary.json")
