@@ -150,3 +150,53 @@ def read_labels(path: str | Path) -> LabelTable:
         target_hidden=hidden("target_hidden"),
         manifest=json.loads(meta.get(META_MANIFEST, b"{}")),
     )
+
+
+def concat_tables(tables: Sequence[LabelTable]) -> LabelTable:
+    """One table holding the rows of ``tables`` (e.g. label files of several collection runs).
+
+    Every table must have the same action list. Hidden states are kept only when every table has
+    them with the same widths (otherwise dropped: the selector then trains on scalar features). The
+    manifest becomes ``{"parts": [each table's manifest]}`` (a single table is returned unchanged).
+
+    Raises:
+        ValueError: no tables, or the action lists differ.
+    """
+    tables = list(tables)
+    if not tables:
+        raise ValueError("no label tables to concatenate")
+    if len(tables) == 1:
+        return tables[0]
+    actions = tables[0].actions
+    for i, t in enumerate(tables[1:], 1):
+        if list(t.actions) != list(actions):
+            raise ValueError(
+                f"label table {i} has another action list ({len(t.actions)} actions vs {len(actions)}); "
+                "label every log with the same --actions file"
+            )
+
+    def hidden(name: str) -> np.ndarray | None:
+        hs = [getattr(t, name) for t in tables]
+        if any(h is None for h in hs) or len({h.shape[1] for h in hs}) != 1:
+            return None
+        return np.concatenate(hs)
+
+    return LabelTable(
+        actions=list(actions),
+        features=np.concatenate([t.features for t in tables]),
+        block_efficiency=np.concatenate([t.block_efficiency for t in tables]),
+        step_time_s=np.concatenate([t.step_time_s for t in tables]),
+        run_id=[r for t in tables for r in t.run_id],
+        prompt_key=[k for t in tables for k in t.prompt_key],
+        step=np.concatenate([t.step for t in tables]),
+        draft_hidden=hidden("draft_hidden"),
+        target_hidden=hidden("target_hidden"),
+        manifest={"parts": [t.manifest for t in tables]},
+    )
+
+
+def read_label_sets(paths: str | Path | Sequence[str | Path]) -> LabelTable:
+    """:func:`read_labels` of one path, or of several concatenated (:func:`concat_tables`)."""
+    if isinstance(paths, (str, Path)):
+        return read_labels(paths)
+    return concat_tables([read_labels(p) for p in paths])

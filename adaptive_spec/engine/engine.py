@@ -395,8 +395,12 @@ class SpecEngine:
         # Root features only when asked for (autoregressive decoding has no speculative steps).
         log = self.feature_log if choose is not None else None
         asks = lambda name: choose is not None and bool(getattr(plan, name, False))  # noqa: E731
-        want_hidden = asks("needs_hidden") or (log is not None and log.hidden)
-        want_features = want_hidden or asks("needs_features") or log is not None
+        # A planner may need features only for some sampling settings (a selector that plays its
+        # best static plan where it did not beat it in training): ``needs_features_for(T, top_p)``.
+        per_setting = getattr(plan, "needs_features_for", None) if choose is not None else None
+        planner_wants = asks("needs_features") and (per_setting is None or bool(per_setting(temperature, top_p)))
+        want_hidden = (asks("needs_hidden") and planner_wants) or (log is not None and log.hidden)
+        want_features = want_hidden or planner_wants or log is not None
         stop_strings, stop_ids = _split_stop(stop)
         if stop_strings and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; pass token ids instead")
@@ -471,6 +475,7 @@ class SpecEngine:
                     features=features.values if features is not None else None,
                     draft_hidden=features.draft_hidden if features is not None else None,
                     target_hidden=features.target_hidden if features is not None else None,
+                    top_p=float(top_p),
                 )
                 step_plan = as_plan(choose(step_state)).truncated(remaining - 1)
                 propensity = getattr(plan, "last_propensity", None) if log is not None else None

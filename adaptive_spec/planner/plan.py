@@ -124,6 +124,7 @@ class StepState:
             or None when neither the planner (``needs_features``) nor a feature log asked for them.
         draft_hidden: the draft's last hidden state at the root (1-D float tensor), or None.
         target_hidden: the target's last hidden state over the root token (1-D float tensor), or None.
+        top_p: the nucleus mass of the sampling settings (1.0 = off).
     """
 
     step: int
@@ -135,6 +136,7 @@ class StepState:
     features: Mapping[str, float] | None = None
     draft_hidden: Any = None
     target_hidden: Any = None
+    top_p: float = 1.0
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """scikit-learn baselines for the selector, on the same scalar features and the same split.
 
-- ``hgb``: one ``HistGradientBoostingRegressor`` per candidate action on tokens/s relative to the
-  best static action (so that sampling groups share a scale); the choice is the argmax prediction.
-  Candidates: the ``max_actions`` actions most often best per context on the train split, plus the
-  best static ones (an action space of hundreds would otherwise mean hundreds of fits).
+- ``hgb``: one ``HistGradientBoostingRegressor`` per candidate action on its net value
+  (:attr:`~adaptive_spec.selector.data.SelectorSplit.net_value`: the tokens gained over the best
+  static rate, in static steps, so that sampling groups share a scale); the choice is the argmax
+  prediction. Candidates: the ``max_actions`` actions most often best per context on the train
+  split, plus the best static ones (an action space of hundreds would otherwise mean hundreds of fits).
 - ``logistic``: a standardised multinomial ``LogisticRegression`` on the per-context best action.
 
 Hidden states are not used (hundreds of float16 columns per block would dominate the fit time);
@@ -17,16 +18,9 @@ from collections.abc import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from adaptive_spec.selector.data import SelectorSplit, score_choices
+from adaptive_spec.selector.data import SelectorSplit, candidate_actions, score_choices
 
 BASELINES = ("hgb", "logistic")
-
-
-def candidate_actions(train: SelectorSplit, max_actions: int) -> np.ndarray:
-    """Indices of the actions most often best per train context (at most ``max_actions``) and the static ones."""
-    counts = np.bincount(train.best_action, minlength=train.tps.shape[1])
-    ranked = [int(a) for a in np.argsort(-counts, kind="stable") if counts[a] > 0][:max_actions]
-    return np.array(sorted(set(ranked) | {int(a) for a in np.unique(train.base_action)}), dtype=np.int64)
 
 
 def fit_predict(
@@ -43,7 +37,7 @@ def fit_predict(
     if name == "hgb":
         from sklearn.ensemble import HistGradientBoostingRegressor
 
-        target = train.rel_tps  # [n, A]
+        target = train.net_value  # [n, A]
         actions = candidate_actions(train, max_actions)
         preds = np.empty((len(val), len(actions)), np.float64)
         for j, a in enumerate(tqdm(actions, desc="hgb per action", disable=not progress, leave=False)):

@@ -8,10 +8,16 @@ Vocabulary:
     tps: tokens/s of an action at a context, ``block_efficiency / step_time_s``.
     sampling group: the rows sharing ``(temperature, top_p)``; the benchmark picks its best static
         plan per temperature, so the baseline here is per group too.
-    best static: per sampling group, the action with the largest mean tps on the *train* split
-        (groups absent from train fall back to the best action over all train rows).
-    rel_tps: mean over contexts of ``tps[chosen] / tps[best static]``; the oracle picks
-        ``argmax_a tps`` at every context.
+    best static: per sampling group, the action with the largest *aggregate* tokens/s on the train
+        split, ``Σ BE / Σ T`` over the group's rows (what a benchmark of that one plan measures);
+        groups absent from train fall back to the best action over all train rows.
+    base rate λ: that aggregate tokens/s of the best static action, per group.
+    net value: ``(BE_a - λ T_a) / (λ T_static)``, the tokens an action gains over what the best
+        static rate earns in the same time, in units of one static step. Choosing
+        ``argmax_a BE_a - λ T_a`` at every context maximises the *aggregate* tokens/s (Dinkelbach:
+        ``Σ BE / Σ T >= λ`` iff ``Σ (BE - λ T) >= 0``), which a per-context ``argmax BE/T`` does not.
+    rel_tps: mean over contexts of ``tps[chosen] / tps[best static]``; agg_rel_tps the ratio of
+        sums; the oracle picks the best net value at every context.
 """
 
 from __future__ import annotations
@@ -65,6 +71,8 @@ class SelectorSplit:
     block_efficiency: np.ndarray  # float32 [n, A]
     step_time_s: np.ndarray  # float32 [n, A]
     base_action: np.ndarray  # int64 [n]: the best static action of the row's sampling group
+    base_rate: np.ndarray | None = None  # float64 [n]: λ, the group's aggregate train tokens/s of that action
+    groups: np.ndarray | None = None  # str [n]: the sampling group of each row
     draft_hidden: np.ndarray | None = None  # float16 [n, Hd]
     target_hidden: np.ndarray | None = None  # float16 [n, Ht]
 
@@ -80,8 +88,26 @@ class SelectorSplit:
         return self.tps[np.arange(len(self)), self.base_action]
 
     @property
-    def best_action(self) -> np.ndarray:  # [n] the per-context oracle action
-        return self.tps.argmax(axis=1)
+    def rate(self) -> np.ndarray:  # [n] λ per row (the row's own static tokens/s when no group rate is set)
+        return self.base_tps.astype(np.float64) if self.base_rate is None else self.base_rate
+
+    @property
+    def net_value(self) -> np.ndarray:  # [n, A] (BE - λ T) / (λ T_static), see the module docstring
+        rate = self.rate[:, None]
+        base_t = self.step_time_s[np.arange(len(self)), self.base_action].astype(np.float64)[:, None]
+        return (self.block_efficiency - rate * self.step_time_s) / (rate * base_t)
+
+    @property
+    def best_action(self) -> np.ndarray:  # [n] the per-context oracle action (largest net value)
+        return self.net_value.argmax(axis=1)
+
+    def subset(self, rows: np.ndarray) -> SelectorSplit:
+        """The rows ``rows`` of this split (same base actions and rates)."""
+        pick = lambda x: None if x is None else x[rows]  # noqa: E731
+        return SelectorSplit(
+            self.features[rows], self.block_efficiency[rows], self.step_time_s[rows], self.base_action[rows],
+            pick(self.base_rate), pick(self.groups), pick(self.draft_hidden), pick(self.target_hidden),
+        )  # fmt: skip
 
     @property
     def rel_tps(self) -> np.ndarray:  # [n, A] tps relative to the best static action
@@ -89,14 +115,25 @@ class SelectorSplit:
 
 
 def prepare(
-    table: LabelTable, *, val_fraction: float = 0.2, seed: int = 0, labels: str | Path | None = None
+    table: LabelTable,
+    *,
+    val_fraction: float = 0.2,
+    seed: int = 0,
+    labels: str | Path | Sequence[str | Path] | None = None,
+    max_actions: int | None = None,
 ) -> tuple[SelectorSplit, SelectorSplit, dict[str, Any]]:
     """Split ``table`` by prompt and derive everything training needs from the train side.
 
+    Args:
+        max_actions: keep only the actions with the best net value on most train contexts (at most
+            this many, plus the best static ones) as candidates, ``spec["candidates"]``; None: all.
+            With a few hundred labelled contexts, hundreds of actions mostly fit noise.
+
     Returns:
-        ``(train, val, spec)``; ``spec`` is JSON-serialisable: actions, schema, feature count,
-        hidden widths (0 = absent), train-split feature mean/std, the best static action per sampling
-        group, the label manifest and the split's summary. The model is built from it.
+        ``(train, val, spec)``; ``spec`` is JSON-serialisable: actions, candidate action indices,
+        schema, feature count, hidden widths (0 = absent), train-split feature mean/std, the best
+        static action and its aggregate tokens/s per sampling group, the label manifest and the
+        split's summary. The model is built from it.
 
     Raises:
         ValueError: empty table, non-finite or non-positive labels, fewer than two prompts.
@@ -115,22 +152,30 @@ def prepare(
         raise ValueError("the label table has non-finite feature values; the selector cannot train on them")
     train_rows, val_rows = split_by_prompt(table.prompt_key, val_fraction, seed)
     groups = np.asarray(sampling_group(table.features))
-    tps = be / st
-    overall = int(tps[train_rows].mean(axis=0).argmax())
+    be64, st64 = be.astype(np.float64), st.astype(np.float64)
+
+    def aggregate_best(rows: np.ndarray) -> tuple[int, float]:
+        rates = be64[rows].sum(axis=0) / st64[rows].sum(axis=0)
+        a = int(rates.argmax())
+        return a, float(rates[a])
+
+    overall, overall_rate = aggregate_best(train_rows)
     best_static: dict[str, int] = {}
+    rates: dict[str, float] = {}
     for g in sorted({str(g) for g in groups[train_rows]}):
-        rows = train_rows[groups[train_rows] == g]
-        best_static[g] = int(tps[rows].mean(axis=0).argmax())
+        best_static[g], rates[g] = aggregate_best(train_rows[groups[train_rows] == g])
     base_action = np.array([best_static.get(g, overall) for g in groups], dtype=np.int64)
+    base_rate = np.array([rates.get(g, overall_rate) for g in groups], dtype=np.float64)
 
     def side(rows: np.ndarray) -> SelectorSplit:
         pick = lambda x: None if x is None else x[rows]  # noqa: E731
         return SelectorSplit(
-            table.features[rows], be[rows], st[rows], base_action[rows], pick(table.draft_hidden),
-            pick(table.target_hidden),
+            table.features[rows], be[rows], st[rows], base_action[rows], base_rate[rows], groups[rows],
+            pick(table.draft_hidden), pick(table.target_hidden),
         )  # fmt: skip
 
     train, val = side(train_rows), side(val_rows)
+    candidates = candidate_actions(train, max_actions)
     x = train.features.astype(np.float64)
     spec = {
         "actions": list(table.actions),
@@ -140,7 +185,9 @@ def prepare(
         "target_hidden_dim": 0 if table.target_hidden is None else int(table.target_hidden.shape[1]),
         "feature_mean": x.mean(axis=0).tolist(),
         "feature_std": x.std(axis=0).tolist(),
+        "candidates": candidates.tolist(),
         "best_static": {g: table.actions[a] for g, a in best_static.items()},
+        "best_static_rate": rates,
         "best_static_overall": table.actions[overall],
         "manifest": dict(table.manifest),
         "split": {
@@ -151,9 +198,60 @@ def prepare(
             "train_rows": len(train_rows),
             "val_rows": len(val_rows),
         },
-        "labels": None if labels is None else str(labels),
+        "labels": None if labels is None else (str(labels) if isinstance(labels, (str, Path)) else
+                                                  [str(p) for p in labels]),
     }
     return train, val, spec
+
+
+def candidate_actions(train: SelectorSplit, max_actions: int | None) -> np.ndarray:
+    """Sorted indices of the actions with the best net value on most ``train`` contexts, plus the static ones.
+
+    ``max_actions=None`` keeps every action.
+    """
+    num_actions = train.block_efficiency.shape[1]
+    if max_actions is None or max_actions >= num_actions:
+        return np.arange(num_actions, dtype=np.int64)
+    if max_actions < 1:
+        raise ValueError(f"max_actions must be >= 1 or None, got {max_actions}")
+    counts = np.bincount(train.best_action, minlength=num_actions)
+    ranked = [int(a) for a in np.argsort(-counts, kind="stable") if counts[a] > 0][:max_actions]
+    return np.array(sorted(set(ranked) | {int(a) for a in np.unique(train.base_action)}), dtype=np.int64)
+
+
+def oracle_choices(data: SelectorSplit, iterations: int = 50) -> np.ndarray:
+    """The choices that maximise each sampling group's aggregate tokens/s on ``data`` itself, int64 [n].
+
+    Dinkelbach's iteration per group: pick ``argmax_a BE_a - λ T_a`` per row, set ``λ`` to the
+    picks' ``Σ BE / Σ T``, repeat until the picks stop changing (``λ`` rises monotonically).
+    The upper bound of any selector's ``agg_rel_tps`` on ``data``.
+    """
+    be, st = data.block_efficiency.astype(np.float64), data.step_time_s.astype(np.float64)
+    groups = data.groups if data.groups is not None else np.zeros(len(data), dtype=object)
+    out = np.zeros(len(data), dtype=np.int64)
+    for g in set(groups.tolist()):
+        rows = np.flatnonzero(groups == g)
+        pick = data.base_action[rows]
+        for _ in range(iterations):
+            rate = be[rows, pick].sum() / st[rows, pick].sum()
+            new = (be[rows] - rate * st[rows]).argmax(axis=1)
+            if np.array_equal(new, pick):
+                break
+            pick = new
+        out[rows] = pick
+    return out
+
+
+def score_by_group(choices: np.ndarray, data: SelectorSplit) -> dict[str, dict[str, float]]:
+    """:func:`score_choices` per sampling group (needs ``data.groups``), plus the rows per group."""
+    if data.groups is None:
+        raise ValueError("this split has no sampling groups; build it with prepare()")
+    choices = np.asarray(choices, dtype=np.int64).reshape(-1)
+    out = {}
+    for g in sorted(set(data.groups.tolist())):
+        rows = np.flatnonzero(data.groups == g)
+        out[g] = {**score_choices(choices[rows], data.subset(rows)), "rows": len(rows)}
+    return out
 
 
 def score_choices(choices: np.ndarray, data: SelectorSplit) -> dict[str, float]:

@@ -145,13 +145,40 @@ def parity(net: SelectorNet, onnx_model: bytes | str | Path, inputs: dict[str, t
     return float(np.abs(got - expected).max())
 
 
-def export_checkpoint(ckpt: str | Path, out: str | Path, *, check_batch: int = 64) -> dict[str, Any]:
-    """Export a ``SelectorModule`` Lightning checkpoint (``train-selector`` writes them) to ONNX."""
+def run_report_path(ckpt: str | Path) -> Path:
+    """Where ``train-selector`` writes the report of the run a checkpoint belongs to (``version_N/report/report.json``)."""
+    return Path(ckpt).resolve().parent.parent / "report" / "report.json"
+
+
+def export_checkpoint(
+    ckpt: str | Path, out: str | Path, *, check_batch: int = 64, report: str | Path | None | bool = None
+) -> dict[str, Any]:
+    """Export a ``SelectorModule`` Lightning checkpoint (``train-selector`` writes them) to ONNX.
+
+    Args:
+        report: the training report whose ``static_groups`` (sampling settings where the network did
+            not beat the best static action on validation) are recorded for the runtime; None: the
+            run's own report (:func:`run_report_path`) if it exists and scored this checkpoint;
+            False: none (the network decides at every setting).
+    """
     from adaptive_spec.selector.lit import SelectorModule
 
     ckpt = Path(ckpt)
     if not ckpt.is_file():
         raise FileNotFoundError(f"no checkpoint at {ckpt}; train one with `adaptive-spec train-selector`")
+    static_groups: dict[str, str] = {}
+    report_path = run_report_path(ckpt) if report is None else (None if report is False else Path(report))
+    if report_path is not None and (report is not None or report_path.is_file()):
+        try:
+            info = json.loads(Path(report_path).read_text())
+        except (OSError, ValueError) as err:
+            raise ValueError(f"cannot read the training report {report_path} ({err}); pass --no-static-groups "
+                             "to export without it") from err  # fmt: skip
+        scored = info.get("checkpoint")
+        if report is None and scored and Path(scored).name != ckpt.name:
+            warnings.warn(f"{report_path} scored {scored}, not {ckpt}; its static groups are not used", stacklevel=2)
+        else:
+            static_groups = dict(info.get("static_groups") or {})
     module = SelectorModule.load_from_checkpoint(ckpt, map_location="cpu")
     spec = module.hparams.data_spec
     hparams = {k: v for k, v in module.hparams.items() if k != "data_spec"}
@@ -164,12 +191,14 @@ def export_checkpoint(ckpt: str | Path, out: str | Path, *, check_batch: int = 6
         # Train-split means of the latency features: all 0 when the log had no latency profile
         # (the runtime warns when such a selector runs without one, see SelectorRuntime).
         "latency_feature_mean": _latency_means(spec),
+        "static_groups": static_groups,
         "hparams": hparams,
     }
-    return export_net(
+    info = export_net(
         module.net, out, actions=list(spec["actions"]), manifest=spec.get("manifest"), training=training,
         check_batch=check_batch,
     )  # fmt: skip
+    return {**info, "static_groups": static_groups}
 
 
 def _latency_means(spec: dict[str, Any]) -> dict[str, float] | None:
@@ -194,6 +223,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("selector.onnx"), help="ONNX file (default: %(default)s)")
     parser.add_argument("--check-batch", type=int, default=64, help="rows of the parity check (default: %(default)s)")
     parser.add_argument(
+        "--report", type=Path, default=None,
+        help="training report giving the sampling settings played statically (default: the run's report/report.json)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-static-groups", action="store_true",
+        help="record no static fallback: the network decides at every sampling setting",
+    )  # fmt: skip
+    parser.add_argument(
         "--latency-decisions", type=int, default=2000,
         help="time this many AdaptivePlanner decisions on the written file (0: skip; default: %(default)s)",
     )  # fmt: skip
@@ -203,7 +240,8 @@ def run(args: argparse.Namespace) -> int:
     """Export, print the parity and decision-latency figures; return the exit status."""
     from adaptive_spec.selector.runtime import decision_latency_us
 
-    info = export_checkpoint(args.checkpoint, args.out, check_batch=args.check_batch)
+    report = False if args.no_static_groups else args.report
+    info = export_checkpoint(args.checkpoint, args.out, check_batch=args.check_batch, report=report)
     if args.latency_decisions > 0:
         info["decision_latency_us"] = decision_latency_us(args.out, decisions=args.latency_decisions)
     print(json.dumps(info, indent=2))

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from adaptive_spec.data.label_table import read_labels
+from adaptive_spec.data.label_table import read_label_sets
 from adaptive_spec.selector.data import SelectorSplit, prepare
 from adaptive_spec.selector.features import SCHEMA
 from adaptive_spec.selector.model import SelectorNet, selector_loss
@@ -39,6 +39,7 @@ class _SplitDataset(Dataset):
             "step_time_s": torch.from_numpy(np.ascontiguousarray(data.step_time_s, np.float32)),
             "base_tps": torch.from_numpy(np.ascontiguousarray(data.base_tps, np.float32)),
             "base_action": torch.from_numpy(np.ascontiguousarray(data.base_action, np.int64)),
+            "net_value": torch.from_numpy(np.ascontiguousarray(data.net_value, np.float32)),
         }
         for name in ("draft_hidden", "target_hidden"):
             h = getattr(data, name)
@@ -64,23 +65,34 @@ class SelectorDataModule(L.LightningDataModule):
     """Train/val loaders over a label table, split by prompt.
 
     Args:
-        labels: a label file or a directory holding ``labels.parquet`` (``adaptive-spec label``).
+        labels: a label file or a directory holding ``labels.parquet`` (``adaptive-spec label``), or
+            a list of them (concatenated; they must share the action list).
         val_fraction: share of the *prompts* held out for validation.
+        max_actions: candidate actions: the ones with the best net value on most train contexts (at
+            most this many, plus the best static ones); None: all (see
+            :func:`~adaptive_spec.selector.data.prepare`).
         split_seed: seeds the prompt split (independent of ``seed_everything``).
         batch_size: rows per batch (per process under DDP).
         num_workers: DataLoader workers; the data sits in memory, so 0 is usually fastest.
     """
 
     def __init__(
-        self, labels: str, val_fraction: float = 0.2, split_seed: int = 0, batch_size: int = 256, num_workers: int = 0
+        self,
+        labels: str | list[str],
+        val_fraction: float = 0.2,
+        split_seed: int = 0,
+        batch_size: int = 256,
+        num_workers: int = 0,
+        max_actions: int | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self.labels = Path(labels)
+        self.labels = Path(labels) if isinstance(labels, (str, Path)) else [Path(p) for p in labels]
         self.batch_size, self.num_workers = batch_size, num_workers
         self.train_split, self.val_split, self.spec = prepare(
-            read_labels(self.labels), val_fraction=val_fraction, seed=split_seed, labels=self.labels
-        )
+            read_label_sets(self.labels), val_fraction=val_fraction, seed=split_seed, labels=self.labels,
+            max_actions=max_actions,
+        )  # fmt: skip
 
     def _loader(self, data: SelectorSplit, shuffle: bool) -> DataLoader:
         return DataLoader(
@@ -109,7 +121,8 @@ class SelectorModule(L.LightningModule):
         clip: standardised features are clipped to ``±clip``.
         lr: AdamW learning rate (cosine decay to 10% over the run).
         weight_decay: AdamW weight decay on matrices (none on biases and norms).
-        objective: ``"ddte"`` or ``"expected"``; see :func:`~adaptive_spec.selector.model.selector_loss`.
+        objective: ``"net"`` (aggregate tokens/s), ``"ddte"`` or ``"expected"``; see
+            :func:`~adaptive_spec.selector.model.selector_loss`.
         tail_weight: weight of the worst-contexts penalty.
         tail_fraction: share of the batch that penalty averages over.
         ce_weight: weight of the cross-entropy towards the soft per-context best action. The
@@ -129,7 +142,7 @@ class SelectorModule(L.LightningModule):
         clip: float = 8.0,
         lr: float = 1e-3,  # noqa: ARG002 (read back from self.hparams)
         weight_decay: float = 1e-4,  # noqa: ARG002 (read back from self.hparams)
-        objective: Literal["ddte", "expected"] = "ddte",
+        objective: Literal["net", "ddte", "expected"] = "net",
         tail_weight: float = 0.0,
         tail_fraction: float = 0.1,
         ce_weight: float = 0.5,
@@ -152,6 +165,7 @@ class SelectorModule(L.LightningModule):
             proj_dim=proj_dim, hidden_sizes=tuple(hidden_sizes), dropout=dropout, clip=clip,
         )  # fmt: skip
         self.net.set_standardisation(data_spec["feature_mean"], data_spec["feature_std"])
+        self.net.set_candidates(data_spec.get("candidates"))
         self.loss_args = {
             "objective": objective, "tail_weight": tail_weight, "tail_fraction": tail_fraction,
             "ce_weight": ce_weight, "ce_temperature": ce_temperature,
@@ -168,7 +182,8 @@ class SelectorModule(L.LightningModule):
     def _common_step(self, batch: dict[str, torch.Tensor], stage: str) -> torch.Tensor:
         logits = self(batch)
         be, st, base = batch["block_efficiency"], batch["step_time_s"], batch["base_tps"]
-        loss = selector_loss(logits, be, st, base, **self.loss_args)
+        value = batch["net_value"]
+        loss = selector_loss(logits, be, st, base, net_value=value, action_bias=self.net.action_bias, **self.loss_args)
         n = len(logits)
         if stage == "train":
             self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=n, sync_dist=True)
@@ -176,6 +191,7 @@ class SelectorModule(L.LightningModule):
         rel = be / st / base[:, None]  # [B, A]
         choice = logits.argmax(dim=-1)
         rows = torch.arange(n, device=logits.device)
+        oracle = value.argmax(dim=-1)  # the per-context best net value (the aggregate-optimal choice)
         # Sums for the aggregate ratio (tokens over time, as measured tokens/s is), logged at epoch end.
         static = batch["base_action"]
         sums = torch.stack([be[rows, choice].sum(), st[rows, choice].sum(), be[rows, static].sum(),
@@ -184,8 +200,8 @@ class SelectorModule(L.LightningModule):
         metrics = {
             "val/loss": loss,
             "val/rel_tps": rel[rows, choice].mean(),
-            "val/oracle_rel_tps": rel.amax(dim=-1).mean(),
-            "val/acc": (choice == rel.argmax(dim=-1)).float().mean(),
+            "val/oracle_rel_tps": rel[rows, oracle].mean(),
+            "val/acc": (choice == oracle).float().mean(),
         }
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=n, sync_dist=True)
         return loss

@@ -9,10 +9,13 @@ standardisation lives *inside* the module as buffers, so the exported graph take
 standardised values are clipped to ``±clip`` so that one wild input (a context length far beyond
 the training data) cannot drown the others.
 
-The objective, :func:`selector_loss`, is DDTE's: maximise the policy's tokens/s relative to the
-best static action, ``TPS_π(c) = Σ_a π(a|c) E[τ+1](c,a) / Σ_a π(a|c) T(c,a)``, plus (a
-departure) a cross-entropy towards the soft per-context best action, which keeps actions the
-policy has given up on reachable.
+The default objective, :func:`selector_loss` with ``objective="net"``, maximises the *aggregate*
+tokens/s a run measures (a ratio of sums) rather than DDTE's mean of per-context ratios: each
+context's value of an action is ``E[τ+1] - λ T``, with ``λ`` the best static plan's tokens/s
+(see :mod:`adaptive_spec.selector.data`). DDTE's own objective is kept as ``"ddte"``. A
+cross-entropy towards the soft per-context best action keeps actions the policy has given up on
+reachable. Actions outside the candidate set get a fixed ``-1e4`` logit bias (a buffer, so the
+exported graph never picks them).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (PyTorch's own convention)
 from torch import nn
 
-OBJECTIVES = ("ddte", "expected")
+OBJECTIVES = ("net", "ddte", "expected")
+EXCLUDED_BIAS = -1.0e4  # logit bias of an action outside the candidate set
 
 
 class SelectorNet(nn.Module):
@@ -61,6 +65,7 @@ class SelectorNet(nn.Module):
         # Set from the training split by the data module; identity until then.
         self.register_buffer("feature_mean", torch.zeros(num_features))
         self.register_buffer("feature_std", torch.ones(num_features))
+        self.register_buffer("action_bias", torch.zeros(num_actions))  # 0 = candidate, EXCLUDED_BIAS = never
         self.draft_proj = _projection(draft_hidden_dim, proj_dim)
         self.target_proj = _projection(target_hidden_dim, proj_dim)
         width = num_features + proj_dim * ((draft_hidden_dim > 0) + (target_hidden_dim > 0))
@@ -91,6 +96,22 @@ class SelectorNet(nn.Module):
         self.feature_mean.copy_(mean)
         self.feature_std.copy_(std)
 
+    def set_candidates(self, candidates: Sequence[int] | None) -> None:
+        """Restrict the choice to the action indices ``candidates`` (None: every action)."""
+        bias = torch.zeros(self.num_actions)
+        if candidates is not None:
+            index = torch.as_tensor(list(candidates), dtype=torch.long)
+            if index.numel() == 0 or int(index.min()) < 0 or int(index.max()) >= self.num_actions:
+                raise ValueError(f"candidates must be non-empty indices in [0, {self.num_actions}), got {candidates}")
+            bias.fill_(EXCLUDED_BIAS)
+            bias[index] = 0.0
+        self.action_bias.copy_(bias)
+
+    @property
+    def candidates(self) -> list[int]:
+        """The action indices the network can choose."""
+        return torch.nonzero(self.action_bias == 0).flatten().tolist()
+
     def forward(
         self,
         features: torch.Tensor,  # [B, F] raw scalar features, SCHEMA order
@@ -106,7 +127,7 @@ class SelectorNet(nn.Module):
             if h is None:
                 raise ValueError(f"this selector takes {name}; pass it")
             parts.append(proj(h.to(x.dtype)))
-        return self.mlp(torch.cat(parts, dim=-1))
+        return self.mlp(torch.cat(parts, dim=-1)) + self.action_bias
 
 
 def _projection(dim: int, proj_dim: int) -> nn.Module | None:
@@ -119,7 +140,9 @@ def selector_loss(
     step_time_s: torch.Tensor,  # [B, A] predicted seconds per step
     base_tps: torch.Tensor,  # [B] tokens/s of the best static action for the row's sampling settings
     *,
-    objective: str = "ddte",
+    objective: str = "net",
+    net_value: torch.Tensor | None = None,  # [B, A] (BE - λT) / (λ T_static); needed by "net"
+    action_bias: torch.Tensor | None = None,  # [A] the network's candidate bias (0 or EXCLUDED_BIAS)
     tail_weight: float = 0.0,
     tail_fraction: float = 0.1,
     ce_weight: float = 0.0,
@@ -127,26 +150,36 @@ def selector_loss(
 ) -> torch.Tensor:
     """The selector's training loss (lower is better), a scalar.
 
-    Objectives (``r`` is the policy's tokens/s at a context divided by the best static action's):
+    Objectives (``r`` is the policy's tokens/s at a context relative to the best static action):
 
+    - ``"net"``: ``r = 1 + Σ_a π_a V_a`` with ``V = net_value``; loss ``-mean(r)``. Summed over
+      contexts this is the aggregate tokens gained over the static rate per static step, so its
+      maximiser, ``argmax_a BE_a - λ T_a`` per context, maximises the aggregate tokens/s.
     - ``"ddte"``: ``r = (Σ_a π_a BE_a / Σ_a π_a T_a) / TPS_base``; loss ``mean(-log r)`` (DDTE App. E).
     - ``"expected"``: ``r = Σ_a π_a (BE_a / T_a) / TPS_base``; loss ``-mean(r)``.
 
-    Both maximisers put all mass on ``argmax_a BE_a / T_a``, the action the runtime takes.
+    The last two put all mass on ``argmax_a BE_a / T_a``, the best *per-context* ratio, which
+    favours rare big wins over the aggregate.
 
     Extra terms:
         tail: ``tail_weight`` times the mean of ``max(1 - r, 0)²`` over the worst ``tail_fraction``
             of the batch (DDTE's guard against contexts where the policy loses to the static plan).
-        cross-entropy: ``ce_weight`` times the cross-entropy towards the soft target
-            ``softmax(log(tps_a / max tps) / ce_temperature)`` (near-ties share the mass; a small
-            temperature approaches the one-hot best action).
+        cross-entropy: ``ce_weight`` times the cross-entropy towards a soft per-context best
+            action, ``softmax(V / ce_temperature)`` for ``"net"`` (a 5% static step worse gets
+            weight 1/e at 0.05), else ``softmax(log(tps_a / max tps) / ce_temperature)``; restricted
+            to the candidates when ``action_bias`` is given.
     """
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; use one of {', '.join(OBJECTIVES)}")
+    if objective == "net" and net_value is None:
+        raise ValueError('objective "net" needs net_value [B, A]')
     logits = logits.float()
     probs = logits.softmax(dim=-1)
     tps = block_efficiency / step_time_s  # [B, A]
-    if objective == "ddte":
+    if objective == "net":
+        r = 1 + (probs * net_value).sum(-1)
+        loss = -r.mean()
+    elif objective == "ddte":
         r = (probs * block_efficiency).sum(-1) / (probs * step_time_s).sum(-1) / base_tps
         loss = -r.clamp_min(1e-12).log().mean()
     else:
@@ -157,7 +190,10 @@ def selector_loss(
         shortfall = (1 - r).clamp_min(0).square()
         loss = loss + tail_weight * shortfall.topk(k).values.mean()
     if ce_weight > 0:
-        log_rel = tps.log() - tps.log().amax(dim=-1, keepdim=True)  # [B, A], <= 0
-        target = (log_rel / ce_temperature).softmax(dim=-1)
+        score = net_value.float() if objective == "net" else tps.log() - tps.log().amax(dim=-1, keepdim=True)
+        score = score / ce_temperature
+        if action_bias is not None:
+            score = score + action_bias.to(score.dtype)
+        target = score.softmax(dim=-1)
         loss = loss + ce_weight * F.cross_entropy(logits, target)
     return loss

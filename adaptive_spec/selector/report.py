@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-ORDER = ("neural", "hgb", "logistic", "best_static", "oracle")
+ORDER = ("adaptive", "neural", "hgb", "logistic", "best_static", "oracle")
 
 
 def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, str]:
@@ -50,8 +50,26 @@ def _markdown(report: dict[str, Any]) -> str:
     for name in _ordered(scores):
         s = scores[name]
         lines.append(f"| {name} | {s['rel_tps']:.4f} | {s['agg_rel_tps']:.4f} | {s['accuracy']:.3f} |")
-    lines += ["", "Best static action per sampling setting:", ""]
-    lines += [f"- `{g}`: `{a}`" for g, a in report["best_static"].items()]
+    groups = report.get("groups") or {}
+    if groups:
+        static = report.get("static_groups") or {}
+        lines += [
+            "",
+            f"Per sampling setting (network vs best static; a setting below 1 + {report.get('min_gain', 0):g} is "
+            "played statically):",
+            "",
+            "| setting | rows | best static | network agg_rel_tps | oracle agg_rel_tps | exported selector plays |",
+            "|---|---:|---|---:|---:|---|",
+        ]
+        for g, sc in groups.items():
+            play = f"static `{static[g]}`" if g in static else "the network"
+            lines.append(
+                f"| {g} | {sc['rows']} | `{report['best_static'].get(g)}` | {sc['agg_rel_tps']:.4f} | "
+                f"{sc.get('oracle_agg_rel_tps', float('nan')):.4f} | {play} |"
+            )
+    else:
+        lines += ["", "Best static action per sampling setting:", ""]
+        lines += [f"- `{g}`: `{a}`" for g, a in report["best_static"].items()]
     share = {a: s for a, s in report.get("neural_action_share", {}).items() if s > 0}
     if share:
         lines += ["", "Neural selector's choices on the validation contexts:", ""]
@@ -78,18 +96,18 @@ def _plot(report: dict[str, Any], path: Path) -> None:
     scores, history = report["scores"], report.get("history", [])
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(11, 4))
     names = _ordered(scores)
-    values = [scores[n]["rel_tps"] for n in names]
-    kind = {"neural": "tab:blue", "best_static": "tab:gray", "oracle": "tab:gray"}
+    values = [scores[n]["agg_rel_tps"] for n in names]
+    kind = {"adaptive": "tab:green", "neural": "tab:blue", "best_static": "tab:gray", "oracle": "tab:gray"}
     colors = [kind.get(n, "tab:orange") for n in names]
     bars = ax0.bar(names, values, color=colors)
     ax0.bar_label(bars, fmt="%.3f")
     ax0.axhline(1.0, color="black", lw=0.8, ls="--")
     lo = min(values)
     ax0.set_ylim(min(0.9, lo - 0.02), max(values) * 1.03)
-    ax0.set_ylabel("tokens/s relative to best static (val)")
+    ax0.set_ylabel("tokens/s relative to best static (val, ratio of sums)")
     ax0.set_title("Selectors on held-out prompts")
     epochs = [h["epoch"] for h in history]
-    for key, style in (("val/rel_tps", "-o"), ("val/oracle_rel_tps", "--")):
+    for key, style in (("val/agg_rel_tps", "-o"), ("val/rel_tps", "-"), ("val/oracle_rel_tps", "--")):
         pts = [(e, h[key]) for e, h in zip(epochs, history, strict=True) if key in h]
         if pts:
             ax1.plot(*zip(*pts, strict=True), style, label=key, ms=3)

@@ -55,6 +55,10 @@ class SelectorRuntime:
         best_static_groups: the best static action per sampling group chosen on the training
             prompts, ``{"T=0,top_p=1": "chain:4/block", ...}`` (empty when the file does not record
             it, e.g. a network exported without its training summary); see :meth:`best_static`.
+        static_groups: the sampling groups where the network did *not* beat the best static action
+            on the validation prompts in training (``train-selector``'s report, ``--min_gain``),
+            mapped to that static action: there the planner plays it without computing features
+            or calling the network; see :meth:`static_plan_for`.
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -135,6 +139,20 @@ class SelectorRuntime:
                     "the actions; export the selector again"
                 )
             self.best_static_groups[group] = action
+        static = self.training.get("static_groups") if isinstance(self.training, dict) else None
+        if not isinstance(static, (dict, type(None))):
+            raise self._fail(f"training.static_groups must map sampling groups to actions, got {static!r}")
+        self.static_groups: dict[tuple[float, float], Plan] = {}
+        self.static_group_names: dict[str, str] = {}
+        for group, action in (static or {}).items():
+            parsed = _parse_group(group)
+            if parsed is None or action not in self.actions:
+                raise self._fail(
+                    f"training.static_groups has {group!r}: {action!r}; expected 'T=<t>,top_p=<p>' mapped to one of "
+                    "the actions; export the selector again"
+                )
+            self.static_groups[(round(parsed[0], 4), round(parsed[1], 4))] = self.plans[self.actions.index(action)]
+            self.static_group_names[group] = action
 
     def _check_graph(self) -> None:
         inputs = {i.name: i for i in self.session.get_inputs()}
@@ -176,6 +194,14 @@ class SelectorRuntime:
     def choose_index(self, features: np.ndarray, **hidden: np.ndarray) -> np.ndarray:
         """The argmax action index per row, int64 [B]."""
         return self.logits(features, **hidden).argmax(axis=1)
+
+    def static_plan_for(self, temperature: float, top_p: float = 1.0) -> Plan | None:
+        """The static plan to play at ``(temperature, top_p)`` instead of the network, or None (use the network).
+
+        Only exactly these sampling settings count: at settings the selector never validated on,
+        the network decides.
+        """
+        return self.static_groups.get((round(float(temperature), 4), round(float(top_p), 4)))
 
     def best_static(self, temperature: float, top_p: float = 1.0) -> Plan:
         """The best single static action for ``(temperature, top_p)`` chosen on the training prompts.
@@ -365,14 +391,31 @@ class AdaptivePlanner:
         out = {self.runtime.actions[i]: int(self.choice_counts[i]) for i in order if self.choice_counts[i] > 0}
         return dict(list(out.items())[:top]) if top is not None else out
 
+    def needs_features_for(self, temperature: float, top_p: float = 1.0) -> bool:
+        """False at sampling settings where the selector plays its static plan (no features needed)."""
+        static = self.runtime.static_plan_for(temperature, top_p)
+        if static is None:
+            return True
+        return self._allowed is not None and self.runtime.plans.index(static) not in self._allowed
+
     def choose(self, state: StepState) -> Plan:
         """The plan for the coming step: argmax of the selector's logits at ``state.features``.
+
+        At sampling settings listed in the selector's ``static_groups`` the answer is that group's
+        static plan, without features or a network call.
 
         Raises:
             RuntimeError: the engine passed no features (or no hidden states the model needs).
             ValueError: a feature is missing or the logits are not finite (non-finite features).
         """
         t0 = time.perf_counter()
+        static = self.runtime.static_plan_for(state.temperature, state.top_p) if self.runtime.static_groups else None
+        if static is not None:
+            index = self.runtime.plans.index(static)
+            if self._allowed is None or index in self._allowed:
+                self.decision_times_s.append(time.perf_counter() - t0)
+                self.choice_counts[index] += 1
+                return static
         features = state.features
         if features is None:
             raise RuntimeError(

@@ -26,7 +26,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 
 from adaptive_spec.selector.baselines import BASELINES, run_baselines
-from adaptive_spec.selector.data import SelectorSplit, score_choices
+from adaptive_spec.selector.data import SelectorSplit, oracle_choices, score_by_group, score_choices
 from adaptive_spec.selector.lit import HistoryCallback, SelectorDataModule, SelectorModule
 
 DEFAULT_ROOT = "runs/selector"
@@ -43,6 +43,11 @@ class SelectorCLI(LightningCLI):
             help=f"scikit-learn baselines in the report, from {list(BASELINES)} (empty: none)",
         )  # fmt: skip
         parser.add_argument("--baseline_max_iter", type=int, default=100, help="boosting rounds / solver iterations")
+        parser.add_argument(
+            "--min_gain", type=float, default=0.01,
+            help="a sampling group where the network's validation tokens/s is below (1 + min_gain) x the best static "
+                 "action's is played statically by the exported selector (report: static_groups); -1 disables",
+        )  # fmt: skip
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         trainer = self.config.trainer
@@ -81,6 +86,7 @@ def main(args: list[str] | None = None) -> dict[str, Any] | None:
         model, dm, run_dir / "report", history=history, checkpoint=best, trainer_info=trainer_info,
         baselines=cli.config.baselines,
         baseline_max_iter=cli.config.baseline_max_iter, seed=int(cli.config.seed_everything or 0),
+        min_gain=cli.config.min_gain,
     )  # fmt: skip
 
 
@@ -108,8 +114,16 @@ def build_report(
     trainer_info: dict[str, Any] | None = None,
     baseline_max_iter: int = 100,
     seed: int = 0,
+    min_gain: float = 0.01,
 ) -> dict[str, Any]:
-    """Score neural vs baselines vs best static vs oracle on the val split; write the report files."""
+    """Score neural vs baselines vs best static vs oracle on the val split; write the report files.
+
+    Also decides the *static groups*: the sampling groups where the network's aggregate validation
+    tokens/s is below ``(1 + min_gain)`` times the best static action's (or that have no validation
+    rows). The exported selector plays the static action there (see
+    :meth:`~adaptive_spec.selector.runtime.SelectorRuntime.static_plan_for`); ``adaptive`` in the
+    scores is the network with that fallback.
+    """
     from adaptive_spec.selector.report import write_report
 
     train, val = dm.train_split, dm.val_split
@@ -119,7 +133,18 @@ def build_report(
     scores = {"neural": score_choices(choices, val)}
     scores.update(run_baselines(train, val, baselines, seed=seed, max_iter=baseline_max_iter))
     scores["best_static"] = score_choices(val.base_action, val)
-    scores["oracle"] = score_choices(val.best_action, val)
+    oracle = oracle_choices(val)
+    scores["oracle"] = score_choices(oracle, val)
+    groups = score_by_group(choices, val)
+    for g, oracle in score_by_group(oracle, val).items():
+        groups[g]["oracle_agg_rel_tps"] = oracle["agg_rel_tps"]
+    static_groups = {
+        g: a for g, a in spec["best_static"].items()
+        if min_gain >= 0 and (g not in groups or groups[g]["agg_rel_tps"] < 1 + min_gain)
+    }  # fmt: skip
+    static_rows = np.isin(val.groups, list(static_groups)) if static_groups else np.zeros(len(val), bool)
+    adaptive = np.where(static_rows, val.base_action, choices)
+    scores = {"adaptive": score_choices(adaptive, val), **scores}
     counts = np.bincount(choices, minlength=len(actions))
     report = {
         "checkpoint": checkpoint,
@@ -130,6 +155,10 @@ def build_report(
         "use_hidden": bool(model.hparams.use_hidden),
         "hparams": {k: v for k, v in model.hparams.items() if k != "data_spec"},
         "scores": scores,
+        "groups": groups,
+        "min_gain": min_gain,
+        "static_groups": static_groups,
+        "candidates": [actions[i] for i in model.net.candidates],
         "neural_action_share": {a: float(c / max(1, len(choices))) for a, c in zip(actions, counts, strict=True)},
         "history": history,
     }
@@ -150,7 +179,10 @@ def run(args: argparse.Namespace) -> int:
     """Train and report; return the exit status."""
     report = main(list(args.cli_args))
     if report is not None:
-        shown = ", ".join(f"{k} {v['rel_tps']:.4f}" for k, v in report["scores"].items())
-        print(f"val rel tokens/s: {shown}")
+        shown = ", ".join(f"{k} {v['agg_rel_tps']:.4f}" for k, v in report["scores"].items())
+        print(f"val tokens/s relative to the best static action (ratio of sums): {shown}")
+        for g, sc in report["groups"].items():
+            play = "static" if g in report["static_groups"] else "network"
+            print(f"  {g}: network {sc['agg_rel_tps']:.4f}, oracle {sc['oracle_agg_rel_tps']:.4f} -> plays {play}")
         print(f"report: {report['files']['markdown']}")
     return 0

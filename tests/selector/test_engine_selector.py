@@ -85,3 +85,41 @@ def test_engine_level_planner_and_hidden_states(engine, tmp_path):
     # Greedy decoding stays lossless whatever the selector picks.
     plain = engine.generate(PROMPT, max_new_tokens=30, temperature=0.0, plan=None, seed=0)
     assert res.token_ids == plain.token_ids
+
+
+def test_static_groups_play_the_static_plan_without_features(engine, tmp_path):
+    """Where training found no gain (report's static_groups) the planner plays the static plan, feature-free."""
+    from adaptive_spec.selector.runtime import SelectorLoadError
+
+    torch.manual_seed(0)
+    net = SelectorNet(SCHEMA.num_scalar, len(ACTIONS), hidden_sizes=(32,)).eval()
+    net.set_standardisation(torch.zeros(SCHEMA.num_scalar), torch.full((SCHEMA.num_scalar,), 0.3))
+    path = tmp_path / "gated.onnx"
+    training = {"best_static": {"T=1,top_p=1": "chain:3/block", "T=0,top_p=1": "chain:1/block"},
+                "static_groups": {"T=1,top_p=1": "chain:3/block"}}  # fmt: skip
+    export_net(net, path, actions=ACTIONS, training=training)
+    planner = RecordingPlanner(str(path))
+    assert not planner.needs_features_for(1.0, 1.0)
+    assert planner.needs_features_for(0.0, 1.0) and planner.needs_features_for(1.0, 0.9)
+    # Sampling at T=1: every step is the static plan and the engine computed no features.
+    seen: list = []
+    original = AdaptivePlanner.choose
+
+    def spy(self, state):
+        seen.append(state.features)
+        return original(self, state)
+
+    gated = AdaptivePlanner(str(path))
+    gated.choose = spy.__get__(gated)
+    res = engine.generate(PROMPT, max_new_tokens=30, temperature=1.0, plan=gated, seed=0)
+    assert seen and all(f is None for f in seen)
+    assert {str(s.plan.shape) for s in res.steps} <= {"chain:3", "chain:2", "chain:1"}  # cut at the budget's end
+    assert gated.action_counts() == {"chain:3/block": len(res.steps)}
+    # Greedy: not a static group, the network decides on real features.
+    res0 = engine.generate(PROMPT, max_new_tokens=30, temperature=0.0, plan=planner, seed=0)
+    assert len(planner.seen) == len(res0.steps) and all(f for f, _, _ in planner.seen)
+    # A static group naming an unknown action is refused at load time.
+    bad = tmp_path / "bad.onnx"
+    export_net(net, bad, actions=ACTIONS, training={"static_groups": {"T=1,top_p=1": "chain:9/block"}})
+    with pytest.raises(SelectorLoadError, match="static_groups"):
+        AdaptivePlanner(str(bad))

@@ -15,7 +15,14 @@ import torch
 from adaptive_spec.cli import main as cli_main
 from adaptive_spec.data.label_table import read_labels, write_labels
 from adaptive_spec.planner import Plan, StepState
-from adaptive_spec.selector.data import prepare, sampling_group, score_choices, split_by_prompt
+from adaptive_spec.selector.data import (
+    oracle_choices,
+    prepare,
+    sampling_group,
+    score_by_group,
+    score_choices,
+    split_by_prompt,
+)
 from adaptive_spec.selector.export import PARITY_TOL, export_net, parity
 from adaptive_spec.selector.features import SCHEMA
 from adaptive_spec.selector.lit import SelectorModule
@@ -99,14 +106,40 @@ def test_prepare_picks_the_best_static_action_per_sampling_group_on_train(tmp_pa
     groups = np.asarray(sampling_group(train.features))
     assert set(spec["best_static"]) == {"T=0,top_p=1", "T=1,top_p=1"}
     for g, action in spec["best_static"].items():
-        mean_tps = train.tps[groups == g].mean(axis=0)
-        assert action == ACTIONS[int(mean_tps.argmax())]
-        assert (train.base_action[groups == g] == ACTIONS.index(action)).all()
+        # Chosen by aggregate tokens/s (Σ BE / Σ T), what a benchmark of one static plan measures.
+        rows = groups == g
+        rates = train.block_efficiency[rows].astype(np.float64).sum(0) / train.step_time_s[rows].astype(np.float64).sum(0)
+        assert action == ACTIONS[int(rates.argmax())]
+        assert spec["best_static_rate"][g] == pytest.approx(rates.max())
+        assert (train.base_action[rows] == ACTIONS.index(action)).all()
+        np.testing.assert_allclose(train.base_rate[rows], rates.max())
+    # Net value: BE - λT in static steps; 0 on the static action when its BE/T equals λ on average.
+    rows = np.arange(len(train))
+    np.testing.assert_allclose(
+        train.net_value[rows, train.base_action],
+        (train.block_efficiency[rows, train.base_action] / train.step_time_s[rows, train.base_action]) / train.base_rate - 1,
+        rtol=1e-5,
+    )
     np.testing.assert_allclose(spec["feature_mean"], train.features.astype(np.float64).mean(axis=0), rtol=1e-6)
     # The static choice scores 1 by definition; the oracle at least 1 and a perfect accuracy.
     assert score_choices(val.base_action, val)["rel_tps"] == pytest.approx(1.0)
     oracle = score_choices(val.best_action, val)
     assert oracle["rel_tps"] > 1.0 and oracle["accuracy"] == 1.0
+    # The Dinkelbach oracle maximises each group's aggregate: no single choice per row beats it.
+    best = oracle_choices(val)
+    best_agg = score_by_group(best, val)
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        other = best.copy()
+        flip = rng.integers(0, len(val), 3)
+        other[flip] = rng.integers(0, len(ACTIONS), 3)
+        for g, sc in score_by_group(other, val).items():
+            assert sc["agg_rel_tps"] <= best_agg[g]["agg_rel_tps"] + 1e-12
+    assert score_choices(best, val)["agg_rel_tps"] >= oracle["agg_rel_tps"] - 1e-12
+    # Candidates: the most often best actions plus the static ones.
+    _, _, few = prepare(table, val_fraction=0.25, seed=0, max_actions=1)
+    assert set(np.unique(train.base_action)) <= set(few["candidates"]) and len(few["candidates"]) <= 3
+    assert spec["candidates"] == list(range(len(ACTIONS)))
     # Bad labels are refused with the row named.
     table.step_time_s[3, 1] = 0.0
     with pytest.raises(ValueError, match="non-positive"):
@@ -114,33 +147,68 @@ def test_prepare_picks_the_best_static_action_per_sampling_group_on_train(tmp_pa
 
 
 # ---------------------------------------------------------------------------- loss
-@pytest.mark.parametrize("objective", ["ddte", "expected"])
+@pytest.mark.parametrize("objective", ["net", "ddte", "expected"])
 def test_loss_is_lowest_on_the_best_action_and_its_gradient_moves_towards_it(objective):
     be = torch.tensor([[1.0, 3.0, 2.0], [4.0, 1.5, 1.0]])
     st = torch.tensor([[1.0, 1.0, 1.0], [2.0, 1.0, 1.0]])
     base = (be / st)[:, 0]
-    best = (be / st).argmax(-1)  # [1, 0]
+    rate = torch.full((2,), 2.0)  # λ: the static rate over both rows (Σ BE / Σ T of action 0)
+    value = (be - rate[:, None] * st) / (rate * st[:, 0])[:, None]
+    net = {"net_value": value}
+    best = (be / st).argmax(-1)  # [1, 0]; here also the best net value
+    assert torch.equal(best, value.argmax(-1))
     sharp = torch.full((2, 3), -20.0)
     on_best, on_worst = sharp.clone(), sharp.clone()
     on_best[torch.arange(2), best] = 20.0
     on_worst[torch.arange(2), (be / st).argmin(-1)] = 20.0
     for kw in ({}, {"tail_weight": 1.0}, {"ce_weight": 1.0}):
-        lo = selector_loss(on_best, be, st, base, objective=objective, **kw)
-        hi = selector_loss(on_worst, be, st, base, objective=objective, **kw)
+        lo = selector_loss(on_best, be, st, base, objective=objective, **net, **kw)
+        hi = selector_loss(on_worst, be, st, base, objective=objective, **net, **kw)
         assert lo < hi
     logits = torch.zeros(2, 3, requires_grad=True)
-    selector_loss(logits, be, st, base, objective=objective, tail_weight=0.5, ce_weight=0.5).backward()
+    selector_loss(logits, be, st, base, objective=objective, tail_weight=0.5, ce_weight=0.5, **net).backward()
     stepped = (logits - 0.5 * logits.grad).softmax(-1)
     assert (stepped[torch.arange(2), best] > 1 / 3).all()
     with pytest.raises(ValueError, match="unknown objective"):
         selector_loss(logits, be, st, base, objective="nope")
+    if objective == "net":
+        with pytest.raises(ValueError, match="needs net_value"):
+            selector_loss(logits, be, st, base, objective="net")
 
+
+def test_net_objective_maximises_the_aggregate_not_the_mean_ratio():
+    # Row 0 is a slow context, row 1 a fast one. On row 0 action 1 has the better ratio (0.209 vs
+    # 0.2 tokens/s), but its extra second earns 0.3 tokens where the static rate earns 2.9: choosing
+    # it lowers the aggregate (32.3 / 12 = 2.69 < 32 / 11 = 2.91).
+    be = torch.tensor([[2.0, 2.3], [30.0, 1.0]])
+    st = torch.tensor([[10.0, 11.0], [1.0, 1.0]])
+    rate = torch.full((2,), 32.0 / 11.0)
+    value = (be - rate[:, None] * st) / (rate * st[:, 0])[:, None]
+    assert value[0].argmax() == 0 and (be / st)[0].argmax() == 1
+    logits = torch.zeros(2, 2, requires_grad=True)
+    for _ in range(200):
+        loss = selector_loss(logits, be, st, (be / st)[:, 0], objective="net", net_value=value)
+        (grad,) = torch.autograd.grad(loss, logits)
+        logits = (logits - 5.0 * grad).detach().requires_grad_(True)
+    assert logits.argmax(-1).tolist() == [0, 0]
+
+
+def test_candidates_bias_excludes_actions_in_the_network_and_its_loss():
+    net = SelectorNet(SCHEMA.num_scalar, 5, hidden_sizes=(8,))
+    net.set_candidates([1, 3])
+    assert net.candidates == [1, 3]
+    out = net(torch.randn(64, SCHEMA.num_scalar))
+    assert set(out.argmax(-1).tolist()) <= {1, 3}
+    net.set_candidates(None)
+    assert net.candidates == [0, 1, 2, 3, 4]
+    with pytest.raises(ValueError, match="candidates"):
+        net.set_candidates([7])
 
 # ---------------------------------------------------------------------------- training + report
 def test_train_selector_cli_learns_and_writes_the_report(trained):
     report, run_dir = trained
     scores = report["scores"]
-    assert set(scores) == {"neural", "hgb", "logistic", "best_static", "oracle"}
+    assert set(scores) == {"adaptive", "neural", "hgb", "logistic", "best_static", "oracle"}
     assert scores["best_static"]["rel_tps"] == pytest.approx(1.0)
     gain = scores["oracle"]["rel_tps"] - 1.0
     assert gain > 0.03  # the fixture leaves room to learn
@@ -192,6 +260,28 @@ def test_export_parity_and_metadata(trained, exported, labels_dir):
     assert json.loads(meta["adaptive_spec.manifest"]) == table.manifest
     assert json.loads(meta["adaptive_spec.hidden_dims"]) == {"draft_hidden": 0, "target_hidden": 0}
     assert json.loads(meta["adaptive_spec.training"])["split"]["val_prompts"] == 8
+    # The run's report decides the static groups (none here: the network wins at both temperatures).
+    assert set(report["groups"]) == {"T=0,top_p=1", "T=1,top_p=1"} and report["static_groups"] == {}
+    assert json.loads(meta["adaptive_spec.training"])["static_groups"] == {}
+
+
+def test_export_records_the_reports_static_groups(trained, tmp_path):
+    report, run_dir = trained
+    edited = dict(json.loads((run_dir / "report" / "report.json").read_text()))
+    edited["static_groups"] = {"T=1,top_p=1": report["best_static"]["T=1,top_p=1"]}
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps(edited))
+    out = tmp_path / "gated.onnx"
+    assert cli_main(["export-selector", report["checkpoint"], "--out", str(out), "--report", str(path),
+                     "--latency-decisions", "0"]) == 0  # fmt: skip
+    planner = AdaptivePlanner(str(out))
+    assert str(planner.runtime.static_plan_for(1.0)) == report["best_static"]["T=1,top_p=1"]
+    assert planner.runtime.static_plan_for(0.0) is None
+    assert cli_main(["export-selector", report["checkpoint"], "--out", str(out), "--report", str(path),
+                     "--no-static-groups", "--latency-decisions", "0"]) == 0  # fmt: skip
+    assert AdaptivePlanner(str(out)).runtime.static_groups == {}
+    # The report records the bar it applied.
+    assert report["min_gain"] == pytest.approx(0.01)
 
 
 def test_adaptive_planner_decisions_equal_torch_argmax(trained, exported, labels_dir):
