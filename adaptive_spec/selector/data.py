@@ -198,8 +198,9 @@ def prepare(
             "train_rows": len(train_rows),
             "val_rows": len(val_rows),
         },
-        "labels": None if labels is None else (str(labels) if isinstance(labels, (str, Path)) else
-                                                  [str(p) for p in labels]),
+        "labels": None
+        if labels is None
+        else (str(labels) if isinstance(labels, (str, Path)) else [str(p) for p in labels]),
     }
     return train, val, spec
 

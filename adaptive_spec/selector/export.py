@@ -146,12 +146,12 @@ def parity(net: SelectorNet, onnx_model: bytes | str | Path, inputs: dict[str, t
 
 
 def run_report_path(ckpt: str | Path) -> Path:
-    """Where ``train-selector`` writes the report of the run a checkpoint belongs to (``version_N/report/report.json``)."""
+    """Where ``train-selector`` writes the report of a checkpoint's run: ``version_N/report/report.json``."""
     return Path(ckpt).resolve().parent.parent / "report" / "report.json"
 
 
 def export_checkpoint(
-    ckpt: str | Path, out: str | Path, *, check_batch: int = 64, report: str | Path | None | bool = None
+    ckpt: str | Path, out: str | Path, *, check_batch: int = 64, report: str | Path | bool | None = None
 ) -> dict[str, Any]:
     """Export a ``SelectorModule`` Lightning checkpoint (``train-selector`` writes them) to ONNX.
 

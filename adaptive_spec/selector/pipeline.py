@@ -41,9 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--temperatures", default="0,0.7,1.0", help="comma-separated (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="per generation (default: %(default)s)")
-    parser.add_argument(
-        "--explore", default="epsilon:0.5", help="collect's exploring planner (default: %(default)s)"
-    )
+    parser.add_argument("--explore", default="epsilon:0.5", help="collect's exploring planner (default: %(default)s)")
     parser.add_argument("--plan", default="delayed:2x2x2/traversal", help="plan exploited by epsilon-greedy")
     parser.add_argument("--every", type=int, default=8, help="label every k-th root (default: %(default)s)")
     parser.add_argument("--samples", type=int, default=4, help="trees per root and family (default: %(default)s)")

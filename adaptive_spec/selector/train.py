@@ -136,8 +136,8 @@ def build_report(
     oracle = oracle_choices(val)
     scores["oracle"] = score_choices(oracle, val)
     groups = score_by_group(choices, val)
-    for g, oracle in score_by_group(oracle, val).items():
-        groups[g]["oracle_agg_rel_tps"] = oracle["agg_rel_tps"]
+    for g, best in score_by_group(oracle, val).items():
+        groups[g]["oracle_agg_rel_tps"] = best["agg_rel_tps"]
     static_groups = {
         g: a for g, a in spec["best_static"].items()
         if min_gain >= 0 and (g not in groups or groups[g]["agg_rel_tps"] < 1 + min_gain)

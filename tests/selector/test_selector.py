@@ -108,18 +108,16 @@ def test_prepare_picks_the_best_static_action_per_sampling_group_on_train(tmp_pa
     for g, action in spec["best_static"].items():
         # Chosen by aggregate tokens/s (Σ BE / Σ T), what a benchmark of one static plan measures.
         rows = groups == g
-        rates = train.block_efficiency[rows].astype(np.float64).sum(0) / train.step_time_s[rows].astype(np.float64).sum(0)
+        be, st = train.block_efficiency[rows].astype(np.float64), train.step_time_s[rows].astype(np.float64)
+        rates = be.sum(0) / st.sum(0)
         assert action == ACTIONS[int(rates.argmax())]
         assert spec["best_static_rate"][g] == pytest.approx(rates.max())
         assert (train.base_action[rows] == ACTIONS.index(action)).all()
         np.testing.assert_allclose(train.base_rate[rows], rates.max())
     # Net value: BE - λT in static steps; 0 on the static action when its BE/T equals λ on average.
     rows = np.arange(len(train))
-    np.testing.assert_allclose(
-        train.net_value[rows, train.base_action],
-        (train.block_efficiency[rows, train.base_action] / train.step_time_s[rows, train.base_action]) / train.base_rate - 1,
-        rtol=1e-5,
-    )
+    base_tps = train.block_efficiency[rows, train.base_action] / train.step_time_s[rows, train.base_action]
+    np.testing.assert_allclose(train.net_value[rows, train.base_action], base_tps / train.base_rate - 1, rtol=1e-5)
     np.testing.assert_allclose(spec["feature_mean"], train.features.astype(np.float64).mean(axis=0), rtol=1e-6)
     # The static choice scores 1 by definition; the oracle at least 1 and a perfect accuracy.
     assert score_choices(val.base_action, val)["rel_tps"] == pytest.approx(1.0)
@@ -203,6 +201,7 @@ def test_candidates_bias_excludes_actions_in_the_network_and_its_loss():
     assert net.candidates == [0, 1, 2, 3, 4]
     with pytest.raises(ValueError, match="candidates"):
         net.set_candidates([7])
+
 
 # ---------------------------------------------------------------------------- training + report
 def test_train_selector_cli_learns_and_writes_the_report(trained):
