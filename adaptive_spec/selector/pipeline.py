@@ -8,8 +8,12 @@ Stages (each one an ordinary command of the CLI, run in this process, in this or
    standard library's files *other than* the built-in pair's held-out files, so the selector never
    trains on the benchmark prompts (the built-in prompts are the held-out test set);
 3. ``collect``: the engine runs the training prompts at each temperature with an exploring planner
-   (epsilon-greedy around a default plan) and logs every step's root features;
-4. ``label``: E[τ+1] and predicted step time of every action at every k-th logged root;
+   (epsilon-greedy around a default plan) and logs every step's root features; then, into a second
+   log, ``--greedy-prompts`` more prompts at temperature 0 only. Greedy labels are exact (greedy
+   trees are deterministic) and the features predict them, while at T > 0 the labels are dominated
+   by the draw of the trees and the features barely predict the acceptance (validation then keeps
+   the best static plan there, see ``train-selector --min_gain``): extra data pays off at T = 0;
+4. ``label``: E[τ+1] and predicted step time of every action at every k-th logged root, in both logs;
 5. ``train-selector`` (LightningCLI, ``configs/selector/default.yaml`` unless ``--config``), with the
    validation split by prompt;
 6. ``export-selector``: ONNX with the feature standardisation inside, checked against torch;
@@ -43,6 +47,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128, help="per generation (default: %(default)s)")
     parser.add_argument("--explore", default="epsilon:0.5", help="collect's exploring planner (default: %(default)s)")
     parser.add_argument("--plan", default="delayed:2x2x2/traversal", help="plan exploited by epsilon-greedy")
+    parser.add_argument(
+        "--greedy-prompts", type=int, default=160,
+        help="extra training prompts collected at temperature 0 only, into OUT/log_t0, drawn from the standard "
+             "library (0: none; default: %(default)s); with --prompts, only --greedy-prompts-file gives them",
+    )  # fmt: skip
+    parser.add_argument("--greedy-prompts-file", type=Path, default=None,
+                        help="the extra greedy prompts from this file (JSONL or .txt) instead")  # fmt: skip
+    parser.add_argument("--greedy-every", type=int, default=8, help="label every k-th greedy root (default: %(default)s)")
+    parser.add_argument(
+        "--greedy-max-contexts", type=int, default=800, help="label at most this many greedy roots (default: %(default)s)"
+    )
     parser.add_argument("--every", type=int, default=8, help="label every k-th root (default: %(default)s)")
     parser.add_argument("--samples", type=int, default=4, help="trees per root and family (default: %(default)s)")
     parser.add_argument("--max-contexts", type=int, default=None, help="label at most this many roots")
@@ -78,6 +93,15 @@ def training_prompts(count: int, seed: int) -> list[str]:
     if len(prompts) < count:
         raise ValueError(f"found only {len(prompts)} training prompts in {root}; lower --num-prompts")
     return prompts
+
+
+def greedy_prompts(count: int, seed: int, exclude: list[str]) -> list[str]:
+    """``count`` more training prompts (drawn with ``seed + 7``), none of them in ``exclude``."""
+    skip = set(exclude)
+    pool = [p for p in training_prompts(count + len(skip) + 40, seed + 7) if p not in skip]
+    if len(pool) < count:
+        raise ValueError(f"found only {len(pool)} extra greedy prompts; lower --greedy-prompts")
+    return pool[:count]
 
 
 def default_config() -> Path:
@@ -118,19 +142,35 @@ def run(args: argparse.Namespace) -> int:
     done("profile")
 
     log_dir = out / "log"
+    greedy_dir = out / "log_t0"
     prompts_file = out / "train_prompts.jsonl"
+    greedy_file = out / "train_prompts_t0.jsonl"
+    greedy = args.greedy_prompts_file is not None or (args.greedy_prompts > 0 and args.prompts is None)
     if "collect" not in skip:
         stage("collect")
         if args.prompts is not None:
             prompts_file = args.prompts
+            from adaptive_spec.data.collect import read_prompt_file
+
+            prompts = read_prompt_file(prompts_file)
         else:
             prompts = training_prompts(args.num_prompts, args.seed)
             prompts_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-        if log_dir.exists():
-            shutil.rmtree(log_dir)  # a fresh log: features must come from this pair and profile
+        for d in (log_dir, greedy_dir):
+            if d.exists():
+                shutil.rmtree(d)  # a fresh log: features must come from this pair and profile
         _cli(["collect", "--out", str(log_dir), "--prompts", str(prompts_file), "--explore", args.explore,
               "--plan", args.plan, "--temperatures", args.temperatures, "--max-new-tokens", str(args.max_new_tokens),
               "--seed", str(args.seed), "--profile", str(args.profile)])  # fmt: skip
+        if greedy and args.greedy_prompts_file is not None:
+            greedy_file = args.greedy_prompts_file
+        elif greedy:
+            extra = greedy_prompts(args.greedy_prompts, args.seed, prompts)
+            greedy_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in extra))
+        if greedy:
+            _cli(["collect", "--out", str(greedy_dir), "--prompts", str(greedy_file), "--explore", args.explore,
+                  "--plan", args.plan, "--temperatures", "0", "--max-new-tokens", str(args.max_new_tokens),
+                  "--seed", str(args.seed + 7), "--profile", str(args.profile)])  # fmt: skip
         done("collect")
     if "label" not in skip:
         stage("label")
@@ -139,13 +179,20 @@ def run(args: argparse.Namespace) -> int:
         if args.max_contexts:
             argv += ["--max-contexts", str(args.max_contexts)]
         _cli(argv)
+        if greedy:
+            _cli(["label", str(greedy_dir), "--every", str(args.greedy_every), "--samples", str(args.samples),
+                  "--max-contexts", str(args.greedy_max_contexts), "--profile", str(args.profile),
+                  "--seed", str(args.seed + 7)])  # fmt: skip
         done("label")
     runs = out / "runs"
     onnx_path = out / "selector.onnx"
     if "train" not in skip:
         stage("train")
         config = args.config or default_config()
-        argv = ["train-selector", "--config", str(config), "--data.labels", str(log_dir / "labels.parquet"),
+        label_files = [str(log_dir / "labels.parquet")]
+        if greedy and (greedy_dir / "labels.parquet").exists():
+            label_files.append(str(greedy_dir / "labels.parquet"))
+        argv = ["train-selector", "--config", str(config), "--data.labels", json.dumps(label_files),
                 "--trainer.default_root_dir", str(runs), "--seed_everything", str(args.seed)]  # fmt: skip
         if args.epochs:
             argv += ["--trainer.max_epochs", str(args.epochs)]

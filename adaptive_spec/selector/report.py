@@ -41,15 +41,17 @@ def _markdown(report: dict[str, Any]) -> str:
         _trainer_line(report.get("trainer") or {}),
         "",
         "Tokens/s relative to the best static action of each sampling setting (chosen on the train split):",
-        "`rel_tps` is the mean over contexts of tps[choice] / tps[static], `agg_rel_tps` the ratio of the split's",
-        "total tokens to its total time, `accuracy` how often the choice is the per-context best action.",
+        "`agg_rel_tps` is the ratio of the split's total tokens to its total time (what a benchmark measures),",
+        "`rel_tps` the mean over contexts of tps[choice] / tps[static], `accuracy` how often the choice is the",
+        "per-context best action (largest net value). `adaptive` is the network with the static fallback per",
+        "sampling setting below; `oracle` maximises each setting's aggregate on these very contexts.",
         "",
-        "| selector | rel_tps | agg_rel_tps | accuracy |",
+        "| selector | agg_rel_tps | rel_tps | accuracy |",
         "|---|---:|---:|---:|",
     ]
     for name in _ordered(scores):
         s = scores[name]
-        lines.append(f"| {name} | {s['rel_tps']:.4f} | {s['agg_rel_tps']:.4f} | {s['accuracy']:.3f} |")
+        lines.append(f"| {name} | {s['agg_rel_tps']:.4f} | {s['rel_tps']:.4f} | {s['accuracy']:.3f} |")
     groups = report.get("groups") or {}
     if groups:
         static = report.get("static_groups") or {}

@@ -142,7 +142,7 @@ class SelectorRuntime:
         static = self.training.get("static_groups") if isinstance(self.training, dict) else None
         if not isinstance(static, (dict, type(None))):
             raise self._fail(f"training.static_groups must map sampling groups to actions, got {static!r}")
-        self.static_groups: dict[tuple[float, float], Plan] = {}
+        self.static_groups: dict[tuple[float, float], int] = {}  # (T, top_p) -> action index
         self.static_group_names: dict[str, str] = {}
         for group, action in (static or {}).items():
             parsed = _parse_group(group)
@@ -151,7 +151,7 @@ class SelectorRuntime:
                     f"training.static_groups has {group!r}: {action!r}; expected 'T=<t>,top_p=<p>' mapped to one of "
                     "the actions; export the selector again"
                 )
-            self.static_groups[(round(parsed[0], 4), round(parsed[1], 4))] = self.plans[self.actions.index(action)]
+            self.static_groups[(round(parsed[0], 4), round(parsed[1], 4))] = self.actions.index(action)
             self.static_group_names[group] = action
 
     def _check_graph(self) -> None:
@@ -201,6 +201,11 @@ class SelectorRuntime:
         Only exactly these sampling settings count: at settings the selector never validated on,
         the network decides.
         """
+        index = self.static_action_for(temperature, top_p)
+        return None if index is None else self.plans[index]
+
+    def static_action_for(self, temperature: float, top_p: float = 1.0) -> int | None:
+        """The action index of :meth:`static_plan_for`, or None."""
         return self.static_groups.get((round(float(temperature), 4), round(float(top_p), 4)))
 
     def best_static(self, temperature: float, top_p: float = 1.0) -> Plan:
@@ -393,10 +398,10 @@ class AdaptivePlanner:
 
     def needs_features_for(self, temperature: float, top_p: float = 1.0) -> bool:
         """False at sampling settings where the selector plays its static plan (no features needed)."""
-        static = self.runtime.static_plan_for(temperature, top_p)
-        if static is None:
+        index = self.runtime.static_action_for(temperature, top_p)
+        if index is None:
             return True
-        return self._allowed is not None and self.runtime.plans.index(static) not in self._allowed
+        return self._allowed is not None and index not in self._allowed
 
     def choose(self, state: StepState) -> Plan:
         """The plan for the coming step: argmax of the selector's logits at ``state.features``.
@@ -409,13 +414,12 @@ class AdaptivePlanner:
             ValueError: a feature is missing or the logits are not finite (non-finite features).
         """
         t0 = time.perf_counter()
-        static = self.runtime.static_plan_for(state.temperature, state.top_p) if self.runtime.static_groups else None
-        if static is not None:
-            index = self.runtime.plans.index(static)
-            if self._allowed is None or index in self._allowed:
+        if self.runtime.static_groups:
+            index = self.runtime.static_action_for(state.temperature, state.top_p)
+            if index is not None and (self._allowed is None or index in self._allowed):
                 self.decision_times_s.append(time.perf_counter() - t0)
                 self.choice_counts[index] += 1
-                return static
+                return self.runtime.plans[index]
         features = state.features
         if features is None:
             raise RuntimeError(

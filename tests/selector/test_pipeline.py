@@ -8,6 +8,7 @@ import pytest
 
 from adaptive_spec.cli import main
 from adaptive_spec.data.label_table import read_labels
+from adaptive_spec.selector.features import SCHEMA
 from adaptive_spec.selector.runtime import SelectorRuntime
 from tests.planner.test_latency import synthetic_profile
 from tests.test_demo import tiny_pair  # noqa: F401  (fixture)
@@ -17,6 +18,8 @@ from tests.test_demo import tiny_pair  # noqa: F401  (fixture)
 def test_pipeline_runs_end_to_end(tiny_pair, tmp_path):  # noqa: F811
     prompts = tmp_path / "train.txt"
     prompts.write_text("\n".join(["w5 w6 w7", "w9 w3", "w10 w11 w2", "w12 w4", "w8 w13 w14", "w15 w16"]))
+    greedy = tmp_path / "greedy.txt"
+    greedy.write_text("\n".join(["w7 w8 w9", "w3 w4", "w13 w2 w5"]))
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(synthetic_profile()))
     out = tmp_path / "sel"
@@ -24,12 +27,21 @@ def test_pipeline_runs_end_to_end(tiny_pair, tmp_path):  # noqa: F811
         "selector-pipeline", "--out", str(out), "--prompts", str(prompts), "--temperatures", "0,1",
         "--max-new-tokens", "8", "--every", "1", "--samples", "1", "--epochs", "2", "--profile", str(profile),
         "--bench-plans", "adaptive,best-static,chain:2/block", "--bench-tokens", "6",
+        "--greedy-prompts-file", str(greedy), "--greedy-every", "1",
     ])  # fmt: skip
     assert code == 0
     labels = read_labels(out / "log" / "labels.parquet")
     assert len(labels) >= 6 and len(labels.actions) == 298 and (labels.block_efficiency >= 1).all()
+    greedy_labels = read_labels(out / "log_t0" / "labels.parquet")
+    assert len(greedy_labels) >= 3 and set(greedy_labels.features[:, SCHEMA.names.index("temperature")]) == {0.0}
+    # The selector trained on both label sets, and its report says what it plays at each temperature.
+    version = max((out / "runs").glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    report = json.loads((version / "report" / "report.json").read_text())
+    assert report["split"]["train_rows"] + report["split"]["val_rows"] == len(labels) + len(greedy_labels)
+    assert set(report["groups"]) == {"T=0,top_p=1", "T=1,top_p=1"}
     runtime = SelectorRuntime(out / "selector.onnx")
     assert runtime.best_static(0.0) is not None
+    assert runtime.static_group_names == report["static_groups"]
     bench = json.loads((out / "bench_e2e.json").read_text())
     assert set(bench["runs"]) == {"0", "1"}
     for run in bench["runs"].values():

@@ -191,14 +191,21 @@ def test_net_objective_maximises_the_aggregate_not_the_mean_ratio():
     assert logits.argmax(-1).tolist() == [0, 0]
 
 
-def test_candidates_bias_excludes_actions_in_the_network_and_its_loss():
-    net = SelectorNet(SCHEMA.num_scalar, 5, hidden_sizes=(8,))
+def test_candidates_bias_excludes_actions_in_the_network_and_its_export(tmp_path):
+    net = SelectorNet(SCHEMA.num_scalar, len(ACTIONS), hidden_sizes=(8,)).eval()
     net.set_candidates([1, 3])
     assert net.candidates == [1, 3]
     out = net(torch.randn(64, SCHEMA.num_scalar))
     assert set(out.argmax(-1).tolist()) <= {1, 3}
+    # The export keeps the bias; parity is checked on the candidates' logits (float32 cannot resolve
+    # ±1e-5 around -1e4), and the runtime never picks an excluded action.
+    path = tmp_path / "cand.onnx"
+    export_net(net, path, actions=ACTIONS)
+    planner = AdaptivePlanner(str(path))
+    feats = np.random.default_rng(0).normal(size=(100, SCHEMA.num_scalar)).astype(np.float32) * 5
+    assert {str(planner.choose(s)) for s in _states(feats)} <= {ACTIONS[1], ACTIONS[3]}
     net.set_candidates(None)
-    assert net.candidates == [0, 1, 2, 3, 4]
+    assert net.candidates == list(range(len(ACTIONS)))
     with pytest.raises(ValueError, match="candidates"):
         net.set_candidates([7])
 
