@@ -54,10 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--greedy-prompts-file", type=Path, default=None,
                         help="the extra greedy prompts from this file (JSONL or .txt) instead")  # fmt: skip
-    parser.add_argument("--greedy-every", type=int, default=8, help="label every k-th greedy root (default: %(default)s)")
-    parser.add_argument(
-        "--greedy-max-contexts", type=int, default=800, help="label at most this many greedy roots (default: %(default)s)"
-    )
+    parser.add_argument("--greedy-every", type=int, default=8, help="label every k-th greedy root (default: 8)")
+    parser.add_argument("--greedy-max-contexts", type=int, default=800, help="greedy roots labelled at most (800)")
     parser.add_argument("--every", type=int, default=8, help="label every k-th root (default: %(default)s)")
     parser.add_argument("--samples", type=int, default=4, help="trees per root and family (default: %(default)s)")
     parser.add_argument("--max-contexts", type=int, default=None, help="label at most this many roots")
