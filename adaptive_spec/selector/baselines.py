@@ -76,3 +76,32 @@ def run_baselines(
         )
         for name in names
     }
+
+
+def predictability(data: SelectorSplit, *, folds: int = 5, seed: int = 0, max_iter: int = 100) -> dict[str, float]:
+    """Cross-validated R² of the best static action's E[τ+1] from the scalar features, per sampling group.
+
+    Gradient-boosted trees, folds grouped by prompt (needs ``data.prompts``). Near 0 means the
+    features do not predict how many tokens a step will accept, so no selector on them can beat
+    the static plan in that group by much; groups with fewer than ``2 * folds`` prompts are skipped.
+    """
+    from sklearn.ensemble import HistGradientBoostingRegressor
+    from sklearn.model_selection import GroupKFold, cross_val_predict
+
+    if data.groups is None or data.prompts is None:
+        raise ValueError("predictability needs a split from prepare() (sampling groups and prompt keys)")
+    out: dict[str, float] = {}
+    for g in sorted(set(data.groups.tolist())):
+        rows = np.flatnonzero(data.groups == g)
+        if len(set(data.prompts[rows].tolist())) < 2 * folds:
+            continue
+        y = data.block_efficiency[rows, data.base_action[rows]].astype(np.float64)
+        if y.std() == 0:
+            out[g] = 1.0  # a constant is predicted exactly
+            continue
+        reg = HistGradientBoostingRegressor(
+            max_iter=max_iter, learning_rate=0.05, max_depth=3, min_samples_leaf=20, random_state=seed
+        )
+        pred = cross_val_predict(reg, data.features[rows], y, groups=data.prompts[rows], cv=GroupKFold(folds))
+        out[g] = float(1 - ((y - pred) ** 2).mean() / y.var())
+    return out

@@ -73,6 +73,7 @@ class SelectorSplit:
     base_action: np.ndarray  # int64 [n]: the best static action of the row's sampling group
     base_rate: np.ndarray | None = None  # float64 [n]: λ, the group's aggregate train tokens/s of that action
     groups: np.ndarray | None = None  # str [n]: the sampling group of each row
+    prompts: np.ndarray | None = None  # str [n]: the prompt key of each row (for grouped cross-validation)
     draft_hidden: np.ndarray | None = None  # float16 [n, Hd]
     target_hidden: np.ndarray | None = None  # float16 [n, Ht]
 
@@ -106,7 +107,8 @@ class SelectorSplit:
         pick = lambda x: None if x is None else x[rows]  # noqa: E731
         return SelectorSplit(
             self.features[rows], self.block_efficiency[rows], self.step_time_s[rows], self.base_action[rows],
-            pick(self.base_rate), pick(self.groups), pick(self.draft_hidden), pick(self.target_hidden),
+            pick(self.base_rate), pick(self.groups), pick(self.prompts), pick(self.draft_hidden),
+            pick(self.target_hidden),
         )  # fmt: skip
 
     @property
@@ -166,12 +168,13 @@ def prepare(
         best_static[g], rates[g] = aggregate_best(train_rows[groups[train_rows] == g])
     base_action = np.array([best_static.get(g, overall) for g in groups], dtype=np.int64)
     base_rate = np.array([rates.get(g, overall_rate) for g in groups], dtype=np.float64)
+    prompts = np.asarray(table.prompt_key, dtype=object)
 
     def side(rows: np.ndarray) -> SelectorSplit:
         pick = lambda x: None if x is None else x[rows]  # noqa: E731
         return SelectorSplit(
             table.features[rows], be[rows], st[rows], base_action[rows], base_rate[rows], groups[rows],
-            pick(table.draft_hidden), pick(table.target_hidden),
+            prompts[rows], pick(table.draft_hidden), pick(table.target_hidden),
         )  # fmt: skip
 
     train, val = side(train_rows), side(val_rows)

@@ -60,14 +60,18 @@ def _markdown(report: dict[str, Any]) -> str:
             f"Per sampling setting (network vs best static; a setting below 1 + {report.get('min_gain', 0):g} is "
             "played statically):",
             "",
-            "| setting | rows | best static | network agg_rel_tps | oracle agg_rel_tps | exported selector plays |",
-            "|---|---:|---|---:|---:|---|",
+            "`R²`: cross-validated (by prompt, train split) R² of the best static action's E[τ+1] from the",
+            "features; near 0, the features cannot tell good contexts from bad ones.",
+            "",
+            "| setting | rows | best static | network agg_rel_tps | oracle agg_rel_tps | R² | selector plays |",
+            "|---|---:|---|---:|---:|---:|---|",
         ]
         for g, sc in groups.items():
             play = f"static `{static[g]}`" if g in static else "the network"
             lines.append(
                 f"| {g} | {sc['rows']} | `{report['best_static'].get(g)}` | {sc['agg_rel_tps']:.4f} | "
-                f"{sc.get('oracle_agg_rel_tps', float('nan')):.4f} | {play} |"
+                f"{sc.get('oracle_agg_rel_tps', float('nan')):.4f} | "
+                f"{sc.get('static_be_r2', float('nan')):.2f} | {play} |"
             )
     else:
         lines += ["", "Best static action per sampling setting:", ""]

@@ -25,7 +25,7 @@ import torch
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 
-from adaptive_spec.selector.baselines import BASELINES, run_baselines
+from adaptive_spec.selector.baselines import BASELINES, predictability, run_baselines
 from adaptive_spec.selector.data import SelectorSplit, oracle_choices, score_by_group, score_choices
 from adaptive_spec.selector.lit import HistoryCallback, SelectorDataModule, SelectorModule
 
@@ -133,11 +133,17 @@ def build_report(
     scores = {"neural": score_choices(choices, val)}
     scores.update(run_baselines(train, val, baselines, seed=seed, max_iter=baseline_max_iter))
     scores["best_static"] = score_choices(val.base_action, val)
+    try:  # how well the features predict the static action's acceptance, per temperature (train split)
+        r2 = predictability(train, seed=seed, max_iter=baseline_max_iter)
+    except ValueError:
+        r2 = {}
     oracle = oracle_choices(val)
     scores["oracle"] = score_choices(oracle, val)
     groups = score_by_group(choices, val)
     for g, best in score_by_group(oracle, val).items():
         groups[g]["oracle_agg_rel_tps"] = best["agg_rel_tps"]
+        if g in r2:
+            groups[g]["static_be_r2"] = r2[g]
     static_groups = {
         g: a for g, a in spec["best_static"].items()
         if min_gain >= 0 and (g not in groups or groups[g]["agg_rel_tps"] < 1 + min_gain)
@@ -183,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"val tokens/s relative to the best static action (ratio of sums): {shown}")
         for g, sc in report["groups"].items():
             play = "static" if g in report["static_groups"] else "network"
-            print(f"  {g}: network {sc['agg_rel_tps']:.4f}, oracle {sc['oracle_agg_rel_tps']:.4f} -> plays {play}")
+            r2 = f", R² {sc['static_be_r2']:.2f}" if "static_be_r2" in sc else ""
+            print(f"  {g}: network {sc['agg_rel_tps']:.4f}, oracle {sc['oracle_agg_rel_tps']:.4f}{r2} -> plays {play}")
         print(f"report: {report['files']['markdown']}")
     return 0

@@ -16,6 +16,7 @@ from adaptive_spec.cli import main as cli_main
 from adaptive_spec.data.label_table import read_labels, write_labels
 from adaptive_spec.planner import Plan, StepState
 from adaptive_spec.selector.data import (
+    SelectorSplit,
     oracle_choices,
     prepare,
     sampling_group,
@@ -436,3 +437,20 @@ def test_the_same_config_trains_with_ddp_on_two_cpu_processes(labels_dir, tmp_pa
     assert set(report["scores"]) == {"neural", "best_static", "oracle"}
     assert math.isfinite(report["scores"]["neural"]["rel_tps"])
     assert list((root / "version_0" / "checkpoints").glob("*.ckpt"))
+
+
+def test_predictability_tells_informative_features_from_noise():
+    from adaptive_spec.selector.baselines import predictability
+
+    table = synthetic_labels(num_prompts=40, steps=8, seed=3)
+    train, _, _ = prepare(table, val_fraction=0.2, seed=0)
+    informative = predictability(train)
+    assert set(informative) == {"T=0,top_p=1", "T=1,top_p=1"}
+    assert min(informative.values()) > 0.8  # l1_target_draft gives the acceptance away
+    # The same labels with the features shuffled across rows: nothing to predict from.
+    shuffled = train.subset(np.arange(len(train)))
+    shuffled.features = train.features[np.random.default_rng(0).permutation(len(train))]
+    noise = predictability(shuffled)
+    assert max(noise.values()) < 0.3
+    with pytest.raises(ValueError, match="prompt keys"):
+        predictability(SelectorSplit(train.features, train.block_efficiency, train.step_time_s, train.base_action))
