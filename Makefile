@@ -32,7 +32,7 @@ test: setup
 
 # collect -> label -> train -> export -> bench; installs the selector that `make demo` uses.
 selector: setup
-	$(BIN)/adaptive-spec selector-pipeline --install
+	$(BIN)/adaptive-spec selector-pipeline --seed 1 --install
 
 zoo: setup
 	$(BIN)/adaptive-spec zoo build --out adaptive_spec/zoo/default --minutes 60

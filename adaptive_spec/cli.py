@@ -54,7 +54,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ),
     ("tune", "selector"): (
         "adaptive_spec.tuning.cli_selector",
-        "search the selector's hyper-parameters with Optuna, pruning on val/rel_tps; best to best-selector.yaml",
+        "search the selector's hyper-parameters with Optuna, pruning on val/agg_rel_tps; best to best-selector.yaml",
     ),
     ("selector-pipeline",): (
         "adaptive_spec.selector.pipeline",

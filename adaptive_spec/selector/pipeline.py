@@ -38,7 +38,7 @@ DEFAULT_OUT = Path("data/selector")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``selector-pipeline`` options."""
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="working folder (default: %(default)s)")
-    parser.add_argument("--num-prompts", type=int, default=48, help="training prompts (default: %(default)s)")
+    parser.add_argument("--num-prompts", type=int, default=96, help="training prompts (default: %(default)s)")
     parser.add_argument(
         "--prompts", type=Path, default=None,
         help="training prompts file (JSONL or .txt) instead of prompts drawn from the standard library",
@@ -56,9 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the extra greedy prompts from this file (JSONL or .txt) instead")  # fmt: skip
     parser.add_argument("--greedy-every", type=int, default=8, help="label every k-th greedy root (default: 8)")
     parser.add_argument("--greedy-max-contexts", type=int, default=800, help="greedy roots labelled at most (800)")
-    parser.add_argument("--every", type=int, default=8, help="label every k-th root (default: %(default)s)")
+    parser.add_argument("--every", type=int, default=12, help="label every k-th root (default: %(default)s)")
     parser.add_argument("--samples", type=int, default=4, help="trees per root and family (default: %(default)s)")
-    parser.add_argument("--max-contexts", type=int, default=None, help="label at most this many roots")
+    parser.add_argument("--max-contexts", type=int, default=1000, help="label at most this many roots (default: 1000)")
     parser.add_argument("--config", type=Path, default=None,
                         help="LightningCLI config of the selector (default: configs/selector/default.yaml of "
                              "the working directory, else of the source checkout)")  # fmt: skip
@@ -94,9 +94,9 @@ def training_prompts(count: int, seed: int) -> list[str]:
 
 
 def greedy_prompts(count: int, seed: int, exclude: list[str]) -> list[str]:
-    """``count`` more training prompts (drawn with ``seed + 7``), none of them in ``exclude``."""
+    """``count`` more training prompts (drawn with ``seed + 6``), none of them in ``exclude``."""
     skip = set(exclude)
-    pool = [p for p in training_prompts(count + len(skip) + 40, seed + 7) if p not in skip]
+    pool = [p for p in training_prompts(count + len(skip) + 40, seed + 6) if p not in skip]
     if len(pool) < count:
         raise ValueError(f"found only {len(pool)} extra greedy prompts; lower --greedy-prompts")
     return pool[:count]
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         if greedy:
             _cli(["collect", "--out", str(greedy_dir), "--prompts", str(greedy_file), "--explore", args.explore,
                   "--plan", args.plan, "--temperatures", "0", "--max-new-tokens", str(args.max_new_tokens),
-                  "--seed", str(args.seed + 7), "--profile", str(args.profile)])  # fmt: skip
+                  "--seed", str(args.seed + 6), "--profile", str(args.profile)])  # fmt: skip
         done("collect")
     if "label" not in skip:
         stage("label")
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         if greedy:
             _cli(["label", str(greedy_dir), "--every", str(args.greedy_every), "--samples", str(args.samples),
                   "--max-contexts", str(args.greedy_max_contexts), "--profile", str(args.profile),
-                  "--seed", str(args.seed + 7)])  # fmt: skip
+                  "--seed", str(args.seed + 6)])  # fmt: skip
         done("label")
     runs = out / "runs"
     onnx_path = out / "selector.onnx"

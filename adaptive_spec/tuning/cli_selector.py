@@ -1,4 +1,4 @@
-"""``adaptive-spec tune selector``: search the selector's hyper-parameters, pruning on ``val/rel_tps``.
+"""``adaptive-spec tune selector``: search the selector's hyper-parameters, pruning on ``val/agg_rel_tps``.
 
 Examples::
 

@@ -4,11 +4,12 @@ Each trial trains :class:`~adaptive_spec.selector.lit.SelectorModule` on one
 :class:`~adaptive_spec.selector.lit.SelectorDataModule` (the label table is read once, the split
 by prompt is fixed by ``split_seed``) for ``max_epochs`` epochs, with the weights initialised
 from the same seed in every trial, so trials differ only by their hyper-parameters
-(:data:`~adaptive_spec.tuning.space.SELECTOR_SPACE`). The selector logs ``val/rel_tps`` (tokens/s
-of its choices relative to the best static action, on the validation prompts) every epoch;
+(:data:`~adaptive_spec.tuning.space.SELECTOR_SPACE`). The selector logs ``val/agg_rel_tps`` (the
+tokens/s of its choices relative to the best static action's, as a ratio of sums over the
+validation prompts: what a benchmark measures) every epoch;
 ``optuna_integration.PyTorchLightningPruningCallback`` reports it to the trial and a
 :class:`optuna.pruners.MedianPruner` stops trials that fall below the median of earlier ones at
-the same epoch. A trial's value is its best epoch's ``val/rel_tps`` (the epoch
+the same epoch. A trial's value is its best epoch's ``val/agg_rel_tps`` (the epoch
 ``train-selector``'s checkpoint callback would keep).
 
 Output: the study (any SQLAlchemy storage, resumable), and in the report folder ``summary.json``,
@@ -31,7 +32,7 @@ from adaptive_spec.tuning.storage import DEFAULT_GRACE_S, DEFAULT_HEARTBEAT_S, D
 
 __all__ = ["MONITOR", "SelectorTuningConfig", "tune_selector"]
 
-MONITOR = "val/rel_tps"  # logged by SelectorModule's validation step; higher is better
+MONITOR = "val/agg_rel_tps"  # logged by SelectorModule at each validation epoch's end; higher is better
 log = logging.getLogger(__name__)
 
 

@@ -1,4 +1,4 @@
-"""``adaptive-spec tune selector``: a tiny study with the real Lightning module, pruning on val/rel_tps."""
+"""``adaptive-spec tune selector``: a tiny study with the real Lightning module, pruning on val/agg_rel_tps."""
 
 from __future__ import annotations
 
