@@ -434,7 +434,7 @@ def test_the_same_config_trains_with_ddp_on_two_cpu_processes(labels_dir, tmp_pa
     per_rank = math.ceil(report["split"]["train_rows"] / 2)
     assert report["trainer"]["global_step"] == 2 * math.ceil(per_rank / 64)
     assert "Initializing distributed: GLOBAL_RANK: 1" in res.stderr + res.stdout
-    assert set(report["scores"]) == {"neural", "best_static", "oracle"}
+    assert set(report["scores"]) == {"adaptive", "neural", "best_static", "oracle"}
     assert math.isfinite(report["scores"]["neural"]["rel_tps"])
     assert list((root / "version_0" / "checkpoints").glob("*.ckpt"))
 
