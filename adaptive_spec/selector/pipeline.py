@@ -12,7 +12,7 @@ Stages (each one an ordinary command of the CLI, run in this process, in this or
    log, ``--greedy-prompts`` more prompts at temperature 0 only. Greedy labels are exact (greedy
    trees are deterministic) and the features predict them, while at T > 0 the labels are dominated
    by the draw of the trees and the features barely predict the acceptance (validation then keeps
-   the best static plan there, see ``train-selector --min_gain``): extra data pays off at T = 0;
+   the best static plan there, see ``train-selector --gain_quantile``): extra data pays off at T = 0;
 4. ``label``: E[τ+1] and predicted step time of every action at every k-th logged root, in both logs;
 5. ``train-selector`` (LightningCLI, ``configs/selector/default.yaml`` unless ``--config``), with the
    validation split by prompt;

@@ -57,19 +57,21 @@ def _markdown(report: dict[str, Any]) -> str:
         static = report.get("static_groups") or {}
         lines += [
             "",
-            f"Per sampling setting (network vs best static; a setting below 1 + {report.get('min_gain', 0):g} is "
-            "played statically):",
+            f"Per sampling setting (network vs best static). The selector plays the network where the "
+            f"{report.get('gain_quantile', 0.1):g} quantile of its agg_rel_tps over bootstrap resamples of the "
+            f"validation prompts (`q`) is at least 1 + {report.get('min_gain', 0):g}, else the static action.",
             "",
             "`R²`: cross-validated (by prompt, train split) R² of the best static action's E[τ+1] from the",
             "features; near 0, the features cannot tell good contexts from bad ones.",
             "",
-            "| setting | rows | best static | network agg_rel_tps | oracle agg_rel_tps | R² | selector plays |",
-            "|---|---:|---|---:|---:|---:|---|",
+            "| setting | rows | best static | network agg_rel_tps | q | oracle agg_rel_tps | R² | selector plays |",
+            "|---|---:|---|---:|---:|---:|---:|---|",
         ]
         for g, sc in groups.items():
             play = f"static `{static[g]}`" if g in static else "the network"
             lines.append(
                 f"| {g} | {sc['rows']} | `{report['best_static'].get(g)}` | {sc['agg_rel_tps']:.4f} | "
+                f"{sc.get('agg_rel_tps_quantile', float('nan')):.4f} | "
                 f"{sc.get('oracle_agg_rel_tps', float('nan')):.4f} | "
                 f"{sc.get('static_be_r2', float('nan')):.2f} | {play} |"
             )

@@ -56,7 +56,8 @@ class SelectorRuntime:
             prompts, ``{"T=0,top_p=1": "chain:4/block", ...}`` (empty when the file does not record
             it, e.g. a network exported without its training summary); see :meth:`best_static`.
         static_groups: the sampling groups where the network did *not* beat the best static action
-            on the validation prompts in training (``train-selector``'s report, ``--min_gain``),
+            on the validation prompts in training (``train-selector``'s report, ``--min_gain`` and
+            ``--gain_quantile``),
             mapped to that static action: there the planner plays it without computing features
             or calling the network; see :meth:`static_plan_for`.
 

@@ -44,9 +44,14 @@ class SelectorCLI(LightningCLI):
         )  # fmt: skip
         parser.add_argument("--baseline_max_iter", type=int, default=100, help="boosting rounds / solver iterations")
         parser.add_argument(
-            "--min_gain", type=float, default=0.01,
-            help="a sampling group where the network's validation tokens/s is below (1 + min_gain) x the best static "
-                 "action's is played statically by the exported selector (report: static_groups); -1 disables",
+            "--min_gain", type=float, default=0.0,
+            help="the exported selector plays the best static action in a sampling group unless the network's "
+                 "validation tokens/s, at the --gain_quantile of a bootstrap over validation prompts, is at least "
+                 "(1 + min_gain) x the static action's (report: static_groups); -1 disables the fallback",
+        )  # fmt: skip
+        parser.add_argument(
+            "--gain_quantile", type=float, default=0.1,
+            help="quantile of the bootstrap that must clear 1 + min_gain (0.5: the median; default 0.1)",
         )  # fmt: skip
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
@@ -86,7 +91,7 @@ def main(args: list[str] | None = None) -> dict[str, Any] | None:
         model, dm, run_dir / "report", history=history, checkpoint=best, trainer_info=trainer_info,
         baselines=cli.config.baselines,
         baseline_max_iter=cli.config.baseline_max_iter, seed=int(cli.config.seed_everything or 0),
-        min_gain=cli.config.min_gain,
+        min_gain=cli.config.min_gain, gain_quantile=cli.config.gain_quantile,
     )  # fmt: skip
 
 
@@ -114,14 +119,18 @@ def build_report(
     trainer_info: dict[str, Any] | None = None,
     baseline_max_iter: int = 100,
     seed: int = 0,
-    min_gain: float = 0.01,
+    min_gain: float = 0.0,
+    gain_quantile: float = 0.1,
+    bootstrap: int = 1000,
 ) -> dict[str, Any]:
     """Score neural vs baselines vs best static vs oracle on the val split; write the report files.
 
-    Also decides the *static groups*: the sampling groups where the network's aggregate validation
-    tokens/s is below ``(1 + min_gain)`` times the best static action's (or that have no validation
-    rows). The exported selector plays the static action there (see
-    :meth:`~adaptive_spec.selector.runtime.SelectorRuntime.static_plan_for`); ``adaptive`` in the
+    Also decides the *static groups*. Per sampling group, the validation prompts are resampled with
+    replacement ``bootstrap`` times and the network's aggregate tokens/s relative to the best static
+    action's is computed on each resample; where its ``gain_quantile`` quantile is below
+    ``1 + min_gain`` (the gain is not sure enough: with tens of prompts a 2% "gain" is often noise),
+    or the group has no validation rows, the exported selector plays the static action (see
+    :meth:`~adaptive_spec.selector.runtime.SelectorRuntime.static_plan_for`). ``adaptive`` in the
     scores is the network with that fallback.
     """
     from adaptive_spec.selector.report import write_report
@@ -144,9 +153,11 @@ def build_report(
         groups[g]["oracle_agg_rel_tps"] = best["agg_rel_tps"]
         if g in r2:
             groups[g]["static_be_r2"] = r2[g]
+    for g, q in bootstrap_quantiles(choices, val, gain_quantile, bootstrap, seed).items():
+        groups[g]["agg_rel_tps_quantile"] = q
     static_groups = {
         g: a for g, a in spec["best_static"].items()
-        if min_gain >= 0 and (g not in groups or groups[g]["agg_rel_tps"] < 1 + min_gain)
+        if min_gain >= 0 and (g not in groups or groups[g]["agg_rel_tps_quantile"] < 1 + min_gain)
     }  # fmt: skip
     static_rows = np.isin(val.groups, list(static_groups)) if static_groups else np.zeros(len(val), bool)
     adaptive = np.where(static_rows, val.base_action, choices)
@@ -163,6 +174,7 @@ def build_report(
         "scores": scores,
         "groups": groups,
         "min_gain": min_gain,
+        "gain_quantile": gain_quantile,
         "static_groups": static_groups,
         "candidates": [actions[i] for i in model.net.candidates],
         "neural_action_share": {a: float(c / max(1, len(choices))) for a, c in zip(actions, counts, strict=True)},
@@ -170,6 +182,36 @@ def build_report(
     }
     report["files"] = write_report(report, out_dir)
     return report
+
+
+def bootstrap_quantiles(
+    choices: np.ndarray, data: SelectorSplit, quantile: float, resamples: int = 1000, seed: int = 0
+) -> dict[str, float]:
+    """Per sampling group: the ``quantile`` of ``agg_rel_tps`` over resamples of the group's prompts.
+
+    Each resample draws the group's prompts with replacement (rows of a prompt stay together: they
+    are not independent) and scores the ``choices`` on their rows as a ratio of sums.
+    """
+    if not 0 < quantile < 1:
+        raise ValueError(f"gain_quantile must be in (0, 1), got {quantile}")
+    if data.groups is None or data.prompts is None:
+        raise ValueError("bootstrap_quantiles needs a split from prepare() (sampling groups and prompt keys)")
+    rng = np.random.default_rng(seed)
+    be, st = data.block_efficiency.astype(np.float64), data.step_time_s.astype(np.float64)
+    rows_all = np.arange(len(data))
+    tok_c, time_c = be[rows_all, choices], st[rows_all, choices]
+    tok_s, time_s = be[rows_all, data.base_action], st[rows_all, data.base_action]
+    out = {}
+    for g in sorted(set(data.groups.tolist())):
+        rows = np.flatnonzero(data.groups == g)
+        keys, inverse = np.unique(data.prompts[rows].astype(str), return_inverse=True)
+        # Per prompt sums; a resample's totals are weighted sums of them (weight = times drawn).
+        sums = np.stack([np.bincount(inverse, w[rows], len(keys)) for w in (tok_c, time_c, tok_s, time_s)])
+        weights = rng.multinomial(len(keys), np.full(len(keys), 1 / len(keys)), size=resamples)  # [R, P]
+        t = weights @ sums.T  # [R, 4]
+        ratios = (t[:, 0] / t[:, 1]) / (t[:, 2] / t[:, 3])
+        out[g] = float(np.quantile(ratios, quantile))
+    return out
 
 
 # ------------------------------------------------------------------ CLI: adaptive-spec train-selector
@@ -190,6 +232,8 @@ def run(args: argparse.Namespace) -> int:
         for g, sc in report["groups"].items():
             play = "static" if g in report["static_groups"] else "network"
             r2 = f", R² {sc['static_be_r2']:.2f}" if "static_be_r2" in sc else ""
-            print(f"  {g}: network {sc['agg_rel_tps']:.4f}, oracle {sc['oracle_agg_rel_tps']:.4f}{r2} -> plays {play}")
+            q = sc["agg_rel_tps_quantile"]
+            print(f"  {g}: network {sc['agg_rel_tps']:.4f} (bootstrap q {q:.4f}), oracle {sc['oracle_agg_rel_tps']:.4f}"
+                  f"{r2} -> plays {play}")  # fmt: skip
         print(f"report: {report['files']['markdown']}")
     return 0

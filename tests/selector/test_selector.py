@@ -288,7 +288,8 @@ def test_export_records_the_reports_static_groups(trained, tmp_path):
                      "--no-static-groups", "--latency-decisions", "0"]) == 0  # fmt: skip
     assert AdaptivePlanner(str(out)).runtime.static_groups == {}
     # The report records the bar it applied.
-    assert report["min_gain"] == pytest.approx(0.01)
+    assert report["min_gain"] == 0.0 and report["gain_quantile"] == pytest.approx(0.1)
+    assert all(sc["agg_rel_tps_quantile"] <= sc["agg_rel_tps"] + 1e-9 for sc in report["groups"].values())
 
 
 def test_adaptive_planner_decisions_equal_torch_argmax(trained, exported, labels_dir):
@@ -454,3 +455,21 @@ def test_predictability_tells_informative_features_from_noise():
     assert max(noise.values()) < 0.3
     with pytest.raises(ValueError, match="prompt keys"):
         predictability(SelectorSplit(train.features, train.block_efficiency, train.step_time_s, train.base_action))
+
+
+def test_bootstrap_quantiles_over_prompts():
+    from adaptive_spec.selector.train import bootstrap_quantiles
+
+    table = synthetic_labels(num_prompts=40, steps=8, seed=3)
+    _, val, _ = prepare(table, val_fraction=0.5, seed=0)
+    same = bootstrap_quantiles(val.base_action, val, 0.1)
+    assert same and all(q == pytest.approx(1.0) for q in same.values())
+    oracle = oracle_choices(val)
+    sure = bootstrap_quantiles(oracle, val, 0.1)
+    by_group = score_by_group(oracle, val)
+    for g, q in sure.items():  # a real gain on every prompt: even the low quantile is above 1
+        assert 1.0 < q <= by_group[g]["agg_rel_tps"]
+    # Quantiles are ordered, and a bad quantile is refused.
+    assert all(bootstrap_quantiles(oracle, val, 0.05)[g] <= bootstrap_quantiles(oracle, val, 0.5)[g] for g in sure)
+    with pytest.raises(ValueError, match="gain_quantile"):
+        bootstrap_quantiles(oracle, val, 1.5)
