@@ -91,8 +91,7 @@ def predictability(data: SelectorSplit, *, folds: int = 5, seed: int = 0, max_it
     if data.groups is None or data.prompts is None:
         raise ValueError("predictability needs a split from prepare() (sampling groups and prompt keys)")
     out: dict[str, float] = {}
-    for g in sorted(set(data.groups.tolist())):
-        rows = np.flatnonzero(data.groups == g)
+    for g, rows in data.group_rows():
         if len(set(data.prompts[rows].tolist())) < 2 * folds:
             continue
         y = data.block_efficiency[rows, data.base_action[rows]].astype(np.float64)

@@ -102,6 +102,12 @@ class SelectorSplit:
     def best_action(self) -> np.ndarray:  # [n] the per-context oracle action (largest net value)
         return self.net_value.argmax(axis=1)
 
+    def group_rows(self) -> list[tuple[str, np.ndarray]]:
+        """``(sampling group, its row indices)`` for each group, sorted by group (needs ``groups``)."""
+        if self.groups is None:
+            raise ValueError("this split has no sampling groups; build it with prepare()")
+        return [(g, np.flatnonzero(self.groups == g)) for g in sorted(set(self.groups.tolist()))]
+
     def subset(self, rows: np.ndarray) -> SelectorSplit:
         """The rows ``rows`` of this split (same base actions and rates)."""
         pick = lambda x: None if x is None else x[rows]  # noqa: E731
@@ -170,14 +176,10 @@ def prepare(
     base_rate = np.array([rates.get(g, overall_rate) for g in groups], dtype=np.float64)
     prompts = np.asarray(table.prompt_key, dtype=object)
 
-    def side(rows: np.ndarray) -> SelectorSplit:
-        pick = lambda x: None if x is None else x[rows]  # noqa: E731
-        return SelectorSplit(
-            table.features[rows], be[rows], st[rows], base_action[rows], base_rate[rows], groups[rows],
-            prompts[rows], pick(table.draft_hidden), pick(table.target_hidden),
-        )  # fmt: skip
-
-    train, val = side(train_rows), side(val_rows)
+    full = SelectorSplit(
+        table.features, be, st, base_action, base_rate, groups, prompts, table.draft_hidden, table.target_hidden
+    )
+    train, val = full.subset(train_rows), full.subset(val_rows)
     candidates = candidate_actions(train, max_actions)
     x = train.features.astype(np.float64)
     spec = {
@@ -231,10 +233,9 @@ def oracle_choices(data: SelectorSplit, iterations: int = 50) -> np.ndarray:
     The upper bound of any selector's ``agg_rel_tps`` on ``data``.
     """
     be, st = data.block_efficiency.astype(np.float64), data.step_time_s.astype(np.float64)
-    groups = data.groups if data.groups is not None else np.zeros(len(data), dtype=object)
+    groups = data.group_rows() if data.groups is not None else [("all", np.arange(len(data)))]
     out = np.zeros(len(data), dtype=np.int64)
-    for g in set(groups.tolist()):
-        rows = np.flatnonzero(groups == g)
+    for _, rows in groups:
         pick = data.base_action[rows]
         for _ in range(iterations):
             rate = be[rows, pick].sum() / st[rows, pick].sum()
@@ -248,14 +249,8 @@ def oracle_choices(data: SelectorSplit, iterations: int = 50) -> np.ndarray:
 
 def score_by_group(choices: np.ndarray, data: SelectorSplit) -> dict[str, dict[str, float]]:
     """:func:`score_choices` per sampling group (needs ``data.groups``), plus the rows per group."""
-    if data.groups is None:
-        raise ValueError("this split has no sampling groups; build it with prepare()")
     choices = np.asarray(choices, dtype=np.int64).reshape(-1)
-    out = {}
-    for g in sorted(set(data.groups.tolist())):
-        rows = np.flatnonzero(data.groups == g)
-        out[g] = {**score_choices(choices[rows], data.subset(rows)), "rows": len(rows)}
-    return out
+    return {g: {**score_choices(choices[rows], data.subset(rows)), "rows": len(rows)} for g, rows in data.group_rows()}
 
 
 def score_choices(choices: np.ndarray, data: SelectorSplit) -> dict[str, float]:

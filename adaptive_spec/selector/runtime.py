@@ -57,9 +57,9 @@ class SelectorRuntime:
             it, e.g. a network exported without its training summary); see :meth:`best_static`.
         static_groups: the sampling groups where the network did *not* beat the best static action
             on the validation prompts in training (``train-selector``'s report, ``--min_gain`` and
-            ``--gain_quantile``),
-            mapped to that static action: there the planner plays it without computing features
-            or calling the network; see :meth:`static_plan_for`.
+            ``--gain_quantile``), mapped to that static action's index by ``(T, top_p)``: there the
+            planner plays it without computing features or calling the network; see
+            :meth:`static_plan_for`. ``static_group_names`` holds the same as group -> action.
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -127,33 +127,27 @@ class SelectorRuntime:
         if not isinstance(hidden, dict) or set(hidden) - set(HIDDEN_INPUTS):
             raise self._fail(f"hidden_dims must map {HIDDEN_INPUTS} to widths, got {hidden!r}")
         self.hidden_dims = {k: int(hidden.get(k, 0)) for k in HIDDEN_INPUTS}
-        groups = self.training.get("best_static") if isinstance(self.training, dict) else None
+        self.best_static_groups = self._group_actions("best_static")
+        self.static_group_names = self._group_actions("static_groups")
+        self.static_groups: dict[tuple[float, float], int] = {}  # (T, top_p) -> action index
+        for group, action in self.static_group_names.items():
+            t, p = _parse_group(group)
+            self.static_groups[(round(t, 4), round(p, 4))] = self.actions.index(action)
+
+    def _group_actions(self, key: str) -> dict[str, str]:
+        """``training[key]``, checked to map ``"T=<t>,top_p=<p>"`` groups to actions of this selector ({} if absent)."""
+        groups = self.training.get(key) if isinstance(self.training, dict) else None
         if groups is None:
-            groups = {}
+            return {}
         if not isinstance(groups, dict):
-            raise self._fail(f"training.best_static must map sampling groups to actions, got {groups!r}")
-        self.best_static_groups: dict[str, str] = {}
+            raise self._fail(f"training.{key} must map sampling groups to actions, got {groups!r}")
         for group, action in groups.items():
             if _parse_group(group) is None or action not in self.actions:
                 raise self._fail(
-                    f"training.best_static has {group!r}: {action!r}; expected 'T=<t>,top_p=<p>' mapped to one of "
+                    f"training.{key} has {group!r}: {action!r}; expected 'T=<t>,top_p=<p>' mapped to one of "
                     "the actions; export the selector again"
                 )
-            self.best_static_groups[group] = action
-        static = self.training.get("static_groups") if isinstance(self.training, dict) else None
-        if not isinstance(static, (dict, type(None))):
-            raise self._fail(f"training.static_groups must map sampling groups to actions, got {static!r}")
-        self.static_groups: dict[tuple[float, float], int] = {}  # (T, top_p) -> action index
-        self.static_group_names: dict[str, str] = {}
-        for group, action in (static or {}).items():
-            parsed = _parse_group(group)
-            if parsed is None or action not in self.actions:
-                raise self._fail(
-                    f"training.static_groups has {group!r}: {action!r}; expected 'T=<t>,top_p=<p>' mapped to one of "
-                    "the actions; export the selector again"
-                )
-            self.static_groups[(round(parsed[0], 4), round(parsed[1], 4))] = self.actions.index(action)
-            self.static_group_names[group] = action
+        return dict(groups)
 
     def _check_graph(self) -> None:
         inputs = {i.name: i for i in self.session.get_inputs()}
@@ -397,12 +391,16 @@ class AdaptivePlanner:
         out = {self.runtime.actions[i]: int(self.choice_counts[i]) for i in order if self.choice_counts[i] > 0}
         return dict(list(out.items())[:top]) if top is not None else out
 
+    def _static_index(self, temperature: float, top_p: float) -> int | None:
+        """The static action played at these settings (a static group whose action is allowed), or None."""
+        index = self.runtime.static_action_for(temperature, top_p)
+        if index is None or (self._allowed is not None and index not in self._allowed):
+            return None
+        return index
+
     def needs_features_for(self, temperature: float, top_p: float = 1.0) -> bool:
         """False at sampling settings where the selector plays its static plan (no features needed)."""
-        index = self.runtime.static_action_for(temperature, top_p)
-        if index is None:
-            return True
-        return self._allowed is not None and index not in self._allowed
+        return self._static_index(temperature, top_p) is None
 
     def choose(self, state: StepState) -> Plan:
         """The plan for the coming step: argmax of the selector's logits at ``state.features``.
@@ -415,12 +413,11 @@ class AdaptivePlanner:
             ValueError: a feature is missing or the logits are not finite (non-finite features).
         """
         t0 = time.perf_counter()
-        if self.runtime.static_groups:
-            index = self.runtime.static_action_for(state.temperature, state.top_p)
-            if index is not None and (self._allowed is None or index in self._allowed):
-                self.decision_times_s.append(time.perf_counter() - t0)
-                self.choice_counts[index] += 1
-                return self.runtime.plans[index]
+        index = self._static_index(state.temperature, state.top_p) if self.runtime.static_groups else None
+        if index is not None:
+            self.decision_times_s.append(time.perf_counter() - t0)
+            self.choice_counts[index] += 1
+            return self.runtime.plans[index]
         features = state.features
         if features is None:
             raise RuntimeError(

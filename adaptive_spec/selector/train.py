@@ -202,8 +202,7 @@ def bootstrap_quantiles(
     tok_c, time_c = be[rows_all, choices], st[rows_all, choices]
     tok_s, time_s = be[rows_all, data.base_action], st[rows_all, data.base_action]
     out = {}
-    for g in sorted(set(data.groups.tolist())):
-        rows = np.flatnonzero(data.groups == g)
+    for g, rows in data.group_rows():
         keys, inverse = np.unique(data.prompts[rows].astype(str), return_inverse=True)
         # Per prompt sums; a resample's totals are weighted sums of them (weight = times drawn).
         sums = np.stack([np.bincount(inverse, w[rows], len(keys)) for w in (tok_c, time_c, tok_s, time_s)])
