@@ -24,6 +24,7 @@ import datetime as dt
 import gzip
 import json
 import logging
+import os
 import platform
 import shutil
 import tempfile
@@ -76,6 +77,7 @@ def _fit(
         trainer = L.Trainer(
             accelerator="auto",
             devices=1,
+            precision=spec.precision,
             max_time=dt.timedelta(seconds=budget_s),
             max_steps=spec.max_steps or -1,
             max_epochs=-1,
@@ -103,6 +105,29 @@ def _fit(
         "final_val": {k: round(float(v), 4) for k, v in final.items()},
         "history": [{k: round(v, 4) for k, v in h.items()} for h in module.history],
     }
+
+
+def _load_average() -> list[float] | None:
+    """The machine's 1/5/15-minute load averages, or None where the OS does not tell."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (AttributeError, OSError):
+        return None
+
+
+def _trained_on() -> str:
+    """Where the build trained: the accelerator's name, or the CPU's with its core count."""
+    if torch.cuda.is_available():
+        return f"cuda: {torch.cuda.get_device_name(0)}"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"cpu: {cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} threads"
 
 
 def _save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, path: Path, dtype: str) -> None:
@@ -144,6 +169,7 @@ def build_pair(
     config = config or ZooConfig()
     if minutes <= 0:
         raise ValueError(f"minutes must be positive, got {minutes}")
+    load_before = _load_average()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     corpus_root = Path(corpus) if corpus is not None else default_corpus()
@@ -229,7 +255,13 @@ def build_pair(
             "transformers": transformers.__version__,
             "lightning": L.__version__,
         },
+        # The corpus is the standard library of the Python that ran the build, unless --corpus.
+        "corpus_python": platform.python_version() if corpus is None else None,
         "machine": platform.machine(),
+        "trained_on": _trained_on(),
+        # 1-, 5- and 15-minute load averages: an idle 2-core machine reads well under 1 before the
+        # build and about 2 (the build's own threads) after it; more means something shared the cores.
+        "load_average": {"before": load_before, "after": _load_average()},
         "started": started.isoformat(timespec="seconds"),
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
