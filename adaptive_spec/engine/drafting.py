@@ -32,13 +32,17 @@ its last row is the draft's root distribution) and :func:`draft_tree` continues 
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 
 from adaptive_spec.engine.kv_cache import ModelRunner
 from adaptive_spec.engine.sampling import ProbsFn
+from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
+from adaptive_spec.trees.policy import DraftPolicy, NodeView, PolicyContext, clip_widths
 
 
 @dataclass
@@ -51,13 +55,26 @@ class DraftOutcome:
         pending_fed: number of pending context tokens fed before the tree (0 when the draft
             model was not run, i.e. a depth-0 tree).
         fed_nodes: tree nodes ``0 .. fed_nodes - 1`` have KV rows in the draft cache, at row
-            ``cached + pending_fed - 1 + node`` (node 0 is the last pending token).
+            ``cached + pending_fed - 1 + node`` (node 0 is the last pending token); for a
+            policy-grown tree, the number of fed nodes, whose rows ``cache_rows`` gives.
+        cache_rows: policy-grown trees: fed node -> offset of its row after the root (feed order).
     """
 
     tree: DraftTree
     ancestors: torch.Tensor
     pending_fed: int
     fed_nodes: int
+    cache_rows: dict[int, int] | None = None
+
+    def draft_row(self, node: int) -> int | None:
+        """Offset of ``node``'s KV row after the root in the draft cache, or None if it was never fed.
+
+        Static trees feed nodes ``0 .. fed_nodes - 1`` in order; a policy-grown tree feeds them
+        in the order of ``cache_rows``.
+        """
+        if self.cache_rows is None:
+            return node if node < self.fed_nodes else None
+        return self.cache_rows.get(node)
 
 
 @dataclass
@@ -224,3 +241,135 @@ def _new_node(
     depths.append(depths[parent] + 1)
     child_draws.append([])
     return len(tokens) - 1
+
+
+def draft_policy_tree(
+    runner: ModelRunner,
+    pending: torch.Tensor | DraftRoot,  # [p] pending tokens (root last), or their forward
+    policy: DraftPolicy,
+    probs_fn: ProbsFn,
+    generator: torch.Generator,
+    deterministic: bool,
+    *,
+    temperature: float = 1.0,
+    features: Mapping[str, float] | None = None,
+) -> DraftOutcome:
+    """Grow a tree with a drafting ``policy``: one draft forward per level, one host sync per level.
+
+    The law is that of :func:`adaptive_spec.trees.sample_policy_tree`. Per level, one sync
+    brings the fed frontier's row statistics (entropy, top-1) together with ``max_width``
+    candidate children per node, drawn *before* the policy decides: the first ``k`` of
+    ``max_width`` i.i.d. draws are ``k`` i.i.d. draws, and the first ``k`` of a Gumbel-top-k
+    are ``k`` draws without replacement, so drawing them early does not change the law (the
+    policy never sees them). Then the policy's widths pick the children, its ``feed`` picks
+    the new nodes to run through the draft, and those nodes are fed in one forward. A node
+    that is not fed is a leaf and costs no forward. Nodes are numbered in creation order;
+    ``DraftOutcome.cache_rows`` says where the fed ones sit in the draft cache.
+
+    At temperature 0 (``deterministic``) each node's first candidate is the argmax (its top-k
+    without replacement), so single-child nodes extend greedily; the greedy verifier is
+    lossless for any tree.
+    """
+    V = probs_fn.vocab_size
+    device = runner.device
+    law = policy.law
+    root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
+    p, base = root.pending, root.base
+    n_max = policy.shape.max_nodes
+    anc = torch.zeros(n_max, n_max, dtype=torch.bool, device=device)  # [node, node] ancestor matrix
+    anc[0, 0] = True
+    tokens, parents, depths = [-1], [-1], [0]
+    child_draws: list[list[int]] = [[]]
+    views: dict[int, NodeView] = {}
+    cache_rows = {0: 0}  # fed node -> offset after the root in the draft cache (feed order)
+    fed_order = [0]
+    rows = [root.probs[-1:]]  # per fed level: Tensor[F, V]
+    frontier, R, ok = [0], root.probs[-1:], root.ok
+    sampler = TorchSampler(generator)
+    budget = policy.budget
+    K = 1 if law is DraftLaw.DYNAMIC_CHAIN else max(1, min(policy.max_width, V))
+    pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device)
+
+    while frontier and budget > 0 and policy.depth > 0:
+        F = len(frontier)
+        if law is DraftLaw.DYNAMIC_WOR:
+            keys = R if deterministic else R / torch.empty_like(R).exponential_(generator=generator)
+            cand = keys.topk(K, dim=-1).indices  # [F, K], in draw order
+        else:
+            race = R[:, None, :] / torch.empty(F, K, V, dtype=R.dtype, device=device).exponential_(generator=generator)
+            cand = race.argmax(dim=-1)  # [F, K] i.i.d. draws
+            if deterministic:
+                cand[:, 0] = R.argmax(dim=-1)
+        cand_q = R.gather(-1, cand)  # [F, K]
+        logr = torch.where(R > 0, R.log(), torch.zeros_like(R))
+        ent = -(R * logr).sum(-1)  # [F]
+        top1 = R.max(dim=-1).values  # [F]
+        host = torch.cat(
+            [cand.flatten().double(), cand_q.flatten().double(), ent.double(), top1.double(), ok.double()[None]]
+        ).tolist()  # the level's one host sync
+        check_finite(host[-1], "draft")
+        n_c = F * K
+        c_tok, c_q = host[:n_c], host[n_c : 2 * n_c]
+        f_ent, f_top = host[2 * n_c : 2 * n_c + F], host[2 * n_c + F : 2 * n_c + 2 * F]
+        fv = []
+        for i, n in enumerate(frontier):
+            v = views.get(n) or NodeView(0, -1, -1, 0, 1.0, 1.0, f_ent[i], f_top[i])
+            fv.append(dataclasses.replace(v, entropy=f_ent[i], top1=f_top[i]))
+            views[n] = fv[-1]
+        ctx = PolicyContext(budget, temperature, features)
+        widths = clip_widths(policy, fv, policy.widths(fv, ctx, sampler), budget)
+        new: list[int] = []
+        for i, (v, k) in enumerate(zip(fv, widths, strict=True)):
+            if k == 0:
+                continue
+            budget -= k
+            first, index, q_of = len(tokens), {}, {}
+            for j in range(k):
+                tok, q = int(c_tok[i * K + j]), c_q[i * K + j]
+                if q <= 0.0:  # zero-probability tokens are never drawn (they sort last in a top-k)
+                    break
+                child = index.get(tok)
+                if child is None:
+                    child = _new_node(tokens, parents, depths, child_draws, v.node, tok)
+                    index[tok], q_of[child] = child, q
+                child_draws[v.node].append(child)
+            draws = child_draws[v.node]
+            for c in range(first, len(tokens)):
+                views[c] = NodeView(
+                    c, v.node, tokens[c], v.depth + 1, q_of[c], v.path_prob * q_of[c], f_ent[i], f_top[i],
+                    multiplicity=draws.count(c), parent_draws=len(draws), branched=v.branched or len(draws) > 1,
+                )  # fmt: skip
+                new.append(c)
+        if not new:
+            break
+        new_t = torch.tensor(new, device=device)
+        anc[new_t] = anc[torch.tensor([parents[c] for c in new], device=device)]
+        anc[new_t, new_t] = True
+        if budget <= 0:
+            break
+        nv = [views[c] for c in new]
+        feed = policy.feed(nv, PolicyContext(budget, temperature, features), sampler)
+        if len(feed) != len(nv):
+            raise ValueError(f"{type(policy).__name__}.feed returned {len(feed)} values for {len(nv)} nodes")
+        frontier = [v.node for v, f in zip(nv, feed, strict=True) if f and v.depth < policy.depth]
+        if not frontier:
+            break
+        for c in frontier:
+            cache_rows[c] = len(fed_order)
+            fed_order.append(c)
+        fr_t = torch.tensor(frontier, device=device)
+        allowed = torch.cat(
+            [pending_pos.expand(len(frontier), -1), anc[fr_t][:, torch.tensor(fed_order, device=device)]], dim=1
+        )  # [F', p - 1 + fed]
+        ids = torch.tensor([tokens[c] for c in frontier], device=device)
+        pos = torch.tensor([base + p - 1 + depths[c] for c in frontier], device=device)
+        logits = runner.block_forward(ids, pos, allowed, logits_to_keep=len(frontier))
+        ok = finite_flag(logits)
+        R = probs_fn(logits)
+        rows.append(R)
+
+    n = len(tokens)
+    probs = torch.zeros(n, V, dtype=rows[0].dtype, device=device)
+    probs[torch.tensor(fed_order, device=device)] = torch.cat(rows)[: len(fed_order)]
+    tree = DraftTree(tokens, parents, depths, probs, child_draws, policy.shape)
+    return DraftOutcome(tree, anc[:n, :n], p, len(fed_order), cache_rows)

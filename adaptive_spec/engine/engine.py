@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ from transformers import PreTrainedModel
 from adaptive_spec.engine.drafting import (
     DraftRoot,
     check_finite,
+    draft_policy_tree,
     draft_root,
     draft_tree,
     finite_flag,
@@ -44,6 +45,7 @@ from adaptive_spec.engine.kv_cache import ModelRunner
 from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
 from adaptive_spec.engine.sampling import ProbsFn, SamplingConfig, build_logits_processor
 from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
+from adaptive_spec.trees import TreeShape
 from adaptive_spec.verifiers import REGISTRY, verify
 
 if TYPE_CHECKING:
@@ -480,7 +482,7 @@ class SpecEngine:
                 step_plan = as_plan(choose(step_state)).truncated(remaining - 1)
                 propensity = getattr(plan, "last_propensity", None) if log is not None else None
                 result = self._speculative_step(
-                    state, step_plan, sampling, target_probs_fn, draft_probs_fn, timer, root
+                    state, step_plan, sampling, target_probs_fn, draft_probs_fn, timer, root, step_state.features
                 )
                 state.steps.append(result)
                 emitted = list(result.tokens)
@@ -571,8 +573,12 @@ class SpecEngine:
         draft_probs_fn: ProbsFn,
         timer: PhaseTimer,
         root: DraftRoot | None = None,
+        features: Mapping[str, float] | None = None,
     ) -> StepResult:
-        """Draft, score, verify and commit one tree (``root``: the first draft forward, if already run)."""
+        """Draft, score, verify and commit one tree (``root``: the first draft forward, if already run).
+
+        ``features``: the step's root features, passed on to a drafting policy.
+        """
         target, draft = state.target, state.draft
         assert draft is not None
         verifier = "greedy" if sampling.greedy else plan.verifier
@@ -588,7 +594,14 @@ class SpecEngine:
         pending = root  # the first draft forward, if already run; else the pending tokens (root last)
         if pending is None:
             pending = torch.tensor(state.context[draft.cached :], dtype=torch.long, device=device)
-        outcome = draft_tree(draft, pending, plan.shape, draft_probs_fn, state.generator, sampling.greedy)
+        if plan.policy is not None and plan.shape.depth > 0:
+            outcome = draft_policy_tree(
+                draft, pending, plan.policy, draft_probs_fn, state.generator, sampling.greedy,
+                temperature=sampling.temperature, features=features,
+            )  # fmt: skip
+        else:
+            shape = plan.shape if plan.policy is None else TreeShape.chain(0)
+            outcome = draft_tree(draft, pending, shape, draft_probs_fn, state.generator, sampling.greedy)
         tree = outcome.tree
         N = tree.num_nodes
 
@@ -618,14 +631,15 @@ class SpecEngine:
         rows = torch.tensor([n_ctx - 1 + a for a in accepted], dtype=torch.long, device=device)
         target.commit(n_ctx, rows)
         if outcome.pending_fed:
-            fed = [a for a in accepted if a < outcome.fed_nodes]
-            rows_d = torch.tensor([n_ctx - 1 + a for a in fed], dtype=torch.long, device=device)
+            fed = [r for r in map(outcome.draft_row, accepted) if r is not None]  # a prefix of the path
+            rows_d = torch.tensor([n_ctx - 1 + r for r in fed], dtype=torch.long, device=device)
             draft.commit(n_ctx, rows_d)
         if state.root is not None:  # the rows over the next root token: at the last accepted node
             node = result.node
             # At T=0 the target's rows are one-hot; features use its plain softmax.
             target_row = draft_probs_fn(logits[node : node + 1])[0] if sampling.greedy else target_probs[node]
-            draft_row = outcome.tree.draft_probs[node] if node < outcome.fed_nodes else None  # None: a leaf
+            fed_leaf = outcome.draft_row(node) is not None
+            draft_row = outcome.tree.draft_probs[node] if fed_leaf else None  # None: a leaf never fed
             state.root.set_previous(target_row, draft_row, target.hidden[node] if target.keep_hidden else None)
             state.root.after_step(result.num_accepted)
         state.stats.accept_lengths.append(result.num_accepted)

@@ -22,7 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from adaptive_spec.trees import DraftLaw, TreeShape
+from adaptive_spec.trees import DraftPolicy, TreeShape
+from adaptive_spec.trees.policy import POLICY_GRAMMAR, is_policy_text, parse_policy
 from adaptive_spec.verifiers import check_compatible, get_verifier
 
 __all__ = [
@@ -41,12 +42,15 @@ DEFAULT_VERIFIER = "traversal"
 
 @dataclass(frozen=True)
 class Plan:
-    """One speculative step's recipe: a tree shape and the verifier that checks it.
+    """One speculative step's recipe: a tree shape (or a drafting policy) and the verifier that checks it.
 
     Attributes:
-        shape: the draft tree shape (and so the drafting law).
-        verifier: a registered verifier name that is lossless for ``shape.law``.
+        shape: the draft tree shape (and so the drafting law); for a policy, its envelope
+            (``policy.shape``: a dynamic law, the depth and the node budget).
+        verifier: a registered verifier name that is lossless for ``shape.law``. It is fixed
+            before drafting, also when a policy grows the tree.
         allow_lossy: permit a verifier registered as lossy (``hsd``); off by default.
+        policy: the drafting policy that grows the tree level by level, or None for a static shape.
 
     Raises:
         ValueError: unknown verifier, or a verifier that cannot verify the shape's law
@@ -56,8 +60,16 @@ class Plan:
     shape: TreeShape
     verifier: str = DEFAULT_VERIFIER
     allow_lossy: bool = False
+    policy: DraftPolicy | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.shape, DraftPolicy) and self.policy is None:  # Plan(policy, verifier)
+            object.__setattr__(self, "policy", self.shape)
+            object.__setattr__(self, "shape", self.shape.shape)
+        if self.policy is not None:
+            if not isinstance(self.policy, DraftPolicy):
+                raise ValueError(f"Plan.policy must be a DraftPolicy, got {type(self.policy).__name__}")
+            object.__setattr__(self, "shape", self.policy.shape)
         if not isinstance(self.shape, TreeShape):
             raise ValueError(f"Plan.shape must be a TreeShape, got {type(self.shape).__name__}")
         spec = get_verifier(self.verifier)
@@ -73,26 +85,35 @@ class Plan:
         verifier = verifier.strip() if sep else DEFAULT_VERIFIER
         if sep and not verifier:
             raise ValueError(f"plan {text!r}: missing verifier name after '/'")
-        return cls(TreeShape.parse(shape_text), verifier)
+        if is_policy_text(shape_text):
+            policy = parse_policy(shape_text)
+            return cls(policy.shape, verifier, policy=policy)
+        try:
+            shape = TreeShape.parse(shape_text)
+        except ValueError as e:
+            raise ValueError(f"{e}; or a drafting policy: {POLICY_GRAMMAR}") from None
+        return cls(shape, verifier)
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether a drafting policy grows the tree while drafting."""
+        return self.policy is not None
 
     def __str__(self) -> str:
-        return f"{self.shape}/{self.verifier}"
+        return f"{self.policy if self.policy is not None else self.shape}/{self.verifier}"
 
     def truncated(self, max_depth: int) -> Plan:
         """The same plan with the tree cut to depth ``max_depth`` (for the last tokens of a budget)."""
         if self.shape.depth <= max_depth:
             return self
+        if self.policy is not None:
+            return Plan(self.shape, self.verifier, self.allow_lossy, policy=self.policy.truncated(max_depth))
         return Plan(truncate_shape(self.shape, max_depth), self.verifier, self.allow_lossy)
 
 
 def truncate_shape(shape: TreeShape, max_depth: int) -> TreeShape:
     """``shape`` with every path cut to at most ``max_depth`` tokens (canonical constructors)."""
-    if shape.law is DraftLaw.WITHOUT_REPLACEMENT:
-        return TreeShape.without_replacement(shape.widths[:max_depth])
-    if shape.law is DraftLaw.CHAIN:
-        return TreeShape.chain(min(shape.trunk, max_depth))
-    trunk = min(shape.trunk, max_depth)
-    return TreeShape.delayed(trunk, shape.paths, min(shape.branch_len, max_depth - trunk))
+    return shape.truncated(max_depth)
 
 
 def as_plan(plan: Plan | str | TreeShape) -> Plan:

@@ -7,11 +7,13 @@ calls and must produce the same law (tested in the engine's tests).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 
 import torch
 
 from adaptive_spec.rng import Sampler, as_sampler
+from adaptive_spec.trees.policy import DraftPolicy, NodeView, PolicyContext, clip_widths, row_stats
 from adaptive_spec.trees.shapes import DraftLaw, TreeShape
 from adaptive_spec.trees.tree import DraftTree
 
@@ -83,6 +85,8 @@ def sample_tree(shape: TreeShape, draft_probs_fn: DraftProbsFn, generator: torch
     Returns:
         The tree, with ``draft_probs`` filled for every expanded node.
     """
+    if shape.law.dynamic:
+        raise ValueError(f"sample_tree: {shape} is drawn by a drafting policy; use sample_policy_tree")
     b = _Builder(draft_probs_fn, as_sampler(generator))
     b.row(0)
     if shape.law is DraftLaw.WITHOUT_REPLACEMENT:
@@ -121,3 +125,79 @@ def _check_row(row: torch.Tensor, prefix: tuple[int, ...], vocab: int | None) ->
     if abs(total - 1.0) > 1e-4:
         raise ValueError(f"draft_probs_fn{prefix} returned probabilities that sum to {total}, not 1")
     return row
+
+
+def sample_policy_tree(
+    policy: DraftPolicy,
+    draft_probs_fn: DraftProbsFn,
+    generator: torch.Generator | Sampler,
+    *,
+    temperature: float = 1.0,
+    features: Mapping[str, float] | None = None,
+) -> DraftTree:
+    """Grow a draft tree with a drafting ``policy``, level by level (reference drafter).
+
+    Per level: the policy's :meth:`~DraftPolicy.widths` for the fed frontier (whose rows are
+    known), then every node's children are drawn from its row (i.i.d. or without
+    replacement, by ``policy.law``), then :meth:`~DraftPolicy.feed` for the new nodes. The
+    engine's batched drafter follows the same law.
+
+    Args:
+        policy: the drafting policy.
+        draft_probs_fn: ``prefix -> Tensor[V]``, the draft's next-token distribution.
+        generator: the caller's ``torch.Generator`` (or a :class:`~adaptive_spec.rng.Sampler`);
+            the draws and any random decision of the policy come from it.
+        temperature / features: passed to the policy in its :class:`PolicyContext`.
+    """
+    sampler = as_sampler(generator)
+    b = _Builder(draft_probs_fn, sampler)
+    ent, top1 = row_stats(b.row(0))
+    views = {0: NodeView(0, -1, -1, 0, 1.0, 1.0, ent, top1, entropy=ent, top1=top1)}
+    frontier = [0] if policy.depth > 0 else []
+    budget = policy.budget
+
+    def context() -> PolicyContext:
+        return PolicyContext(budget, temperature, features)
+
+    while frontier and budget > 0:
+        fv = [views[n] for n in frontier]
+        widths = clip_widths(policy, fv, policy.widths(fv, context(), sampler), budget)
+        new: list[int] = []
+        for v, k in zip(fv, widths, strict=True):
+            if k == 0:
+                continue
+            budget -= k
+            row = b.row(v.node)
+            first = len(b.tokens)
+            if policy.law is DraftLaw.DYNAMIC_WOR:
+                weights = row.clone()
+                for _ in range(k):
+                    if not bool(weights.sum() > 0):
+                        break
+                    child = b.draw(v.node, weights)
+                    weights[b.tokens[child]] = 0
+            else:
+                for _ in range(k):
+                    b.draw(v.node, row)
+            draws = b.child_draws[v.node]
+            row_list = row.double()
+            for c in range(first, len(b.tokens)):
+                q = float(row_list[b.tokens[c]])
+                views[c] = NodeView(
+                    c, v.node, b.tokens[c], v.depth + 1, q, v.path_prob * q, v.entropy, v.top1,
+                    multiplicity=draws.count(c), parent_draws=len(draws), branched=v.branched or len(draws) > 1,
+                )  # fmt: skip
+                new.append(c)
+        if not new or budget <= 0:
+            break
+        nv = [views[c] for c in new]
+        feed = policy.feed(nv, context(), sampler)
+        if len(feed) != len(nv):
+            raise ValueError(f"{type(policy).__name__}.feed returned {len(feed)} values for {len(nv)} nodes")
+        frontier = []
+        for v, f in zip(nv, feed, strict=True):
+            if f and v.depth < policy.depth:
+                ent, top1 = row_stats(b.row(v.node))
+                views[v.node] = dataclasses.replace(v, entropy=ent, top1=top1)
+                frontier.append(v.node)
+    return b.finish(policy.shape)

@@ -28,6 +28,20 @@ class DraftLaw(str, enum.Enum):
     """A single trunk path, then K i.i.d. rollouts from the trunk's end (DDTE, reference §10)."""
     WITHOUT_REPLACEMENT = "without_replacement"
     """k distinct children per node, drawn one after another without replacement."""
+    # Dynamic laws: the tree grows level by level and a drafting policy
+    # (:mod:`adaptive_spec.trees.policy`) decides, from draft-side information only and before
+    # the children are drawn, how many children each frontier node gets.
+    DYNAMIC_CHAIN = "dynamic_chain"
+    """One path whose length a policy decides while drafting (0 or 1 child per node)."""
+    DYNAMIC_IID = "dynamic_iid"
+    """Each node gets a policy-chosen number of i.i.d. draws, kept with multiplicity."""
+    DYNAMIC_WOR = "dynamic_wor"
+    """Each node gets a policy-chosen number of distinct children, drawn without replacement."""
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether trees of this law are grown by a drafting policy."""
+        return self in _DYNAMIC_LAWS
 
 
 @dataclass(frozen=True)
@@ -50,6 +64,7 @@ class TreeShape:
     paths: int = 1
     branch_len: int = 0
     widths: tuple[int, ...] = ()
+    budget: int = 0  # dynamic laws: the most drafted nodes, root excluded
 
     # ----------------------------------------------------------------- constructors
     @classmethod
@@ -89,10 +104,23 @@ class TreeShape:
             return cls.chain(len(widths))
         return cls(DraftLaw.WITHOUT_REPLACEMENT, widths=widths)
 
+    @classmethod
+    def dynamic(cls, law: DraftLaw, depth: int, budget: int) -> TreeShape:
+        """The envelope of a policy-grown tree: at most ``depth`` levels and ``budget`` drafted nodes."""
+        if not isinstance(law, DraftLaw) or not law.dynamic:
+            raise ValueError(f"tree shape: {law!r} is not a dynamic drafting law")
+        _check_int("depth", depth, 0)
+        _check_int("budget", budget, 0)
+        if law is DraftLaw.DYNAMIC_CHAIN:
+            budget = min(budget, depth)
+        return cls(law, trunk=depth, budget=budget)
+
     # ----------------------------------------------------------------- properties
     @property
     def depth(self) -> int:
         """Maximum depth of a drafted node (number of draft tokens on the longest path)."""
+        if self.law.dynamic:
+            return self.trunk
         if self.law is DraftLaw.WITHOUT_REPLACEMENT:
             return len(self.widths)
         return self.trunk + self.branch_len
@@ -105,6 +133,8 @@ class TreeShape:
     @property
     def max_nodes(self) -> int:
         """Largest possible number of nodes, root included (duplicates merged make it smaller)."""
+        if self.law.dynamic:
+            return 1 + self.budget
         if self.law is DraftLaw.WITHOUT_REPLACEMENT:
             total, level = 1, 1
             for w in self.widths:
@@ -116,11 +146,29 @@ class TreeShape:
     @property
     def num_draws(self) -> int:
         """Number of tokens the draft model samples to build the tree (before merging)."""
+        if self.law.dynamic:
+            return self.budget
         if self.law is DraftLaw.WITHOUT_REPLACEMENT:
             return self.max_nodes - 1
         return self.trunk + self.paths * self.branch_len
 
+    def truncated(self, max_depth: int) -> TreeShape:
+        """This shape with every path cut to at most ``max_depth`` tokens (canonical constructors)."""
+        if self.depth <= max_depth:
+            return self
+        max_depth = max(0, max_depth)
+        if self.law.dynamic:
+            return TreeShape.dynamic(self.law, max_depth, self.budget)
+        if self.law is DraftLaw.WITHOUT_REPLACEMENT:
+            return TreeShape.without_replacement(self.widths[:max_depth])
+        if self.law is DraftLaw.CHAIN:
+            return TreeShape.chain(min(self.trunk, max_depth))
+        trunk = min(self.trunk, max_depth)
+        return TreeShape.delayed(trunk, self.paths, min(self.branch_len, max_depth - trunk))
+
     def __str__(self) -> str:
+        if self.law.dynamic:
+            return f"{self.law.value}:{self.trunk}x{self.budget}"
         if self.law is DraftLaw.CHAIN:
             return f"chain:{self.trunk}"
         if self.law is DraftLaw.IID:
@@ -153,6 +201,9 @@ class TreeShape:
         if kind == "delayed":
             return cls.delayed(*sizes)
         return cls.without_replacement(sizes)
+
+
+_DYNAMIC_LAWS = frozenset({DraftLaw.DYNAMIC_CHAIN, DraftLaw.DYNAMIC_IID, DraftLaw.DYNAMIC_WOR})
 
 
 def _check_int(name: str, value: int, minimum: int) -> None:

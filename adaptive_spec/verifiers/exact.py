@@ -22,7 +22,7 @@ from typing import TypeVar
 import torch
 
 from adaptive_spec.rng import Sampler
-from adaptive_spec.trees import DraftTree, TreeShape, sample_tree
+from adaptive_spec.trees import DraftPolicy, DraftTree, TreeShape, sample_policy_tree, sample_tree
 
 T = TypeVar("T", bound=Hashable)
 ProbsFn = Callable[[tuple[int, ...]], torch.Tensor]
@@ -102,12 +102,28 @@ def target_rows(tree: DraftTree, target_fn: ProbsFn) -> torch.Tensor:
     return torch.stack([target_fn(pre) for pre in tree.prefixes])
 
 
-def tree_law(shape: TreeShape, draft_fn: ProbsFn) -> list[tuple[DraftTree, float]]:
-    """Every draft tree of ``shape`` with its exact probability (one entry per draw sequence)."""
+Drafter = TreeShape | DraftPolicy | Callable[[Sampler], DraftTree]
+
+
+def draw_tree(drafter: Drafter, draft_fn: ProbsFn, sampler: Sampler) -> DraftTree:
+    """One tree from a static shape, a drafting policy, or any ``sampler -> DraftTree`` program."""
+    if isinstance(drafter, TreeShape):
+        return sample_tree(drafter, draft_fn, sampler)
+    if isinstance(drafter, DraftPolicy):
+        return sample_policy_tree(drafter, draft_fn, sampler)
+    return drafter(sampler)
+
+
+def tree_law(shape: Drafter, draft_fn: ProbsFn) -> list[tuple[DraftTree, float]]:
+    """Every draft tree of ``shape`` with its exact probability (one entry per run of the drafter).
+
+    ``shape`` is a static :class:`TreeShape`, a :class:`DraftPolicy` (its decisions, random or
+    not, are enumerated together with the draws), or a ``sampler -> DraftTree`` program.
+    """
     trees: list[DraftTree] = []
 
     def program(ch: Sampler) -> int:
-        trees.append(sample_tree(shape, draft_fn, ch))
+        trees.append(draw_tree(shape, draft_fn, ch))
         return len(trees) - 1  # every run ends in its own leaf of the choice tree
 
     return [(trees[i], prob) for i, prob in enumerate_law(program).items()]
@@ -115,7 +131,7 @@ def tree_law(shape: TreeShape, draft_fn: ProbsFn) -> list[tuple[DraftTree, float
 
 def output_law(
     verifier: Callable[[DraftTree, torch.Tensor, Sampler], object],
-    shape: TreeShape,
+    shape: Drafter,
     draft_fn: ProbsFn,
     target_fn: ProbsFn,
 ) -> dict[tuple[int, ...], float]:
@@ -123,7 +139,7 @@ def output_law(
 
     Args:
         verifier: ``(tree, target_probs, sampler) -> VerifyResult`` (a registry ``fn``).
-        shape: the drafting recipe.
+        shape: the drafting recipe: a static shape, a drafting policy or a drafting program.
         draft_fn / target_fn: ``prefix -> Tensor[V]`` for the draft and the target.
     """
     law: dict[tuple[int, ...], float] = defaultdict(float)

@@ -23,9 +23,15 @@ from adaptive_spec.verifiers.traversal import verify_traversal
 
 VerifyFn = Callable[[DraftTree, torch.Tensor, Sampler], VerifyResult]
 
+# Each set is backed by the exact tests: static laws in tests/verifiers/test_exact.py, the
+# dynamic (policy-grown) laws in tests/verifiers/test_dynamic_exact.py, which also checks that
+# every dynamic law left out of a set is lossy for that verifier or has no meaning for it.
 _ALL = frozenset(DraftLaw)
-_CHAIN = frozenset({DraftLaw.CHAIN})
-_IID = frozenset({DraftLaw.CHAIN, DraftLaw.IID, DraftLaw.DELAYED})
+_DYN_CHAIN = frozenset({DraftLaw.DYNAMIC_CHAIN})
+_CHAIN = frozenset({DraftLaw.CHAIN}) | _DYN_CHAIN
+_IID = frozenset({DraftLaw.CHAIN, DraftLaw.IID, DraftLaw.DELAYED, DraftLaw.DYNAMIC_CHAIN, DraftLaw.DYNAMIC_IID})
+# GBV's skewed law is that of the best of K i.i.d. paths of a fixed shape: no dynamic law.
+_GBV = frozenset({DraftLaw.CHAIN, DraftLaw.IID, DraftLaw.DELAYED})
 
 
 @dataclass(frozen=True)
@@ -61,8 +67,8 @@ REGISTRY: dict[str, VerifierSpec] = {
         VerifierSpec("spectr", verify_spectr, _IID, reference="§6"),
         VerifierSpec("nss", verify_nss, _ALL, reference="§7"),
         VerifierSpec("naive", verify_naive, _ALL, reference="§7"),
-        VerifierSpec("gbv", verify_gbv, _IID, reference="§8"),
-        VerifierSpec("hsd", verify_hsd, _CHAIN, lossless=False, reference="§9"),
+        VerifierSpec("gbv", verify_gbv, _GBV, reference="§8"),
+        VerifierSpec("hsd", verify_hsd, frozenset({DraftLaw.CHAIN}), lossless=False, reference="§9"),
     ]
 }
 

@@ -1,0 +1,106 @@
+"""Drafting policies and instances for the exact tests of policy-grown (dynamic) trees."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from adaptive_spec.rng import Sampler
+from adaptive_spec.trees import DraftLaw, TreeShape
+from adaptive_spec.trees.policy import (
+    ConfidenceChain,
+    ConfidenceDelayed,
+    CumulativeChain,
+    DraftPolicy,
+    EagleTree,
+    FixedShapePolicy,
+    NodeView,
+    PolicyContext,
+)
+from adaptive_spec.verifiers.instances import Instance, random_instance, toy_instance
+
+DYNAMIC_LAWS = (DraftLaw.DYNAMIC_CHAIN, DraftLaw.DYNAMIC_IID, DraftLaw.DYNAMIC_WOR)
+
+
+@dataclass(frozen=True)
+class RandomPolicy(DraftPolicy):
+    """Random decisions that lean on draft-side facts: depth, the draft probabilities, path confidence.
+
+    ``widths``: a categorical over 0..max_width whose weights move with the node's own top-1 and
+    depth. ``feed``: a coin whose bias is the token's draft probability (or the path's).
+    """
+
+    kind: DraftLaw = DraftLaw.DYNAMIC_IID
+    cap: int = 2
+    use_path: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "law", self.kind)
+
+    @property
+    def max_width(self) -> int:
+        return 1 if self.kind is DraftLaw.DYNAMIC_CHAIN else self.cap
+
+    def feed(self, views: Sequence[NodeView], ctx: PolicyContext, sampler: Sampler) -> list[bool]:
+        out = []
+        for v in views:
+            bias = v.path_prob if self.use_path else v.token_prob
+            out.append(sampler.flip(0.2 + 0.6 * bias))
+        return out
+
+    def widths(self, views: Sequence[NodeView], ctx: PolicyContext, sampler: Sampler) -> list[int]:
+        import torch
+
+        out = []
+        for v in views:
+            top = v.top1 if v.top1 is not None else 0.5
+            w = [1.0 + v.depth] + [top * (k + 1) + 0.1 for k in range(self.max_width)]  # 0, 1, ..., max_width
+            out.append(sampler.categorical(torch.tensor(w, dtype=torch.float64)))
+        return out
+
+    def __str__(self) -> str:
+        return f"random({self.kind.value},D={self.depth},B={self.budget},path={self.use_path})"
+
+
+def policies_for(law: DraftLaw) -> list[DraftPolicy]:
+    """Deterministic and random policies of ``law``, small enough for exact enumeration at V <= 3."""
+    if law is DraftLaw.DYNAMIC_CHAIN:
+        return [
+            ConfidenceChain(depth=2, threshold=0.5),
+            ConfidenceChain(depth=3, threshold=0.6),
+            CumulativeChain(depth=3, min_path_prob=0.3),
+            RandomPolicy(depth=2, budget=2, kind=law),
+            RandomPolicy(depth=3, budget=3, kind=law, use_path=True),
+            FixedShapePolicy(TreeShape.chain(2)),
+        ]
+    if law is DraftLaw.DYNAMIC_IID:
+        return [
+            ConfidenceDelayed(depth=2, budget=3, threshold=0.6, paths=2),
+            ConfidenceDelayed(depth=3, budget=4, threshold=0.5, paths=2, branch_threshold=0.5),
+            EagleTree(depth=2, budget=4, top_k=1, width=2),
+            RandomPolicy(depth=2, budget=3, kind=law),
+            RandomPolicy(depth=2, budget=4, kind=law, use_path=True),
+            FixedShapePolicy(TreeShape.delayed(1, 2, 1)),
+        ]
+    return [
+        EagleTree(depth=2, budget=4, top_k=1, width=2, without_replacement=True),
+        EagleTree(depth=3, budget=4, top_k=1, width=2, without_replacement=True),
+        RandomPolicy(depth=2, budget=3, kind=law),
+        RandomPolicy(depth=2, budget=4, kind=law, cap=3, use_path=True),
+        FixedShapePolicy(TreeShape.without_replacement((2, 1))),
+    ]
+
+
+def dynamic_cases(law: DraftLaw, n_random: int = 50) -> list[tuple[Instance, DraftPolicy]]:
+    """The toy plus ``n_random`` random instances (V in {2, 3}, about 25% exact zeros), policies cycled."""
+    pols = policies_for(law)
+    out: list[tuple[Instance, DraftPolicy]] = [(toy_instance(), pols[0])]
+    for i in range(n_random):
+        vocab = 2 + (i % 2)
+        pol = pols[i % len(pols)]
+        if vocab == 3 and pol.budget > 3 and law is not DraftLaw.DYNAMIC_CHAIN:
+            pol = dataclasses.replace(pol, budget=3) if not isinstance(pol, FixedShapePolicy) else pol
+        out.append((random_instance(7000 + 100 * DYNAMIC_LAWS.index(law) + i, vocab), pol))
+    return out

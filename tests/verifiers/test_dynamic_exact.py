@@ -1,0 +1,213 @@
+"""Exact losslessness on trees grown by a drafting policy, and the negative controls that must fail.
+
+The enumerator runs the reference drafter (``sample_policy_tree``) under its chooser, so every
+random decision of a policy is enumerated together with the draws (reference §14 item 1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from adaptive_spec.rng import Sampler
+from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape, sample_policy_tree
+from adaptive_spec.trees.policy import ConfidenceChain, DraftPolicy, FixedShapePolicy, NodeView, PolicyContext
+from adaptive_spec.trees.sampling import _Builder
+from adaptive_spec.verifiers import REGISTRY
+from adaptive_spec.verifiers.exact import completed_tv, output_law, tree_law
+from adaptive_spec.verifiers.instances import random_instance
+from adaptive_spec.verifiers.registry import IncompatibleTreeError, check_compatible
+from adaptive_spec.verifiers.token import verify_token
+from tests.verifiers.cases import instance_for
+from tests.verifiers.dynamic_cases import DYNAMIC_LAWS, dynamic_cases
+
+TV_TOL = 1e-9
+
+
+def dynamic_pairs() -> list[tuple[str, DraftLaw]]:
+    return [
+        (name, law) for name, spec in REGISTRY.items() if spec.lossless for law in DYNAMIC_LAWS if law in spec.laws
+    ]
+
+
+@pytest.mark.parametrize(("name", "law"), dynamic_pairs(), ids=lambda x: getattr(x, "value", x))
+def test_completed_output_law_equals_target_on_policy_trees(name, law):
+    fn = REGISTRY[name].fn
+    cases = dynamic_cases(law)
+    assert len(cases) >= 51
+    for base, policy in cases:
+        inst = instance_for(name, base)
+        out = output_law(fn, policy, inst.draft_fn, inst.target_fn)
+        tv, mass = completed_tv(out, inst.target_fn, inst.vocab, policy.depth + 1)
+        assert abs(mass - 1.0) < 1e-12, (inst.name, str(policy), mass)
+        assert tv < TV_TOL, (name, inst.name, str(policy), tv)
+
+
+def test_every_dynamic_law_has_verifiers_and_gbv_is_refused():
+    for law in DYNAMIC_LAWS:
+        assert any(law in s.laws and s.lossless and not s.greedy_only for s in REGISTRY.values())
+    with pytest.raises(IncompatibleTreeError, match=r"'gbv' is not lossless for trees drafted as 'dynamic_iid'.*"
+                                                     r"traversal"):  # fmt: skip
+        check_compatible("gbv", DraftLaw.DYNAMIC_IID)
+
+
+def _lossy_somewhere(verifier, drafter, n: int = 12, depth: int = 2) -> float:
+    worst = 0.0
+    for i in range(n):
+        inst = random_instance(9100 + i, 2 + i % 2)
+        out = output_law(verifier, drafter, inst.draft_fn, inst.target_fn)
+        tv, mass = completed_tv(out, inst.target_fn, inst.vocab, depth + 1)
+        assert abs(mass - 1.0) < 1e-12
+        worst = max(worst, tv)
+    return worst
+
+
+def test_gbv_is_lossy_on_policy_trees():
+    """Why GBV is refused for dynamic trees: its skewed law assumes K fixed i.i.d. paths."""
+    from tests.verifiers.dynamic_cases import RandomPolicy
+
+    pol = RandomPolicy(depth=2, budget=3, kind=DraftLaw.DYNAMIC_IID)
+
+    def gbv_as_if_iid(tree, probs, sampler):
+        shaped = DraftTree(tree.tokens, tree.parents, tree.depths, tree.draft_probs, tree.child_draws,
+                           TreeShape.iid(2, 2))  # fmt: skip
+        return REGISTRY["gbv"].fn(shaped, probs, sampler)
+
+    worst = 0.0
+    for i in range(12):
+        inst = random_instance(9200 + i, 2)
+        out = output_law(gbv_as_if_iid, pol, inst.draft_fn, inst.target_fn)
+        worst = max(worst, completed_tv(out, inst.target_fn, inst.vocab, 3)[0])
+    assert worst > 1e-4, worst
+
+
+def test_fixed_shape_policies_have_the_static_law():
+    """A static shape run as a policy draws exactly the trees the static drafter draws."""
+    for shape in (TreeShape.chain(2), TreeShape.delayed(1, 2, 1), TreeShape.iid(2, 2),
+                  TreeShape.without_replacement((2, 1))):  # fmt: skip
+        inst = random_instance(42, 3)
+
+        def key(tree: DraftTree) -> tuple:
+            return tuple(tuple(tree.tokens[c] for c in draws) for draws in _by_prefix(tree))
+
+        static = {}
+        for tree, p in tree_law(shape, inst.draft_fn):
+            static[key(tree)] = static.get(key(tree), 0.0) + p
+        dynamic = {}
+        for tree, p in tree_law(FixedShapePolicy(shape), inst.draft_fn):
+            dynamic[key(tree)] = dynamic.get(key(tree), 0.0) + p
+        assert static.keys() == dynamic.keys()
+        assert max(abs(static[k] - dynamic[k]) for k in static) < 1e-12
+
+
+def _by_prefix(tree: DraftTree) -> list[list[int]]:
+    """Child draws listed by prefix in lexicographic order (node numbering differs between drafters)."""
+    order = sorted(range(tree.num_nodes), key=lambda i: tree.prefixes[i])
+    return [tree.child_draws[i] for i in order]
+
+
+# --------------------------------------------------------------------------- negative controls
+@dataclass(frozen=True)
+class TargetPeekingChain(DraftPolicy):
+    """Extends a chain while the *target* likes the token: not draft-side, so lossy."""
+
+    target_fn: object = None
+
+    def feed(self, views: Sequence[NodeView], ctx: PolicyContext, sampler: Sampler) -> list[bool]:
+        out = []
+        for v in views:
+            prefix = self._prefixes.get(v.parent, ()) + (v.token,)
+            self._prefixes[v.node] = prefix
+            out.append(float(self.target_fn(prefix[:-1])[v.token]) >= 0.5)
+        return out
+
+    def widths(self, views: Sequence[NodeView], ctx: PolicyContext, sampler: Sampler) -> list[int]:
+        if views and views[0].node == 0:
+            self._prefixes.clear()
+        return [1] * len(views)
+
+    @property
+    def _prefixes(self) -> dict:
+        if "_pre" not in self.__dict__:
+            object.__setattr__(self, "_pre", {})
+        return self.__dict__["_pre"]
+
+
+def test_negative_control_policy_that_looks_at_the_target():
+    worst = 0.0
+    for i in range(12):
+        inst = random_instance(9300 + i, 2 + i % 2)
+        pol = TargetPeekingChain(depth=2, budget=2, target_fn=inst.target_fn)
+        for name in ("token", "block", "traversal"):
+            out = output_law(REGISTRY[name].fn, pol, inst.draft_fn, inst.target_fn)
+            tv, _ = completed_tv(out, inst.target_fn, inst.vocab, 3)
+            worst = max(worst, tv)
+    assert worst > 1e-3, worst
+    # The same rule on the draft's own probability is exact (the contrast that makes the control meaningful).
+    for i in range(6):
+        inst = random_instance(9300 + i, 2 + i % 2)
+        out = output_law(verify_token, ConfidenceChain(depth=2, threshold=0.5), inst.draft_fn, inst.target_fn)
+        assert completed_tv(out, inst.target_fn, inst.vocab, 3)[0] < TV_TOL
+
+
+def test_negative_control_verifier_chosen_after_drafting():
+    """Two lossless chain verifiers, picked by the drafted token: the mixture is not lossless."""
+
+    def chosen_after(tree, probs, sampler):
+        name = "block" if tree.num_nodes > 1 and tree.tokens[1] == 0 else "token"
+        return REGISTRY[name].fn(tree, probs, sampler)
+
+    worst = _lossy_somewhere(chosen_after, TreeShape.chain(2))
+    assert worst > 1e-4, worst
+    for name in ("block", "token"):  # each on its own is exact on the same instances
+        assert _lossy_somewhere(REGISTRY[name].fn, TreeShape.chain(2), n=4) < TV_TOL
+
+
+def _posthoc_chain(inst, threshold: float, depth: int = 2):
+    """Draws a child, then keeps it only if its draft probability is at least ``threshold``."""
+
+    def program(sampler: Sampler) -> DraftTree:
+        b = _Builder(inst.draft_fn, sampler)
+        node = 0
+        for _ in range(depth):
+            row = b.row(node)
+            token = sampler.categorical(row)
+            if float(row[token]) < threshold:  # decided after seeing the child: drop it
+                break
+            one_hot = torch.zeros_like(row)
+            one_hot[token] = 1.0
+            node = b.draw(node, one_hot)  # a one-option draw: no new choice for the enumerator
+        return b.finish(TreeShape.dynamic(DraftLaw.DYNAMIC_CHAIN, depth, depth))
+
+    return program
+
+
+def test_negative_control_child_count_decided_after_seeing_the_children():
+    worst = 0.0
+    for i in range(12):
+        inst = random_instance(9400 + i, 2 + i % 2)
+        for name in ("token", "traversal"):
+            out = output_law(REGISTRY[name].fn, _posthoc_chain(inst, 0.5), inst.draft_fn, inst.target_fn)
+            worst = max(worst, completed_tv(out, inst.target_fn, inst.vocab, 3)[0])
+    assert worst > 1e-3, worst
+
+
+def test_policy_trees_respect_depth_budget_and_law():
+    inst = random_instance(5, 3)
+    gen = torch.Generator().manual_seed(0)
+    from tests.verifiers.dynamic_cases import policies_for
+
+    for law in DYNAMIC_LAWS:
+        for pol in policies_for(law):
+            for _ in range(20):
+                tree = sample_policy_tree(pol, inst.draft_fn, gen)
+                assert tree.law is law
+                assert tree.max_depth <= pol.depth
+                assert sum(len(d) for d in tree.child_draws) <= pol.budget
+                if law is DraftLaw.DYNAMIC_CHAIN:
+                    assert all(len(d) <= 1 for d in tree.child_draws)
+                if law is DraftLaw.DYNAMIC_WOR:
+                    assert all(len(set(d)) == len(d) for d in tree.child_draws)
