@@ -72,6 +72,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.zoo.cli",
         "train the built-in draft/target pair (Llama-style, Python stdlib source) from a seed",
     ),
+    ("zoo", "prompts"): (
+        "adaptive_spec.zoo.prompt_sets",
+        "write prompt sets from the built-in pair's corpus split: training files (for tuning) or a second held-out set",
+    ),
 }
 
 

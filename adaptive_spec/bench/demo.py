@@ -110,11 +110,21 @@ def run(args: argparse.Namespace) -> int:
         "runs": {},
     }
     res = measure(engine, prompts, plans, temps, args.max_new_tokens, args.seed, hf=not args.no_hf,
-                  progress=not args.no_progress)  # fmt: skip
+                  progress=not args.no_progress, keep_outputs=True)  # fmt: skip
     report["runs"] = res["runs"]
+    report["text"] = text_report(engine.tokenizer, prompts, res["outputs"])
     for temp, run_ in report["runs"].items():
+        text = report["text"][temp]
         print(f"\ntemperature {temp}, {len(prompts)} prompts, {args.max_new_tokens} new tokens each")
+        print(f"sample completion (prompt 1, autoregressive):\n{_indent(prompts[0])}{_indent(text['sample'], '  | ')}")
         print_table([*run_["baselines"].values(), *run_["results"]])
+        q = text["quality"]
+        print(
+            f"generated tokens in whitespace-only lines: {100 * q['whitespace_share']:.1f}%, in repeated "
+            f"{q['repeat_n']}-grams: {100 * q['repeated_ngram_share']:.1f}% (either: {100 * q['either_share']:.1f}%)"
+        )
+        for name, (same, total) in text.get("identical", {}).items():
+            print(f"{name}: {same}/{total} identical to autoregressive decoding")
     for note in notes:
         print(note)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -123,6 +133,36 @@ def run(args: argparse.Namespace) -> int:
     (args.out / "summary.md").write_text(summary_markdown(report, plots))
     print(f"\nreport: {args.out / 'summary.md'} ({time.perf_counter() - t0:.0f} s)")
     return 0
+
+
+def _indent(text: str, prefix: str = "  > ") -> str:
+    return "".join(prefix + line + "\n" for line in text.splitlines() or [""])
+
+
+def text_report(tokenizer, prompts: list[str], outputs: dict) -> dict:
+    """Per temperature: a sample completion, the loop figures, and at T=0 the identity check.
+
+    At temperature 0 every lossless plan must reproduce autoregressive decoding token for
+    token; ``identical[plan] = (prompts identical, prompts)``.
+    """
+    from adaptive_spec.bench.text_quality import quality_summary
+
+    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+    out = {}
+    for temp, rows in outputs.items():
+        ar = rows["autoregressive"]
+        entry = {
+            "sample": tokenizer.decode(ar[0], skip_special_tokens=True) if ar else "",
+            "quality": quality_summary(tokenizer, prompt_ids, ar),
+        }
+        if float(temp) == 0:
+            entry["identical"] = {
+                name: (sum(a == b for a, b in zip(toks, ar, strict=True)), len(ar))
+                for name, toks in rows.items()
+                if name != "autoregressive"
+            }
+        out[temp] = entry
+    return out
 
 
 def summary_markdown(report: dict, plots: list[str]) -> str:
@@ -154,8 +194,22 @@ def summary_markdown(report: dict, plots: list[str]) -> str:
         return "-" if x is None else format(x, spec)
 
     for temp, res in report["runs"].items():
-        lines += [f"## Temperature {temp}", "", "| plan | tokens/s | vs AR | vs HF assisted | block efficiency |",
-                  "|---|---|---|---|---|"]  # fmt: skip
+        text = report.get("text", {}).get(temp)
+        lines += [f"## Temperature {temp}", ""]
+        if text:
+            q = text["quality"]
+            lines += [
+                "Sample completion (prompt 1, autoregressive decoding):", "", "```python",
+                text["sample"], "```", "",
+                f"Generated tokens in whitespace-only lines: {100 * q['whitespace_share']:.1f}%; in repeated "
+                f"{q['repeat_n']}-token n-grams: {100 * q['repeated_ngram_share']:.1f}%; either: "
+                f"{100 * q['either_share']:.1f}% (autoregressive outputs).", "",
+            ]  # fmt: skip
+            for name, (same, total) in text.get("identical", {}).items():
+                lines.append(f"- `{name}`: {same}/{total} identical to autoregressive decoding")
+            if text.get("identical"):
+                lines.append("")
+        lines += ["| plan | tokens/s | vs AR | vs HF assisted | block efficiency |", "|---|---|---|---|---|"]
         for row in [*res["baselines"].values(), *res["results"]]:
             name = f"{row['plan']} (`{row['static_plan']}`)" if row.get("static_plan") else row["plan"]
             lines.append(

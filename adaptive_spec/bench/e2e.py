@@ -231,6 +231,7 @@ def measure(
     seed: int = 0,
     hf: bool = True,
     progress: bool = True,
+    keep_outputs: bool = False,
 ) -> dict:
     """Run the baseline, every plan and (optionally) HF assisted generation, interleaved per prompt.
 
@@ -250,6 +251,9 @@ def measure(
         seed: base seed.
         hf: also run transformers' assisted generation.
         progress: show a tqdm bar.
+        keep_outputs: also return every generation's token ids, ``outputs[temperature key][row
+            name][prompt index]`` (``autoregressive`` for the baseline), for identity checks
+            and text-quality figures.
 
     Returns:
         ``{"runs": {temperature key: {"results": [...], "baselines": {"autoregressive": ...,
@@ -267,6 +271,7 @@ def measure(
     hf_tally = {k: _Tally() for k in keys}
     tallies = {k: {name: _Tally() for name in table} for k in keys}
     hf_error: dict[str, str] = {}
+    outputs: dict[str, dict[str, list[list[int]]]] = {k: {} for k in keys}
     # Warm-up: first calls pay for lazy initialisation (per method and temperature; 4 tokens each).
     for t, k in zip(temps, keys, strict=True):
         engine.generate(prompts[0], max_new_tokens=4, temperature=t, plan=None)
@@ -280,6 +285,8 @@ def measure(
                 r = engine.generate(prompt, max_new_tokens=max_new_tokens, temperature=t, plan=plan, seed=seed + i)
                 tally = ar[k] if name is None else tallies[k][name]
                 tally.add(r.stats)
+                if keep_outputs:
+                    outputs[k].setdefault(name or "autoregressive", []).append(list(r.token_ids))
                 if probe is not None:
                     probe.add_to(tally)
             if hf and k not in hf_error:
@@ -312,6 +319,8 @@ def measure(
                 hf_row["error"] = hf_error[k]
             baselines["hf_assisted"] = hf_row
         runs[k] = {"results": results, "baselines": baselines}
+    if keep_outputs:
+        return {"runs": runs, "outputs": outputs}
     return {"runs": runs}
 
 

@@ -34,7 +34,8 @@ from adaptive_spec.verifiers.block import block_verify_path
 # Draft probabilities below this rank below every other token, in token-id order. Any
 # ranking that is a fixed function of (p, q) keeps GBV lossless; this one spares a sort of
 # the whole vocabulary (14 ms at V = 128k on a CPU core): only the "head" tokens are sorted.
-GBV_TAIL_PROB = 1e-5
+# A power of two, so that float32 and float64 rows put every token on the same side of it.
+GBV_TAIL_PROB = 2.0**-17  # about 7.6e-6
 
 
 def rank_key(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -74,15 +75,20 @@ def rank_tuple(p_t: float, q_t: float, t: int, tail_prob: float | None = None) -
 
 def skewed_draft(q: torch.Tensor, cdf: torch.Tensor, a_mass: float, x_mass: float, k: int) -> torch.Tensor:
     """q_skew(·|c) for the best of ``k`` paths, given the rank CDF and the masses A and x."""
+    q = q.double()
     z = x_mass * q
-    b = a_mass + x_mass * (cdf - q)  # A + y_t
+    b = cdf - q  # y_t / x, then A + y_t below
+    b.mul_(x_mass).add_(a_mass)
     a = b + z  # A + y_t + z_t
-    # a^k − b^k = z · Σ_{j<k} a^j b^(k−1−j): no cancellation, never negative.
-    acc = torch.zeros_like(q)
-    for j in range(k):
-        acc = acc + a**j * b ** (k - 1 - j)
-    skew = z * acc
-    return skew / skew.sum()
+    # a^k − b^k = z · Σ_{j<k} a^j b^(k−1−j): no cancellation, never negative. Horner in a:
+    # s_0 = 1, s_m = a · s_{m−1} + b^m, so s_{k−1} = Σ_j a^j b^(k−1−j); two passes per term.
+    acc = torch.ones_like(q)
+    power = torch.ones_like(q)
+    for _ in range(k - 1):
+        power.mul_(b)
+        acc.mul_(a).add_(power)
+    acc.mul_(z)
+    return acc.div_(acc.sum())
 
 
 def _skew_factor(a_mass: float, below: float, qt: float, x_mass: float, k: int) -> float:
@@ -94,44 +100,62 @@ def _skew_factor(a_mass: float, below: float, qt: float, x_mass: float, k: int) 
     return num / den if den > 0 else 0.0
 
 
+def mass_ranked_below(p: torch.Tensor, q: torch.Tensor, t: int, tail_prob: float | None = None) -> float:
+    """``F(t) − q(t)``: the draft mass ranked strictly below token ``t`` in :func:`rank_cdf`'s order.
+
+    No sort: one pass to find the head tokens, the ranking keys of the head only, and masked
+    sums accumulated in float64.
+    """
+    tail_prob = GBV_TAIL_PROB if tail_prob is None else tail_prob
+    hidx = (q >= tail_prob).nonzero().flatten()  # ascending ids
+    q_head = q[hidx].double()
+    tail_mass = float(q.sum(dtype=torch.float64)) - float(q_head.sum())
+    qt = float(q[t])
+    if qt < tail_prob:  # tail tokens rank by id, below every head token
+        before = hidx < t
+        return float(q[:t].sum(dtype=torch.float64)) - float(q_head[before].sum())
+    keys = rank_key(p[hidx].double(), q_head)
+    _, key_t, _ = rank_tuple(float(p[t]), qt, t, tail_prob)
+    below = (keys < key_t) | ((keys == key_t) & (hidx < t))
+    return tail_mass + float(q_head[below].sum())
+
+
 def verify_gbv(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:
     """GBV on a chain (= BV), an i.i.d. tree or a delayed tree.
 
-    Eagerly, per skewed depth: the ranks of the children and the rank CDF (a sort of the
-    head tokens only). Full skewed rows are built only for the positions the backward scan
-    of BV reaches.
+    Eagerly, per skewed depth: the ranks of the children and the mass ranked below the chosen
+    one (:func:`mass_ranked_below`, no sort). The rank CDF (a sort of the head tokens) and the
+    full skewed row are built only for the positions the backward scan of BV reaches.
     """
     k = tree.shape.paths if tree.law in (DraftLaw.IID, DraftLaw.DELAYED) else 1
     branch_depth = tree.shape.branch_depth
     path = [0]
     draft_edge: list[float] = []
-    # Per path position: (q row, rank CDF, A, x) for skewed positions, None for plain q.
-    skew_state: list[tuple[torch.Tensor, torch.Tensor, float, float] | None] = []
+    # Per path position: (node, A, x) for skewed positions, None for plain q.
+    skew_state: list[tuple[int, float, float] | None] = []
     a_mass, x_mass = 0.0, 1.0
     node = 0
     while tree.children[node]:
         kids = tree.children[node]
         kid_tokens = [tree.tokens[c] for c in kids]
-        q = tree.draft_probs[node].double()
         if tree.depths[node] < branch_depth or k == 1:
             # Along a shared trunk (or with one path) the chosen path is the drafted one.
             best = 0
             t = kid_tokens[0]
             skew_state.append(None)
-            draft_edge.append(float(q[t]))
+            draft_edge.append(float(tree.draft_probs[node, t]))
         else:
-            p = target_probs[node].double()
+            p, q = target_probs[node], tree.draft_probs[node]
             idx = torch.tensor(kid_tokens, device=q.device)
             ranks = [
                 rank_tuple(pt, qt, tok)
-                for pt, qt, tok in zip(p[idx].tolist(), q[idx].tolist(), kid_tokens, strict=True)
+                for pt, qt, tok in zip(p[idx].double().tolist(), q[idx].double().tolist(), kid_tokens, strict=True)
             ]
             best = max(range(len(kids)), key=lambda i: ranks[i])  # the highest-ranked child
             t = kid_tokens[best]
-            cdf = rank_cdf(p, q)
             qt = float(q[t])
-            below = float(cdf[t]) - qt  # mass ranked strictly below t
-            skew_state.append((q, cdf, a_mass, x_mass))
+            below = mass_ranked_below(p, q, t)  # mass ranked strictly below t
+            skew_state.append((node, a_mass, x_mass))
             draft_edge.append(_skew_factor(a_mass, below, qt, x_mass, k))
             a_mass = a_mass + x_mass * below
             x_mass = x_mass * qt
@@ -142,7 +166,8 @@ def verify_gbv(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) ->
         state = skew_state[i]
         if state is None:
             return tree.draft_probs[path[i]].double()
-        q, cdf, a, x = state
-        return skewed_draft(q, cdf, a, x, k)
+        n, a, x = state
+        q = tree.draft_probs[n].double()
+        return skewed_draft(q, rank_cdf(target_probs[n].double(), q), a, x, k)
 
     return block_verify_path(tree, path, target_probs, draft_edge, draft_row, sampler)

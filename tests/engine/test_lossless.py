@@ -27,6 +27,10 @@ SHAPE_FOR_LAW = {
     DraftLaw.IID: "iid:2x2",
     DraftLaw.DELAYED: "delayed:1x2x1",
     DraftLaw.WITHOUT_REPLACEMENT: "wor:2x2",
+    # Policy-grown trees (adaptive_spec.trees.policy): their shape varies with the draft's confidence.
+    DraftLaw.DYNAMIC_CHAIN: "conf-chain:3,0.35",
+    DraftLaw.DYNAMIC_IID: "conf-delayed:3,0.5,2",
+    DraftLaw.DYNAMIC_WOR: "eagle:2,4,1,2,wor",
 }
 ALL_CASES = [
     (name, law)
@@ -41,6 +45,8 @@ FAST_CASES = [
     ("traversal", DraftLaw.WITHOUT_REPLACEMENT),
     ("specinfer", DraftLaw.IID),
     ("gbv", DraftLaw.DELAYED),
+    ("block", DraftLaw.DYNAMIC_CHAIN),
+    ("traversal", DraftLaw.DYNAMIC_IID),
 ]
 SLOW_CASES = [c for c in ALL_CASES if c not in FAST_CASES]
 SAMPLING = SamplingConfig(temperature=0.9, top_k=6, top_p=1.0)

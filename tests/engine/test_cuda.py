@@ -1,0 +1,135 @@
+"""The engine and the verifiers on a CUDA device (``pytest -m gpu``; skipped without CUDA).
+
+What runs here runs on the CPU elsewhere in the suite; these tests check that the CUDA paths
+give the same results: tree logits, greedy decoding, the verifiers' sampling laws with a CUDA
+generator, and the engine driven by the learned selector.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from _tiny import perturbed, tiny_model, tiny_tokenizer
+
+from adaptive_spec.engine import SpecEngine
+from adaptive_spec.engine.kv_cache import ModelRunner
+from adaptive_spec.trees import DraftLaw, TreeShape, ancestor_matrix, sample_tree
+from adaptive_spec.verifiers import REGISTRY, verify
+from adaptive_spec.verifiers.exact import fixed_tree_law, target_rows
+
+pytestmark = pytest.mark.gpu
+CUDA = torch.device("cuda")
+
+# bf16 has 8 bits of mantissa: tree and sequential logits differ by rounding of the same order
+# as the logits' own bf16 resolution. Bound: |Δ| <= BF16_ATOL + BF16_RTOL * |logit|.
+BF16_ATOL, BF16_RTOL = 0.06, 0.02
+
+
+def _sequential(model, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(input_ids=torch.tensor([ids], device=CUDA)).logits[0, -1].float()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tree_logits_match_sequential_on_cuda(dtype):
+    V = 64
+    model = tiny_model("llama", vocab=V).to(CUDA, dtype)
+    runner = ModelRunner(model)
+    g = torch.Generator().manual_seed(0)
+    context = [0, 5, 9, 3, 17]
+    uniform = torch.full((V,), 1.0 / V)
+    with torch.inference_mode():
+        runner.chain_forward(torch.tensor(context[:-1], device=CUDA), logits_to_keep=1)
+        tree = sample_tree(TreeShape.parse("delayed:1x3x2"), lambda _p: uniform, g)
+        n, N = len(context), tree.num_nodes
+        ids = torch.tensor([context[-1], *tree.tokens[1:]], device=CUDA)
+        pos = (n - 1 + torch.tensor(tree.depths)).to(CUDA)
+        anc = ancestor_matrix(tree.parents).to(CUDA)
+        logits = runner.block_forward(ids, pos, anc, logits_to_keep=N).float()
+    for node in range(N):
+        expected = _sequential(model, context + list(tree.prefixes[node]))
+        if dtype == torch.float32:
+            torch.testing.assert_close(logits[node], expected, atol=1e-4, rtol=1e-4)
+        else:
+            assert ((logits[node] - expected).abs() <= BF16_ATOL + BF16_RTOL * expected.abs()).all(), node
+
+
+def test_greedy_equals_target_generate_on_cuda():
+    V = 48
+    target = tiny_model("llama", vocab=V, eos=None).to(CUDA)
+    draft = perturbed(target, scale=0.3).to(CUDA)
+    engine = SpecEngine(target, draft)
+    for prompt in ([0, 5, 6], [0, 9, 3, 4, 11], [0, 17]):
+        ids = torch.tensor([prompt], device=CUDA)
+        expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
+        expected = expected[0, len(prompt) :].tolist()
+        for plan in ("chain:4/block", "delayed:1x3x2/traversal", "wor:2x2x1/rrsw", "conf-chain:6,0.3/block"):
+            out = engine.generate(prompt, max_new_tokens=16, temperature=0, plan=plan)
+            assert out.token_ids == expected, plan
+
+
+def _softmax_rows(vocab: int, seed: int):
+    def row(model: int, c: tuple[int, ...]) -> torch.Tensor:
+        g = torch.Generator().manual_seed(hash((seed, len(c), *c)) % (2**31))
+        base = torch.randn(vocab, generator=g, dtype=torch.float64) * 2
+        return torch.softmax(base + model * torch.randn(vocab, generator=g, dtype=torch.float64), 0)
+
+    return (lambda c: row(0, c)), (lambda c: row(1, c))
+
+
+SHAPES = {
+    DraftLaw.CHAIN: TreeShape.chain(3),
+    DraftLaw.IID: TreeShape.iid(3, 2),
+    DraftLaw.DELAYED: TreeShape.delayed(1, 2, 2),
+    DraftLaw.WITHOUT_REPLACEMENT: TreeShape.without_replacement((3, 2)),
+}
+
+
+@pytest.mark.parametrize("name", [n for n, s in REGISTRY.items() if s.lossless and not s.greedy_only])
+def test_verifier_laws_on_cuda_tensors_with_a_cuda_generator(name):
+    from scipy.stats import chisquare
+
+    target_fn, draft_fn = _softmax_rows(10, seed=3)
+    law = max((x for x in SHAPES if x in REGISTRY[name].laws), key=lambda x: SHAPES[x].max_nodes)
+    tree = sample_tree(SHAPES[law], draft_fn, torch.Generator().manual_seed(1))
+    rows = target_rows(tree, target_fn)
+    exact = Counter()
+    for (node, _), prob in fixed_tree_law(REGISTRY[name].fn, tree, rows).items():
+        exact[node] += prob
+    cuda_tree = type(tree)(tree.tokens, tree.parents, tree.depths, tree.draft_probs.float().to(CUDA),
+                           tree.child_draws, tree.shape)  # fmt: skip
+    cuda_rows = rows.float().to(CUDA)
+    gen = torch.Generator(device=CUDA).manual_seed(7)
+    n = 4000
+    counts = Counter(verify(name, cuda_tree, cuda_rows, gen, check_inputs=False).node for _ in range(n))
+    assert set(counts) <= set(exact)
+    keys = [k for k in exact if exact[k] * n >= 5]
+    obs = [counts.get(k, 0) for k in keys] + [n - sum(counts.get(k, 0) for k in keys)]
+    exp = [exact[k] * n for k in keys] + [n - sum(exact[k] * n for k in keys)]
+    if exp[-1] < 1e-9:
+        obs, exp = obs[:-1], exp[:-1]
+    assert chisquare(obs, exp).pvalue > 1e-3
+
+
+def test_engine_with_the_selector_on_cuda(tmp_path):
+    from adaptive_spec.selector.export import export_net
+    from adaptive_spec.selector.features import SCHEMA
+    from adaptive_spec.selector.model import SelectorNet
+    from adaptive_spec.selector.runtime import AdaptivePlanner
+
+    V = 48
+    actions = ["chain:1/block", "chain:3/block", "iid:2x2/traversal", "wor:2x1/rrsw"]
+    torch.manual_seed(0)
+    net = SelectorNet(SCHEMA.num_scalar, len(actions), hidden_sizes=(32,)).eval()
+    net.set_standardisation(torch.zeros(SCHEMA.num_scalar), torch.full((SCHEMA.num_scalar,), 0.3))
+    export_net(net, tmp_path / "sel.onnx", actions=actions)
+    target = tiny_model("llama", vocab=V, eos=None).to(CUDA)
+    engine = SpecEngine(target, perturbed(target, scale=0.3).to(CUDA), tokenizer=tiny_tokenizer(V))
+    planner = AdaptivePlanner(str(tmp_path / "sel.onnx"))
+    plain = engine.generate([0, 5, 6, 7], max_new_tokens=30, temperature=0, plan=None)
+    res = engine.generate([0, 5, 6, 7], max_new_tokens=30, temperature=0, plan=planner)
+    assert res.token_ids == plain.token_ids and len(res.steps) > 0
+    sampled = engine.generate([0, 5, 6, 7], max_new_tokens=30, temperature=1.0, plan=planner, seed=1)
+    assert len(sampled.token_ids) == 30
