@@ -5,13 +5,32 @@ from adaptive_spec.verifiers import REGISTRY, VERIFIER_NAMES, VerifyResult, veri
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):  # lazy, so that ``import adaptive_spec`` does not load transformers
+    if name in ("SpecEngine", "GenerationResult"):
+        from adaptive_spec import engine
+
+        return getattr(engine, name)
+    if name in ("Plan", "DraftPolicy", "parse_policy"):
+        from adaptive_spec.planner import plan as _plan
+        from adaptive_spec.trees import policy as _policy
+
+        return getattr(_plan, name, None) or getattr(_policy, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "REGISTRY",
     "VERIFIER_NAMES",
     "DraftLaw",
+    "DraftPolicy",
     "DraftTree",
+    "GenerationResult",
+    "Plan",
+    "SpecEngine",
     "TreeShape",
     "VerifyResult",
+    "parse_policy",
     "sample_tree",
     "verify",
 ]

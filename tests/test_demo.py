@@ -42,6 +42,15 @@ def test_demo_prints_the_table_and_writes_the_report(tiny_pair, tmp_path, capsys
     for png in ("speedup.png", "accepted_lengths.png", "block_efficiency_vs_tree_size.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert png in (out / "summary.md").read_text()
+    # What a user sees of the text: a sample per temperature, the loop figures, the T=0 identity check.
+    assert printed.count("sample completion") == 2 and "whitespace-only lines" in printed
+    for name in ("chain:3/block", "iid:2x2/traversal"):
+        assert f"{name}: 2/2 identical to autoregressive decoding" in printed
+        assert report["text"]["0"]["identical"][name] == [2, 2]
+    for t in ("0", "1"):
+        q = report["text"][t]["quality"]
+        assert q["tokens"] > 0 and 0 <= q["either_share"] <= 1
+    assert "identical to autoregressive decoding" in (out / "summary.md").read_text()
     # No selector installed: the summary says how to build one.
     assert "No learned selector is installed" in printed
     assert "adaptive-spec selector-pipeline" in (out / "summary.md").read_text()

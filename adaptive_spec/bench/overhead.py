@@ -4,6 +4,12 @@ Forward hooks on the target and the draft time every forward pass (pre-hook to h
 CUDA synchronisation on GPUs); the rest of each generation's wall time is engine overhead:
 tree bookkeeping, sampling, verification, cache commits and Python. Reported per plan as a
 fraction of the wall time, with the per-phase split from the engine's own timers.
+
+It also counts the *host synchronisations* per step (:class:`HostSyncCounter`): every call
+that makes the host wait for a device value, ``.item()``, ``.tolist()``, ``float()``/``int()``/
+``bool()`` of a tensor (Python branching on a tensor value) and ``.numpy()``. On a CPU they
+cost nothing; on a GPU each one drains the launch queue. Calls made inside the models'
+forwards (by transformers) are counted apart from the engine's own.
 """
 
 from __future__ import annotations
@@ -43,6 +49,88 @@ class ForwardClock:
     def close(self) -> None:
         for h in self._handles:
             h.remove()
+
+
+_SYNC_METHODS = ("item", "tolist", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+
+class HostSyncCounter:
+    """Counts host synchronisations on tensors while active (a context manager).
+
+    ``engine`` counts the calls outside any model forward, ``model`` those inside one (the
+    forward hooks of ``modules`` mark where a forward starts and ends).
+    """
+
+    def __init__(self, modules=()) -> None:
+        self.engine = 0
+        self.model = 0
+        self.by_method: dict[str, int] = {}
+        self._depth = 0
+        self._modules = modules
+        self._saved: dict[str, object] = {}
+        self._handles: list = []
+
+    def __enter__(self) -> HostSyncCounter:
+        import torch
+
+        for name in _SYNC_METHODS:
+            original = getattr(torch.Tensor, name)
+            self._saved[name] = original
+            setattr(torch.Tensor, name, self._wrap(name, original))
+        for m in self._modules:
+            self._handles.append(m.register_forward_pre_hook(self._enter_forward))
+            self._handles.append(m.register_forward_hook(self._exit_forward))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import torch
+
+        for name, original in self._saved.items():
+            setattr(torch.Tensor, name, original)
+        for h in self._handles:
+            h.remove()
+
+    def _enter_forward(self, *_: object) -> None:
+        self._depth += 1
+
+    def _exit_forward(self, *_: object) -> None:
+        self._depth -= 1
+
+    def _wrap(self, name: str, original):
+        counter = self
+
+        def wrapped(tensor, *args, **kwargs):
+            if counter._depth:
+                counter.model += 1
+            else:
+                counter.engine += 1
+                counter.by_method[name] = counter.by_method.get(name, 0) + 1
+            return original(tensor, *args, **kwargs)
+
+        return wrapped
+
+
+def count_host_syncs(engine, prompts: list[str], plans: list, temperature: float, max_new_tokens: int) -> list[dict]:
+    """Per plan: host synchronisations per speculative step, in the engine and inside the models."""
+    rows = []
+    for plan in plans:
+        engine.generate(prompts[0], max_new_tokens=8, temperature=temperature, plan=plan, seed=0)  # warm-up
+        steps = 0
+        with HostSyncCounter([engine.target, engine.draft]) as counter:
+            for i, prompt in enumerate(prompts):
+                r = engine.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, plan=plan, seed=i)
+                steps += r.stats.steps
+        rows.append(
+            {
+                "plan": str(plan),
+                "temperature": temperature,
+                "steps": steps,
+                "engine_syncs_per_step": counter.engine / steps if steps else None,
+                "model_syncs_per_step": counter.model / steps if steps else None,
+                "engine_syncs_by_method": counter.by_method,
+            }
+        )
+    return rows
 
 
 def measure_overhead(engine, prompts: list[str], plans: list, temperature: float, max_new_tokens: int) -> list[dict]:
@@ -91,6 +179,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=8, help="number of built-in prompts (default: %(default)s)")
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     parser.add_argument("--json", type=Path, default=None, help="write the rows to this JSON file")
+    parser.add_argument(
+        "--syncs", action="store_true", help="count host synchronisations per step instead of timing the overhead"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -101,6 +192,19 @@ def run(args: argparse.Namespace) -> int:
     engine = load_engine(args.target, args.draft, args.device, None)
     prompts = default_prompts()[: args.limit]
     plans = [Plan.parse(p.strip()) for p in args.plans.split(",") if p.strip()]
+    if args.syncs:
+        rows = count_host_syncs(engine, prompts, plans, args.temperature, args.max_new_tokens)
+        print(f"{'plan':<28} {'engine syncs/step':>18} {'model syncs/step':>17}  engine syncs by method")
+        for r in rows:
+            print(
+                f"{r['plan']:<28} {r['engine_syncs_per_step']:18.1f} {r['model_syncs_per_step']:17.1f}  "
+                f"{r['engine_syncs_by_method']}"
+            )
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"rows": rows}, indent=2))
+            print(f"wrote {args.json}")
+        return 0
     rows = measure_overhead(engine, prompts, plans, args.temperature, args.max_new_tokens)
     print(f"{'plan':<28} {'overhead':>9} {'ms/step':>8} {'target fwd':>11} {'draft fwd':>10} {'steps':>6}")
     for r in rows:

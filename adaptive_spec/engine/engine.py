@@ -10,10 +10,11 @@ cache holds ``context[:-1]``; a step's target block is ``[context[-1]] + drafted
 root node being the last committed token. Committing gathers the accepted nodes' KV rows
 into place and crops the rest.
 
-Vocabulary size: both models' logits are cut to ``vocab_size = min(target logits, draft
-logits, len(tokenizer))``, so that models whose embedding matrices are padded differently
-can share a tokenizer. The target law sampled from (by the baseline and by every lossless
-plan alike) is the target's distribution restricted to those tokens.
+Vocabulary: the engine samples from the target's whole distribution (``vocab_size`` = the
+target's logits). A draft with fewer logits gives the missing ids probability 0, which stays
+lossless because the verifiers' residuals reach them; a draft with fewer input embeddings
+reads the ids it lacks as its own last id (a draft may read anything; only its output law is
+on the tree). The tokenizers must agree on the ids they share.
 
 Root features (:mod:`adaptive_spec.engine.features`) are computed before each speculative step
 only when the planner sets ``needs_features``/``needs_hidden`` or a feature log is attached;
@@ -22,6 +23,7 @@ otherwise the step runs exactly as without them (no extra forward, no extra host
 
 from __future__ import annotations
 
+import operator
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -147,13 +149,16 @@ class SpecEngine:
         self.draft = draft.to(device=device, dtype=dtype).eval() if dtype else draft.to(device).eval()
         self.device = device
         self.tokenizer = tokenizer
-        sizes = [_logits_size(self.target), _logits_size(self.draft)]
-        if tokenizer is not None:
-            sizes.append(len(tokenizer))
-        self.vocab_size = min(sizes)
-        self.input_vocab_size = min(m.get_input_embeddings().weight.shape[0] for m in (self.target, self.draft))
+        # The engine's vocabulary is the target's: a draft with fewer logits gives the missing
+        # ids probability 0 (still lossless: the residual reaches them), and a draft with fewer
+        # input embeddings reads them as its own last id (any draft input is lossless).
+        self.vocab_size = _logits_size(self.target)
+        self.draft_vocab_size = _logits_size(self.draft)
+        self.input_vocab_size = int(self.target.get_input_embeddings().weight.shape[0])
+        draft_inputs = int(self.draft.get_input_embeddings().weight.shape[0])
+        self.draft_input_limit = draft_inputs if draft_inputs < self.input_vocab_size else None
         if tokenizer is not None and draft_tokenizer is not None:
-            check_same_tokenizer(tokenizer, draft_tokenizer, self.vocab_size)
+            check_same_tokenizer(tokenizer, draft_tokenizer, min(len(tokenizer), len(draft_tokenizer)))
         windows = [_context_window(m) for m in (self.target, self.draft)]
         windows = [w for w in windows if w]
         self.max_positions: int | None = min(windows) if windows else None
@@ -389,8 +394,18 @@ class SpecEngine:
         t_start = time.perf_counter()
         prompt_ids = self._prompt_ids(prompt)
         sampling = SamplingConfig(temperature, top_k, top_p)
-        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        max_new_tokens = _as_int(max_new_tokens, "max_new_tokens", 1)
+        if seed is not None:
+            seed = _as_int(seed, "seed", 0)
+            if seed >= 2**64:
+                raise ValueError(f"seed must be below 2**64 (a 64-bit generator seed), got {seed}")
+        if streamer is not None and not (callable(getattr(streamer, "put", None)) and callable(
+            getattr(streamer, "end", None)
+        )):
+            raise TypeError(
+                f"streamer must have put(token_ids) and end() methods, like transformers' TextStreamer; "
+                f"got {type(streamer).__name__}"
+            )
         if plan is _ENGINE_PLANNER:
             plan = self.planner
         choose, observe = _planner_fns(plan)
@@ -403,7 +418,7 @@ class SpecEngine:
         planner_wants = asks("needs_features") and (per_setting is None or bool(per_setting(temperature, top_p)))
         want_hidden = (asks("needs_hidden") and planner_wants) or (log is not None and log.hidden)
         want_features = want_hidden or planner_wants or log is not None
-        stop_strings, stop_ids = _split_stop(stop)
+        stop_strings, stop_ids = _split_stop(stop, self.vocab_size)
         if stop_strings and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; pass token ids instead")
         eos = self.eos_token_ids | stop_ids
@@ -433,7 +448,9 @@ class SpecEngine:
             context=list(prompt_ids),
             prompt_length=len(prompt_ids),
             target=ModelRunner(self.target, keep_hidden=want_hidden),
-            draft=ModelRunner(self.draft, keep_hidden=want_hidden) if choose is not None else None,
+            draft=ModelRunner(self.draft, keep_hidden=want_hidden, input_limit=self.draft_input_limit)
+            if choose is not None
+            else None,
             generator=generator,
             stats=stats,
         )
@@ -668,11 +685,19 @@ class SpecEngine:
         elif isinstance(prompt, torch.Tensor):
             if prompt.dim() == 2 and prompt.shape[0] == 1:
                 prompt = prompt[0]
+            if prompt.dim() == 2:
+                raise ValueError(_BATCH_ERROR.format(n=prompt.shape[0]))
             if prompt.dim() != 1:
                 raise ValueError(f"a token-id prompt must be 1-D or [1, n], got shape {tuple(prompt.shape)}")
+            if prompt.is_floating_point() or prompt.is_complex() or prompt.dtype == torch.bool:
+                raise ValueError(f"token ids must be integers, got a {str(prompt.dtype).removeprefix('torch.')} tensor")
             ids = [int(x) for x in prompt.tolist()]
+        elif isinstance(prompt, (bytes, bytearray)):
+            raise ValueError("a bytes prompt is ambiguous: decode it to str, or give a list of token ids")
         elif isinstance(prompt, Sequence):
-            ids = [int(x) for x in prompt]
+            if prompt and all(isinstance(x, (str, Sequence, torch.Tensor)) for x in prompt):
+                raise ValueError(_BATCH_ERROR.format(n=len(prompt)))
+            ids = [_token_id(x, "prompt") for x in prompt]
         else:
             raise ValueError(f"prompt must be text or token ids, got {type(prompt).__name__}")
         if not ids:
@@ -680,7 +705,7 @@ class SpecEngine:
         bad = [t for t in ids if not 0 <= t < self.input_vocab_size]
         if bad:
             raise ValueError(
-                f"prompt token ids {bad[:5]} are outside the models' vocabulary [0, {self.input_vocab_size})"
+                f"prompt token ids {bad[:5]} are outside the target's vocabulary [0, {self.input_vocab_size})"
             )
         return ids
 
@@ -749,19 +774,56 @@ def _planner_fns(plan: Any) -> tuple[Callable[[StepState], Any] | None, Callable
     return (lambda _state: static), None
 
 
-def _split_stop(stop: Sequence[str | int] | str | None) -> tuple[list[str], set[int]]:
+_BATCH_ERROR = (
+    "batches are not supported yet (got {n} prompts): call generate() once per prompt; "
+    "the engine decodes one sequence at a time"
+)
+
+
+def _token_id(x: Any, what: str) -> int:
+    """``x`` as a token id: Python or numpy integers only (floats, bools and bytes are refused, not truncated)."""
+    if isinstance(x, (bool, float, bytes, str)):
+        raise ValueError(f"{what} token ids must be integers, got {x!r}")
+    if isinstance(x, torch.Tensor):
+        if x.numel() != 1 or x.is_floating_point():
+            raise ValueError(f"{what} token ids must be integers, got a tensor {x!r}")
+        return int(x.item())
+    try:
+        return operator.index(x)
+    except TypeError:
+        raise ValueError(f"{what} token ids must be integers, got {type(x).__name__} {x!r}") from None
+
+
+def _as_int(x: Any, name: str, minimum: int) -> int:
+    """``x`` as an int >= ``minimum``; numpy integers are accepted, floats and bools are not."""
+    if isinstance(x, bool):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {x!r}")
+    try:
+        value = operator.index(x)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {x!r}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}")
+    return value
+
+
+def _split_stop(stop: Sequence[str | int] | str | None, vocab_size: int) -> tuple[list[str], set[int]]:
     if stop is None:
         return [], set()
-    if isinstance(stop, (str, int)):
+    if isinstance(stop, (str, int)) or not isinstance(stop, Sequence):
         stop = [stop]
     strings, ids = [], set()
     for s in stop:
         if isinstance(s, str) and s:
             strings.append(s)
-        elif isinstance(s, int) and not isinstance(s, bool) and s >= 0:
-            ids.add(s)
-        else:
-            raise ValueError(f"stop entries must be non-empty strings or token ids, got {s!r}")
+            continue
+        try:
+            tok = _token_id(s, "stop")
+        except ValueError:
+            raise ValueError(f"stop entries must be non-empty strings or token ids, got {s!r}") from None
+        if not 0 <= tok < vocab_size:
+            raise ValueError(f"stop token id {tok} is outside the vocabulary [0, {vocab_size})")
+        ids.add(tok)
     return strings, ids
 
 

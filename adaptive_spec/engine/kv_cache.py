@@ -29,6 +29,7 @@ class ModelRunner:
 
     Attributes:
         model: the transformers model (eval mode).
+        input_limit: ids at or above it are fed as ``input_limit - 1`` (None: no limit).
         cache: its ``DynamicCache``.
         cached: number of committed context tokens whose KV rows are in the cache.
         forwards: number of forward passes run so far.
@@ -37,7 +38,7 @@ class ModelRunner:
         hidden: with ``keep_hidden``, Tensor[logits_to_keep, H] of the latest forward, else None.
     """
 
-    def __init__(self, model: PreTrainedModel, keep_hidden: bool = False) -> None:
+    def __init__(self, model: PreTrainedModel, keep_hidden: bool = False, input_limit: int | None = None) -> None:
         impl = getattr(model.config, "_attn_implementation", None) or "eager"
         if impl not in SUPPORTED_ATTENTION:
             raise ValueError(
@@ -56,6 +57,9 @@ class ModelRunner:
         self.forwards = 0
         self.keep_hidden = keep_hidden
         self.hidden: torch.Tensor | None = None
+        # Token ids >= input_limit (ids of the target's vocabulary this model has no embedding
+        # for, e.g. a draft with a smaller vocabulary) are read as id input_limit - 1.
+        self.input_limit = input_limit
 
     @property
     def device(self) -> torch.device:
@@ -76,6 +80,8 @@ class ModelRunner:
         """
         if tokens.numel() == 0:
             return None
+        if self.input_limit is not None:
+            tokens = tokens.clamp(max=self.input_limit - 1)
         pos = torch.arange(self.cached, self.cached + tokens.numel(), device=tokens.device)
         out = self._forward(
             input_ids=tokens[None],
@@ -103,6 +109,8 @@ class ModelRunner:
         """
         n, m = ancestors.shape
         past = self.cached
+        if self.input_limit is not None:
+            input_ids = input_ids.clamp(max=self.input_limit - 1)
         if self.cache_length() != past + m - n:
             raise RuntimeError(f"cache holds {self.cache_length()} rows, expected {past + m - n}")
         out = self._forward(

@@ -7,11 +7,15 @@ distributions used for drafting and verification must be the ones actually sampl
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+# Below this, logits / temperature can overflow float32 (NaN probabilities); 0 means greedy.
+MIN_TEMPERATURE = 1e-4
 
 
 @dataclass(frozen=True)
@@ -30,15 +34,24 @@ class SamplingConfig:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
+        # numpy scalars are numbers.Real / numbers.Integral: accepted and stored as Python numbers.
         t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not math.isfinite(t) or t < 0:
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {t!r}")
+        if 0 < t < MIN_TEMPERATURE:
+            raise ValueError(
+                f"temperature {float(t)!r} is too small to sample from (logits / temperature overflow float32); "
+                f"use temperature=0 for greedy decoding, or a temperature >= {MIN_TEMPERATURE}"
+            )
+        object.__setattr__(self, "temperature", float(t))
         k = self.top_k
-        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 0:
             raise ValueError(f"top_k must be an integer >= 0 (0 disables top-k), got {k!r}")
+        object.__setattr__(self, "top_k", int(k))
         p = self.top_p
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not (0.0 < p <= 1.0):
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not (0.0 < p <= 1.0):
             raise ValueError(f"top_p must be in (0, 1] (1 disables nucleus sampling), got {p!r}")
+        object.__setattr__(self, "top_p", float(p))
 
     @property
     def greedy(self) -> bool:
@@ -74,8 +87,9 @@ def build_logits_processor(config: GenerationConfig) -> LogitsProcessorList:
 class ProbsFn:
     """Turns raw logits rows into the next-token distributions used for sampling.
 
-    ``__call__(logits)`` maps Tensor[n, V'] (any float dtype; V' >= ``vocab_size``) to
-    float32 Tensor[n, vocab_size]. With ``one_hot`` (the target at temperature 0) each row
+    ``__call__(logits)`` maps Tensor[n, V'] (any float dtype) to float32 Tensor[n, vocab_size]:
+    extra logits are cut, and missing ones (a draft with a smaller vocabulary than the target)
+    count as -inf, i.e. probability 0. With ``one_hot`` (the target at temperature 0) each row
     is one-hot at its argmax; otherwise the processors are applied and a softmax taken.
     """
 
@@ -86,6 +100,8 @@ class ProbsFn:
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         scores = logits[..., : self.vocab_size].float()  # [n, V]
+        if scores.shape[-1] < self.vocab_size:
+            scores = torch.nn.functional.pad(scores, (0, self.vocab_size - scores.shape[-1]), value=-math.inf)
         if self.one_hot:
             out = torch.zeros_like(scores)
             return out.scatter_(-1, scores.argmax(dim=-1, keepdim=True), 1.0)
