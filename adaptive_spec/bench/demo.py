@@ -112,11 +112,13 @@ def run(args: argparse.Namespace) -> int:
     res = measure(engine, prompts, plans, temps, args.max_new_tokens, args.seed, hf=not args.no_hf,
                   progress=not args.no_progress, keep_outputs=True)  # fmt: skip
     report["runs"] = res["runs"]
-    report["text"] = text_report(engine.tokenizer, prompts, res["outputs"])
+    left_out = {e["prompt"] for e in res["skipped_prompts"] + res["failed_prompts"]}
+    report["text"] = text_report(engine.tokenizer, [p for i, p in enumerate(prompts) if i not in left_out],
+                                 res["outputs"])  # fmt: skip
     for temp, run_ in report["runs"].items():
         text = report["text"][temp]
         print(f"\ntemperature {temp}, {len(prompts)} prompts, {args.max_new_tokens} new tokens each")
-        print(f"sample completion (prompt 1, autoregressive):\n{_indent(prompts[0])}{_indent(text['sample'], '  | ')}")
+        print(f"sample completion (autoregressive):\n{_indent(text['prompt'])}{_indent(text['sample'], '  | ')}")
         print_table([*run_["baselines"].values(), *run_["results"]])
         q = text["quality"]
         print(
@@ -152,6 +154,7 @@ def text_report(tokenizer, prompts: list[str], outputs: dict) -> dict:
     for temp, rows in outputs.items():
         ar = rows["autoregressive"]
         entry = {
+            "prompt": prompts[0],
             "sample": tokenizer.decode(ar[0], skip_special_tokens=True) if ar else "",
             "quality": quality_summary(tokenizer, prompt_ids, ar),
         }
@@ -199,8 +202,8 @@ def summary_markdown(report: dict, plots: list[str]) -> str:
         if text:
             q = text["quality"]
             lines += [
-                "Sample completion (prompt 1, autoregressive decoding):", "", "```python",
-                text["sample"], "```", "",
+                "Sample completion (autoregressive decoding; the prompt, then the model's text):", "", "```python",
+                text["prompt"] + text["sample"], "```", "",
                 f"Generated tokens in whitespace-only lines: {100 * q['whitespace_share']:.1f}%; in repeated "
                 f"{q['repeat_n']}-token n-grams: {100 * q['repeated_ngram_share']:.1f}%; either: "
                 f"{100 * q['either_share']:.1f}% (autoregressive outputs).", "",

@@ -18,8 +18,9 @@ Plans are plan strings (``chain:4/block``) or two names:
   training prompts (the selector's metadata), else the plan of ``configs/plans/best-static.yaml``
   (``adaptive-spec tune plans``).
 
-Prompts: JSON Lines (``.gz`` accepted); each record has a ``prompt`` string or a ``turns``
-list (the first turn is used).
+Prompts: JSON Lines (``.gz`` accepted; each record has a ``prompt`` string or a ``turns``
+list, the first turn is used) or ``.txt`` (one prompt per line), read by
+:func:`adaptive_spec.zoo.read_prompts` before the models load.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None, help="target model directory or hub id (default: built-in pair)")
     parser.add_argument("--draft", default=None, help="draft model directory or hub id (default: built-in pair)")
     parser.add_argument(
-        "--prompts", default=None, help="JSON Lines file (.gz ok) with 'prompt' or 'turns' (default: built-in prompts)"
+        "--prompts", default=None,
+        help="JSON Lines file (.gz ok) with 'prompt' or 'turns', or .txt with one prompt per line "
+        "(default: built-in prompts)",
     )
     parser.add_argument(
         "--plans", default=DEFAULT_PLANS,
@@ -147,11 +150,20 @@ class _PlannerProbe:
         self.counts = planner.choice_counts.copy()
         self.times = len(planner.decision_times_s)
 
-    def add_to(self, tally: _Tally) -> None:
+    def delta(self) -> _PlannerProbe:
+        """What the planner did since the probe was made, frozen now."""
         p = self.planner
-        for i in (p.choice_counts - self.counts).nonzero()[0]:
-            tally.choices[p.actions[i]] += int(p.choice_counts[i] - self.counts[i])
-        tally.decision_s += p.decision_times_s[self.times :]
+        out = _PlannerProbe.__new__(_PlannerProbe)
+        out.planner = p
+        out.counts = p.choice_counts - self.counts
+        out.times = list(p.decision_times_s[self.times :])
+        return out
+
+    def add_to(self, tally: _Tally) -> None:
+        """Add a :meth:`delta`'s choices and decision times to ``tally``."""
+        for i in self.counts.nonzero()[0]:
+            tally.choices[self.planner.actions[i]] += int(self.counts[i])
+        tally.decision_s += self.times
 
 
 def _hf_assisted(engine, prompt: str, temperature: float, max_new_tokens: int, seed: int) -> tuple[int, float]:
@@ -232,6 +244,7 @@ def measure(
     hf: bool = True,
     progress: bool = True,
     keep_outputs: bool = False,
+    long_prompts: str = "skip",
 ) -> dict:
     """Run the baseline, every plan and (optionally) HF assisted generation, interleaved per prompt.
 
@@ -251,6 +264,8 @@ def measure(
         seed: base seed.
         hf: also run transformers' assisted generation.
         progress: show a tqdm bar.
+        long_prompts: ``"skip"`` (with a warning) or ``"error"``: a prompt that does not fit the
+            context window with ``max_new_tokens`` more tokens; checked before the run.
         keep_outputs: also return every generation's token ids, ``outputs[temperature key][row
             name][prompt index]`` (``autoregressive`` for the baseline), for identity checks
             and text-quality figures.
@@ -272,32 +287,50 @@ def measure(
     tallies = {k: {name: _Tally() for name in table} for k in keys}
     hf_error: dict[str, str] = {}
     outputs: dict[str, dict[str, list[list[int]]]] = {k: {} for k in keys}
+    prompts, skipped = _fitting_prompts(engine, prompts, max_new_tokens, long_prompts)
     # Warm-up: first calls pay for lazy initialisation (per method and temperature; 4 tokens each).
+    first = prompts[0][1]
     for t, k in zip(temps, keys, strict=True):
-        engine.generate(prompts[0], max_new_tokens=4, temperature=t, plan=None)
+        engine.generate(first, max_new_tokens=4, temperature=t, plan=None)
         for name in table:
-            engine.generate(prompts[0], max_new_tokens=4, temperature=t, plan=table[name][k])
+            engine.generate(first, max_new_tokens=4, temperature=t, plan=table[name][k])
+    errors: list[dict] = []
     bar = tqdm(total=len(prompts) * len(temps), desc=f"bench e2e T={','.join(keys)}", disable=not progress)
-    for i, prompt in enumerate(prompts):
-        for t, k in zip(temps, keys, strict=True):
-            for name, plan in [(None, None), *((n, table[n][k]) for n in table)]:
-                probe = _PlannerProbe(plan) if hasattr(plan, "choice_counts") else None
-                r = engine.generate(prompt, max_new_tokens=max_new_tokens, temperature=t, plan=plan, seed=seed + i)
-                tally = ar[k] if name is None else tallies[k][name]
-                tally.add(r.stats)
-                if keep_outputs:
-                    outputs[k].setdefault(name or "autoregressive", []).append(list(r.token_ids))
-                if probe is not None:
-                    probe.add_to(tally)
-            if hf and k not in hf_error:
-                try:
-                    n, dt = _hf_assisted(engine, prompt, t, max_new_tokens, seed + i)
-                except (RuntimeError, ValueError, TypeError) as err:  # report, keep benchmarking the rest
-                    hf_error[k] = f"{type(err).__name__}: {err}"
-                else:
-                    hf_tally[k].tokens += n
-                    hf_tally[k].seconds += dt
-            bar.update()
+    for i, prompt in prompts:
+        # Every method on this prompt first, then the tallies: a generation that fails drops this
+        # prompt for all methods alike (the comparison stays paired) and the run goes on.
+        done: list[tuple] = []
+        try:
+            for t, k in zip(temps, keys, strict=True):
+                for name, plan in [(None, None), *((n, table[n][k]) for n in table)]:
+                    probe = _PlannerProbe(plan) if hasattr(plan, "choice_counts") else None
+                    r = engine.generate(prompt, max_new_tokens=max_new_tokens, temperature=t, plan=plan, seed=seed + i)
+                    done.append((k, name, r, probe.delta() if probe is not None else None))
+                hf_res = None
+                if hf and k not in hf_error:
+                    try:
+                        hf_res = _hf_assisted(engine, prompt, t, max_new_tokens, seed + i)
+                    except (RuntimeError, ValueError, TypeError) as err:  # report, keep benchmarking the rest
+                        hf_error[k] = f"{type(err).__name__}: {err}"
+                done.append((k, "__hf__", hf_res, None))
+                bar.update()
+        except (RuntimeError, ValueError, TypeError, IndexError) as err:
+            errors.append({"prompt": i, "error": f"{type(err).__name__}: {err}"})
+            print(f"warning: prompt {i + 1} failed and is left out for every method: {errors[-1]['error']}",
+                  file=sys.stderr)  # fmt: skip
+            continue
+        for k, name, r, delta in done:
+            if name == "__hf__":
+                if r is not None:
+                    hf_tally[k].tokens += r[0]
+                    hf_tally[k].seconds += r[1]
+                continue
+            tally = ar[k] if name is None else tallies[k][name]
+            tally.add(r.stats)
+            if delta is not None:
+                delta.add_to(tally)
+            if keep_outputs:
+                outputs[k].setdefault(name or "autoregressive", []).append(list(r.token_ids))
     bar.close()
     runs = {}
     for k in keys:
@@ -319,9 +352,34 @@ def measure(
                 hf_row["error"] = hf_error[k]
             baselines["hf_assisted"] = hf_row
         runs[k] = {"results": results, "baselines": baselines}
+    out: dict[str, Any] = {"runs": runs, "skipped_prompts": skipped, "failed_prompts": errors}
     if keep_outputs:
-        return {"runs": runs, "outputs": outputs}
-    return {"runs": runs}
+        out["outputs"] = outputs
+    return out
+
+
+def _fitting_prompts(engine, prompts: list, max_new_tokens: int, long_prompts: str) -> tuple[list, list[dict]]:
+    """(index, prompt) pairs whose prompt plus ``max_new_tokens`` fit the context window, and the skipped ones.
+
+    Checked before anything runs. ``long_prompts="error"`` raises instead of skipping.
+    """
+    window = engine.max_positions
+    keep, skipped = [], []
+    for i, prompt in enumerate(prompts):
+        if window is not None:
+            n = len(engine.tokenizer(prompt)["input_ids"]) if isinstance(prompt, str) else len(prompt)
+            if n + max_new_tokens > window:
+                msg = (f"prompt {i + 1} has {n} tokens: with {max_new_tokens} new tokens it exceeds the "
+                       f"{window}-token context window")  # fmt: skip
+                if long_prompts == "error":
+                    raise ValueError(msg)
+                skipped.append({"prompt": i, "tokens": n, "reason": msg})
+                print(f"warning: {msg}; skipped", file=sys.stderr)
+                continue
+        keep.append((i, prompt))
+    if not keep:
+        raise ValueError("no prompt fits the context window; shorten the prompts or lower --max-new-tokens")
+    return keep, skipped
 
 
 def resolve_plans(
@@ -436,15 +494,19 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit("bench e2e: --plans names no plan")
     if warning:
         print(f"warning: {warning}", file=sys.stderr)
+    # Prompts first: a missing or malformed prompt file is reported before the models load.
+    try:
+        if args.prompts is None:
+            from adaptive_spec.zoo import default_prompts
+
+            prompts = default_prompts()[: args.limit] if args.limit else default_prompts()
+        else:
+            from adaptive_spec.zoo import read_prompts
+
+            prompts = read_prompts(args.prompts, args.limit)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"bench e2e: {err}") from None
     engine = load_engine(args.target, args.draft, args.device, args.dtype, latency_model=latency)
-    if args.prompts is None:
-        from adaptive_spec.zoo import default_prompts
-
-        prompts = default_prompts()[: args.limit] if args.limit else default_prompts()
-    else:
-        from adaptive_spec.zoo import read_prompts
-
-        prompts = read_prompts(args.prompts, args.limit)
     report = measure(
         engine, prompts, plans, temps, args.max_new_tokens, args.seed, hf=not args.no_hf,
         progress=not args.no_progress,

@@ -60,15 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def read_prompt_file(path: str | Path, limit: int | None = None) -> list[str]:
-    """Prompts from a ``.txt`` file (one per non-empty line) or a JSON Lines file (``zoo.read_prompts``)."""
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"prompt file {path} does not exist")
-    if path.suffix == ".txt":
-        prompts = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-        if not prompts:
-            raise ValueError(f"{path}: no prompts")
-        return prompts[:limit] if limit else prompts
+    """Prompts from a ``.txt`` file (one per non-empty line) or a JSON Lines file: ``zoo.read_prompts``."""
     from adaptive_spec.zoo import read_prompts
 
     return read_prompts(path, limit)

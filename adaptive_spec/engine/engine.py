@@ -53,6 +53,7 @@ from adaptive_spec.verifiers import REGISTRY, verify
 if TYPE_CHECKING:
     from adaptive_spec.data.logger import FeatureLogger
 
+AUTOREGRESSIVE = "autoregressive"  # plan name of plain decoding with the target (also plan=None)
 _ENGINE_PLANNER: Any = object()  # generate()'s default plan: the engine's own planner
 
 
@@ -268,6 +269,8 @@ class SpecEngine:
                 dtype = torch.float32
         elif target is None or draft is None:
             raise ValueError("give both target and draft, or neither for the built-in default pair")
+        for role, path in (("target", target), ("draft", draft)):
+            _check_model_path(role, str(path))
         if local_files_only is None:
             local_files_only = os.path.isdir(target) and os.path.isdir(draft)
         kw = {"trust_remote_code": trust_remote_code, "local_files_only": local_files_only}
@@ -315,9 +318,11 @@ class SpecEngine:
                 the plan's tree shape is still drafted); > 0 samples.
             top_k: top-k filter (0 disables), applied to draft and target alike.
             top_p: nucleus filter (1 disables), applied to draft and target alike.
-            plan: None for plain autoregressive decoding with the target (the baseline); a
-                :class:`Plan`; a plan string ``"<tree shape>/<verifier>"`` such as
-                ``"delayed:2x3x3/traversal"``; or a planner with ``choose(state) -> Plan``
+            plan: ``"autoregressive"`` (or None) for plain decoding with the target (the
+                baseline); a :class:`Plan`; a plan string ``"<tree shape>/<verifier>"`` such as
+                ``"delayed:2x3x3/traversal"``, or ``"<drafting policy>/<verifier>"`` such as
+                ``"conf-chain:12,0.4/block"`` (a tree grown while drafting,
+                :mod:`adaptive_spec.trees.policy`); or a planner with ``choose(state) -> Plan``
                 (and optionally ``observe(step_result)``). Default: the engine's ``planner``.
             seed: seeds the ``torch.Generator`` every random draw comes from (None: random).
             stop: extra stop conditions: strings (generation stops once the decoded output
@@ -695,7 +700,9 @@ class SpecEngine:
         elif isinstance(prompt, (bytes, bytearray)):
             raise ValueError("a bytes prompt is ambiguous: decode it to str, or give a list of token ids")
         elif isinstance(prompt, Sequence):
-            if prompt and all(isinstance(x, (str, Sequence, torch.Tensor)) for x in prompt):
+            if prompt and all(
+                isinstance(x, (str, Sequence)) or (isinstance(x, torch.Tensor) and x.dim() > 0) for x in prompt
+            ):
                 raise ValueError(_BATCH_ERROR.format(n=len(prompt)))
             ids = [_token_id(x, "prompt") for x in prompt]
         else:
@@ -734,6 +741,25 @@ def check_same_tokenizer(tokenizer: Any, other: Any, vocab_size: int) -> None:
         )
 
 
+def _check_model_path(role: str, path: str) -> None:
+    """Refuse at once a model path that looks local but is not a directory (it is never sent to the hub).
+
+    A hub id is ``name`` or ``org/name``; anything with a leading ``/``, ``.`` or ``~``, a
+    backslash, more than one ``/`` or a trailing ``/`` is a local path.
+    """
+    import os
+
+    if os.path.isdir(os.path.expanduser(path)):
+        return
+    looks_local = (
+        path.startswith(("/", ".", "~")) or "\\" in path or path.count("/") > 1 or path.endswith("/")
+        or os.path.exists(os.path.expanduser(path))
+    )  # fmt: skip
+    if looks_local:
+        what = "is a file, not a model directory" if os.path.isfile(os.path.expanduser(path)) else "no such directory"
+        raise ValueError(f"{role} model {path!r}: {what} (a model directory holds config.json and the weights)")
+
+
 def _logits_size(model: PreTrainedModel) -> int:
     head = model.get_output_embeddings()
     if head is not None and getattr(head, "weight", None) is not None:
@@ -766,7 +792,7 @@ def _prompt_key(ids: Sequence[int]) -> str:
 
 
 def _planner_fns(plan: Any) -> tuple[Callable[[StepState], Any] | None, Callable[[StepResult], None] | None]:
-    if plan is None:
+    if plan is None or (isinstance(plan, str) and plan.strip() == AUTOREGRESSIVE):
         return None, None
     if hasattr(plan, "choose"):
         return plan.choose, getattr(plan, "observe", None)

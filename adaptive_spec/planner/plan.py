@@ -38,6 +38,9 @@ __all__ = [
 ]
 
 DEFAULT_VERIFIER = "traversal"
+# The most nodes a plan's tree may have (root included): the target scores every node in one
+# pass with an N x N attention mask, so a larger tree is refused before anything is allocated.
+MAX_TREE_NODES = 4096
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,11 @@ class Plan:
             object.__setattr__(self, "shape", self.policy.shape)
         if not isinstance(self.shape, TreeShape):
             raise ValueError(f"Plan.shape must be a TreeShape, got {type(self.shape).__name__}")
+        if self.shape.max_nodes > MAX_TREE_NODES:
+            raise ValueError(
+                f"tree {self.shape} has up to {self.shape.max_nodes} nodes, more than the limit of {MAX_TREE_NODES} "
+                "(the target scores every node in one pass); choose a smaller tree"
+            )
         spec = get_verifier(self.verifier)
         if not spec.greedy_only:
             check_compatible(self.verifier, self.shape.law, allow_lossy=self.allow_lossy)
@@ -92,6 +100,10 @@ class Plan:
             shape = TreeShape.parse(shape_text)
         except ValueError as e:
             raise ValueError(f"{e}; or a drafting policy: {POLICY_GRAMMAR}") from None
+        if shape.depth == 0:  # chain:0, iid:3x0, delayed:0x2x0, like iid:0x3 refused by the shape grammar
+            raise ValueError(
+                f"plan {text!r} drafts no token; use plan='autoregressive' (or None) for decoding without speculation"
+            )
         return cls(shape, verifier)
 
     @property
@@ -116,10 +128,12 @@ def truncate_shape(shape: TreeShape, max_depth: int) -> TreeShape:
     return shape.truncated(max_depth)
 
 
-def as_plan(plan: Plan | str | TreeShape) -> Plan:
-    """Coerce a :class:`Plan`, plan string or bare :class:`TreeShape` (verified by traversal)."""
+def as_plan(plan: Plan | str | TreeShape | DraftPolicy) -> Plan:
+    """Coerce a :class:`Plan`, plan string, bare :class:`TreeShape` or drafting policy (verified by traversal)."""
     if isinstance(plan, Plan):
         return plan
+    if isinstance(plan, DraftPolicy):
+        return Plan(plan.shape, policy=plan)
     if isinstance(plan, str):
         return Plan.parse(plan)
     if isinstance(plan, TreeShape):

@@ -168,6 +168,15 @@ class SelectorRuntime:
         })  # fmt: skip
         if probe.shape != (1, len(self.actions)):
             raise self._fail(f"the graph gives {probe.shape[-1]} logits for {len(self.actions)} actions")
+        # A probe batch: a network with NaN/inf weights (or that overflows on ordinary inputs) is
+        # refused now, not at the first decision with a message that would blame the features.
+        rows = np.stack([np.full(SCHEMA.num_scalar, v, np.float32) for v in (0.0, 1.0, -1.0, 0.5, 10.0)])
+        hidden = {k: np.full((len(rows), d), 0.1, np.float32) for k, d in self.hidden_dims.items() if d > 0}
+        if not np.isfinite(self.logits(rows, **hidden)).all():
+            raise self._fail(
+                "the network gives NaN or infinite logits on a probe batch of ordinary features (NaN/inf weights?); "
+                "export it again from a sound checkpoint"
+            )
 
     # ------------------------------------------------------------------ inference
     @property

@@ -54,6 +54,30 @@ def sqlite_path(url: str) -> Path | None:
     return Path(parsed.database)
 
 
+def postgres_driver_url(url: str) -> str:
+    """A ``postgresql://`` URL with the driver that is installed made explicit.
+
+    SQLAlchemy 2 maps a bare ``postgresql://`` to psycopg2; recent releases to psycopg 3.
+    Whichever of the two is installed is named in the URL (psycopg 3 first); other URLs are
+    returned unchanged.
+
+    Raises:
+        ValueError: a bare PostgreSQL URL and neither driver is installed (names the extra).
+    """
+    import importlib.util
+
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("postgresql", "postgres"):
+        return url
+    for module, driver in (("psycopg", "psycopg"), ("psycopg2", "psycopg2")):
+        if importlib.util.find_spec(module) is not None:
+            return f"postgresql+{driver}://{rest}"
+    raise ValueError(
+        f"storage {url!r} needs a PostgreSQL driver and neither psycopg nor psycopg2 is installed; "
+        "install the extra: pip install 'adaptive-spec[postgres]'"
+    )
+
+
 def make_storage(
     url: str = DEFAULT_STORAGE,
     heartbeat_interval: int = DEFAULT_HEARTBEAT_S,
@@ -85,6 +109,7 @@ def make_storage(
     except ArgumentError as err:
         msg = f"storage {url!r} is not a SQLAlchemy URL (e.g. sqlite:///data/tuning/optuna.db): {err}"
         raise ValueError(msg) from None
+    url = postgres_driver_url(url)
     if db_file is not None:
         db_file.parent.mkdir(parents=True, exist_ok=True)
         # Several processes write one SQLite file: wait for the lock instead of failing after 5 s.
@@ -107,7 +132,10 @@ def make_storage(
                     _serialize_sqlite(storage.engine)
                 return storage
             except ImportError as err:  # the URL's database driver is not installed
-                raise ValueError(f"cannot open the study storage {url!r}: {err}") from err
+                raise ValueError(
+                    f"cannot open the study storage {url!r}: its database driver is not installed ({err}); "
+                    "for PostgreSQL install the extra: pip install 'adaptive-spec[postgres]'"
+                ) from err
             except DBAPIError as err:
                 # Workers starting together on a fresh storage race to create its tables and stamp
                 # the schema version; the loser sees a duplicate and finds the schema on a retry.
