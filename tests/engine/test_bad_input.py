@@ -130,7 +130,7 @@ def test_autoregressive_is_an_explicit_plan(engine):
 # ----------------------------------------------------------------------------- plans
 @pytest.mark.parametrize("text", ["chain:0", "iid:3x0", "delayed:0x2x0", "chain:0/block"])
 def test_plans_that_draft_nothing_are_refused(text):
-    with pytest.raises(ValueError, match="drafts no token.*autoregressive"):
+    with pytest.raises(ValueError, match=r"drafts no token.*autoregressive"):
         Plan.parse(text)
 
 
