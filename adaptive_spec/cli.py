@@ -52,6 +52,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.tuning.cli_plans",
         "search the static plan (shape, sizes, verifier) per temperature with Optuna; best to configs/plans",
     ),
+    ("tune", "policies"): (
+        "adaptive_spec.tuning.policies",
+        "choose the in-draft planner's drafting policy per temperature on measured speedup; to configs/plans",
+    ),
     ("tune", "selector"): (
         "adaptive_spec.tuning.cli_selector",
         "search the selector's hyper-parameters with Optuna, pruning on val/agg_rel_tps; best to best-selector.yaml",

@@ -52,8 +52,16 @@ def selector_plans(args: argparse.Namespace, names: list[str], temps: list[float
     from adaptive_spec.bench.e2e import ADAPTIVE, BEST_STATIC, resolve_plans
     from adaptive_spec.selector.runtime import PIPELINE_HINT, find_selector
 
+    from adaptive_spec.bench.e2e import IN_DRAFT
+
     notes: list[str] = []
     statics = [n for n in names if n not in (ADAPTIVE, BEST_STATIC)]
+    if IN_DRAFT in statics:
+        try:
+            resolve_plans([IN_DRAFT], temps)
+        except (FileNotFoundError, LookupError) as err:
+            statics.remove(IN_DRAFT)
+            notes.append(f"The in-draft planner is not shown: {err}.")
     if args.no_selector:
         return resolve_plans(statics, temps)[0], {"selector": None, "runtime": None, "best_static": None}, notes
     try:

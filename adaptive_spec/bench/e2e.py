@@ -14,6 +14,9 @@ Plans are plan strings (``chain:4/block``) or two names:
   ``data/selector/selector.onnx``; its rows add the chosen actions (top 10) and the median
   decision latency. The engine gets the latency model of ``--profile`` (default
   ``data/profile/profile.json`` if it exists) for the selector's latency features.
+* ``in-draft``: the in-draft planner, a drafting policy that grows the tree from the draft's
+  own confidence (:mod:`adaptive_spec.trees.policy`), tuned per temperature by
+  ``adaptive-spec tune policies`` (``configs/plans/in-draft.yaml``).
 * ``best-static``: the best single static action for the temperature, chosen on the selector's
   training prompts (the selector's metadata), else the plan of ``configs/plans/best-static.yaml``
   (``adaptive-spec tune plans``).
@@ -36,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 DEFAULT_PLANS = "chain:4/block,delayed:2x3x3/traversal,wor:3x2x1/traversal"
-ADAPTIVE, BEST_STATIC = "adaptive", "best-static"
+ADAPTIVE, BEST_STATIC, IN_DRAFT = "adaptive", "best-static", "in-draft"
 TOP_ACTIONS = 10
 
 
@@ -51,7 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--plans", default=DEFAULT_PLANS,
-        help=f"comma-separated plans, '{ADAPTIVE}' (the selector) or '{BEST_STATIC}' (default: %(default)s)",
+        help=f"comma-separated plans, '{IN_DRAFT}' (the tuned in-draft planner), '{ADAPTIVE}' (the selector) or "
+        f"'{BEST_STATIC}' (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
     parser.add_argument(
@@ -431,6 +435,11 @@ def resolve_plans(
             plans[name] = AdaptivePlanner(runtime)
         elif name == BEST_STATIC:
             plans[name], info["best_static"] = _best_static(runtime, temperatures, keys, best_static_file)
+        elif name == IN_DRAFT:
+            from adaptive_spec.tuning.policies import in_draft_path, load_in_draft
+
+            plans[name] = {k: load_in_draft(t) for t, k in zip(temperatures, keys, strict=True)}
+            info["in_draft"] = {"source": str(in_draft_path()), "plans": {k: str(p) for k, p in plans[name].items()}}
         else:
             plans[str(Plan.parse(name))] = Plan.parse(name)
     return plans, info

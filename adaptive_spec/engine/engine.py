@@ -69,6 +69,8 @@ class GenerationResult:
         steps: one :class:`StepResult` per speculative step (empty for autoregressive decoding).
         state: the final :class:`EngineState` (models' caches included) when asked for with
             ``keep_state=True``, else None.
+        finish_reason: ``"stop"`` or ``"length"`` (``stats.stop_reason`` has the detail:
+            ``eos``, ``stop``, ``max_new_tokens`` or ``context_window``).
     """
 
     token_ids: list[int]
@@ -76,6 +78,13 @@ class GenerationResult:
     stats: GenerationStats
     steps: list[StepResult] = field(default_factory=list)
     state: EngineState | None = None
+
+    @property
+    def finish_reason(self) -> str:
+        """Why generation stopped, as in vLLM's ``RequestOutput``: ``"stop"`` (an EOS token, a stop
+        token or a stop string) or ``"length"`` (``max_new_tokens`` or the context window).
+        """
+        return "stop" if self.stats.stop_reason in ("eos", "stop") else "length"
 
 
 @dataclass

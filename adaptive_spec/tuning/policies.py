@@ -1,0 +1,161 @@
+"""``adaptive-spec tune policies``: the in-draft planner's policy per temperature, chosen on measured speed.
+
+Every candidate (drafting policies and, for reference, static plans) runs in *one* interleaved
+``bench e2e`` measurement over tuning prompts, together with autoregressive decoding; the
+score of a candidate at a temperature is its speedup over autoregressive decoding in that same
+run (never absolute tokens/s, which other processes on the machine distort). The best policy
+per temperature goes to ``configs/plans/in-draft.yaml``; ``bench e2e --plans in-draft`` and
+``make demo`` play it.
+
+Use tuning prompts from *training* files (``adaptive-spec zoo prompts train``), never the
+prompt sets that report speed. The search is a grid over each policy's parameters (thresholds,
+depths, widths): a few dozen candidates measured side by side, which on a 2-core CPU is
+cheaper and less noisy than sequential Optuna trials.
+
+File layout::
+
+    version: 1
+    plans:
+      "0": {plan: "conf-chain:12,0.3/block", speedup_vs_ar: 2.1, ...}
+      "1": {...}
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+from pathlib import Path
+from typing import Any
+
+from adaptive_spec.planner.plan import Plan
+
+IN_DRAFT_RELPATH = Path("configs") / "plans" / "in-draft.yaml"
+
+# The default grid: the transformers rule, SpecDec++'s rule, dynamic delayed expansion and
+# EAGLE-2-style growth, each at a few settings; verifiers that are lossless for each law.
+DEFAULT_GRID = [
+    *(f"conf-chain:{d},{t}/block" for d in (10, 16) for t in (0.2, 0.3, 0.4, 0.5, 0.6)),
+    *(f"cum-chain:{d},{m}/block" for d in (10, 16) for m in (0.05, 0.1, 0.2, 0.3)),
+    *(f"conf-delayed:{d},{t},{k}/traversal" for d in (10,) for t in (0.4, 0.6) for k in (2, 3)),
+    *(f"eagle:{d},{b},{k},2/traversal" for d, b, k in ((8, 16, 2), (10, 24, 3))),
+]
+
+
+def in_draft_path(root: str | Path | None = None) -> Path:
+    """``configs/plans/in-draft.yaml`` under ``root`` (default: the working directory, else the source checkout)."""
+    if root is not None:
+        return Path(root) / IN_DRAFT_RELPATH
+    here = Path.cwd() / IN_DRAFT_RELPATH
+    if here.is_file():
+        return here
+    source = Path(__file__).resolve().parents[2] / IN_DRAFT_RELPATH
+    return source if source.is_file() else here
+
+
+def load_in_draft(temperature: float, path: str | Path | None = None) -> Plan:
+    """The tuned in-draft plan for ``temperature`` (the nearest tuned temperature of the same kind).
+
+    Raises:
+        FileNotFoundError: no file (the message says how to make one).
+        LookupError: no entry usable at this temperature.
+    """
+    import yaml
+
+    file = Path(path) if path is not None else in_draft_path()
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"no tuned in-draft plans at {file}; run `adaptive-spec tune policies --prompts TUNING.jsonl`"
+        )
+    plans = (yaml.safe_load(file.read_text(encoding="utf-8")) or {}).get("plans") or {}
+    t = float(temperature)
+    same_kind = [k for k in plans if (float(k) == 0) == (t == 0)]
+    if not same_kind:
+        raise LookupError(f"{file} has no in-draft plan for temperature {t:g} (tuned: {', '.join(plans) or 'none'})")
+    key = min(same_kind, key=lambda k: abs(float(k) - t))
+    return Plan.parse(plans[key]["plan"])
+
+
+def write_in_draft(choices: dict[str, dict[str, Any]], path: Path) -> None:
+    """Merge ``{temperature key: entry}`` into the file (atomically; other temperatures kept)."""
+    import yaml
+
+    data: dict[str, Any] = {"version": 1, "plans": {}}
+    if path.is_file():
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or data
+        data.setdefault("plans", {})
+    data["plans"].update(choices)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    header = "# In-draft planner: the best drafting policy per temperature, from `adaptive-spec tune policies`.\n"
+    tmp.write_text(header + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
+    tmp.replace(path)
+
+
+def choose(runs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per temperature: the policy with the highest speedup over autoregressive decoding, and the runner-up table."""
+    out = {}
+    for k, run in runs.items():
+        rows = [r for r in run["results"] if Plan.parse(r["plan"]).dynamic and r["speedup_vs_ar"]]
+        statics = [r for r in run["results"] if not Plan.parse(r["plan"]).dynamic and r["speedup_vs_ar"]]
+        if not rows:
+            continue
+        best = max(rows, key=lambda r: r["speedup_vs_ar"])
+        entry = {
+            "plan": best["plan"],
+            "speedup_vs_ar": round(best["speedup_vs_ar"], 4),
+            "block_efficiency": round(best["block_efficiency"], 3),
+        }
+        if statics:
+            top = max(statics, key=lambda r: r["speedup_vs_ar"])
+            entry["best_static_in_run"] = {"plan": top["plan"], "speedup_vs_ar": round(top["speedup_vs_ar"], 4)}
+        out[k] = entry
+    return out
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prompts", required=True, help="tuning prompts (JSONL or .txt), from training files")
+    parser.add_argument("--limit", type=int, default=12, help="prompts used (default: %(default)s)")
+    parser.add_argument("--temperatures", default="0,0.7,1", help="comma-separated (default: %(default)s)")
+    parser.add_argument("--grid", default=None, help="comma-separated candidate plans (default: the built-in grid)")
+    parser.add_argument("--static", default="chain:4/block,chain:6/block,chain:8/block",
+                        help="static plans measured alongside, for reference (default: %(default)s)")  # fmt: skip
+    parser.add_argument("--max-new-tokens", type=int, default=96, help="(default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    parser.add_argument("--config-out", default=None, help="write configs/plans/in-draft.yaml under this folder")
+    parser.add_argument("--json", type=Path, default=None, help="also write the whole measurement as JSON")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from adaptive_spec.bench.e2e import load_engine, measure, parse_temperatures
+    from adaptive_spec.zoo import read_prompts
+
+    try:
+        temps = parse_temperatures(args.temperatures)
+        prompts = read_prompts(args.prompts, args.limit)
+        grid = [g.strip() for g in (args.grid.split(",") if args.grid else DEFAULT_GRID) if g.strip()]
+        plans = {str(Plan.parse(p)): Plan.parse(p) for p in [*grid, *args.static.split(",")] if p.strip()}
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"tune policies: {err}") from None
+    engine = load_engine(None, None, None, None)
+    res = measure(engine, prompts, plans, temps, args.max_new_tokens, args.seed, hf=False,
+                  progress=not args.no_progress)  # fmt: skip
+    choices = choose(res["runs"])
+    stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    for entry in choices.values():
+        entry.update({"prompts": str(args.prompts), "num_prompts": len(prompts),
+                      "max_new_tokens": args.max_new_tokens, "candidates": len(plans), "date": stamp})  # fmt: skip
+    path = in_draft_path(args.config_out) if args.config_out else Path.cwd() / IN_DRAFT_RELPATH
+    write_in_draft(choices, path)
+    for k, run_ in res["runs"].items():
+        print(f"\ntemperature {k}: top candidates by speedup over autoregressive decoding")
+        for r in sorted(run_["results"], key=lambda r: -(r["speedup_vs_ar"] or 0))[:8]:
+            print(f"  {r['plan']:<36} {r['speedup_vs_ar']:.3f}x  BE {r['block_efficiency']:.2f}")
+        if k in choices:
+            print(f"  -> {choices[k]['plan']}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"choices": choices, **res}, indent=2))
+    print(f"wrote {path}")
+    return 0
