@@ -49,10 +49,8 @@ def selector_plans(args: argparse.Namespace, names: list[str], temps: list[float
         ``(plans, info, notes)``: what :func:`~adaptive_spec.bench.e2e.measure` takes, the
         selector's information (path, runtime, best static source) and lines for the summary.
     """
-    from adaptive_spec.bench.e2e import ADAPTIVE, BEST_STATIC, resolve_plans
+    from adaptive_spec.bench.e2e import ADAPTIVE, BEST_STATIC, IN_DRAFT, resolve_plans
     from adaptive_spec.selector.runtime import PIPELINE_HINT, find_selector
-
-    from adaptive_spec.bench.e2e import IN_DRAFT
 
     notes: list[str] = []
     statics = [n for n in names if n not in (ADAPTIVE, BEST_STATIC)]
