@@ -96,6 +96,10 @@ class _Tally:
         self.phase_times_s: dict[str, float] = {}
         self.choices: Counter[str] = Counter()  # planners that count their choices (AdaptivePlanner)
         self.decision_s: list[float] = []
+        self.draft_forwards = 0
+        self.policy_levels = 0
+        self.policy_decision_s = 0.0
+        self.depth_reached: Counter[int] = Counter()  # steps whose accepted path reached depth d
 
     def add(self, stats) -> None:
         self.tokens += stats.new_tokens
@@ -105,6 +109,12 @@ class _Tally:
         self.tree_sizes += list(stats.tree_sizes)
         for k, v in stats.phase_times_s.items():
             self.phase_times_s[k] = self.phase_times_s.get(k, 0.0) + v
+        self.draft_forwards += stats.draft_forwards
+        self.policy_levels += stats.policy_levels
+        self.policy_decision_s += stats.policy_decision_s
+        for tau in stats.accept_lengths:
+            for d in range(1, tau + 1):
+                self.depth_reached[d] += 1
 
     def summary(self, ar_tps: float | None, hf_tps: float | None) -> dict:
         tps = self.tokens / self.seconds if self.seconds > 0 else 0.0
@@ -118,6 +128,22 @@ class _Tally:
             "mean_tree_size": sum(self.tree_sizes) / len(self.tree_sizes) if self.tree_sizes else None,
             "accept_histogram": {str(k): self.accept_lengths.count(k) for k in sorted(set(self.accept_lengths))},
             "phase_times_s": self.phase_times_s,
+            # Accepted length per depth: the share of steps whose accepted path reached depth d.
+            "accepted_by_depth": {str(d): c / self.steps for d, c in sorted(self.depth_reached.items())}
+            if self.steps else {},
+            **self._policy_cost(),
+        }
+
+    def _policy_cost(self) -> dict:
+        """The drafting policy's decision cost per level, against one draft forward (dynamic plans)."""
+        if not self.policy_levels:
+            return {}
+        per_level = self.policy_decision_s / self.policy_levels
+        fwd = self.phase_times_s.get("draft", 0.0) / self.draft_forwards if self.draft_forwards else None
+        return {
+            "policy_decision_us_per_level": 1e6 * per_level,
+            "draft_phase_ms_per_forward": 1e3 * fwd if fwd else None,
+            "policy_decision_share_of_draft_forward": per_level / fwd if fwd else None,
         }
 
     def planner_summary(self, top: int = TOP_ACTIONS) -> dict:

@@ -33,6 +33,7 @@ its last row is the draft's root distribution) and :func:`draft_tree` continues 
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -65,6 +66,8 @@ class DraftOutcome:
     pending_fed: int
     fed_nodes: int
     cache_rows: dict[int, int] | None = None
+    policy_levels: int = 0
+    policy_decision_s: float = 0.0
 
     def draft_row(self, node: int) -> int | None:
         """Offset of ``node``'s KV row after the root in the draft cache, or None if it was never fed.
@@ -289,6 +292,7 @@ def draft_policy_tree(
     budget = policy.budget
     K = 1 if law is DraftLaw.DYNAMIC_CHAIN else max(1, min(policy.max_width, V))
     pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device)
+    levels, decision_s = 0, 0.0
 
     while frontier and budget > 0 and policy.depth > 0:
         F = len(frontier)
@@ -311,6 +315,7 @@ def draft_policy_tree(
         n_c = F * K
         c_tok, c_q = host[:n_c], host[n_c : 2 * n_c]
         f_ent, f_top = host[2 * n_c : 2 * n_c + F], host[2 * n_c + F : 2 * n_c + 2 * F]
+        t_decide = time.perf_counter()
         fv = []
         for i, n in enumerate(frontier):
             v = views.get(n) or NodeView(0, -1, -1, 0, 1.0, 1.0, f_ent[i], f_top[i])
@@ -318,6 +323,8 @@ def draft_policy_tree(
             views[n] = fv[-1]
         ctx = PolicyContext(budget, temperature, features)
         widths = clip_widths(policy, fv, policy.widths(fv, ctx, sampler), budget)
+        decision_s += time.perf_counter() - t_decide
+        levels += 1
         new: list[int] = []
         for i, (v, k) in enumerate(zip(fv, widths, strict=True)):
             if k == 0:
@@ -347,11 +354,13 @@ def draft_policy_tree(
         anc[new_t, new_t] = True
         if budget <= 0:
             break
+        t_decide = time.perf_counter()
         nv = [views[c] for c in new]
         feed = policy.feed(nv, PolicyContext(budget, temperature, features), sampler)
         if len(feed) != len(nv):
             raise ValueError(f"{type(policy).__name__}.feed returned {len(feed)} values for {len(nv)} nodes")
         frontier = [v.node for v, f in zip(nv, feed, strict=True) if f and v.depth < policy.depth]
+        decision_s += time.perf_counter() - t_decide
         if not frontier:
             break
         for c in frontier:
@@ -372,4 +381,4 @@ def draft_policy_tree(
     probs = torch.zeros(n, V, dtype=rows[0].dtype, device=device)
     probs[torch.tensor(fed_order, device=device)] = torch.cat(rows)[: len(fed_order)]
     tree = DraftTree(tokens, parents, depths, probs, child_draws, policy.shape)
-    return DraftOutcome(tree, anc[:n, :n], p, len(fed_order), cache_rows)
+    return DraftOutcome(tree, anc[:n, :n], p, len(fed_order), cache_rows, levels, decision_s)

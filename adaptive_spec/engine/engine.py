@@ -635,6 +635,8 @@ class SpecEngine:
             outcome = draft_tree(draft, pending, shape, draft_probs_fn, state.generator, sampling.greedy)
         tree = outcome.tree
         N = tree.num_nodes
+        state.stats.policy_levels += outcome.policy_levels
+        state.stats.policy_decision_s += outcome.policy_decision_s
 
         # 2) score every node in one target forward: block = pending (root last) + drafted nodes
         timer.switch("target")

@@ -28,6 +28,9 @@ class GenerationStats:
             draft, sampling the tree; ``verify`` is the verifier; ``other`` is the rest
             (cache commits, bookkeeping, stop checks).
         stop_reason: ``"eos"``, ``"stop"``, ``"max_new_tokens"`` or ``"context_window"``.
+        policy_levels: draft levels grown by a drafting policy (dynamic plans only).
+        policy_decision_s: seconds spent in the policy's decisions at those levels (building
+            its node views and calling ``widths``/``feed``), inside the draft phase.
     """
 
     new_tokens: int = 0
@@ -39,6 +42,8 @@ class GenerationStats:
     wall_time_s: float = 0.0
     phase_times_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
     stop_reason: str = ""
+    policy_levels: int = 0
+    policy_decision_s: float = 0.0
 
     @property
     def block_efficiency(self) -> float:
@@ -72,6 +77,8 @@ class GenerationStats:
             "tokens_per_s": self.tokens_per_s,
             "phase_times_s": dict(self.phase_times_s),
             "stop_reason": self.stop_reason,
+            "policy_levels": self.policy_levels,
+            "policy_decision_s": self.policy_decision_s,
         }
 
 
