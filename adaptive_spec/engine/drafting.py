@@ -32,7 +32,6 @@ its last row is the draft's root distribution) and :func:`draft_tree` continues 
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -318,9 +317,11 @@ def draft_policy_tree(
         t_decide = time.perf_counter()
         fv = []
         for i, n in enumerate(frontier):
-            v = views.get(n) or NodeView(0, -1, -1, 0, 1.0, 1.0, f_ent[i], f_top[i])
-            fv.append(dataclasses.replace(v, entropy=f_ent[i], top1=f_top[i]))
-            views[n] = fv[-1]
+            v = views.get(n)
+            if v is None:  # the root
+                v = views[n] = NodeView(0, -1, -1, 0, 1.0, 1.0, f_ent[i], f_top[i])
+            v.entropy, v.top1 = f_ent[i], f_top[i]
+            fv.append(v)
         ctx = PolicyContext(budget, temperature, features)
         widths = clip_widths(policy, fv, policy.widths(fv, ctx, sampler), budget)
         decision_s += time.perf_counter() - t_decide

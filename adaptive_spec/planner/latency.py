@@ -68,6 +68,10 @@ _LAW_FALLBACK = {
     DraftLaw.IID.value: (DraftLaw.DELAYED.value, DraftLaw.WITHOUT_REPLACEMENT.value, DraftLaw.CHAIN.value),
     DraftLaw.DELAYED.value: (DraftLaw.IID.value, DraftLaw.WITHOUT_REPLACEMENT.value, DraftLaw.CHAIN.value),
     DraftLaw.WITHOUT_REPLACEMENT.value: (DraftLaw.IID.value, DraftLaw.DELAYED.value, DraftLaw.CHAIN.value),
+    # Policy-grown trees are verified like the static trees of the same drawing rule.
+    DraftLaw.DYNAMIC_CHAIN.value: (DraftLaw.CHAIN.value, DraftLaw.IID.value),
+    DraftLaw.DYNAMIC_IID.value: (DraftLaw.IID.value, DraftLaw.DELAYED.value, DraftLaw.CHAIN.value),
+    DraftLaw.DYNAMIC_WOR.value: (DraftLaw.WITHOUT_REPLACEMENT.value, DraftLaw.IID.value, DraftLaw.CHAIN.value),
 }
 
 

@@ -72,9 +72,10 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class NodeView:
-    """Draft-side facts about one frontier node, as a policy sees them.
+    """Draft-side facts about one frontier node, as a policy sees them (the drafter fills
+    ``entropy``/``top1`` in place when the node is fed; a policy must not modify a view).
 
     Attributes:
         node: the node's index in the tree (0 = the root).

@@ -7,7 +7,6 @@ calls and must produce the same law (tested in the engine's tests).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 
 import torch
@@ -197,7 +196,6 @@ def sample_policy_tree(
         frontier = []
         for v, f in zip(nv, feed, strict=True):
             if f and v.depth < policy.depth:
-                ent, top1 = row_stats(b.row(v.node))
-                views[v.node] = dataclasses.replace(v, entropy=ent, top1=top1)
+                v.entropy, v.top1 = row_stats(b.row(v.node))
                 frontier.append(v.node)
     return b.finish(policy.shape)
