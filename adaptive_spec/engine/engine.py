@@ -307,7 +307,7 @@ class SpecEngine:
     # ------------------------------------------------------------------ public API
     def generate(
         self,
-        prompt: str | Sequence[int] | torch.Tensor,
+        prompt: str | Sequence[int] | torch.Tensor | Mapping[str, Any] | None = None,
         max_new_tokens: int = 32,
         temperature: float = 1.0,
         top_k: int = 0,
@@ -317,11 +317,15 @@ class SpecEngine:
         stop: Sequence[str | int] | str | None = None,
         streamer: Any = None,
         keep_state: bool = False,
+        *,
+        messages: Sequence[Mapping[str, Any]] | None = None,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens after ``prompt``.
 
         Args:
-            prompt: text (needs a tokenizer) or token ids (list, 1-D tensor or [1, n] tensor).
+            prompt: text (needs a tokenizer), token ids (list, 1-D tensor or [1, n] tensor), or
+                the ``BatchEncoding``/dict of a tokenizer call or of ``apply_chat_template(...,
+                return_dict=True)``. Leave it out when giving ``messages``.
             max_new_tokens: exact budget of new tokens (>= 1).
             temperature: 0 = greedy (the ``greedy`` verifier is used whatever the plan says;
                 the plan's tree shape is still drafted); > 0 samples.
@@ -340,6 +344,8 @@ class SpecEngine:
                 ``TextStreamer``; it first receives the prompt ids, then each step's tokens.
             keep_state: attach the final :class:`EngineState` (with both KV caches) to the
                 result, for inspection.
+            messages: a chat, ``[{"role": "user", "content": "..."}, ...]``, rendered with the
+                tokenizer's chat template (with the generation prompt) instead of ``prompt``.
 
         Returns:
             A :class:`GenerationResult`.
@@ -347,6 +353,7 @@ class SpecEngine:
         Raises:
             ValueError: invalid prompt, sampling parameters, plan or budget; NaN/inf logits.
         """
+        prompt = self._chat_prompt(prompt, messages)
         it = self._run(prompt, max_new_tokens, temperature, top_k, top_p, plan, seed, stop, streamer)
         while True:
             try:
@@ -693,11 +700,20 @@ class SpecEngine:
         return root, state.root.features(root.probs, root.hidden, root.ok, len(state.context), host_hidden)
 
     # ------------------------------------------------------------------ helpers
-    def _prompt_ids(self, prompt: str | Sequence[int] | torch.Tensor) -> list[int]:
+    def _prompt_ids(self, prompt: str | Sequence[int] | torch.Tensor | Mapping[str, Any]) -> list[int]:
+        if isinstance(prompt, Mapping):  # a BatchEncoding or dict, e.g. apply_chat_template(..., return_dict=True)
+            if "input_ids" not in prompt:
+                raise ValueError(f"a dict prompt needs 'input_ids' (got keys {sorted(prompt)})")
+            prompt = prompt["input_ids"]
+            if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (list, torch.Tensor)):
+                prompt = prompt[0]  # [[ids]]: a batch of one
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("a text prompt needs a tokenizer; pass tokenizer= or give token ids")
             ids = list(self.tokenizer(prompt)["input_ids"])
+            bos = getattr(self.tokenizer, "bos_token_id", None)
+            if bos is not None and len(ids) > 1 and ids[0] == ids[1] == bos:
+                ids = ids[1:]  # the text already began with the BOS token (e.g. a rendered chat template)
         elif isinstance(prompt, torch.Tensor):
             if prompt.dim() == 2 and prompt.shape[0] == 1:
                 prompt = prompt[0]
@@ -726,6 +742,26 @@ class SpecEngine:
                 f"prompt token ids {bad[:5]} are outside the target's vocabulary [0, {self.input_vocab_size})"
             )
         return ids
+
+    def _chat_prompt(self, prompt: Any, messages: Sequence[Mapping[str, Any]] | None) -> Any:
+        """``prompt``, or the token ids of ``messages`` rendered by the tokenizer's chat template."""
+        if messages is None:
+            if prompt is None:
+                raise ValueError("give a prompt or messages=[{'role': 'user', 'content': ...}]")
+            return prompt
+        if prompt is not None:
+            raise ValueError("give either a prompt or messages=, not both")
+        if self.tokenizer is None:
+            raise ValueError("messages= needs a tokenizer with a chat template; pass tokenizer=")
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(
+                "the tokenizer has no chat template: set tokenizer.chat_template, or render the chat yourself "
+                "and pass it as prompt"
+            )
+        if isinstance(messages, Mapping) or not all(isinstance(m, Mapping) for m in messages):
+            raise ValueError("messages must be a list of {'role': ..., 'content': ...} dicts")
+        return self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True,
+                                                  return_dict=True)  # fmt: skip
 
     def _stop_string_cut(self, generated: list[int], before: int, stop_strings: list[str]) -> int | None:
         """Smallest token count whose decoded text contains a stop string (None if there is none)."""

@@ -1,0 +1,76 @@
+"""The API as a transformers user meets it: top-level import, chat prompts, BatchEncodings, finish_reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from _tiny import perturbed, tiny_model, tiny_tokenizer
+
+V = 48
+
+
+@pytest.fixture(scope="module")
+def engine():
+    from adaptive_spec import SpecEngine
+
+    tok = tiny_tokenizer(V)
+    tok.chat_template = (
+        "{% for m in messages %}{{ m['content'] }} {% endfor %}{% if add_generation_prompt %}w9{% endif %}"
+    )
+    target = tiny_model("llama", vocab=V, eos=1)
+    return SpecEngine(target, perturbed(target, scale=0.3), tokenizer=tok)
+
+
+def test_top_level_import():
+    import adaptive_spec
+    from adaptive_spec import SpecEngine
+    from adaptive_spec.engine import SpecEngine as Same
+
+    assert SpecEngine is Same and "SpecEngine" in adaptive_spec.__all__
+
+
+def test_chat_messages_use_the_chat_template(engine):
+    msgs = [{"role": "user", "content": "w5 w6"}, {"role": "assistant", "content": "w7"}]
+    a = engine.generate(messages=msgs, max_new_tokens=6, temperature=0, plan="chain:3/block")
+    ids = engine.tokenizer("w5 w6 w7 w9")["input_ids"]
+    b = engine.generate(ids, max_new_tokens=6, temperature=0, plan="chain:3/block")
+    assert a.token_ids == b.token_ids
+    rendered = engine.tokenizer.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=True)
+    c = engine.generate(rendered, max_new_tokens=6, temperature=0, plan="chain:3/block")  # a BatchEncoding
+    assert c.token_ids == a.token_ids
+    d = engine.generate({"input_ids": torch.tensor([ids])}, max_new_tokens=6, temperature=0)  # a dict of [1, n]
+    assert d.token_ids == a.token_ids
+    with pytest.raises(ValueError, match="either a prompt or messages"):
+        engine.generate("w5", messages=msgs)
+    with pytest.raises(ValueError, match="list of"):
+        engine.generate(messages={"role": "user", "content": "w5"})
+
+
+class _BosTokenizer:
+    """Adds BOS (id 0) in front of every text, as Llama tokenizers do."""
+
+    bos_token_id = 0
+
+    def __call__(self, text):
+        words = text.split()
+        return {"input_ids": [0] + [0 if w == "<bos>" else int(w[1:]) for w in words]}
+
+
+def test_no_double_bos(engine):
+    saved, engine.tokenizer = engine.tokenizer, _BosTokenizer()
+    try:
+        assert engine._prompt_ids("<bos> w5 w6") == [0, 5, 6]  # the text began with BOS: one BOS kept
+        assert engine._prompt_ids("w5 w6") == [0, 5, 6]
+    finally:
+        engine.tokenizer = saved
+    assert engine._prompt_ids({"input_ids": [0, 0, 5]}) == [0, 0, 5]  # explicit ids are taken as given
+
+
+def test_finish_reason(engine):
+    out = engine.generate([0, 5], max_new_tokens=3, temperature=0, plan="chain:2/block")
+    assert out.finish_reason in ("length", "stop")
+    stopped = engine.generate([0, 5], max_new_tokens=20, temperature=0, plan="chain:2/block",
+                              stop=[out.token_ids[0]])  # fmt: skip
+    assert stopped.finish_reason == "stop" and stopped.token_ids == out.token_ids[:1]
+    full = engine.generate([0, 5], max_new_tokens=2, temperature=1.0, plan="chain:2/block", seed=0, stop=[])
+    assert full.finish_reason == ("stop" if 1 in full.token_ids else "length")
