@@ -45,7 +45,7 @@ from adaptive_spec.engine.drafting import (
 from adaptive_spec.engine.features import LatencyFeatures, RootFeatures, RootTracker
 from adaptive_spec.engine.kv_cache import ModelRunner
 from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
-from adaptive_spec.engine.sampling import ProbsFn, SamplingConfig, build_logits_processor
+from adaptive_spec.engine.sampling import ProbsFn, SamplingConfig, build_logits_processor, check_logits_processors
 from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
 from adaptive_spec.trees import TreeShape
 from adaptive_spec.verifiers import REGISTRY, verify
@@ -319,6 +319,8 @@ class SpecEngine:
         keep_state: bool = False,
         *,
         messages: Sequence[Mapping[str, Any]] | None = None,
+        logits_processor: Any = None,
+        stopping_criteria: Any = None,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens after ``prompt``.
 
@@ -346,6 +348,15 @@ class SpecEngine:
                 result, for inspection.
             messages: a chat, ``[{"role": "user", "content": "..."}, ...]``, rendered with the
                 tokenizer's chat template (with the generation prompt) instead of ``prompt``.
+            logits_processor: extra transformers logits processors, applied to the draft's and
+                the target's rows alike after the sampling warpers. Only row-wise ones are
+                lossless and accepted (:data:`~adaptive_spec.engine.sampling.ROW_WISE_PROCESSORS`:
+                min-p, typical, epsilon/eta, top-h, suppressed tokens, ...); history-dependent
+                ones (repetition penalty, n-gram bans, minimum length) are refused.
+            stopping_criteria: transformers stopping criteria, checked after every emitted token
+                as in ``generate`` (the output is cut at the first token that meets one):
+                ``MaxLengthCriteria``, ``MaxTimeCriteria``, ``StopStringCriteria``,
+                ``EosTokenCriteria``. Criteria that read the scores are refused.
 
         Returns:
             A :class:`GenerationResult`.
@@ -354,7 +365,9 @@ class SpecEngine:
             ValueError: invalid prompt, sampling parameters, plan or budget; NaN/inf logits.
         """
         prompt = self._chat_prompt(prompt, messages)
-        it = self._run(prompt, max_new_tokens, temperature, top_k, top_p, plan, seed, stop, streamer)
+        extra = check_logits_processors(logits_processor)
+        criteria = _check_stopping_criteria(stopping_criteria)
+        it = self._run(prompt, max_new_tokens, temperature, top_k, top_p, plan, seed, stop, streamer, extra, criteria)
         while True:
             try:
                 next(it)
@@ -410,6 +423,8 @@ class SpecEngine:
         seed: int | None,
         stop: Sequence[str | int] | str | None,
         streamer: Any,
+        extra_processors: Sequence[Any] = (),
+        criteria: Sequence[Any] = (),
     ) -> Iterator[list[int]]:
         """Yield each step's emitted tokens; return the :class:`GenerationResult`."""
         t_start = time.perf_counter()
@@ -454,6 +469,7 @@ class SpecEngine:
             budget = min(budget, room)
 
         processors = build_logits_processor(sampling.generation_config())
+        processors.extend(extra_processors)
         target_probs_fn = ProbsFn(processors, self.vocab_size, one_hot=sampling.greedy)
         # At T=0 the draft drafts from its untempered softmax (any draft is fine for greedy verification).
         draft_probs_fn = ProbsFn(processors, self.vocab_size, one_hot=False)
@@ -542,6 +558,11 @@ class SpecEngine:
                 if cut is not None:
                     del state.context[state.prompt_length + cut :]
                     emitted, reason = state.generated[before:], "stop"
+            if criteria:
+                cut = _criteria_cut(criteria, state.context, state.prompt_length + before)
+                if cut is not None:
+                    del state.context[cut:]
+                    emitted, reason = state.generated[before:], "stop"
             if reason == "max_new_tokens" and budget < max_new_tokens and len(state.generated) == budget:
                 reason = "context_window"
             timer.switch(None)
@@ -593,7 +614,7 @@ class SpecEngine:
         logits = target.chain_forward(pending, logits_to_keep=1)  # [1, V']
         check_finite(finite_flag(logits), "target")
         if greedy:
-            token = logits[0, : self.vocab_size].argmax()
+            token = target_probs_fn(logits)[0].argmax()  # one-hot at the processed argmax
         else:
             token = sample_categorical(target_probs_fn(logits), state.generator)[0]
         state.stats.accept_lengths.append(0)
@@ -865,6 +886,33 @@ def _token_id(x: Any, what: str) -> int:
         return operator.index(x)
     except TypeError:
         raise ValueError(f"{what} token ids must be integers, got {type(x).__name__} {x!r}") from None
+
+
+_CRITERIA = ("MaxLengthCriteria", "MaxTimeCriteria", "StopStringCriteria", "EosTokenCriteria")
+
+
+def _check_stopping_criteria(criteria: Any) -> list:
+    """The user's stopping criteria, checked to be ones that read only the token ids."""
+    if criteria is None:
+        return []
+    if not isinstance(criteria, (list, tuple)) and type(criteria).__name__ != "StoppingCriteriaList":
+        criteria = [criteria]
+    for c in criteria:
+        if type(c).__name__ not in _CRITERIA:
+            raise ValueError(
+                f"stopping criterion {type(c).__name__} is not supported: speculative steps emit several tokens "
+                f"without per-token scores; supported: {', '.join(_CRITERIA)} (or stop= strings and token ids)"
+            )
+    return list(criteria)
+
+
+def _criteria_cut(criteria: Sequence[Any], context: list[int], first_new: int) -> int | None:
+    """The context length at the first newly emitted token that meets a criterion, or None."""
+    for end in range(first_new + 1, len(context) + 1):
+        ids = torch.tensor([context[:end]])
+        if any(bool(c(ids, None).any()) for c in criteria):
+            return end
+    return None
 
 
 def _as_int(x: Any, name: str, minimum: int) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
@@ -84,6 +85,48 @@ def build_logits_processor(config: GenerationConfig) -> LogitsProcessorList:
     return procs
 
 
+# Logits processors that act on each row of scores alone, without reading the token history
+# (``input_ids``): applied identically to the draft's and the target's rows at every tree node,
+# they keep speculative decoding lossless. History-dependent ones (repetition penalties, n-gram
+# bans, minimum lengths, bad-word sequences, watermarks, ...) would give each tree branch other
+# rules than the context it stands for, so they are refused.
+ROW_WISE_PROCESSORS = (
+    "TemperatureLogitsWarper",
+    "TopKLogitsWarper",
+    "TopPLogitsWarper",
+    "MinPLogitsWarper",
+    "TypicalLogitsWarper",
+    "EpsilonLogitsWarper",
+    "EtaLogitsWarper",
+    "TopHLogitsWarper",
+    "SuppressTokensLogitsProcessor",
+    "InfNanRemoveLogitsProcessor",
+)
+
+
+def check_logits_processors(processors: Any) -> list:
+    """The user's ``logits_processor`` list, checked to hold only row-wise processors.
+
+    Raises:
+        ValueError: naming the processor that depends on the token history and the accepted ones.
+    """
+    if processors is None:
+        return []
+    if not isinstance(processors, (list, tuple, LogitsProcessorList)):
+        processors = [processors]
+    out = []
+    for proc in processors:
+        name = type(proc).__name__
+        if name not in ROW_WISE_PROCESSORS:
+            raise ValueError(
+                f"logits processor {name} is not supported: speculative decoding stays lossless only with "
+                f"processors that act on each row alone ({', '.join(ROW_WISE_PROCESSORS)}); "
+                "history-dependent ones (repetition penalties, n-gram bans, minimum lengths) are refused"
+            )
+        out.append(proc)
+    return out
+
+
 class ProbsFn:
     """Turns raw logits rows into the next-token distributions used for sampling.
 
@@ -102,11 +145,11 @@ class ProbsFn:
         scores = logits[..., : self.vocab_size].float()  # [n, V]
         if scores.shape[-1] < self.vocab_size:
             scores = torch.nn.functional.pad(scores, (0, self.vocab_size - scores.shape[-1]), value=-math.inf)
+        if len(self.processors):
+            # The processors used here never read input_ids; an empty placeholder keeps the signature.
+            placeholder = torch.empty(scores.shape[0], 0, dtype=torch.long, device=scores.device)
+            scores = self.processors(placeholder, scores)
         if self.one_hot:
             out = torch.zeros_like(scores)
             return out.scatter_(-1, scores.argmax(dim=-1, keepdim=True), 1.0)
-        if len(self.processors):
-            # The warpers used here never read input_ids; an empty placeholder keeps the signature.
-            placeholder = torch.empty(scores.shape[0], 0, dtype=torch.long, device=scores.device)
-            scores = self.processors(placeholder, scores)
         return torch.softmax(scores, dim=-1)

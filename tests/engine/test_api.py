@@ -74,3 +74,41 @@ def test_finish_reason(engine):
     assert stopped.finish_reason == "stop" and stopped.token_ids == out.token_ids[:1]
     full = engine.generate([0, 5], max_new_tokens=2, temperature=1.0, plan="chain:2/block", seed=0, stop=[])
     assert full.finish_reason == ("stop" if 1 in full.token_ids else "length")
+
+
+def test_row_wise_logits_processors_are_applied_to_both_models(engine):
+    from transformers import LogitsProcessorList, MinPLogitsWarper, SuppressTokensLogitsProcessor
+
+    banned = list(range(3, 30))
+    procs = LogitsProcessorList([SuppressTokensLogitsProcessor(banned), MinPLogitsWarper(0.05)])
+    for plan in ("autoregressive", "chain:3/block", "conf-chain:4,0.3/block", "iid:2x2/traversal"):
+        for seed in range(3):
+            out = engine.generate([0, 5], max_new_tokens=12, temperature=1.0, plan=plan, seed=seed,
+                                  logits_processor=procs)  # fmt: skip
+            assert not set(out.token_ids) & set(banned), plan
+    # Greedy: the processed argmax, as transformers' generate computes it.
+    ids = torch.tensor([[0, 5]])
+    ref = engine.target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8,
+                                 suppress_tokens=banned)[0, 2:].tolist()  # fmt: skip
+    got = engine.generate([0, 5], max_new_tokens=8, temperature=0, plan="chain:3/block",
+                          logits_processor=[SuppressTokensLogitsProcessor(banned)])  # fmt: skip
+    assert got.token_ids[: len(ref)] == ref
+
+
+def test_history_dependent_processors_and_criteria_are_refused(engine):
+    from transformers import ConfidenceCriteria, RepetitionPenaltyLogitsProcessor
+
+    with pytest.raises(ValueError, match="RepetitionPenaltyLogitsProcessor is not supported.*row alone"):
+        engine.generate([0, 5], max_new_tokens=3, logits_processor=[RepetitionPenaltyLogitsProcessor(1.2)])
+    with pytest.raises(ValueError, match="stopping criterion ConfidenceCriteria is not supported"):
+        engine.generate([0, 5], max_new_tokens=3, stopping_criteria=[ConfidenceCriteria(0.5)])
+
+
+def test_stopping_criteria_cut_like_generate(engine):
+    from transformers import MaxLengthCriteria, StoppingCriteriaList
+
+    out = engine.generate([0, 5], max_new_tokens=10, temperature=0, plan="chain:4/block",
+                          stopping_criteria=StoppingCriteriaList([MaxLengthCriteria(max_length=5)]))  # fmt: skip
+    assert len(out.token_ids) == 3 and out.finish_reason == "stop"
+    full = engine.generate([0, 5], max_new_tokens=10, temperature=0, plan="chain:4/block")
+    assert out.token_ids == full.token_ids[:3]
