@@ -155,8 +155,8 @@ class SpecEngine:
         latency_model: LatencyFeatures | None = None,
     ) -> None:
         device = torch.device(device) if device is not None else target.device
-        self.target = target.to(device=device, dtype=dtype).eval() if dtype else target.to(device).eval()
-        self.draft = draft.to(device=device, dtype=dtype).eval() if dtype else draft.to(device).eval()
+        self.target = _place(target, "target", device, dtype)
+        self.draft = _place(draft, "draft", device, dtype)
         self.device = device
         self.tokenizer = tokenizer
         # The engine's vocabulary is the target's: a draft with fewer logits gives the missing
@@ -294,12 +294,13 @@ class SpecEngine:
             draft_tokenizer = AutoTokenizer.from_pretrained(draft, **kw)
         except (OSError, ValueError):  # a draft saved without its tokenizer shares the target's
             draft_tokenizer = None
+        if device is not None:  # models loaded here are ours to move (no in-place warning)
+            models = [m.to(torch.device(device)) for m in models]
         return cls(
             models[0],
             models[1],
             tokenizer,
             device=device,
-            dtype=dtype,
             draft_tokenizer=draft_tokenizer,
             **engine_kwargs,
         )
@@ -807,6 +808,24 @@ def check_same_tokenizer(tokenizer: Any, other: Any, vocab_size: int) -> None:
             "the target and draft tokenizers differ (speculative decoding needs one shared vocabulary); "
             f"first differences: {diff}"
         )
+
+
+def _place(model: PreTrainedModel, role: str, device: torch.device, dtype: torch.dtype | None) -> PreTrainedModel:
+    """``model`` on ``device`` (and in ``dtype``) in eval mode; ``nn.Module.to`` works in place, so say so."""
+    import warnings
+
+    moves = []
+    if model.device != device and not (model.device.type == device.type and device.index is None):
+        moves.append(f"moved from {model.device} to {device}")
+    if dtype is not None and model.dtype != dtype:
+        moves.append(f"cast from {model.dtype} to {dtype}")
+    if moves:
+        warnings.warn(
+            f"SpecEngine {' and '.join(moves)} the {role} model in place (nn.Module.to); pass a copy to keep yours",
+            UserWarning, stacklevel=3,
+        )  # fmt: skip
+        model = model.to(device=device, dtype=dtype) if dtype is not None else model.to(device)
+    return model.eval()
 
 
 def _check_model_path(role: str, path: str) -> None:
