@@ -249,6 +249,9 @@ class SpecEngine:
         attn_implementation: str = "sdpa",
         trust_remote_code: bool = False,
         local_files_only: bool | None = None,
+        revision: str | None = None,
+        token: str | bool | None = None,
+        quantization_config: Any = None,
         **engine_kwargs: Any,
     ) -> SpecEngine:
         """Load target, draft and their tokenizers from local directories or hub ids.
@@ -257,8 +260,11 @@ class SpecEngine:
         in float32 on CPU (its checkpoint is float16, which is slow on CPUs) unless
         ``dtype`` says otherwise. Local directories need no network. ``trust_remote_code``
         stays off unless asked; ``local_files_only`` defaults to True when both paths are
-        existing directories. Other keyword arguments (``planner``, ``feature_log``,
-        ``latency_model``) go to the constructor.
+        existing directories. ``revision``, ``token`` and ``quantization_config`` go to
+        transformers' ``from_pretrained`` as they are (the first two to the tokenizers too).
+        Other keyword arguments (``planner``, ``feature_log``, ``latency_model``) go to the
+        constructor. ``device_map`` is not supported yet: the engine runs both models on one
+        device.
 
         Raises:
             ValueError: the two tokenizers disagree.
@@ -282,10 +288,15 @@ class SpecEngine:
             _check_model_path(role, str(path))
         if local_files_only is None:
             local_files_only = os.path.isdir(target) and os.path.isdir(draft)
-        kw = {"trust_remote_code": trust_remote_code, "local_files_only": local_files_only}
+        kw: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": local_files_only}
+        if revision is not None:
+            kw["revision"] = revision
+        if token is not None:
+            kw["token"] = token
         models = [
             AutoModelForCausalLM.from_pretrained(
-                path, dtype=dtype or "auto", attn_implementation=attn_implementation, **kw
+                path, dtype=dtype or "auto", attn_implementation=attn_implementation, **kw,
+                **({"quantization_config": quantization_config} if quantization_config is not None else {}),
             )
             for path in (target, draft)
         ]
