@@ -320,10 +320,10 @@ class SpecEngine:
     def generate(
         self,
         prompt: str | Sequence[int] | torch.Tensor | Mapping[str, Any] | None = None,
-        max_new_tokens: int = 32,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
         plan: Plan | str | Any = _ENGINE_PLANNER,
         seed: int | None = None,
         stop: Sequence[str | int] | str | None = None,
@@ -333,6 +333,7 @@ class SpecEngine:
         messages: Sequence[Mapping[str, Any]] | None = None,
         logits_processor: Any = None,
         stopping_criteria: Any = None,
+        generation_config: Any = None,
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens after ``prompt``.
 
@@ -365,6 +366,10 @@ class SpecEngine:
                 lossless and accepted (:data:`~adaptive_spec.engine.sampling.ROW_WISE_PROCESSORS`:
                 min-p, typical, epsilon/eta, top-h, suppressed tokens, ...); history-dependent
                 ones (repetition penalty, n-gram bans, minimum length) are refused.
+            generation_config: a transformers ``GenerationConfig``: its ``do_sample`` (False means
+                temperature 0), ``temperature``, ``top_k``, ``top_p``, ``max_new_tokens`` and
+                ``eos_token_id`` apply where the matching argument is not given. Without it:
+                32 new tokens, temperature 1, no top-k or top-p.
             stopping_criteria: transformers stopping criteria, checked after every emitted token
                 as in ``generate`` (the output is cut at the first token that meets one):
                 ``MaxLengthCriteria``, ``MaxTimeCriteria``, ``StopStringCriteria``,
@@ -379,6 +384,9 @@ class SpecEngine:
         prompt = self._chat_prompt(prompt, messages)
         extra = check_logits_processors(logits_processor)
         criteria = _check_stopping_criteria(stopping_criteria)
+        max_new_tokens, temperature, top_k, top_p, stop = _apply_generation_config(
+            generation_config, max_new_tokens, temperature, top_k, top_p, stop
+        )
         it = self._run(prompt, max_new_tokens, temperature, top_k, top_p, plan, seed, stop, streamer, extra, criteria)
         while True:
             try:
@@ -916,6 +924,35 @@ def _token_id(x: Any, what: str) -> int:
         return operator.index(x)
     except TypeError:
         raise ValueError(f"{what} token ids must be integers, got {type(x).__name__} {x!r}") from None
+
+
+def _apply_generation_config(config: Any, max_new_tokens, temperature, top_k, top_p, stop) -> tuple:
+    """Fill the arguments left as None from a ``GenerationConfig``, then from the defaults."""
+    if config is not None:
+        from transformers import GenerationConfig
+
+        if not isinstance(config, GenerationConfig):
+            raise TypeError(f"generation_config must be a transformers GenerationConfig, got {type(config).__name__}")
+        sampling = bool(config.do_sample)
+        if temperature is None:
+            temperature = (config.temperature if config.temperature is not None else 1.0) if sampling else 0.0
+        if top_k is None and sampling:
+            top_k = config.top_k or 0
+        if top_p is None and sampling:
+            top_p = config.top_p if config.top_p is not None else 1.0
+        if max_new_tokens is None and config.max_new_tokens:
+            max_new_tokens = config.max_new_tokens
+        eos = config.eos_token_id
+        if eos is not None:
+            extra = [eos] if isinstance(eos, int) else list(eos)
+            stop = [*([stop] if isinstance(stop, (str, int)) else list(stop or [])), *extra]
+    return (
+        32 if max_new_tokens is None else max_new_tokens,
+        1.0 if temperature is None else temperature,
+        0 if top_k is None else top_k,
+        1.0 if top_p is None else top_p,
+        stop,
+    )
 
 
 _CRITERIA = ("MaxLengthCriteria", "MaxTimeCriteria", "StopStringCriteria", "EosTokenCriteria")

@@ -112,3 +112,20 @@ def test_stopping_criteria_cut_like_generate(engine):
     assert len(out.token_ids) == 3 and out.finish_reason == "stop"
     full = engine.generate([0, 5], max_new_tokens=10, temperature=0, plan="chain:4/block")
     assert out.token_ids == full.token_ids[:3]
+
+
+def test_generation_config(engine):
+    from transformers import GenerationConfig
+
+    greedy = engine.generate([0, 5], generation_config=GenerationConfig(do_sample=False, max_new_tokens=5),
+                             plan="chain:2/block")  # fmt: skip
+    assert greedy.token_ids == engine.generate([0, 5], max_new_tokens=5, temperature=0, plan="chain:2/block").token_ids
+    cfg = GenerationConfig(do_sample=True, temperature=0.7, top_k=10, top_p=0.9, max_new_tokens=6)
+    a = engine.generate([0, 5], generation_config=cfg, seed=4, plan="chain:2/block")
+    b = engine.generate([0, 5], max_new_tokens=6, temperature=0.7, top_k=10, top_p=0.9, seed=4, plan="chain:2/block")
+    assert a.token_ids == b.token_ids
+    # Explicit arguments win over the config.
+    c = engine.generate([0, 5], generation_config=cfg, max_new_tokens=3, temperature=0, plan="chain:2/block")
+    assert len(c.token_ids) == 3
+    with pytest.raises(TypeError, match="GenerationConfig"):
+        engine.generate([0, 5], generation_config={"do_sample": False})
