@@ -115,12 +115,20 @@ def draft_root(runner: ModelRunner, pending: torch.Tensor, probs_fn: ProbsFn, ke
     causal = torch.ones(p, p, dtype=torch.bool, device=runner.device).tril_()  # [p, p]
     positions = torch.arange(base, base + p, device=runner.device)
     logits = runner.block_forward(pending, positions, causal, logits_to_keep=min(keep, p))  # [keep, V']
-    return DraftRoot(p, base, probs_fn(logits), finite_flag(logits), causal, runner.hidden)
+    probs = probs_fn(logits)
+    return DraftRoot(p, base, probs, finite_flag(logits, probs), causal, runner.hidden)
 
 
-def finite_flag(logits: torch.Tensor) -> torch.Tensor:
-    """0-dim bool tensor: are all ``logits`` finite? One reduction, no host sync."""
-    return torch.isfinite(logits.sum(dtype=torch.float32))
+def finite_flag(logits: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
+    """0-dim bool tensor: are all ``logits`` (and the ``probs`` made from them) finite? No host sync.
+
+    The probabilities are checked after processing too: a row can overflow in the processors
+    (a tiny temperature) although the raw logits are finite.
+    """
+    ok = torch.isfinite(logits.sum(dtype=torch.float32))
+    if probs is not None:
+        ok = ok & torch.isfinite(probs.sum(dtype=torch.float32))
+    return ok
 
 
 def check_finite(ok: torch.Tensor | bool, who: str) -> None:
@@ -225,8 +233,8 @@ def draft_tree(
             pos = torch.full((new_last - new_first,), base + p - 1 + d + 1, device=device)
             m = p - 1 + new_last
             logits = runner.block_forward(ids, pos, anc[b_new, :m], logits_to_keep=new_last - new_first)
-            ok = finite_flag(logits)
             rows.append(probs_fn(logits))
+            ok = finite_flag(logits, rows[-1])
 
     n = len(tokens)
     fed = n - sum(1 for x in depths if x == D)
@@ -374,8 +382,8 @@ def draft_policy_tree(
         ids = torch.tensor([tokens[c] for c in frontier], device=device)
         pos = torch.tensor([base + p - 1 + depths[c] for c in frontier], device=device)
         logits = runner.block_forward(ids, pos, allowed, logits_to_keep=len(frontier))
-        ok = finite_flag(logits)
         R = probs_fn(logits)
+        ok = finite_flag(logits, R)
         rows.append(R)
 
     n = len(tokens)

@@ -632,11 +632,12 @@ class SpecEngine:
         target = state.target
         pending = torch.tensor(state.context[target.cached :], dtype=torch.long, device=self.device)
         logits = target.chain_forward(pending, logits_to_keep=1)  # [1, V']
-        check_finite(finite_flag(logits), "target")
+        probs = target_probs_fn(logits)  # [1, V]
+        check_finite(finite_flag(logits, probs), "target")
         if greedy:
-            token = target_probs_fn(logits)[0].argmax()  # one-hot at the processed argmax
+            token = probs[0].argmax()  # one-hot at the processed argmax
         else:
-            token = sample_categorical(target_probs_fn(logits), state.generator)[0]
+            token = sample_categorical(probs, state.generator)[0]
         state.stats.accept_lengths.append(0)
         state.stats.tree_sizes.append(1)
         timer.switch("other")
@@ -699,8 +700,8 @@ class SpecEngine:
         anc[p - 1 :, : p - 1] = True
         anc[p - 1 :, p - 1 :] = outcome.ancestors
         logits = target.block_forward(ids, pos, anc, logits_to_keep=N)  # [N, V']
-        check_finite(finite_flag(logits), "target")
         target_probs = target_probs_fn(logits)  # [N, V]
+        check_finite(finite_flag(logits, target_probs), "target")
 
         # 3) verify
         timer.switch("verify")
