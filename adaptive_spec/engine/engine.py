@@ -634,10 +634,8 @@ class SpecEngine:
         logits = target.chain_forward(pending, logits_to_keep=1)  # [1, V']
         probs = target_probs_fn(logits)  # [1, V]
         check_finite(finite_flag(logits, probs), "target")
-        if greedy:
-            token = probs[0].argmax()  # one-hot at the processed argmax
-        else:
-            token = sample_categorical(probs, state.generator)[0]
+        # Greedy: the target's rows are one-hot at the processed argmax.
+        token = probs[0].argmax() if greedy else sample_categorical(probs, state.generator)[0]
         state.stats.accept_lengths.append(0)
         state.stats.tree_sizes.append(1)
         timer.switch("other")
