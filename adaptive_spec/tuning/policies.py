@@ -8,9 +8,13 @@ per temperature goes to ``configs/plans/in-draft.yaml``; ``bench e2e --plans in-
 ``make demo`` play it.
 
 Use tuning prompts from *training* files (``adaptive-spec zoo prompts train``), never the
-prompt sets that report speed. The search is a grid over each policy's parameters (thresholds,
-depths, widths): a few dozen candidates measured side by side, which on a 2-core CPU is
-cheaper and less noisy than sequential Optuna trials.
+prompt sets that report speed. Two searches:
+
+* the default grid over each policy's parameters (thresholds, depths, widths): a few dozen
+  candidates measured side by side in one run;
+* ``--optuna N``: per temperature, an Optuna study (seeded TPE, storage as for ``tune plans``)
+  over the policy family and its parameters; each trial measures its policy and
+  autoregressive decoding interleaved on the tuning prompts, and its value is that speedup.
 
 File layout::
 
@@ -125,6 +129,59 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config-out", default=None, help="write configs/plans/in-draft.yaml under this folder")
     parser.add_argument("--json", type=Path, default=None, help="also write the whole measurement as JSON")
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    parser.add_argument("--optuna", type=int, default=0, metavar="N",
+                        help="run N Optuna trials per temperature instead of the grid (default: the grid)")  # fmt: skip
+    parser.add_argument("--storage", default="sqlite:///data/tuning/optuna.db", help="Optuna storage URL")
+    parser.add_argument("--study-prefix", default="policies", help="study name prefix (default: %(default)s)")
+
+
+def suggest_policy(trial, greedy: bool) -> str:
+    """One drafting-policy plan from an Optuna trial (every ``suggest_*`` of this search is here)."""
+    family = trial.suggest_categorical("family", ["conf-chain", "cum-chain", "conf-delayed"])
+    depth = trial.suggest_int(f"{family}_depth", 4, 16)
+    if family == "conf-chain":
+        theta = trial.suggest_float("conf_threshold", 0.05, 0.9)
+        return f"conf-chain:{depth},{theta:.3f}/block"
+    if family == "cum-chain":
+        m = trial.suggest_float("cum_min_path_prob", 0.01, 0.6, log=True)
+        return f"cum-chain:{depth},{m:.4f}/block"
+    theta = trial.suggest_float("delayed_threshold", 0.1, 0.9)
+    k = trial.suggest_int("delayed_paths", 2, 4)
+    verifier = "traversal" if greedy else trial.suggest_categorical("delayed_verifier", ["traversal", "specinfer"])
+    return f"conf-delayed:{depth},{theta:.3f},{k}/{verifier}"
+
+
+def optuna_search(engine, prompts, temps, args) -> dict[str, Any]:
+    """Per temperature: ``args.optuna`` trials; returns ``run``-like rows for :func:`choose`."""
+    from adaptive_spec.bench.e2e import measure, temperature_key
+    from adaptive_spec.tuning.storage import open_study
+
+    runs: dict[str, Any] = {}
+    for t in temps:
+        key = temperature_key(t)
+        study = open_study(f"{args.study_prefix}-T{key}", args.storage, seed=args.seed)
+        known = ["conf-chain:12,0.300/block", "cum-chain:12,0.1000/block"]
+        for plan in known:  # known-good starting points
+            fam = plan.split(":")[0]
+            depth, rest = plan.split(":")[1].split("/")[0].split(",", 1)
+            params = {"family": fam, f"{fam}_depth": int(depth)}
+            params["conf_threshold" if fam == "conf-chain" else "cum_min_path_prob"] = float(rest)
+            study.enqueue_trial(params, skip_if_exists=True)
+        rows: list[dict] = []
+
+        def objective(trial, t=t, key=key, rows=rows):
+            plan = suggest_policy(trial, t == 0)
+            res = measure(engine, prompts, {plan: Plan.parse(plan)}, [t], args.max_new_tokens, args.seed,
+                          hf=False, progress=False)  # fmt: skip
+            row = res["runs"][key]["results"][0]
+            trial.set_user_attr("plan", plan)
+            trial.set_user_attr("block_efficiency", row["block_efficiency"])
+            rows.append(row)
+            return row["speedup_vs_ar"]
+
+        study.optimize(objective, n_trials=args.optuna, show_progress_bar=not args.no_progress)
+        runs[key] = {"results": rows, "study": study.study_name}
+    return runs
 
 
 def run(args: argparse.Namespace) -> int:
@@ -139,13 +196,16 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"tune policies: {err}") from None
     engine = load_engine(None, None, None, None)
-    res = measure(engine, prompts, plans, temps, args.max_new_tokens, args.seed, hf=False,
-                  progress=not args.no_progress)  # fmt: skip
+    if args.optuna:
+        res = {"runs": optuna_search(engine, prompts, temps, args)}
+    else:
+        res = measure(engine, prompts, plans, temps, args.max_new_tokens, args.seed, hf=False,
+                      progress=not args.no_progress)  # fmt: skip
     choices = choose(res["runs"])
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     for entry in choices.values():
-        entry.update({"prompts": str(args.prompts), "num_prompts": len(prompts),
-                      "max_new_tokens": args.max_new_tokens, "candidates": len(plans), "date": stamp})  # fmt: skip
+        entry.update({"prompts": str(args.prompts), "num_prompts": len(prompts), "search": "optuna" if args.optuna
+                      else "grid", "max_new_tokens": args.max_new_tokens, "date": stamp})  # fmt: skip
     path = in_draft_path(args.config_out) if args.config_out else Path.cwd() / IN_DRAFT_RELPATH
     write_in_draft(choices, path)
     for k, run_ in res["runs"].items():
