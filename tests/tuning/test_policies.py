@@ -54,8 +54,11 @@ def test_optuna_search_runs_trials_and_resumes(tiny_pair, tmp_path):
 
 
 def test_choose_ignores_static_rows():
-    runs = {"0": {"results": [{"plan": "chain:4/block", "speedup_vs_ar": 3.0, "block_efficiency": 4.0},
-                              {"plan": "conf-chain:8,0.3/block", "speedup_vs_ar": 2.0, "block_efficiency": 3.0}]}}  # fmt: skip
+    rows = [
+        {"plan": "chain:4/block", "speedup_vs_ar": 3.0, "block_efficiency": 4.0},
+        {"plan": "conf-chain:8,0.3/block", "speedup_vs_ar": 2.0, "block_efficiency": 3.0},
+    ]
+    runs = {"0": {"results": rows}}
     out = choose(runs)
     assert out["0"]["plan"] == "conf-chain:8,0.3/block" and out["0"]["best_static_in_run"]["speedup_vs_ar"] == 3.0
 
