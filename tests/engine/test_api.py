@@ -96,7 +96,8 @@ def test_row_wise_logits_processors_are_applied_to_both_models(engine):
 
 
 def test_history_dependent_processors_and_criteria_are_refused(engine):
-    from transformers import ConfidenceCriteria, RepetitionPenaltyLogitsProcessor
+    from transformers import RepetitionPenaltyLogitsProcessor
+    from transformers.generation.stopping_criteria import ConfidenceCriteria
 
     with pytest.raises(ValueError, match=r"RepetitionPenaltyLogitsProcessor is not supported.*row alone"):
         engine.generate([0, 5], max_new_tokens=3, logits_processor=[RepetitionPenaltyLogitsProcessor(1.2)])
