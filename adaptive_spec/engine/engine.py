@@ -349,7 +349,7 @@ class SpecEngine:
             plan: ``"autoregressive"`` (or None) for plain decoding with the target (the
                 baseline); a :class:`Plan`; a plan string ``"<tree shape>/<verifier>"`` such as
                 ``"delayed:2x3x3/traversal"``, or ``"<drafting policy>/<verifier>"`` such as
-                ``"conf-chain:12,0.4/block"`` (a tree grown while drafting,
+                ``"conf-chain:12:0.4/block"`` (a tree grown while drafting,
                 :mod:`adaptive_spec.trees.policy`); or a planner with ``choose(state) -> Plan``
                 (and optionally ``observe(step_result)``). Default: the engine's ``planner``.
             seed: seeds the ``torch.Generator`` every random draw comes from (None: random).
@@ -902,6 +902,10 @@ def _planner_fns(plan: Any) -> tuple[Callable[[StepState], Any] | None, Callable
     if hasattr(plan, "choose"):
         return plan.choose, getattr(plan, "observe", None)
     static = as_plan(plan)
+    if static.shape.depth == 0:  # chain:0, iid:3x0, ...: a planner may choose it for one step, a user means AR
+        raise ValueError(
+            f"plan {str(plan)!r} drafts no token; use plan='autoregressive' (or None) for decoding without speculation"
+        )
     return (lambda _state: static), None
 
 

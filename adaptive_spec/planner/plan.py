@@ -100,10 +100,6 @@ class Plan:
             shape = TreeShape.parse(shape_text)
         except ValueError as e:
             raise ValueError(f"{e}; or a drafting policy: {POLICY_GRAMMAR}") from None
-        if shape.depth == 0:  # chain:0, iid:3x0, delayed:0x2x0, like iid:0x3 refused by the shape grammar
-            raise ValueError(
-                f"plan {text!r} drafts no token; use plan='autoregressive' (or None) for decoding without speculation"
-            )
         return cls(shape, verifier)
 
     @property

@@ -34,13 +34,13 @@ draft forward per level.
 
 Text form (``Plan.parse`` accepts ``"<policy>/<verifier>"``)::
 
-    conf-chain:D,θ           extend a chain while the draft's top-1 probability is >= θ (transformers'
+    conf-chain:D:θ           extend a chain while the draft's top-1 probability is >= θ (transformers'
                              assistant_confidence_threshold rule), at most D tokens
-    cum-chain:D,m            extend while the path's cumulative draft probability is >= m (SpecDec++'s
+    cum-chain:D:m            extend while the path's cumulative draft probability is >= m (SpecDec++'s
                              stop rule, with the draft's own probabilities as acceptance estimates)
-    conf-delayed:D,θ,K       a trunk that continues while the draft's top-1 is >= θ, then K i.i.d.
+    conf-delayed:D:θ:K       a trunk that continues while the draft's top-1 is >= θ, then K i.i.d.
                              paths from the first node where it drops; paths continue while confident
-    eagle:D,B,k,w[,wor]      EAGLE-2-style: at each level expand the k nodes of highest cumulative
+    eagle:D:B:k:w[:wor]      EAGLE-2-style: at each level expand the k nodes of highest cumulative
                              draft probability with w children each (i.i.d., or without replacement
                              with ``wor``), at most B drafted nodes
 """
@@ -267,7 +267,7 @@ class ConfidenceChain(DraftPolicy):
         return [1] * len(views)
 
     def __str__(self) -> str:
-        return f"conf-chain:{self.depth},{self.threshold:g}"
+        return f"conf-chain:{self.depth}:{self.threshold:g}"
 
 
 @dataclass(frozen=True)
@@ -294,7 +294,7 @@ class CumulativeChain(DraftPolicy):
         return [1] * len(views)
 
     def __str__(self) -> str:
-        return f"cum-chain:{self.depth},{self.min_path_prob:g}"
+        return f"cum-chain:{self.depth}:{self.min_path_prob:g}"
 
 
 @dataclass(frozen=True)
@@ -342,8 +342,8 @@ class ConfidenceDelayed(DraftPolicy):
         return out
 
     def __str__(self) -> str:
-        extra = f",{self.branch_threshold:g}" if self.branch_threshold else ""
-        return f"conf-delayed:{self.depth},{self.threshold:g},{self.paths}{extra}"
+        extra = f":{self.branch_threshold:g}" if self.branch_threshold else ""
+        return f"conf-delayed:{self.depth}:{self.threshold:g}:{self.paths}{extra}"
 
 
 @dataclass(frozen=True)
@@ -385,8 +385,8 @@ class EagleTree(DraftPolicy):
         return [self.width] * len(views)
 
     def __str__(self) -> str:
-        wor = ",wor" if self.without_replacement else ""
-        return f"eagle:{self.depth},{self.budget},{self.top_k},{self.width}{wor}"
+        wor = ":wor" if self.without_replacement else ""
+        return f"eagle:{self.depth}:{self.budget}:{self.top_k}:{self.width}{wor}"
 
 
 def _check_prob(name: str, value: float) -> None:
@@ -397,7 +397,7 @@ def _check_prob(name: str, value: float) -> None:
 
 
 _POLICY_RE = re.compile(r"\s*(conf-chain|cum-chain|conf-delayed|eagle):([^/]*)\s*")
-POLICY_GRAMMAR = "conf-chain:D,θ | cum-chain:D,m | conf-delayed:D,θ,K[,θb] | eagle:D,B,k,w[,wor]"
+POLICY_GRAMMAR = "conf-chain:D:θ | cum-chain:D:m | conf-delayed:D:θ:K[:θb] | eagle:D:B:k:w[:wor]"
 
 
 def is_policy_text(text: str) -> bool:
@@ -406,7 +406,8 @@ def is_policy_text(text: str) -> bool:
 
 
 def parse_policy(text: str) -> DraftPolicy:
-    """Parse a policy spec such as ``conf-chain:12,0.4`` or ``eagle:8,24,4,2,wor``.
+    """Parse a policy spec such as ``conf-chain:12:0.4`` or ``eagle:8:24:4:2:wor`` (colons, so that
+    plan lists stay comma-separated).
 
     Raises:
         ValueError: naming the grammar, when the text does not follow it.
@@ -414,7 +415,7 @@ def parse_policy(text: str) -> DraftPolicy:
     m = _POLICY_RE.fullmatch(text)
     if not m:
         raise ValueError(f"cannot parse drafting policy {text!r}: expected {POLICY_GRAMMAR}")
-    kind, args = m.group(1), [a.strip() for a in m.group(2).split(",") if a.strip()]
+    kind, args = m.group(1), [a.strip() for a in m.group(2).split(":") if a.strip()]
 
     def num(i: int, cast: type) -> Any:
         try:

@@ -20,7 +20,7 @@ File layout::
 
     version: 1
     plans:
-      "0": {plan: "conf-chain:12,0.3/block", speedup_vs_ar: 2.1, ...}
+      "0": {plan: "conf-chain:12:0.3/block", speedup_vs_ar: 2.1, ...}
       "1": {...}
 """
 
@@ -39,10 +39,10 @@ IN_DRAFT_RELPATH = Path("configs") / "plans" / "in-draft.yaml"
 # The default grid: the transformers rule, SpecDec++'s rule, dynamic delayed expansion and
 # EAGLE-2-style growth, each at a few settings; verifiers that are lossless for each law.
 DEFAULT_GRID = [
-    *(f"conf-chain:{d},{t}/block" for d in (10, 16) for t in (0.2, 0.3, 0.4, 0.5, 0.6)),
-    *(f"cum-chain:{d},{m}/block" for d in (10, 16) for m in (0.05, 0.1, 0.2, 0.3)),
-    *(f"conf-delayed:{d},{t},{k}/traversal" for d in (10,) for t in (0.4, 0.6) for k in (2, 3)),
-    *(f"eagle:{d},{b},{k},2/traversal" for d, b, k in ((8, 16, 2), (10, 24, 3))),
+    *(f"conf-chain:{d}:{t}/block" for d in (10, 16) for t in (0.2, 0.3, 0.4, 0.5, 0.6)),
+    *(f"cum-chain:{d}:{m}/block" for d in (10, 16) for m in (0.05, 0.1, 0.2, 0.3)),
+    *(f"conf-delayed:{d}:{t}:{k}/traversal" for d in (10,) for t in (0.4, 0.6) for k in (2, 3)),
+    *(f"eagle:{d}:{b}:{k}:2/traversal" for d, b, k in ((8, 16, 2), (10, 24, 3))),
 ]
 
 
@@ -141,14 +141,14 @@ def suggest_policy(trial, greedy: bool) -> str:
     depth = trial.suggest_int(f"{family}_depth", 4, 16)
     if family == "conf-chain":
         theta = trial.suggest_float("conf_threshold", 0.05, 0.9)
-        return f"conf-chain:{depth},{theta:.3f}/block"
+        return f"conf-chain:{depth}:{theta:.3f}/block"
     if family == "cum-chain":
         m = trial.suggest_float("cum_min_path_prob", 0.01, 0.6, log=True)
-        return f"cum-chain:{depth},{m:.4f}/block"
+        return f"cum-chain:{depth}:{m:.4f}/block"
     theta = trial.suggest_float("delayed_threshold", 0.1, 0.9)
     k = trial.suggest_int("delayed_paths", 2, 4)
     verifier = "traversal" if greedy else trial.suggest_categorical("delayed_verifier", ["traversal", "specinfer"])
-    return f"conf-delayed:{depth},{theta:.3f},{k}/{verifier}"
+    return f"conf-delayed:{depth}:{theta:.3f}:{k}/{verifier}"
 
 
 def optuna_search(engine, prompts, temps, args) -> dict[str, Any]:
@@ -160,12 +160,11 @@ def optuna_search(engine, prompts, temps, args) -> dict[str, Any]:
     for t in temps:
         key = temperature_key(t)
         study = open_study(f"{args.study_prefix}-T{key}", args.storage, seed=args.seed)
-        known = ["conf-chain:12,0.300/block", "cum-chain:12,0.1000/block"]
+        known = ["conf-chain:12:0.300/block", "cum-chain:12:0.1000/block"]
         for plan in known:  # known-good starting points
-            fam = plan.split(":")[0]
-            depth, rest = plan.split(":")[1].split("/")[0].split(",", 1)
+            fam, depth, value = plan.split("/")[0].split(":")
             params = {"family": fam, f"{fam}_depth": int(depth)}
-            params["conf_threshold" if fam == "conf-chain" else "cum_min_path_prob"] = float(rest)
+            params["conf_threshold" if fam == "conf-chain" else "cum_min_path_prob"] = float(value)
             study.enqueue_trial(params, skip_if_exists=True)
         rows: list[dict] = []
 

@@ -81,7 +81,7 @@ def test_row_wise_logits_processors_are_applied_to_both_models(engine):
 
     banned = list(range(3, 30))
     procs = LogitsProcessorList([SuppressTokensLogitsProcessor(banned), MinPLogitsWarper(0.05)])
-    for plan in ("autoregressive", "chain:3/block", "conf-chain:4,0.3/block", "iid:2x2/traversal"):
+    for plan in ("autoregressive", "chain:3/block", "conf-chain:4:0.3/block", "iid:2x2/traversal"):
         for seed in range(3):
             out = engine.generate([0, 5], max_new_tokens=12, temperature=1.0, plan=plan, seed=seed,
                                   logits_processor=procs)  # fmt: skip

@@ -65,7 +65,7 @@ def test_greedy_equals_target_generate_on_cuda():
         ids = torch.tensor([prompt], device=CUDA)
         expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
         expected = expected[0, len(prompt) :].tolist()
-        for plan in ("chain:4/block", "delayed:1x3x2/traversal", "wor:2x2x1/rrsw", "conf-chain:6,0.3/block"):
+        for plan in ("chain:4/block", "delayed:1x3x2/traversal", "wor:2x2x1/rrsw", "conf-chain:6:0.3/block"):
             out = engine.generate(prompt, max_new_tokens=16, temperature=0, plan=plan)
             assert out.token_ids == expected, plan
 

@@ -10,8 +10,8 @@ from adaptive_spec.engine import SpecEngine
 from adaptive_spec.planner import Plan
 from adaptive_spec.verifiers import REGISTRY
 
-SHAPES = ["chain:3", "iid:2x3", "delayed:1x2x2", "wor:2x2x1", "conf-chain:5,0.3", "cum-chain:6,0.2",
-          "conf-delayed:4,0.6,2", "eagle:3,8,2,2", "eagle:3,8,2,2,wor"]  # fmt: skip
+SHAPES = ["chain:3", "iid:2x3", "delayed:1x2x2", "wor:2x2x1", "conf-chain:5:0.3", "cum-chain:6:0.2",
+          "conf-delayed:4:0.6:2", "eagle:3:8:2:2", "eagle:3:8:2:2:wor"]  # fmt: skip
 NEW_TOKENS = 12
 
 

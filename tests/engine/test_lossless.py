@@ -28,9 +28,9 @@ SHAPE_FOR_LAW = {
     DraftLaw.DELAYED: "delayed:1x2x1",
     DraftLaw.WITHOUT_REPLACEMENT: "wor:2x2",
     # Policy-grown trees (adaptive_spec.trees.policy): their shape varies with the draft's confidence.
-    DraftLaw.DYNAMIC_CHAIN: "conf-chain:3,0.35",
-    DraftLaw.DYNAMIC_IID: "conf-delayed:3,0.5,2",
-    DraftLaw.DYNAMIC_WOR: "eagle:2,4,1,2,wor",
+    DraftLaw.DYNAMIC_CHAIN: "conf-chain:3:0.35",
+    DraftLaw.DYNAMIC_IID: "conf-delayed:3:0.5:2",
+    DraftLaw.DYNAMIC_WOR: "eagle:2:4:1:2:wor",
 }
 ALL_CASES = [
     (name, law)

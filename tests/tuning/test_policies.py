@@ -25,7 +25,7 @@ def tiny_pair(tmp_path, monkeypatch):
 
 def test_grid_writes_the_best_policy_per_temperature(tiny_pair, tmp_path):
     rc = main(["tune", "policies", "--prompts", "tune.txt", "--temperatures", "0,1", "--max-new-tokens", "8",
-               "--grid", "conf-chain:4,0.2/block,cum-chain:4,0.1/block", "--static", "chain:2/block",
+               "--grid", "conf-chain:4:0.2/block,cum-chain:4:0.1/block", "--static", "chain:2/block",
                "--json", "out.json", "--no-progress"])  # fmt: skip
     assert rc == 0
     data = yaml.safe_load((tmp_path / "configs/plans/in-draft.yaml").read_text())
@@ -48,7 +48,7 @@ def test_optuna_search_runs_trials_and_resumes(tiny_pair, tmp_path):
 
     study = optuna.load_study(study_name="policies-T1", storage=f"sqlite:///{tmp_path}/o.db")
     assert len(study.trials) == 3 and all(t.user_attrs["plan"] for t in study.trials)
-    assert study.trials[0].user_attrs["plan"].startswith("conf-chain:12,0.3")  # the enqueued known-good plan
+    assert study.trials[0].user_attrs["plan"].startswith("conf-chain:12:0.3")  # the enqueued known-good plan
     assert main(args) == 0  # resumes the same study
     assert len(optuna.load_study(study_name="policies-T1", storage=f"sqlite:///{tmp_path}/o.db").trials) == 6
 
@@ -56,11 +56,11 @@ def test_optuna_search_runs_trials_and_resumes(tiny_pair, tmp_path):
 def test_choose_ignores_static_rows():
     rows = [
         {"plan": "chain:4/block", "speedup_vs_ar": 3.0, "block_efficiency": 4.0},
-        {"plan": "conf-chain:8,0.3/block", "speedup_vs_ar": 2.0, "block_efficiency": 3.0},
+        {"plan": "conf-chain:8:0.3/block", "speedup_vs_ar": 2.0, "block_efficiency": 3.0},
     ]
     runs = {"0": {"results": rows}}
     out = choose(runs)
-    assert out["0"]["plan"] == "conf-chain:8,0.3/block" and out["0"]["best_static_in_run"]["speedup_vs_ar"] == 3.0
+    assert out["0"]["plan"] == "conf-chain:8:0.3/block" and out["0"]["best_static_in_run"]["speedup_vs_ar"] == 3.0
 
 
 def test_missing_file_says_how_to_make_one(tmp_path):
