@@ -45,31 +45,40 @@ def rank_key(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def rank_cdf(p: torch.Tensor, q: torch.Tensor, tail_prob: float | None = None) -> torch.Tensor:
-    """F(t) = Σ_{s ≤_rank t} q(s): the draft CDF in rank order.
+    """F(t) = Σ_{s ≤_rank t} q(s): the draft CDF in rank order (float64).
 
     The rank order is: tail tokens (q < ``tail_prob``) first, by token id; then the head
-    tokens by (min(1, p/q), token id) ascending. :func:`rank_tuple` gives the same order.
+    tokens by (min(1, p/q), token id) ascending, the key computed in the rows' own dtype.
+    :func:`rank_tuple` and :func:`mass_ranked_below` use the same order.
     """
     tail_prob = GBV_TAIL_PROB if tail_prob is None else tail_prob
     head = q >= tail_prob
-    cdf = torch.where(head, torch.zeros_like(q), q).cumsum(0)  # tail part, in id order
+    q64 = q.double()
+    cdf = torch.where(head, torch.zeros_like(q64), q64).cumsum(0)  # tail part, in id order
     tail_mass = cdf[-1]
     hidx = head.nonzero().flatten()  # ascending ids: the stable sort breaks ties by id
     order = hidx[torch.sort(rank_key(p[hidx], q[hidx]), stable=True).indices]
-    cdf[order] = tail_mass + q[order].cumsum(0)
+    cdf[order] = tail_mass + q64[order].cumsum(0)
     return cdf
 
 
-def rank_tuple(p_t: float, q_t: float, t: int, tail_prob: float | None = None) -> tuple[int, float, int]:
+def rank_tuple(
+    p_t: float, q_t: float, t: int, tail_prob: float | None = None, dtype: torch.dtype = torch.float64
+) -> tuple[int, float, int]:
     """Sort key of token t in the order of :func:`rank_cdf` (larger = ranked higher).
 
-    The key is computed as :func:`rank_key` does (one IEEE float64 division, capped at 1),
-    so the two orders agree exactly.
+    The key is computed as :func:`rank_key` does on rows of ``dtype`` (one IEEE division in
+    that precision, capped at 1), so the orders agree exactly.
     """
     tail_prob = GBV_TAIL_PROB if tail_prob is None else tail_prob
     if q_t < tail_prob:
         return (0, 0.0, t)
-    key = min(1.0, p_t / q_t) if q_t > 0 else (1.0 if p_t > 0 else 0.0)
+    if q_t <= 0:
+        return (1, 1.0 if p_t > 0 else 0.0, t)
+    if dtype == torch.float64:
+        key = min(1.0, p_t / q_t)
+    else:  # the division in the rows' precision, as torch does it
+        key = min(1.0, float(torch.tensor(p_t, dtype=dtype) / torch.tensor(q_t, dtype=dtype)))
     return (1, key, t)
 
 
@@ -103,21 +112,21 @@ def _skew_factor(a_mass: float, below: float, qt: float, x_mass: float, k: int) 
 def mass_ranked_below(p: torch.Tensor, q: torch.Tensor, t: int, tail_prob: float | None = None) -> float:
     """``F(t) − q(t)``: the draft mass ranked strictly below token ``t`` in :func:`rank_cdf`'s order.
 
-    No sort: one pass to find the head tokens, the ranking keys of the head only, and masked
-    sums accumulated in float64.
+    No sort: one pass to find the head tokens, then the ranking keys of the head only (in the
+    rows' dtype, as :func:`rank_cdf` computes them) and masked sums accumulated in float64.
     """
     tail_prob = GBV_TAIL_PROB if tail_prob is None else tail_prob
     hidx = (q >= tail_prob).nonzero().flatten()  # ascending ids
-    q_head = q[hidx].double()
-    tail_mass = float(q.sum(dtype=torch.float64)) - float(q_head.sum())
+    q_head = q[hidx]
+    head_mass = float(q_head.sum(dtype=torch.float64))
     qt = float(q[t])
     if qt < tail_prob:  # tail tokens rank by id, below every head token
-        before = hidx < t
-        return float(q[:t].sum(dtype=torch.float64)) - float(q_head[before].sum())
-    keys = rank_key(p[hidx].double(), q_head)
-    _, key_t, _ = rank_tuple(float(p[t]), qt, t, tail_prob)
+        return float(q[:t].sum(dtype=torch.float64)) - float(q_head[hidx < t].sum(dtype=torch.float64))
+    tail_mass = float(q.sum(dtype=torch.float64)) - head_mass
+    keys = rank_key(p[hidx], q_head)
+    _, key_t, _ = rank_tuple(float(p[t]), qt, t, tail_prob, dtype=q.dtype)
     below = (keys < key_t) | ((keys == key_t) & (hidx < t))
-    return tail_mass + float(q_head[below].sum())
+    return tail_mass + float(q_head[below].sum(dtype=torch.float64))
 
 
 def verify_gbv(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:
@@ -148,7 +157,7 @@ def verify_gbv(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) ->
             p, q = target_probs[node], tree.draft_probs[node]
             idx = torch.tensor(kid_tokens, device=q.device)
             ranks = [
-                rank_tuple(pt, qt, tok)
+                rank_tuple(pt, qt, tok, dtype=q.dtype)
                 for pt, qt, tok in zip(p[idx].double().tolist(), q[idx].double().tolist(), kid_tokens, strict=True)
             ]
             best = max(range(len(kids)), key=lambda i: ranks[i])  # the highest-ranked child
@@ -167,7 +176,7 @@ def verify_gbv(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) ->
         if state is None:
             return tree.draft_probs[path[i]].double()
         n, a, x = state
-        q = tree.draft_probs[n].double()
-        return skewed_draft(q, rank_cdf(target_probs[n].double(), q), a, x, k)
+        q = tree.draft_probs[n]
+        return skewed_draft(q.double(), rank_cdf(target_probs[n], q), a, x, k)
 
     return block_verify_path(tree, path, target_probs, draft_edge, draft_row, sampler)
