@@ -39,10 +39,10 @@ IN_DRAFT_RELPATH = Path("configs") / "plans" / "in-draft.yaml"
 # The default grid: the transformers rule, SpecDec++'s rule, dynamic delayed expansion and
 # EAGLE-2-style growth, each at a few settings; verifiers that are lossless for each law.
 DEFAULT_GRID = [
-    *(f"conf-chain:{d}:{t}/block" for d in (10, 16) for t in (0.2, 0.3, 0.4, 0.5, 0.6)),
-    *(f"cum-chain:{d}:{m}/block" for d in (10, 16) for m in (0.05, 0.1, 0.2, 0.3)),
-    *(f"conf-delayed:{d}:{t}:{k}/traversal" for d in (10,) for t in (0.4, 0.6) for k in (2, 3)),
-    *(f"eagle:{d}:{b}:{k}:2/traversal" for d, b, k in ((8, 16, 2), (10, 24, 3))),
+    *(f"conf-chain:{d}:{t}/block" for d in (3, 4, 6, 10) for t in (0.3, 0.5, 0.7)),
+    *(f"cum-chain:{d}:{m}/block" for d in (4, 6, 10) for m in (0.1, 0.2, 0.35)),
+    "conf-delayed:8:0.5:2/traversal",
+    "eagle:6:12:2:2/traversal",
 ]
 
 
@@ -122,7 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=12, help="prompts used (default: %(default)s)")
     parser.add_argument("--temperatures", default="0,0.7,1", help="comma-separated (default: %(default)s)")
     parser.add_argument("--grid", default=None, help="comma-separated candidate plans (default: the built-in grid)")
-    parser.add_argument("--static", default="chain:4/block,chain:6/block,chain:8/block",
+    parser.add_argument("--static", default="chain:2/block,chain:3/block,chain:4/block,chain:6/block",
                         help="static plans measured alongside, for reference (default: %(default)s)")  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=96, help="(default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
