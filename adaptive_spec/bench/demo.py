@@ -21,7 +21,7 @@ from pathlib import Path
 
 # Static plans shown by the demo, one per tree family; measured on the default pair
 # (see README) until the tuned best-static plans of `adaptive-spec tune plans` replace them.
-DEMO_PLANS = "chain:4/block,chain:6/traversal"
+DEMO_PLANS = "in-draft,chain:2/block,chain:4/block"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
