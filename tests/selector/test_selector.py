@@ -420,14 +420,20 @@ def test_the_runtime_imports_neither_lightning_nor_training_code():
 @pytest.mark.slow
 def test_the_same_config_trains_with_ddp_on_two_cpu_processes(labels_dir, tmp_path):
     root = tmp_path / "ddp"
-    res = subprocess.run(
-        [sys.executable, "-m", "adaptive_spec", "train-selector", "--config", "configs/selector/default.yaml",
-         "--config", "configs/selector/ddp.yaml", "--data.labels", str(labels_dir), "--trainer.max_epochs", "2",
-         "--data.batch_size", "64", "--trainer.default_root_dir", str(root), "--trainer.enable_progress_bar", "false",
-         "--baselines", "[]"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    for attempt in range(2):
+        res = subprocess.run(
+            [sys.executable, "-m", "adaptive_spec", "train-selector", "--config", "configs/selector/default.yaml",
+             "--config", "configs/selector/ddp.yaml", "--data.labels", str(labels_dir), "--trainer.max_epochs", "2",
+             "--data.batch_size", "64", "--trainer.default_root_dir", str(root / str(attempt)),
+             "--trainer.enable_progress_bar", "false", "--baselines", "[]"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        # gloo's worker threads can abort at interpreter exit on a loaded machine ("terminate called
+        # without an active exception"); such a run is retried once, any other failure is not.
+        if res.returncode == 0 or "terminate called without an active exception" not in res.stderr:
+            break
     assert res.returncode == 0, res.stderr[-3000:]
+    root = root / str(attempt)
     [report_file] = root.glob("version_*/report/report.json")
     report = json.loads(report_file.read_text())
     assert report["trainer"]["world_size"] == 2 and report["trainer"]["strategy"] == "DDPStrategy"
