@@ -200,18 +200,14 @@ def run(args: argparse.Namespace) -> int:
                 f"{r['plan']:<28} {r['engine_syncs_per_step']:18.1f} {r['model_syncs_per_step']:17.1f}  "
                 f"{r['engine_syncs_by_method']}"
             )
-        if args.json:
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps({"rows": rows}, indent=2))
-            print(f"wrote {args.json}")
-        return 0
-    rows = measure_overhead(engine, prompts, plans, args.temperature, args.max_new_tokens)
-    print(f"{'plan':<28} {'overhead':>9} {'ms/step':>8} {'target fwd':>11} {'draft fwd':>10} {'steps':>6}")
-    for r in rows:
-        print(
-            f"{r['plan']:<28} {100 * r['overhead_fraction']:8.1f}% {r['overhead_ms_per_step']:8.2f} "
-            f"{r['target_forward_s']:10.2f}s {r['draft_forward_s']:9.2f}s {r['steps']:>6}"
-        )
+    else:
+        rows = measure_overhead(engine, prompts, plans, args.temperature, args.max_new_tokens)
+        print(f"{'plan':<28} {'overhead':>9} {'ms/step':>8} {'target fwd':>11} {'draft fwd':>10} {'steps':>6}")
+        for r in rows:
+            print(
+                f"{r['plan']:<28} {100 * r['overhead_fraction']:8.1f}% {r['overhead_ms_per_step']:8.2f} "
+                f"{r['target_forward_s']:10.2f}s {r['draft_forward_s']:9.2f}s {r['steps']:>6}"
+            )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"rows": rows}, indent=2))

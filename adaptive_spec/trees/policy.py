@@ -245,7 +245,19 @@ class FixedShapePolicy(DraftPolicy):
 
 
 @dataclass(frozen=True)
-class ConfidenceChain(DraftPolicy):
+class _ChainRule(DraftPolicy):
+    """A chain grown one child at a time while the subclass's ``feed`` rule holds; budget = depth."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "budget", self.depth)
+        super().__post_init__()
+
+    def widths(self, views: Sequence[NodeView], ctx: PolicyContext, sampler: Sampler) -> list[int]:  # noqa: ARG002
+        return [1] * len(views)
+
+
+@dataclass(frozen=True)
+class ConfidenceChain(_ChainRule):
     """Extend a chain while the draft is confident: transformers' assistant rule.
 
     A drafted token is kept; drafting continues after it only if the top-1 probability of the
@@ -256,22 +268,18 @@ class ConfidenceChain(DraftPolicy):
     threshold: float = 0.4
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "budget", self.depth)
         super().__post_init__()
         _check_prob("threshold", self.threshold)
 
     def feed(self, views: Sequence[NodeView], ctx: PolicyContext, sampler: Sampler) -> list[bool]:  # noqa: ARG002
         return [v.parent_top1 >= self.threshold for v in views]
 
-    def widths(self, views: Sequence[NodeView], ctx: PolicyContext, sampler: Sampler) -> list[int]:  # noqa: ARG002
-        return [1] * len(views)
-
     def __str__(self) -> str:
         return f"conf-chain:{self.depth}:{self.threshold:g}"
 
 
 @dataclass(frozen=True)
-class CumulativeChain(DraftPolicy):
+class CumulativeChain(_ChainRule):
     """Extend a chain while the path's predicted acceptance stays high: SpecDec++'s stop rule.
 
     SpecDec++ stops when the predicted probability that some drafted token is rejected
@@ -283,15 +291,11 @@ class CumulativeChain(DraftPolicy):
     min_path_prob: float = 0.3
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "budget", self.depth)
         super().__post_init__()
         _check_prob("min_path_prob", self.min_path_prob)
 
     def feed(self, views: Sequence[NodeView], ctx: PolicyContext, sampler: Sampler) -> list[bool]:  # noqa: ARG002
         return [v.path_prob >= self.min_path_prob for v in views]
-
-    def widths(self, views: Sequence[NodeView], ctx: PolicyContext, sampler: Sampler) -> list[int]:  # noqa: ARG002
-        return [1] * len(views)
 
     def __str__(self) -> str:
         return f"cum-chain:{self.depth}:{self.min_path_prob:g}"

@@ -191,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
         temps = parse_temperatures(args.temperatures)
         prompts = read_prompts(args.prompts, args.limit)
         grid = [g.strip() for g in (args.grid.split(",") if args.grid else DEFAULT_GRID) if g.strip()]
-        plans = {str(Plan.parse(p)): Plan.parse(p) for p in [*grid, *args.static.split(",")] if p.strip()}
+        parsed = [Plan.parse(p) for p in [*grid, *args.static.split(",")] if p.strip()]
+        plans = {str(p): p for p in parsed}
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"tune policies: {err}") from None
     engine = load_engine(None, None, None, None)

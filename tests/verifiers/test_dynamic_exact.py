@@ -150,8 +150,8 @@ def test_target_probabilities_of_drafted_tokens_are_context_and_stay_exact():
     assert worst < TV_TOL
 
 
-def _target_vetted_chain(inst, depth: int = 2):
-    """Draws a candidate child, then keeps it only if the *target* rates it at least as the draft does."""
+def _vetted_chain(inst, keep, depth: int = 2):
+    """Draws a candidate child, then keeps it only if ``keep(prefix, row, token)``: decided after seeing it."""
 
     def program(sampler: Sampler) -> DraftTree:
         b = _Builder(inst.draft_fn, sampler)
@@ -159,14 +159,24 @@ def _target_vetted_chain(inst, depth: int = 2):
         for _ in range(depth):
             row = b.row(node)
             token = sampler.categorical(row)
-            if float(inst.target_fn(b.prefixes[node])[token]) < float(row[token]):  # the target's verdict
+            if not keep(b.prefixes[node], row, token):
                 break
             one_hot = torch.zeros_like(row)
             one_hot[token] = 1.0
-            node = b.draw(node, one_hot)
+            node = b.draw(node, one_hot)  # a one-option draw: no new choice for the enumerator
         return b.finish(TreeShape.dynamic(DraftLaw.DYNAMIC_CHAIN, depth, depth))
 
     return program
+
+
+def _target_vetted_chain(inst):
+    """Keeps a candidate only if the *target* rates it at least as the draft does."""
+    return _vetted_chain(inst, lambda prefix, row, t: float(inst.target_fn(prefix)[t]) >= float(row[t]))
+
+
+def _posthoc_chain(inst, threshold: float):
+    """Keeps a candidate only if its draft probability is at least ``threshold``."""
+    return _vetted_chain(inst, lambda prefix, row, t: float(row[t]) >= threshold)
 
 
 def test_negative_control_policy_that_looks_at_the_target():
@@ -203,25 +213,6 @@ def test_negative_control_verifier_chosen_after_drafting():
         return REGISTRY["block" if tree.tokens[1] == 0 else "token"].fn(tree, probs, sampler)
 
     assert _lossy_somewhere(by_first_token, TreeShape.chain(2), n=4) < TV_TOL
-
-
-def _posthoc_chain(inst, threshold: float, depth: int = 2):
-    """Draws a child, then keeps it only if its draft probability is at least ``threshold``."""
-
-    def program(sampler: Sampler) -> DraftTree:
-        b = _Builder(inst.draft_fn, sampler)
-        node = 0
-        for _ in range(depth):
-            row = b.row(node)
-            token = sampler.categorical(row)
-            if float(row[token]) < threshold:  # decided after seeing the child: drop it
-                break
-            one_hot = torch.zeros_like(row)
-            one_hot[token] = 1.0
-            node = b.draw(node, one_hot)  # a one-option draw: no new choice for the enumerator
-        return b.finish(TreeShape.dynamic(DraftLaw.DYNAMIC_CHAIN, depth, depth))
-
-    return program
 
 
 def test_negative_control_child_count_decided_after_seeing_the_children():
