@@ -64,6 +64,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.selector.pipeline",
         "collect -> label -> train -> export -> bench the plan selector on the built-in pair (--install for the demo)",
     ),
+    ("selector", "acceptance"): (
+        "adaptive_spec.selector.acceptance",
+        "collect node logs -> train -> export -> calibrate the acceptance model of learned-chain policies",
+    ),
     ("train-selector",): (
         "adaptive_spec.selector.train",
         "train the plan selector with LightningCLI (--config configs/selector/default.yaml --data.labels DIR)",

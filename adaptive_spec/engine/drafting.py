@@ -354,6 +354,7 @@ def draft_policy_tree(
                 views[c] = NodeView(
                     c, v.node, tokens[c], v.depth + 1, q_of[c], v.path_prob * q_of[c], f_ent[i], f_top[i],
                     multiplicity=draws.count(c), parent_draws=len(draws), branched=v.branched or len(draws) > 1,
+                    parent_memo=v.memo,
                 )  # fmt: skip
                 new.append(c)
         if not new:

@@ -181,6 +181,11 @@ class SpecEngine:
         self.planner = planner
         self.latency_model = latency_model
         self.feature_log: FeatureLogger | None = None
+        # Called as node_log(tree, fed, target_probs, temperature) after each speculative step's
+        # target pass, with ``fed[i]`` whether node i was run through the draft (the in-draft
+        # decisions): :class:`adaptive_spec.data.nodes.NodeLogger` logs per-node features and
+        # soft acceptance labels for the acceptance model. Its time counts in the step's "other".
+        self.node_log: Any = None
         if feature_log is not None:
             from adaptive_spec.data.logger import FeatureLogger
 
@@ -724,6 +729,9 @@ class SpecEngine:
             state.root.after_step(result.num_accepted)
         state.stats.accept_lengths.append(result.num_accepted)
         state.stats.tree_sizes.append(N)
+        if self.node_log is not None:
+            fed = [outcome.draft_row(i) is not None for i in range(N)]
+            self.node_log(tree, fed, target_probs, sampling.temperature)
         return StepResult(plan, N, result.num_accepted, result.tokens, result.bonus, timer.take_step())
 
     @torch.inference_mode()

@@ -18,12 +18,13 @@ features (:mod:`adaptive_spec.selector.features`) in ``StepState.features``, and
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from adaptive_spec.trees import DraftPolicy, TreeShape
-from adaptive_spec.trees.policy import POLICY_GRAMMAR, is_policy_text, parse_policy
+from adaptive_spec.trees.policy import POLICY_GRAMMAR, LearnedChain, is_policy_text, parse_policy
 from adaptive_spec.verifiers import check_compatible, get_verifier
 
 __all__ = [
@@ -95,6 +96,10 @@ class Plan:
             raise ValueError(f"plan {text!r}: missing verifier name after '/'")
         if is_policy_text(shape_text):
             policy = parse_policy(shape_text)
+            if isinstance(policy, LearnedChain) and policy.predictor is None:  # the installed acceptance model
+                from adaptive_spec.planner.acceptance import LazyAcceptanceModel
+
+                policy = dataclasses.replace(policy, predictor=LazyAcceptanceModel())
             return cls(policy.shape, verifier, policy=policy)
         try:
             shape = TreeShape.parse(shape_text)

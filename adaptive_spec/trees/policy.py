@@ -43,6 +43,9 @@ Text form (``Plan.parse`` accepts ``"<policy>/<verifier>"``)::
     eagle:D:B:k:w[:wor]      EAGLE-2-style: at each level expand the k nodes of highest cumulative
                              draft probability with w children each (i.i.d., or without replacement
                              with ``wor``), at most B drafted nodes
+    learned-chain:D:ρ        a chain grown by a learned acceptance model (``LearnedChain``): extend while
+                             the predicted gain in accepted tokens per added draft forward beats the
+                             step's current rate; ρ = one draft level's time / one step's time
 """
 
 from __future__ import annotations
@@ -64,7 +67,10 @@ __all__ = [
     "CumulativeChain",
     "DraftPolicy",
     "EagleTree",
+    "ACCEPTANCE_FEATURES",
     "FixedShapePolicy",
+    "LearnedChain",
+    "acceptance_features",
     "NodeView",
     "PolicyContext",
     "parse_policy",
@@ -75,7 +81,7 @@ __all__ = [
 @dataclass(slots=True)
 class NodeView:
     """Draft-side facts about one frontier node, as a policy sees them (the drafter fills
-    ``entropy``/``top1`` in place when the node is fed; a policy must not modify a view).
+    ``entropy``/``top1`` in place when the node is fed; a policy writes only ``memo``).
 
     Attributes:
         node: the node's index in the tree (0 = the root).
@@ -92,6 +98,9 @@ class NodeView:
         branched: whether some ancestor (its parent included) had more than one draw.
         entropy: entropy of the node's own row; None until the node is fed to the draft.
         top1: top-1 probability of the node's own row; None until it is fed.
+        memo: the policy's own running value for the node (e.g. estimates along the path), set
+            by the policy when it decides on the node; None until then.
+        parent_memo: the parent's ``memo`` when the node was drawn (the drafter copies it).
     """
 
     node: int
@@ -107,6 +116,8 @@ class NodeView:
     branched: bool = False
     entropy: float | None = None
     top1: float | None = None
+    memo: Any = None
+    parent_memo: Any = None
 
 
 @dataclass(frozen=True)
@@ -393,6 +404,82 @@ class EagleTree(DraftPolicy):
         return f"eagle:{self.depth}:{self.budget}:{self.top_k}:{self.width}{wor}"
 
 
+#: Inputs of the acceptance model, per drafted node, as seen when deciding whether to feed it
+#: (draft-side only): its depth, log q(token | parent), the top-1 and entropy of the parent's
+#: draft row, the log of the path's cumulative draft probability, and the temperature.
+ACCEPTANCE_FEATURES = ("depth", "log_token_prob", "parent_top1", "parent_entropy", "log_path_prob", "temperature")
+_LOG_FLOOR = 1e-12
+
+
+def acceptance_features(views: Sequence[NodeView], temperature: float) -> Any:
+    """The acceptance model's input rows (float32 ndarray [n, len(ACCEPTANCE_FEATURES)]) for ``views``."""
+    import numpy as np
+
+    t = float(temperature)
+    return np.array(
+        [
+            (v.depth, math.log(max(v.token_prob, _LOG_FLOOR)), v.parent_top1, v.parent_entropy,
+             math.log(max(v.path_prob, _LOG_FLOOR)), t)
+            for v in views
+        ],  # fmt: skip
+        dtype=np.float32,
+    ).reshape(len(views), len(ACCEPTANCE_FEATURES))
+
+
+@dataclass(frozen=True)
+class LearnedChain(_ChainRule):
+    """A chain grown by a learned acceptance model and a gain-per-time rule.
+
+    For each drafted node ``v`` the ``predictor`` (draft-side features in, see
+    :data:`ACCEPTANCE_FEATURES`) gives two probabilities: ``a_v``, that the verifier accepts
+    ``v`` given that its parent was accepted (trained on the soft label ``min(1, p/q)``), and
+    ``b_v``, that a child drawn from ``v``'s row would be accepted given ``v`` was
+    (trained on ``Σ min(p_v, q_v)``, or at T=0 on whether the draft's argmax is the target's).
+
+    Along the chain it keeps ``P_v = Π a_u`` (the predicted probability that the whole path
+    up to ``v`` is accepted) and ``E_v = 1 + Σ P_u`` (expected tokens of the step so far). In
+    units of one speculative step's time with no draft, the step so far costs
+    ``1 + ρ·depth(v)``; feeding ``v`` costs ``ρ`` more and gains ``P_v·b_v`` expected tokens.
+    ``v`` is fed when that gain per added time beats the step's current rate:
+    ``P_v·b_v / ρ > E_v / (1 + ρ·depth(v))``.
+
+    The decision uses draft-side facts only, before ``v``'s child is drawn, so the dynamic
+    chain verifiers stay lossless (exact test: ``tests/verifiers/test_dynamic_exact.py``).
+
+    Attributes:
+        cost_ratio: ρ, one draft level's time over one step's time without drafting.
+        predictor: callable, float32 [n, F] -> [n, 2] probabilities (an
+            :class:`~adaptive_spec.planner.acceptance.AcceptanceModel`); ``Plan.parse``
+            attaches the installed model when the text names none.
+    """
+
+    cost_ratio: float = 0.12
+    predictor: Any = dataclasses.field(default=None, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        r = self.cost_ratio
+        if not isinstance(r, (int, float)) or isinstance(r, bool) or not 0.0 < float(r) < 10.0:
+            raise ValueError(f"LearnedChain: cost_ratio must be a number in (0, 10), got {r!r}")
+
+    def feed(self, views: Sequence[NodeView], ctx: PolicyContext, sampler: Sampler) -> list[bool]:  # noqa: ARG002
+        if self.predictor is None:
+            raise ValueError("learned-chain has no acceptance model: train one with `adaptive-spec selector acceptance`")
+        pred = self.predictor(acceptance_features(views, ctx.temperature))
+        rho = float(self.cost_ratio)
+        out = []
+        for v, (a, b) in zip(views, pred.tolist(), strict=True):
+            path_accept, expected = v.parent_memo if v.parent_memo is not None else (1.0, 1.0)
+            path_accept *= a
+            expected += path_accept
+            v.memo = (path_accept, expected)
+            out.append(path_accept * b * (1.0 + rho * v.depth) > rho * expected)
+        return out
+
+    def __str__(self) -> str:
+        return f"learned-chain:{self.depth}:{self.cost_ratio:g}"
+
+
 def _check_prob(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= float(value) <= 1.0:
         raise ValueError(f"drafting policy: {name} must be a probability in [0, 1], got {value!r}")
@@ -400,8 +487,10 @@ def _check_prob(name: str, value: float) -> None:
         raise ValueError(f"drafting policy: {name} must not be NaN")
 
 
-_POLICY_RE = re.compile(r"\s*(conf-chain|cum-chain|conf-delayed|eagle):([^/]*)\s*")
-POLICY_GRAMMAR = "conf-chain:D:θ | cum-chain:D:m | conf-delayed:D:θ:K[:θb] | eagle:D:B:k:w[:wor]"
+_POLICY_RE = re.compile(r"\s*(conf-chain|cum-chain|conf-delayed|eagle|learned-chain):([^/]*)\s*")
+POLICY_GRAMMAR = (
+    "conf-chain:D:θ | cum-chain:D:m | conf-delayed:D:θ:K[:θb] | eagle:D:B:k:w[:wor] | learned-chain:D:ρ"
+)
 
 
 def is_policy_text(text: str) -> bool:
@@ -436,6 +525,8 @@ def parse_policy(text: str) -> DraftPolicy:
             depth=num(0, int), budget=0, threshold=num(1, float), paths=num(2, int),
             branch_threshold=num(3, float) if len(args) == 4 else 0.0,
         )  # fmt: skip
+    if kind == "learned-chain" and len(args) == 2:
+        return LearnedChain(depth=num(0, int), budget=0, cost_ratio=num(1, float))
     if kind == "eagle" and len(args) in (4, 5):
         if len(args) == 5 and args[4] not in ("wor", "iid"):
             raise ValueError(f"drafting policy {text!r}: the fifth field of eagle is 'wor' or 'iid'")

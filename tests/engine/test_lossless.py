@@ -130,3 +130,20 @@ def test_chi_square_detects_a_lossy_verifier(engine: SpecEngine) -> None:
         out = engine.generate(PROMPT, max_new_tokens=3, temperature=0.9, top_k=6, plan=plan, seed=seed)
         counts[tuple(out.token_ids)] += 1
     assert chi_square_pvalue(counts, exact_law(engine.target, SAMPLING)) < 1e-3
+
+
+def test_lossless_learned_chain(engine: SpecEngine) -> None:
+    """A chain grown by an acceptance model (a fixed random network here), block verification."""
+    from adaptive_spec.engine import Plan
+    from adaptive_spec.trees.policy import LearnedChain
+    from tests.verifiers.dynamic_cases import TinyAcceptanceNet
+
+    plan = Plan(LearnedChain(depth=3, cost_ratio=0.1, predictor=TinyAcceptanceNet(3)), "block")
+    counts = torch.zeros(V, V, V, dtype=torch.long)
+    lengths = []
+    for seed in range(2000):
+        out = engine.generate(PROMPT, max_new_tokens=3, temperature=0.9, top_k=6, plan=plan, seed=seed)
+        counts[tuple(out.token_ids)] += 1
+        lengths.extend(out.stats.tree_sizes)
+    assert len(set(lengths)) > 1, "the learned policy never varied the chain length"
+    assert chi_square_pvalue(counts, exact_law(engine.target, SAMPLING)) > 1e-3

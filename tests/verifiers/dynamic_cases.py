@@ -15,6 +15,7 @@ from adaptive_spec.trees.policy import (
     DraftPolicy,
     EagleTree,
     FixedShapePolicy,
+    LearnedChain,
     NodeView,
     PolicyContext,
 )
@@ -64,6 +65,28 @@ class RandomPolicy(DraftPolicy):
         return f"random({self.kind.value},D={self.depth},B={self.budget},path={self.use_path})"
 
 
+class TinyAcceptanceNet:
+    """A fixed logistic model standing in for a trained acceptance model (draft-side features in).
+
+    Hand-set weights plus seeded noise, so that its outputs move with the token's draft
+    probability, the parent's top-1 and the depth: the decisions then vary.
+    """
+
+    def __init__(self, seed: int) -> None:
+        import numpy as np
+
+        rng = np.random.default_rng(seed)
+        # features: depth, log q(token), parent top-1, parent entropy, log path prob, temperature
+        skeleton = np.array([[-0.6, -0.8], [2.5, 0.0], [1.0, 4.0], [0.0, -0.5], [1.0, 1.0], [0.0, 0.0]])
+        self.w = (skeleton + 0.3 * rng.normal(size=(6, 2))).astype(np.float32)
+        self.bias = np.array([1.5, -1.0], dtype=np.float32)
+
+    def __call__(self, x):  # noqa: ANN001, ANN204
+        import numpy as np
+
+        return 1.0 / (1.0 + np.exp(-(x @ self.w + self.bias)))
+
+
 def policies_for(law: DraftLaw) -> list[DraftPolicy]:
     """Deterministic and random policies of ``law``, small enough for exact enumeration at V <= 3."""
     if law is DraftLaw.DYNAMIC_CHAIN:
@@ -74,6 +97,8 @@ def policies_for(law: DraftLaw) -> list[DraftPolicy]:
             RandomPolicy(depth=2, budget=2, kind=law),
             RandomPolicy(depth=3, budget=3, kind=law, use_path=True),
             FixedShapePolicy(TreeShape.chain(2)),
+            LearnedChain(depth=3, cost_ratio=0.2, predictor=TinyAcceptanceNet(0)),
+            LearnedChain(depth=3, cost_ratio=0.08, predictor=TinyAcceptanceNet(1)),
         ]
     if law is DraftLaw.DYNAMIC_IID:
         return [

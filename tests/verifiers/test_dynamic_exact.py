@@ -241,3 +241,17 @@ def test_policy_trees_respect_depth_budget_and_law():
                     assert all(len(d) <= 1 for d in tree.child_draws)
                 if law is DraftLaw.DYNAMIC_WOR:
                     assert all(len(set(d)) == len(d) for d in tree.child_draws)
+
+
+def test_learned_chains_of_the_exact_cases_vary_their_length():
+    """The learned-chain cases are not degenerate: on the exact instances they stop at several depths."""
+    from adaptive_spec.trees.policy import LearnedChain
+
+    gen = torch.Generator().manual_seed(0)
+    depths: dict[str, set[int]] = {}
+    for inst, pol in dynamic_cases(DraftLaw.DYNAMIC_CHAIN):
+        if isinstance(pol, LearnedChain):
+            for _ in range(10):
+                depths.setdefault(str(pol), set()).add(sample_policy_tree(pol, inst.draft_fn, gen).max_depth)
+    assert len(depths) == 2
+    assert all(len(d) >= 2 for d in depths.values()), depths

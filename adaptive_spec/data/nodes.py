@@ -1,0 +1,159 @@
+"""The node log: per drafted node, the in-draft features, the decision, and soft acceptance labels.
+
+Set ``engine.node_log = NodeLogger(directory)``: after each speculative step's target pass the
+engine hands it the tree, which nodes were fed to the draft (the in-draft decisions) and the
+target's rows. Every drafted node (root excluded) becomes one row:
+
+* the acceptance model's features, :data:`~adaptive_spec.trees.policy.ACCEPTANCE_FEATURES`,
+  computed from the tree's draft rows exactly as the drafting policy saw them;
+* ``fed``: whether the node was run through the draft (the policy's feed decision);
+* ``label_accept``: the probability that token-level verification accepts the node given its
+  parent was accepted, ``min(1, p(x) / q(x))`` over the parent's rows (at T=0 the target's row is
+  one-hot, so it is 1 exactly when the token is the target's argmax);
+* ``label_next`` (fed nodes only, else NaN): the probability that a child drawn from the node's
+  row is accepted, ``Σ min(p, q)`` over the node's rows, or at T=0 ``p(argmax q)``.
+
+Rows are written as Parquet shards (``nodes-00000.parquet``, ...) through a temporary file and
+an atomic rename, so an interrupted run leaves whole shards only. The labels need no replay:
+the target scored every drafted node in the step's one pass, so they come from online data and
+a model can be retrained from any engine run.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from adaptive_spec.trees import DraftTree
+from adaptive_spec.trees.policy import ACCEPTANCE_FEATURES
+
+__all__ = ["NODE_COLUMNS", "NodeLogger", "node_rows", "read_node_log"]
+
+NODE_COLUMNS = ("generation", "step", "node", *ACCEPTANCE_FEATURES, "fed", "label_accept", "label_next")
+_FLOOR = 1e-12
+
+
+def node_rows(tree: DraftTree, fed: list[bool], target_probs: torch.Tensor, temperature: float) -> dict[str, list]:
+    """Features and labels of every drafted node of ``tree`` (columns of :data:`NODE_COLUMNS` but the first two)."""
+    n = tree.num_nodes
+    if n < 2:
+        return {c: [] for c in NODE_COLUMNS[2:]}
+    q = tree.draft_probs.double()  # [N, V]
+    p = target_probs.double()
+    nodes = torch.arange(1, n)
+    par = torch.tensor(tree.parents[1:])
+    tok = torch.tensor(tree.tokens[1:])
+    q_par, p_par = q[par], p[par]  # [N-1, V]
+    q_tok = q_par.gather(1, tok[:, None])[:, 0]
+    p_tok = p_par.gather(1, tok[:, None])[:, 0]
+    ent = -torch.where(q_par > 0, q_par * q_par.clamp_min(1e-300).log(), torch.zeros_like(q_par)).sum(1)
+    accept = torch.minimum(torch.ones_like(q_tok), p_tok / q_tok.clamp_min(1e-300))
+    if temperature > 0:
+        nxt = torch.minimum(p[nodes], q[nodes]).sum(1)
+    else:
+        nxt = p[nodes].gather(1, q[nodes].argmax(1, keepdim=True))[:, 0]
+    q_list, top1, ent_l = q_tok.tolist(), q_par.max(1).values.tolist(), ent.tolist()
+    acc_l, nxt_l = accept.tolist(), nxt.tolist()
+    path = [1.0] * n
+    out: dict[str, list] = {c: [] for c in NODE_COLUMNS[2:]}
+    for i in range(1, n):
+        path[i] = path[tree.parents[i]] * q_list[i - 1]
+        out["node"].append(i)
+        out["depth"].append(tree.depths[i])
+        out["log_token_prob"].append(math.log(max(q_list[i - 1], _FLOOR)))
+        out["parent_top1"].append(top1[i - 1])
+        out["parent_entropy"].append(ent_l[i - 1])
+        out["log_path_prob"].append(math.log(max(path[i], _FLOOR)))
+        out["temperature"].append(float(temperature))
+        out["fed"].append(bool(fed[i]))
+        out["label_accept"].append(acc_l[i - 1])
+        out["label_next"].append(nxt_l[i - 1] if fed[i] else math.nan)
+    return out
+
+
+class NodeLogger:
+    """Appends node rows (see the module docstring) to Parquet shards in ``directory``.
+
+    Args:
+        directory: the log folder (created; existing shards are kept and numbering continues).
+        shard_rows: rows per shard.
+
+    Use as ``engine.node_log``; call :meth:`end_generation` between prompts and :meth:`close`
+    (or use it as a context manager) at the end.
+    """
+
+    def __init__(self, directory: str | os.PathLike, shard_rows: int = 50_000) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.shard_rows = shard_rows
+        self.generation = 0
+        self.step = 0
+        self.rows = 0
+        self._buf: dict[str, list] = {c: [] for c in NODE_COLUMNS}
+        self._seq = len(list(self.directory.glob("nodes-*.parquet")))
+
+    def __call__(self, tree: DraftTree, fed: list[bool], target_probs: torch.Tensor, temperature: float) -> None:
+        rows = node_rows(tree, fed, target_probs, temperature)
+        k = len(rows["node"])
+        self._buf["generation"].extend([self.generation] * k)
+        self._buf["step"].extend([self.step] * k)
+        for c, values in rows.items():
+            self._buf[c].extend(values)
+        self.step += 1
+        self.rows += k
+        if len(self._buf["node"]) >= self.shard_rows:
+            self.flush()
+
+    def end_generation(self) -> None:
+        """Mark the end of one generation (rows are grouped by generation for validation splits)."""
+        self.generation += 1
+        self.step = 0
+
+    def flush(self) -> Path | None:
+        """Write the buffered rows as one shard; returns its path (None when nothing was buffered)."""
+        if not self._buf["node"]:
+            return None
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        table = pa.table(self._buf)
+        path = self.directory / f"nodes-{self._seq:05d}.parquet"
+        tmp = path.with_suffix(".parquet.tmp")
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+        self._seq += 1
+        self._buf = {c: [] for c in NODE_COLUMNS}
+        return path
+
+    def close(self) -> None:
+        self.flush()
+
+    def __enter__(self) -> NodeLogger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_node_log(directory: str | os.PathLike) -> Any:
+    """All shards of a node log as one ``pyarrow.Table`` (generation ids made unique across shards' runs).
+
+    Raises:
+        FileNotFoundError: the folder holds no ``nodes-*.parquet`` shard.
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    shards = sorted(Path(directory).glob("nodes-*.parquet"))
+    if not shards:
+        raise FileNotFoundError(f"no node log shards (nodes-*.parquet) in {directory}; collect with --collect")
+    tables = [pq.read_table(s) for s in shards]
+    for t in tables:
+        missing = set(NODE_COLUMNS) - set(t.column_names)
+        if missing:
+            raise ValueError(f"{directory}: a shard lacks columns {sorted(missing)}; collect the log again")
+    return pa.concat_tables([t.select(list(NODE_COLUMNS)) for t in tables])

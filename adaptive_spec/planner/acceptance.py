@@ -1,0 +1,144 @@
+"""The acceptance model at run time: an ONNX network run with onnxruntime, behind ``learned-chain``.
+
+The model predicts, for each drafted node, from draft-side features only
+(:data:`~adaptive_spec.trees.policy.ACCEPTANCE_FEATURES`), two probabilities: that the verifier
+accepts the node given its parent was accepted, and that a child drawn from the node's row
+would be accepted. :class:`~adaptive_spec.trees.policy.LearnedChain` turns them into a
+stop/continue decision per draft level. The model is trained by
+``adaptive-spec selector acceptance`` (:mod:`adaptive_spec.selector.acceptance`) and found
+next to the built-in pair (``acceptance.onnx``) or in ``data/acceptance/``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from adaptive_spec.trees.policy import ACCEPTANCE_FEATURES
+
+__all__ = ["ACCEPTANCE_FILE", "FORMAT", "AcceptanceModel", "LazyAcceptanceModel", "find_acceptance_model"]
+
+ACCEPTANCE_FILE = "acceptance.onnx"
+FORMAT = "adaptive-spec-acceptance-v1"
+HINT = "train one with `adaptive-spec selector acceptance --out data/acceptance`"
+
+
+class AcceptanceModel:
+    """An exported acceptance model: ``model(features) -> probabilities`` (float32 [n, F] -> [n, 2]).
+
+    The ``.onnx`` file is the artifact. It is loaded with onnxruntime, which serves as the
+    reference. Inside generation the network is evaluated by default with numpy, from the layer
+    weights stored in the same file's metadata (``backend="numpy"``), after a parity check
+    against onnxruntime on a probe batch at load. The reason is cost: a decision is made once
+    per draft level, and right after the model forwards an onnxruntime call costs 150-200 µs
+    (cold caches), several draft forwards' worth of a 5% budget, while the numpy MLP costs a
+    few µs (``bench overhead`` reports the measured decision cost per level).
+
+    Args:
+        path: the ``.onnx`` file written by ``adaptive-spec selector acceptance``.
+        threads: onnxruntime intra-op threads (1: the call is tiny; more threads only add overhead).
+        backend: ``"numpy"`` (default) or ``"onnxruntime"``.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: the file is not an acceptance model of this version (one line, with the fix).
+    """
+
+    def __init__(self, path: str | Path, *, threads: int = 1, backend: str = "numpy") -> None:
+        import onnxruntime as ort
+
+        if backend not in ("numpy", "onnxruntime"):
+            raise ValueError(f"backend must be 'numpy' or 'onnxruntime', got {backend!r}")
+        self.backend = backend
+
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"no acceptance model at {self.path}; {HINT}")
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+        except Exception as err:  # onnxruntime's own exception types
+            raise ValueError(f"{self.path} is not a readable ONNX model ({type(err).__name__}); {HINT}") from err
+        meta = dict(self.session.get_modelmeta().custom_metadata_map)
+        if meta.get("adaptive_spec.format") != FORMAT:
+            raise ValueError(f"{self.path} is not an acceptance model of format {FORMAT!r}; {HINT}")
+        names = json.loads(meta.get("adaptive_spec.feature_names", "[]"))
+        if list(names) != list(ACCEPTANCE_FEATURES):
+            raise ValueError(f"{self.path}: features {names} differ from {list(ACCEPTANCE_FEATURES)}; {HINT}")
+        self.training: dict[str, Any] = json.loads(meta.get("adaptive_spec.training", "{}"))
+        self._input = self.session.get_inputs()[0].name
+        try:
+            w = json.loads(meta["adaptive_spec.weights"])
+            self._mean = np.asarray(w["mean"], dtype=np.float32)
+            self._inv_std = (1.0 / np.asarray(w["std"], dtype=np.float32)).astype(np.float32)
+            self._layers = [(np.asarray(W, dtype=np.float32).T.copy(), np.asarray(b, dtype=np.float32))
+                            for W, b in w["layers"]]  # fmt: skip
+        except (KeyError, ValueError, TypeError) as err:
+            raise ValueError(f"{self.path}: missing or malformed layer weights in the metadata; {HINT}") from err
+        probe = np.random.default_rng(0).normal(size=(64, len(ACCEPTANCE_FEATURES))).astype(np.float32) * 3
+        reference = self.run_onnx(probe)
+        if reference.shape != (64, 2) or not np.isfinite(reference).all():
+            raise ValueError(f"{self.path}: the network gives {reference.shape} / non-finite outputs on a probe; {HINT}")
+        diff = float(np.abs(self.run_numpy(probe) - reference).max())
+        if diff > 1e-4:
+            raise ValueError(f"{self.path}: the metadata weights differ from the ONNX graph (by {diff:.2g}); {HINT}")
+
+    def run_onnx(self, features: np.ndarray) -> np.ndarray:
+        """Probabilities [n, 2] from onnxruntime (the reference)."""
+        return self.session.run(None, {self._input: features})[0]
+
+    def run_numpy(self, features: np.ndarray) -> np.ndarray:
+        """Probabilities [n, 2] from the same network in numpy (ReLU MLP, sigmoid outputs)."""
+        h = (features - self._mean) * self._inv_std
+        last = len(self._layers) - 1
+        for i, (W, b) in enumerate(self._layers):
+            h = h @ W + b
+            if i < last:
+                np.maximum(h, 0.0, out=h)
+        return 1.0 / (1.0 + np.exp(-h))
+
+    def __call__(self, features: np.ndarray) -> np.ndarray:
+        """Probabilities [n, 2] (accept given parent accepted, child accepted given node accepted)."""
+        return self.run_numpy(features) if self.backend == "numpy" else self.run_onnx(features)
+
+    def __repr__(self) -> str:
+        return f"AcceptanceModel({str(self.path)!r})"
+
+
+class LazyAcceptanceModel:
+    """The installed acceptance model, loaded at its first call (so that plan texts parse without it)."""
+
+    def __init__(self, path: str | Path | None = None) -> None:
+        self.path = path
+        self._model: AcceptanceModel | None = None
+
+    def __call__(self, features: np.ndarray) -> np.ndarray:
+        if self._model is None:
+            self._model = AcceptanceModel(find_acceptance_model(self.path))
+        return self._model(features)
+
+
+def default_acceptance_paths() -> list[Path]:
+    """Where the acceptance model is looked for: next to the built-in pair, then ``data/acceptance/``."""
+    pair = Path(__file__).resolve().parents[1] / "zoo" / "default"  # the built-in pair's folder (no zoo import)
+    return [pair / ACCEPTANCE_FILE, Path("data") / "acceptance" / ACCEPTANCE_FILE]
+
+
+def find_acceptance_model(path: str | Path | None = None) -> Path:
+    """``path`` if given, else the first of :func:`default_acceptance_paths` that exists."""
+    if path is not None:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"no acceptance model at {path}; {HINT}")
+        return Path(path)
+    tried = default_acceptance_paths()
+    for candidate in tried:
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"no acceptance model found (looked at {', '.join(map(str, tried))}); {HINT}")

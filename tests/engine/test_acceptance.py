@@ -1,0 +1,161 @@
+"""The acceptance model: node logs and their soft labels, training, ONNX export, runtime, learned-chain."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from _tiny import perturbed, tiny_model
+
+from adaptive_spec.data.nodes import NodeLogger, node_rows, read_node_log
+from adaptive_spec.engine import Plan, SpecEngine
+from adaptive_spec.planner.acceptance import AcceptanceModel
+from adaptive_spec.trees import DraftTree, TreeShape
+from adaptive_spec.trees.policy import ACCEPTANCE_FEATURES, LearnedChain, NodeView, PolicyContext
+from tests.verifiers.dynamic_cases import TinyAcceptanceNet
+
+
+def _chain_tree() -> tuple[DraftTree, torch.Tensor]:
+    """A 2-token chain over V=3 with known draft and target rows."""
+    q = torch.tensor([[0.5, 0.3, 0.2], [0.1, 0.6, 0.3], [0.2, 0.2, 0.6]])
+    p = torch.tensor([[0.25, 0.5, 0.25], [0.3, 0.3, 0.4], [1 / 3, 1 / 3, 1 / 3]])
+    tree = DraftTree([-1, 0, 1], [-1, 0, 1], [0, 1, 2], q, [[1], [2], []], TreeShape.chain(2))
+    return tree, p
+
+
+def test_node_rows_soft_labels_and_features() -> None:
+    tree, p = _chain_tree()
+    rows = node_rows(tree, [True, True, False], p, temperature=1.0)
+    assert rows["node"] == [1, 2] and rows["depth"] == [1, 2]
+    # min(1, p/q) over the parent's rows: node 1 is token 0 from the root (0.25 / 0.5), node 2 token 1 (0.3/0.6)
+    assert rows["label_accept"] == pytest.approx([0.5, 0.5])
+    # next: Σ min(p, q) at node 1's rows; node 2 was not fed, so unknown
+    assert rows["label_next"][0] == pytest.approx(0.1 + 0.3 + 0.3)
+    assert math.isnan(rows["label_next"][1])
+    assert rows["log_token_prob"] == pytest.approx([math.log(0.5), math.log(0.6)])
+    assert rows["log_path_prob"] == pytest.approx([math.log(0.5), math.log(0.3)])
+    assert rows["parent_top1"] == pytest.approx([0.5, 0.6])
+    ent0 = -sum(x * math.log(x) for x in (0.5, 0.3, 0.2))
+    assert rows["parent_entropy"][0] == pytest.approx(ent0)
+    assert rows["fed"] == [True, False]
+    # T=0: the target's rows are one-hot; next = p(argmax q)
+    one_hot = torch.nn.functional.one_hot(p.argmax(1), 3).float()
+    greedy = node_rows(tree, [True, True, False], one_hot, temperature=0.0)
+    assert greedy["label_accept"] == [0.0, 0.0]  # tokens 0 and 1 are not the target's argmax (1 and 2)
+    assert greedy["label_next"][0] == 0.0  # argmax q at node 1 is 1, the target's argmax is 2
+
+
+def test_learned_chain_rule_is_gain_per_time() -> None:
+    class Const:
+        def __init__(self, a: float, b: float) -> None:
+            self.a, self.b = a, b
+
+        def __call__(self, x: np.ndarray) -> np.ndarray:
+            assert x.shape == (len(x), len(ACCEPTANCE_FEATURES))
+            return np.tile([self.a, self.b], (len(x), 1))
+
+    ctx = PolicyContext(budget_left=8, temperature=1.0)
+    view = NodeView(1, 0, 5, 1, 0.5, 0.5, 1.0, 0.5)
+    # P = 0.9, E = 1.9; gain 0.9 * 0.8 = 0.72 per rho=0.5 vs rate 1.9 / 1.5: feed
+    assert LearnedChain(depth=4, cost_ratio=0.5, predictor=Const(0.9, 0.8)).feed([view], ctx, None) == [True]
+    assert view.memo == pytest.approx((0.9, 1.9))
+    # a deeper node on a weak path: P = 0.2 * 0.5 = 0.1, E = 1.2 + 0.1; gain 0.1 * 0.5 = 0.05 * (1 + 0.5*2) < 0.5 * 1.3
+    deep = NodeView(2, 1, 6, 2, 0.5, 0.25, 1.0, 0.5, parent_memo=(0.2, 1.2))
+    assert LearnedChain(depth=4, cost_ratio=0.5, predictor=Const(0.5, 0.5)).feed([deep], ctx, None) == [False]
+    assert deep.memo == pytest.approx((0.1, 1.3))
+    with pytest.raises(ValueError, match="cost_ratio"):
+        LearnedChain(depth=4, cost_ratio=0.0)
+    assert str(Plan.parse("learned-chain:6:0.15/block")) == "learned-chain:6:0.15/block"
+
+
+@pytest.fixture(scope="module")
+def tiny_engine():
+    target = tiny_model("llama", vocab=48, eos=None)
+    return SpecEngine(target, perturbed(target, scale=0.3))
+
+
+def test_engine_node_log_and_greedy_equality(tiny_engine: SpecEngine, tmp_path) -> None:
+    logger = NodeLogger(tmp_path / "nodes", shard_rows=40)
+    tiny_engine.node_log = logger
+    try:
+        for t in (0.0, 1.0):
+            tiny_engine.generate([0, 5, 7], plan="chain:4/block", temperature=t, max_new_tokens=24, seed=1)
+            logger.end_generation()
+    finally:
+        tiny_engine.node_log = None
+        logger.close()
+    table = read_node_log(tmp_path / "nodes")
+    assert len(list((tmp_path / "nodes").glob("nodes-*.parquet"))) >= 2  # shards of 40 rows
+    assert table.num_rows == logger.rows > 0
+    assert set(table.column("generation").to_pylist()) == {0, 1}
+    fed = table.column("fed").to_pylist()
+    depth = table.column("depth").to_pylist()
+    assert not any(f for f, d in zip(fed, depth, strict=True) if d == 4)  # the leaf of chain:4 is never fed
+    assert sum(fed) > len(fed) / 2  # the rest are, except near the end of the budget (truncated chains)
+    nxt = np.array(table.column("label_next").to_pylist())
+    assert np.isnan(nxt[~np.array(fed)]).all() and not np.isnan(nxt[np.array(fed)]).any()
+    acc = np.array(table.column("label_accept").to_pylist())
+    assert ((acc >= 0) & (acc <= 1)).all()
+    # greedy decoding with a learned chain equals the target's own greedy decoding
+    plan = Plan(LearnedChain(depth=5, cost_ratio=0.1, predictor=TinyAcceptanceNet(2)), "block")
+    for prompt in ([0, 5, 7], [0, 9], [0, 11, 3, 4]):
+        expected = tiny_engine.generate(prompt, plan="autoregressive", temperature=0, max_new_tokens=16).token_ids
+        out = tiny_engine.generate(prompt, plan=plan, temperature=0, max_new_tokens=16)
+        assert out.token_ids == expected
+        assert out.stats.policy_levels > 0
+
+
+def _synthetic(n: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    x = np.stack([
+        rng.integers(1, 8, n), np.log(rng.uniform(0.01, 1, n)), rng.uniform(0.1, 1, n), rng.uniform(0, 4, n),
+        np.log(rng.uniform(0.001, 1, n)), rng.choice([0.0, 0.7, 1.0], n),
+    ], axis=1).astype(np.float32)  # fmt: skip
+    a = 1 / (1 + np.exp(-(3 * x[:, 2] + 0.8 * x[:, 1] - 1)))
+    b = 1 / (1 + np.exp(-(2 * x[:, 2] - 0.5 * x[:, 3])))
+    b[rng.uniform(size=n) < 0.2] = np.nan
+    return {"x": x, "a": a.astype(np.float32), "b": b.astype(np.float32), "group": rng.integers(0, 20, n)}
+
+
+def test_train_export_and_runtime(tmp_path) -> None:
+    pytest.importorskip("lightning")
+    from adaptive_spec.selector.acceptance import calibration_report, export_acceptance, train_acceptance, _split
+
+    data = _synthetic(3000, 0)
+    net, summary = train_acceptance(data, tmp_path, epochs=8, seed=0, progress=False)
+    assert summary["rows_train"] + summary["rows_val"] == 3000
+    info = export_acceptance(net, tmp_path / "acceptance.onnx", summary)
+    assert info["max_abs_diff"] < 1e-5
+    model = AcceptanceModel(tmp_path / "acceptance.onnx")
+    x = data["x"][:200]
+    assert np.abs(model.run_numpy(x) - model.run_onnx(x)).max() < 1e-4
+    pred = model(x)
+    assert pred.shape == (200, 2)
+    assert np.corrcoef(pred[:, 0], data["a"][:200])[0, 1] > 0.9  # it learned the signal
+    _, val = _split(data["group"], 0.2, 0)
+    report = calibration_report(net, data, val, tmp_path / "report")
+    assert (tmp_path / "report" / "calibration.png").is_file()
+    assert all(r["accept"]["ece"] < 0.1 for r in report.values())
+
+
+def test_runtime_refuses_foreign_and_corrupt_files(tmp_path) -> None:
+    bad = tmp_path / "acceptance.onnx"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="not a readable ONNX model"):
+        AcceptanceModel(bad)
+    with pytest.raises(FileNotFoundError, match="selector acceptance"):
+        AcceptanceModel(tmp_path / "missing.onnx")
+    pytest.importorskip("onnx")
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [helper.make_node("Identity", ["x"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 6])],
+    )  # fmt: skip
+    onnx.save(helper.make_model(graph), tmp_path / "other.onnx")
+    with pytest.raises(ValueError, match="not an acceptance model"):
+        AcceptanceModel(tmp_path / "other.onnx")
