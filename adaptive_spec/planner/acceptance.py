@@ -85,7 +85,7 @@ class AcceptanceModel:
         probe = np.random.default_rng(0).normal(size=(64, len(ACCEPTANCE_FEATURES))).astype(np.float32) * 3
         reference = self.run_onnx(probe)
         if reference.shape != (64, 2) or not np.isfinite(reference).all():
-            raise ValueError(f"{self.path}: the network gives {reference.shape} / non-finite outputs on a probe; {HINT}")
+            raise ValueError(f"{self.path}: the network gives {reference.shape} or non-finite outputs; {HINT}")
         diff = float(np.abs(self.run_numpy(probe) - reference).max())
         if diff > 1e-4:
             raise ValueError(f"{self.path}: the metadata weights differ from the ONNX graph (by {diff:.2g}); {HINT}")
@@ -112,17 +112,30 @@ class AcceptanceModel:
         return f"AcceptanceModel({str(self.path)!r})"
 
 
+_LOADED: dict[Path, AcceptanceModel] = {}
+
+
 class LazyAcceptanceModel:
-    """The installed acceptance model, loaded at its first call (so that plan texts parse without it)."""
+    """The installed acceptance model, loaded at its first call (so that plan texts parse without it).
+
+    Loaded models are shared per file, so that only the first generation pays for loading.
+    """
 
     def __init__(self, path: str | Path | None = None) -> None:
         self.path = path
         self._model: AcceptanceModel | None = None
 
-    def __call__(self, features: np.ndarray) -> np.ndarray:
+    def load(self) -> AcceptanceModel:
+        """The model (loaded now if needed)."""
         if self._model is None:
-            self._model = AcceptanceModel(find_acceptance_model(self.path))
-        return self._model(features)
+            file = find_acceptance_model(self.path).resolve()
+            if file not in _LOADED:
+                _LOADED[file] = AcceptanceModel(file)
+            self._model = _LOADED[file]
+        return self._model
+
+    def __call__(self, features: np.ndarray) -> np.ndarray:
+        return (self._model or self.load())(features)
 
 
 def default_acceptance_paths() -> list[Path]:

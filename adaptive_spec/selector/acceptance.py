@@ -24,6 +24,7 @@ and the probability that a child drawn from its row would be accepted. Stages:
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import os
@@ -55,7 +56,7 @@ class AcceptanceNet(nn.Module):
         self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32))
         dims = [len(ACCEPTANCE_FEATURES)] + [hidden] * layers
         blocks: list[nn.Module] = []
-        for a, b in zip(dims[:-1], dims[1:], strict=True):
+        for a, b in itertools.pairwise(dims):
             blocks += [nn.Linear(a, b), nn.ReLU()]  # ReLU: cheap in the numpy runtime too
         blocks.append(nn.Linear(dims[-1], 2))
         self.mlp = nn.Sequential(*blocks)
@@ -125,7 +126,7 @@ def load_node_arrays(directory: str | os.PathLike) -> dict[str, np.ndarray]:
 def _split(group: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     ids = np.unique(group)
     rng = np.random.default_rng(seed)
-    val_ids = rng.choice(ids, size=max(1, int(round(len(ids) * val_fraction))), replace=False)
+    val_ids = rng.choice(ids, size=max(1, round(len(ids) * val_fraction)), replace=False)
     val = np.isin(group, val_ids)
     if val.all() or not val.any():
         raise ValueError(f"the node log has {len(ids)} generation(s): too few to split off a validation set")
@@ -142,7 +143,7 @@ def _soft_bce(logits: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.T
 
 
 def _lightning_module(net: AcceptanceNet, lr: float, weight_decay: float) -> Any:
-    import lightning as L
+    import lightning as L  # noqa: N812
 
     class AcceptanceModule(L.LightningModule):
         def __init__(self) -> None:
@@ -179,7 +180,7 @@ def train_acceptance(
     progress: bool = True,
 ) -> tuple[AcceptanceNet, dict[str, Any]]:
     """Train the acceptance network with Lightning; returns the best-validation network and a summary."""
-    import lightning as L
+    import lightning as L  # noqa: N812
     from lightning.pytorch.callbacks import ModelCheckpoint
     from torch.utils.data import DataLoader, TensorDataset
 
@@ -270,7 +271,7 @@ def calibration(pred: np.ndarray, label: np.ndarray, bins: int = 10) -> dict[str
         if m.any():
             rows.append({"bin": k, "pred": float(pred[m].mean()), "label": float(label[m].mean()), "n": int(m.sum())})
             ece += m.mean() * abs(pred[m].mean() - label[m].mean())
-    return {"bins": rows, "ece": float(ece), "n": int(len(pred)), "mean_pred": float(pred.mean()) if len(pred) else None,
+    return {"bins": rows, "ece": float(ece), "n": len(pred), "mean_pred": float(pred.mean()) if len(pred) else None,
             "mean_label": float(label.mean()) if len(label) else None}  # fmt: skip
 
 
@@ -296,7 +297,8 @@ def calibration_report(net: AcceptanceNet, data: dict[str, np.ndarray], val: np.
     except ImportError:  # the [report] extra
         return report
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.5))
-    for ax, head, title in zip(axes, ("accept", "next"), ("node accepted | parent accepted", "child accepted | node")):
+    titles = ("node accepted | parent accepted", "child accepted | node")
+    for ax, head, title in zip(axes, ("accept", "next"), titles, strict=True):
         ax.plot([0, 1], [0, 1], color="grey", linestyle=":", label="perfect")
         for group, heads in report.items():
             b = heads[head]["bins"]
@@ -341,11 +343,11 @@ def run(args: argparse.Namespace) -> int:
     temps = parse_temperatures(args.temperatures)
     summary: dict[str, Any] = {"temperatures": temps}
     if not args.skip_collect:
-        from adaptive_spec.zoo import read_prompts
+        from adaptive_spec.data.collect import read_prompt_file
         from adaptive_spec.zoo.prompt_sets import prompt_set
 
         if args.prompts is not None:
-            prompts = [p["prompt"] for p in read_prompts(args.prompts)][: args.num_prompts]
+            prompts = read_prompt_file(args.prompts, args.num_prompts)
         else:
             prompts = prompt_set("train", args.num_prompts, seed=args.seed + 1)
         engine = load_engine(args.target, args.draft, None, None)

@@ -18,11 +18,14 @@ Stages (each one an ordinary command of the CLI, run in this process, in this or
    validation split by prompt, once per ``--train-seeds`` seed; the run with the best validation
    tokens/s (the network with its static fallback, as a ratio of sums) is kept;
 6. ``export-selector``: ONNX with the feature standardisation inside, checked against torch;
-7. ``bench e2e``: ``adaptive`` vs ``best-static`` and the reference plans on the built-in held-out
+7. ``selector acceptance``: the acceptance model of the in-draft ``learned-chain`` policies
+   (node logs with soft labels -> Lightning -> ONNX -> calibration), in ``OUT/acceptance``;
+8. ``bench e2e``: ``adaptive`` vs ``best-static`` and the reference plans on the built-in held-out
    prompts at each temperature, in one interleaved run.
 
-With ``--install`` the exported selector is copied next to the built-in pair
-(``adaptive_spec/zoo/default/selector.onnx``), where ``make demo`` and ``bench e2e`` find it.
+With ``--install`` the exported selector and acceptance model are copied next to the built-in
+pair (``adaptive_spec/zoo/default/{selector,acceptance}.onnx``), where ``make demo`` and
+``bench e2e`` find them.
 """
 
 from __future__ import annotations
@@ -75,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bench-plans", default="adaptive,best-static,chain:4/block,chain:6/traversal",
                         help="plans of the final benchmark (default: %(default)s)")  # fmt: skip
     parser.add_argument("--bench-tokens", type=int, default=128, help="new tokens per prompt in the benchmark")
-    parser.add_argument("--skip", default="", help="comma-separated stages to skip: collect,label,train,bench")
+    parser.add_argument("--skip", default="",
+                        help="comma-separated stages to skip: collect,label,train,acceptance,bench")  # fmt: skip
     parser.add_argument(
         "--install", action="store_true",
         help="copy the selector to adaptive_spec/zoo/default/selector.onnx (used by make demo)",
@@ -225,6 +229,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"validation tokens/s vs best static (adaptive, ratio of sums): {shown}; keeping seed {seed}")
         _cli(["export-selector", str(ckpt), "--out", str(onnx_path)])
         done("train")
+    if "acceptance" not in skip:
+        stage("acceptance")  # the in-draft acceptance model of learned-chain plans, deployed with --install
+        _cli(["selector", "acceptance", "--out", str(out / "acceptance"), "--temperatures", args.temperatures,
+              "--prompts", str(prompts_file), "--num-prompts", str(args.num_prompts),
+              "--max-new-tokens", str(args.max_new_tokens), "--seed", str(args.seed), "--no-progress",
+              *(["--epochs", str(args.epochs)] if args.epochs else []),
+              *(["--install"] if args.install else [])])  # fmt: skip
+        done("acceptance")
     if args.install:
         from adaptive_spec.zoo import default_pair_path
 

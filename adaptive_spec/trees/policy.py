@@ -62,17 +62,17 @@ from adaptive_spec.rng import Sampler
 from adaptive_spec.trees.shapes import DraftLaw, TreeShape
 
 __all__ = [
+    "ACCEPTANCE_FEATURES",
     "ConfidenceChain",
     "ConfidenceDelayed",
     "CumulativeChain",
     "DraftPolicy",
     "EagleTree",
-    "ACCEPTANCE_FEATURES",
     "FixedShapePolicy",
     "LearnedChain",
-    "acceptance_features",
     "NodeView",
     "PolicyContext",
+    "acceptance_features",
     "parse_policy",
     "row_stats",
 ]
@@ -421,7 +421,7 @@ def acceptance_features(views: Sequence[NodeView], temperature: float) -> Any:
             (v.depth, math.log(max(v.token_prob, _LOG_FLOOR)), v.parent_top1, v.parent_entropy,
              math.log(max(v.path_prob, _LOG_FLOOR)), t)
             for v in views
-        ],  # fmt: skip
+        ],
         dtype=np.float32,
     ).reshape(len(views), len(ACCEPTANCE_FEATURES))
 
@@ -464,7 +464,7 @@ class LearnedChain(_ChainRule):
 
     def feed(self, views: Sequence[NodeView], ctx: PolicyContext, sampler: Sampler) -> list[bool]:  # noqa: ARG002
         if self.predictor is None:
-            raise ValueError("learned-chain has no acceptance model: train one with `adaptive-spec selector acceptance`")
+            raise ValueError("learned-chain has no acceptance model; train one: `adaptive-spec selector acceptance`")
         pred = self.predictor(acceptance_features(views, ctx.temperature))
         rho = float(self.cost_ratio)
         out = []

@@ -37,13 +37,27 @@ from adaptive_spec.planner.plan import Plan
 IN_DRAFT_RELPATH = Path("configs") / "plans" / "in-draft.yaml"
 
 # The default grid: the transformers rule, SpecDec++'s rule, dynamic delayed expansion and
-# EAGLE-2-style growth, each at a few settings; verifiers that are lossless for each law.
+# EAGLE-2-style growth (and the learned chains, below), each at a few settings; verifiers that
+# are lossless for each law.
 DEFAULT_GRID = [
     *(f"conf-chain:{d}:{t}/block" for d in (3, 4, 6, 10) for t in (0.3, 0.5, 0.7)),
     *(f"cum-chain:{d}:{m}/block" for d in (4, 6, 10) for m in (0.1, 0.2, 0.35)),
     "conf-delayed:8:0.5:2/traversal",
     "eagle:6:12:2:2/traversal",
 ]
+# The learned acceptance model's chains (``selector acceptance``), added when a model is installed.
+LEARNED_GRID = [f"learned-chain:{d}:{r}/block" for d in (4, 8) for r in (0.06, 0.1, 0.15, 0.25)]
+
+
+def default_grid() -> list[str]:
+    """:data:`DEFAULT_GRID`, plus :data:`LEARNED_GRID` when an acceptance model is found."""
+    from adaptive_spec.planner.acceptance import find_acceptance_model
+
+    try:
+        find_acceptance_model()
+    except FileNotFoundError:
+        return list(DEFAULT_GRID)
+    return [*DEFAULT_GRID, *LEARNED_GRID]
 
 
 def in_draft_path(root: str | Path | None = None) -> Path:
@@ -137,8 +151,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def suggest_policy(trial, greedy: bool) -> str:
     """One drafting-policy plan from an Optuna trial (every ``suggest_*`` of this search is here)."""
-    family = trial.suggest_categorical("family", ["conf-chain", "cum-chain", "conf-delayed"])
+    family = trial.suggest_categorical("family", ["conf-chain", "cum-chain", "conf-delayed", "learned-chain"])
     depth = trial.suggest_int(f"{family}_depth", 4, 16)
+    if family == "learned-chain":
+        rho = trial.suggest_float("learned_cost_ratio", 0.03, 0.4, log=True)
+        return f"learned-chain:{depth}:{rho:.4f}/block"
     if family == "conf-chain":
         theta = trial.suggest_float("conf_threshold", 0.05, 0.9)
         return f"conf-chain:{depth}:{theta:.3f}/block"
@@ -190,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         temps = parse_temperatures(args.temperatures)
         prompts = read_prompts(args.prompts, args.limit)
-        grid = [g.strip() for g in (args.grid.split(",") if args.grid else DEFAULT_GRID) if g.strip()]
+        grid = [g.strip() for g in (args.grid.split(",") if args.grid else default_grid()) if g.strip()]
         parsed = [Plan.parse(p) for p in [*grid, *args.static.split(",")] if p.strip()]
         plans = {str(p): p for p in parsed}
     except (FileNotFoundError, ValueError) as err:

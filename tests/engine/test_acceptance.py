@@ -121,7 +121,7 @@ def _synthetic(n: int, seed: int) -> dict[str, np.ndarray]:
 
 def test_train_export_and_runtime(tmp_path) -> None:
     pytest.importorskip("lightning")
-    from adaptive_spec.selector.acceptance import calibration_report, export_acceptance, train_acceptance, _split
+    from adaptive_spec.selector.acceptance import _split, calibration_report, export_acceptance, train_acceptance
 
     data = _synthetic(3000, 0)
     net, summary = train_acceptance(data, tmp_path, epochs=8, seed=0, progress=False)

@@ -46,6 +46,12 @@ def test_pipeline_runs_end_to_end(tiny_pair, tmp_path):  # noqa: F811
     assert set(report["groups"]) == {"T=0,top_p=1", "T=1,top_p=1"}
     assert runtime.best_static(0.0) is not None
     assert runtime.static_group_names == report["static_groups"]
+    # the acceptance model of learned-chain plans, from the same command
+    from adaptive_spec.planner.acceptance import AcceptanceModel
+
+    acceptance = AcceptanceModel(out / "acceptance" / "acceptance.onnx")
+    assert acceptance.training["rows_train"] > 0
+    assert (out / "acceptance" / "report" / "calibration.json").is_file()
     bench = json.loads((out / "bench_e2e.json").read_text())
     assert set(bench["runs"]) == {"0", "1"}
     for run in bench["runs"].values():

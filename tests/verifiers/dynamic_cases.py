@@ -81,7 +81,7 @@ class TinyAcceptanceNet:
         self.w = (skeleton + 0.3 * rng.normal(size=(6, 2))).astype(np.float32)
         self.bias = np.array([1.5, -1.0], dtype=np.float32)
 
-    def __call__(self, x):  # noqa: ANN001, ANN204
+    def __call__(self, x):
         import numpy as np
 
         return 1.0 / (1.0 + np.exp(-(x @ self.w + self.bias)))
