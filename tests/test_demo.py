@@ -39,9 +39,13 @@ def test_demo_prints_the_table_and_writes_the_report(tiny_pair, tmp_path, capsys
         assert {r["plan"] for r in run["results"]} == {"chain:3/block", "iid:2x2/traversal"}
         assert run["baselines"]["autoregressive"]["speedup_vs_ar"] == pytest.approx(1.0)
         assert all(r["block_efficiency"] >= 1.0 for r in run["results"])
-    for png in ("speedup.png", "accepted_lengths.png", "block_efficiency_vs_tree_size.png"):
+    for png in ("speedup.png", "accepted_lengths.png", "block_efficiency_vs_tree_size.png", "depth_and_timeline.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert png in (out / "summary.md").read_text()
+    # The timeline of the first generation: one [tree nodes, accepted] pair per step, accepted < nodes.
+    for run in report["runs"].values():
+        line = run["results"][0]["timeline"]
+        assert line and all(0 <= a < n for n, a in line)
     # What a user sees of the text: a sample per temperature, the loop figures, the T=0 identity check.
     assert printed.count("sample completion") == 2 and "whitespace-only lines" in printed
     for name in ("chain:3/block", "iid:2x2/traversal"):

@@ -235,12 +235,21 @@ def summary_markdown(report: dict, plots: list[str]) -> str:
                     f"{ch['distinct']} distinct actions; most chosen: {top}",
                     "",
                 ]
+            if row.get("policy_decision_us_per_level") is not None:
+                share = row.get("policy_decision_share_of_draft_forward")
+                lines += [
+                    f"`{row['plan']}`: the drafting policy decides in {f(row['policy_decision_us_per_level'], '.1f')} "
+                    f"µs per draft level, {f(100 * share if share else None, '.1f')}% of one draft forward",
+                    "",
+                ]
     lines += [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
 
 
 def write_plots(report: dict, out: Path) -> list[str]:
-    """Speedup per plan, accepted-length histograms, block efficiency vs tree size (PNG)."""
+    """Speedup per plan, accepted-length histograms, block efficiency vs tree size, accepted length per
+    depth and a timeline of the headline plan's trees (PNG).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -300,4 +309,28 @@ def write_plots(report: dict, out: Path) -> list[str]:
     fig.savefig(out / "block_efficiency_vs_tree_size.png", dpi=110)
     plt.close(fig)
     files.append("block_efficiency_vs_tree_size.png")
+
+    # Accepted length per depth, and a timeline of the trees the first (headline) plan chose.
+    fig, axes = plt.subplots(2, len(temps), figsize=(5 * len(temps), 7), squeeze=False)
+    for j, t in enumerate(temps):
+        ax = axes[0][j]
+        for r in runs[t]["results"]:
+            by_depth = {int(k): v for k, v in r.get("accepted_by_depth", {}).items()}
+            if by_depth:
+                ax.plot(sorted(by_depth), [by_depth[d] for d in sorted(by_depth)], marker="o", label=r["plan"])
+        ax.set(xlabel="depth d", ylabel="share of steps accepting >= d tokens",
+               title=f"Accepted length per depth, T={t}")  # fmt: skip
+        head = runs[t]["results"][0]
+        line = head.get("timeline") or []
+        ax = axes[1][j]
+        steps = range(len(line))
+        ax.bar(steps, [n - 1 for n, _ in line], color="lightsteelblue", label="drafted tokens")
+        ax.plot(steps, [a for _, a in line], "o", color="darkred", markersize=3, label="accepted")
+        ax.set(xlabel="step (first prompt)", ylabel="tokens", title=f"Trees chosen by {head['plan']}, T={t}")
+    axes[0][0].legend(fontsize=7)
+    axes[1][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "depth_and_timeline.png", dpi=110)
+    plt.close(fig)
+    files.append("depth_and_timeline.png")
     return files

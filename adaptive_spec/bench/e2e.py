@@ -100,6 +100,7 @@ class _Tally:
         self.policy_levels = 0
         self.policy_decision_s = 0.0
         self.depth_reached: Counter[int] = Counter()  # steps whose accepted path reached depth d
+        self.timeline: list[list[int]] | None = None  # the first generation: [tree nodes, accepted] per step
 
     def add(self, stats) -> None:
         self.tokens += stats.new_tokens
@@ -115,6 +116,8 @@ class _Tally:
         for tau in stats.accept_lengths:
             for d in range(1, tau + 1):
                 self.depth_reached[d] += 1
+        if self.timeline is None:
+            self.timeline = [[n, a] for n, a in zip(stats.tree_sizes, stats.accept_lengths, strict=True)]
 
     def summary(self, ar_tps: float | None, hf_tps: float | None) -> dict:
         tps = self.tokens / self.seconds if self.seconds > 0 else 0.0
@@ -131,6 +134,8 @@ class _Tally:
             # Accepted length per depth: the share of steps whose accepted path reached depth d.
             "accepted_by_depth": {str(d): c / self.steps for d, c in sorted(self.depth_reached.items())}
             if self.steps else {},
+            # The trees chosen during one generation (the first prompt): [tree nodes, accepted] per step.
+            "timeline": self.timeline or [],
             **self._policy_cost(),
         }
 
