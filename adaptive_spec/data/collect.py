@@ -56,6 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", default=None, help="draft model directory or hub id (default: built-in pair)")
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
+    parser.add_argument("--node-log", default=None, metavar="DIR",
+                        help="also log every drafted node's in-draft features, feed decision and soft acceptance "
+                             "labels as Parquet in DIR (training data of `selector acceptance --skip-collect`)")  # fmt: skip
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
 
 
@@ -135,6 +138,8 @@ def collect(
             plan=planner, seed=seed + n,
         )  # fmt: skip
         tokens += len(out.token_ids)
+        if getattr(engine, "node_log", None) is not None:
+            engine.node_log.end_generation()
         for step in out.steps:
             family = str(step.plan.shape).partition(":")[0]
             acc[family].append(step.num_accepted)
@@ -205,11 +210,18 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as err:  # e.g. the directory holds a log of other models
         raise SystemExit(f"collect: {err}") from None
+    if args.node_log:
+        from adaptive_spec.data.nodes import NodeLogger
+
+        engine.node_log = NodeLogger(args.node_log)
     with engine:
         summary = collect(
             engine, prompts, planner, temperatures, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
             seed=args.seed, top_k=args.top_k, top_p=args.top_p, progress=not args.no_progress,
         )  # fmt: skip
+    if engine.node_log is not None:
+        engine.node_log.close()
+        print(f"node log: {engine.node_log.rows} drafted nodes -> {args.node_log}")
     print(
         f"run {logger.run_id}: {summary['generations']} generations, {summary['tokens']} tokens, "
         f"{logger.records_written} records in {len(logger.shards)} shards -> {args.out}"

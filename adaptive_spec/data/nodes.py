@@ -79,7 +79,8 @@ class NodeLogger:
     """Appends node rows (see the module docstring) to Parquet shards in ``directory``.
 
     Args:
-        directory: the log folder (created; existing shards are kept and numbering continues).
+        directory: the log folder (created; existing shards are kept, and shard and generation
+            numbering continue after them).
         shard_rows: rows per shard.
 
     Use as ``engine.node_log``; call :meth:`end_generation` between prompts and :meth:`close`
@@ -94,7 +95,13 @@ class NodeLogger:
         self.step = 0
         self.rows = 0
         self._buf: dict[str, list] = {c: [] for c in NODE_COLUMNS}
-        self._seq = len(list(self.directory.glob("nodes-*.parquet")))
+        shards = sorted(self.directory.glob("nodes-*.parquet"))
+        self._seq = len(shards)
+        if shards:  # appending to a log: generation ids continue after the last one
+            import pyarrow.parquet as pq
+
+            self.generation = 1 + max(max(pq.read_table(s, columns=["generation"]).column(0).to_pylist(), default=-1)
+                                      for s in shards)  # fmt: skip
 
     def __call__(self, tree: DraftTree, fed: list[bool], target_probs: torch.Tensor, temperature: float) -> None:
         rows = node_rows(tree, fed, target_probs, temperature)
@@ -140,7 +147,7 @@ class NodeLogger:
 
 
 def read_node_log(directory: str | os.PathLike) -> Any:
-    """All shards of a node log as one ``pyarrow.Table`` (generation ids made unique across shards' runs).
+    """All shards of a node log as one ``pyarrow.Table`` (a run appending to a log continues its generation ids).
 
     Raises:
         FileNotFoundError: the folder holds no ``nodes-*.parquet`` shard.

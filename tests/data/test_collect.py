@@ -110,9 +110,16 @@ def test_explore_with_profile_logs_propensities_latency_and_refuses_other_models
     out = tmp_path / "log"
     rc = main(collect_args(pair, out, "--explore", "uniform", "--actions", str(space), "--temperatures", "1",
                            "--max-new-tokens", "16", "--limit", "2", "--hidden", "--seed", "3",
-                           "--profile", str(profile)))  # fmt: skip
+                           "--profile", str(profile), "--node-log", str(tmp_path / "nodes")))  # fmt: skip
     assert rc == 0
     printed = capsys.readouterr().out
+    # The in-draft node log of the same run: one group per generation, soft labels in [0, 1].
+    from adaptive_spec.data.nodes import read_node_log
+
+    nodes = read_node_log(tmp_path / "nodes")
+    assert nodes.num_rows > 0 and set(nodes.column("generation").to_pylist()) == {0, 1}
+    assert all(0.0 <= a <= 1.0 for a in nodes.column("label_accept").to_pylist())
+    assert "drafted nodes" in printed
     table = read_shards(out)
     actions = set(table.column("action").to_pylist())
     assert len(actions & {str(p) for p in ActionSpace.from_yaml(space)}) > 1

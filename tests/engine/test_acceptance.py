@@ -96,6 +96,8 @@ def test_engine_node_log_and_greedy_equality(tiny_engine: SpecEngine, tmp_path) 
     assert sum(fed) > len(fed) / 2  # the rest are, except near the end of the budget (truncated chains)
     nxt = np.array(table.column("label_next").to_pylist())
     assert np.isnan(nxt[~np.array(fed)]).all() and not np.isnan(nxt[np.array(fed)]).any()
+    with NodeLogger(tmp_path / "nodes") as again:  # a second run appends: new generation ids
+        assert again.generation == 2
     acc = np.array(table.column("label_accept").to_pylist())
     assert ((acc >= 0) & (acc <= 1)).all()
     # greedy decoding with a learned chain equals the target's own greedy decoding
