@@ -12,6 +12,9 @@ next to the built-in pair (``acceptance.onnx``) or in ``data/acceptance/``.
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Sequence
+from operator import mul
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +83,9 @@ class AcceptanceModel:
             self._inv_std = (1.0 / np.asarray(w["std"], dtype=np.float32)).astype(np.float32)
             self._layers = [(np.asarray(W, dtype=np.float32).T.copy(), np.asarray(b, dtype=np.float32))
                             for W, b in w["layers"]]  # fmt: skip
+            # the same network as Python floats, for single rows (a chain decides one node per level)
+            self._py_norm = list(zip(w["mean"], (1.0 / x for x in w["std"]), strict=True))
+            self._py_layers = [([tuple(r) for r in W], list(b)) for W, b in w["layers"]]
         except (KeyError, ValueError, TypeError) as err:
             raise ValueError(f"{self.path}: missing or malformed layer weights in the metadata; {HINT}") from err
         probe = np.random.default_rng(0).normal(size=(64, len(ACCEPTANCE_FEATURES))).astype(np.float32) * 3
@@ -87,6 +93,7 @@ class AcceptanceModel:
         if reference.shape != (64, 2) or not np.isfinite(reference).all():
             raise ValueError(f"{self.path}: the network gives {reference.shape} or non-finite outputs; {HINT}")
         diff = float(np.abs(self.run_numpy(probe) - reference).max())
+        diff = max(diff, float(np.abs(np.array(self.run_rows(probe.tolist())) - reference).max()))
         if diff > 1e-4:
             raise ValueError(f"{self.path}: the metadata weights differ from the ONNX graph (by {diff:.2g}); {HINT}")
 
@@ -104,9 +111,32 @@ class AcceptanceModel:
                 np.maximum(h, 0.0, out=h)
         return 1.0 / (1.0 + np.exp(-h))
 
-    def __call__(self, features: np.ndarray) -> np.ndarray:
-        """Probabilities [n, 2] (accept given parent accepted, child accepted given node accepted)."""
-        return self.run_numpy(features) if self.backend == "numpy" else self.run_onnx(features)
+    def run_rows(self, rows: Sequence[Sequence[float]]) -> list[tuple[float, float]]:
+        """The same network in plain Python, row by row (fastest for one or two rows)."""
+        out = []
+        last = len(self._py_layers) - 1
+        for row in rows:
+            h = [(x - m) * s for x, (m, s) in zip(row, self._py_norm, strict=True)]
+            for i, (W, b) in enumerate(self._py_layers):
+                h = [sum(map(mul, w, h)) + c for w, c in zip(W, b, strict=True)]
+                if i < last:
+                    h = [v if v > 0.0 else 0.0 for v in h]
+            out.append(tuple(1.0 / (1.0 + math.exp(-v)) for v in h))
+        return out
+
+    def __call__(self, features: np.ndarray | Sequence[Sequence[float]]) -> np.ndarray | list[tuple[float, float]]:
+        """Probabilities (accept given parent accepted, child accepted given node accepted) per row.
+
+        An ndarray [n, F] gives an ndarray [n, 2]; a list of rows (as the drafting policy passes
+        them) gives a list of pairs, computed in plain Python for up to 4 rows with the numpy
+        backend.
+        """
+        if isinstance(features, np.ndarray):
+            return self.run_numpy(features) if self.backend == "numpy" else self.run_onnx(features)
+        if self.backend == "numpy" and len(features) <= 4:
+            return self.run_rows(features)
+        x = np.asarray(features, dtype=np.float32).reshape(len(features), len(ACCEPTANCE_FEATURES))
+        return (self.run_numpy(x) if self.backend == "numpy" else self.run_onnx(x)).tolist()
 
     def __repr__(self) -> str:
         return f"AcceptanceModel({str(self.path)!r})"
@@ -134,7 +164,7 @@ class LazyAcceptanceModel:
             self._model = _LOADED[file]
         return self._model
 
-    def __call__(self, features: np.ndarray) -> np.ndarray:
+    def __call__(self, features: Any) -> Any:
         return (self._model or self.load())(features)
 
 

@@ -50,7 +50,7 @@ PARITY_TOL = 1e-5
 class AcceptanceNet(nn.Module):
     """features [n, F] -> probabilities [n, 2]; standardisation of the inputs is part of the network."""
 
-    def __init__(self, mean: np.ndarray, std: np.ndarray, hidden: int = 32, layers: int = 2) -> None:
+    def __init__(self, mean: np.ndarray, std: np.ndarray, hidden: int = 16, layers: int = 1) -> None:
         super().__init__()
         self.register_buffer("mean", torch.as_tensor(mean, dtype=torch.float32))
         self.register_buffer("std", torch.as_tensor(std, dtype=torch.float32))
@@ -174,7 +174,7 @@ def train_acceptance(
     batch_size: int = 512,
     lr: float = 3e-3,
     weight_decay: float = 1e-4,
-    hidden: int = 32,
+    hidden: int = 16,
     val_fraction: float = 0.2,
     seed: int = 0,
     progress: bool = True,

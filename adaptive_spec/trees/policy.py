@@ -73,6 +73,7 @@ __all__ = [
     "NodeView",
     "PolicyContext",
     "acceptance_features",
+    "acceptance_rows",
     "parse_policy",
     "row_stats",
 ]
@@ -411,19 +412,22 @@ ACCEPTANCE_FEATURES = ("depth", "log_token_prob", "parent_top1", "parent_entropy
 _LOG_FLOOR = 1e-12
 
 
+def acceptance_rows(views: Sequence[NodeView], temperature: float) -> list[tuple[float, ...]]:
+    """The acceptance model's input rows for ``views`` (plain tuples, in :data:`ACCEPTANCE_FEATURES` order)."""
+    t = float(temperature)
+    log = math.log
+    return [
+        (float(v.depth), log(max(v.token_prob, _LOG_FLOOR)), v.parent_top1, v.parent_entropy,
+         log(max(v.path_prob, _LOG_FLOOR)), t)
+        for v in views
+    ]  # fmt: skip
+
+
 def acceptance_features(views: Sequence[NodeView], temperature: float) -> Any:
-    """The acceptance model's input rows (float32 ndarray [n, len(ACCEPTANCE_FEATURES)]) for ``views``."""
+    """:func:`acceptance_rows` as a float32 ndarray [n, len(ACCEPTANCE_FEATURES)]."""
     import numpy as np
 
-    t = float(temperature)
-    return np.array(
-        [
-            (v.depth, math.log(max(v.token_prob, _LOG_FLOOR)), v.parent_top1, v.parent_entropy,
-             math.log(max(v.path_prob, _LOG_FLOOR)), t)
-            for v in views
-        ],
-        dtype=np.float32,
-    ).reshape(len(views), len(ACCEPTANCE_FEATURES))
+    return np.array(acceptance_rows(views, temperature), dtype=np.float32).reshape(len(views), -1)
 
 
 @dataclass(frozen=True)
@@ -448,9 +452,9 @@ class LearnedChain(_ChainRule):
 
     Attributes:
         cost_ratio: ρ, one draft level's time over one step's time without drafting.
-        predictor: callable, float32 [n, F] -> [n, 2] probabilities (an
-            :class:`~adaptive_spec.planner.acceptance.AcceptanceModel`); ``Plan.parse``
-            attaches the installed model when the text names none.
+        predictor: callable, feature rows (:func:`acceptance_rows`) -> one ``(a, b)`` pair of
+            probabilities per row (an :class:`~adaptive_spec.planner.acceptance.AcceptanceModel`);
+            ``Plan.parse`` attaches the installed model when the text names none.
     """
 
     cost_ratio: float = 0.12
@@ -465,10 +469,10 @@ class LearnedChain(_ChainRule):
     def feed(self, views: Sequence[NodeView], ctx: PolicyContext, sampler: Sampler) -> list[bool]:  # noqa: ARG002
         if self.predictor is None:
             raise ValueError("learned-chain has no acceptance model; train one: `adaptive-spec selector acceptance`")
-        pred = self.predictor(acceptance_features(views, ctx.temperature))
+        pred = self.predictor(acceptance_rows(views, ctx.temperature))
         rho = float(self.cost_ratio)
         out = []
-        for v, (a, b) in zip(views, pred.tolist(), strict=True):
+        for v, (a, b) in zip(views, pred, strict=True):
             path_accept, expected = v.parent_memo if v.parent_memo is not None else (1.0, 1.0)
             path_accept *= a
             expected += path_accept

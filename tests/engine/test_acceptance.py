@@ -52,9 +52,9 @@ def test_learned_chain_rule_is_gain_per_time() -> None:
         def __init__(self, a: float, b: float) -> None:
             self.a, self.b = a, b
 
-        def __call__(self, x: np.ndarray) -> np.ndarray:
-            assert x.shape == (len(x), len(ACCEPTANCE_FEATURES))
-            return np.tile([self.a, self.b], (len(x), 1))
+        def __call__(self, rows: list) -> list:
+            assert all(len(r) == len(ACCEPTANCE_FEATURES) for r in rows)
+            return [(self.a, self.b)] * len(rows)
 
     ctx = PolicyContext(budget_left=8, temperature=1.0)
     view = NodeView(1, 0, 5, 1, 0.5, 0.5, 1.0, 0.5)
@@ -133,6 +133,7 @@ def test_train_export_and_runtime(tmp_path) -> None:
     model = AcceptanceModel(tmp_path / "acceptance.onnx")
     x = data["x"][:200]
     assert np.abs(model.run_numpy(x) - model.run_onnx(x)).max() < 1e-4
+    assert np.abs(np.array(model(x[:3].tolist())) - model.run_onnx(x[:3])).max() < 1e-4  # the row path
     pred = model(x)
     assert pred.shape == (200, 2)
     assert np.corrcoef(pred[:, 0], data["a"][:200])[0, 1] > 0.9  # it learned the signal

@@ -81,10 +81,11 @@ class TinyAcceptanceNet:
         self.w = (skeleton + 0.3 * rng.normal(size=(6, 2))).astype(np.float32)
         self.bias = np.array([1.5, -1.0], dtype=np.float32)
 
-    def __call__(self, x):
+    def __call__(self, rows):
         import numpy as np
 
-        return 1.0 / (1.0 + np.exp(-(x @ self.w + self.bias)))
+        x = np.asarray(rows, dtype=np.float32).reshape(len(rows), 6)
+        return (1.0 / (1.0 + np.exp(-(x @ self.w + self.bias)))).tolist()
 
 
 def policies_for(law: DraftLaw) -> list[DraftPolicy]:
