@@ -94,7 +94,7 @@ def choose_default_plan(
             reasons.append(f"{path.name}: {plan} is greedy-only")
             continue
         return plan, f"{path.name} was tuned for this model pair (its plan for temperature {float(key):g})"
-    return Plan.parse(DEFAULT_PLAN), f"the default static plan ({'; '.join(reasons)})"
+    return Plan.parse(DEFAULT_PLAN), f"the default static plan ({'; '.join(reasons) or 'no tuned plan files'})"
 
 
 def _is_number(key: Any) -> bool:

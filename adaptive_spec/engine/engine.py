@@ -261,6 +261,7 @@ class SpecEngine:
         token: str | bool | None = None,
         quantization_config: Any = None,
         device_map: str | dict[str, Any] | None = None,
+        offload_folder: str | os.PathLike | None = None,
         **engine_kwargs: Any,
     ) -> SpecEngine:
         """Load target, draft and their tokenizers from local directories or hub ids.
@@ -278,7 +279,7 @@ class SpecEngine:
         ``from_pretrained`` (needs ``accelerate``), so that a large target can be spread over
         several devices (and offloaded); the draft is loaded onto the device of the target's
         input embeddings, where the engine keeps its tensors. Give ``device`` or
-        ``device_map``, not both.
+        ``device_map``, not both. ``offload_folder`` goes with it, for modules mapped to ``"disk"``.
 
         A hub name (``org/name``) is checked before anything is downloaded: offline
         (``HF_HUB_OFFLINE=1``, or no connection to the hub) it loads from the local Hugging
@@ -322,7 +323,8 @@ class SpecEngine:
             model_kw["quantization_config"] = quantization_config
         if device_map is not None:
             _check_accelerate()
-            target_model = AutoModelForCausalLM.from_pretrained(target, device_map=device_map, **model_kw)
+            offload = {"offload_folder": str(offload_folder)} if offload_folder is not None else {}
+            target_model = AutoModelForCausalLM.from_pretrained(target, device_map=device_map, **offload, **model_kw)
             draft_model = AutoModelForCausalLM.from_pretrained(draft, **model_kw).to(target_model.device)
             models = [target_model, draft_model]
         else:

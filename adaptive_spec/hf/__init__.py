@@ -98,7 +98,12 @@ def speculative_generate(
         raise ValueError("padded prompts are not supported: pass the prompt without padding (attention_mask all ones)")
     tokenizer = kwargs.pop("tokenizer", None)
     kwargs.pop("assistant_tokenizer", None)
+    default_max_length = kwargs.get("max_length") is None and all(
+        getattr(c, "max_length", None) is None for c in (generation_config, model.generation_config)
+    )
     config, rest = model._prepare_generation_config(generation_config, **kwargs)  # transformers' own precedence
+    if default_max_length and config.max_new_tokens is None:  # as generate: by default, 20 *new* tokens
+        config.max_new_tokens = config.max_length
     rest = {k: v for k, v in rest.items() if k not in _IGNORED}
     if rest:
         raise TypeError(f"unexpected generate() arguments for adaptive-spec: {', '.join(sorted(rest))}")
