@@ -7,6 +7,7 @@ import copy
 import logging
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,8 +63,8 @@ def test_the_shipped_in_draft_file_is_stamped_for_the_built_in_pair():
     engine = SpecEngine.from_pretrained()
     half = SpecEngine.from_pretrained(dtype="bfloat16")
     assert half.fingerprints() == engine.fingerprints()  # the checkpoint, whatever the load dtype
-    in_draft = yaml.safe_load(open(os.path.join(REPO, "configs/plans/in-draft.yaml")))
-    best_static = yaml.safe_load(open(os.path.join(REPO, "configs/plans/best-static.yaml")))
+    in_draft = yaml.safe_load(Path(REPO, "configs/plans/in-draft.yaml").read_text())
+    best_static = yaml.safe_load(Path(REPO, "configs/plans/best-static.yaml").read_text())
     assert plan_file_matches(in_draft, engine.fingerprints())
     assert not plan_file_matches(best_static, engine.fingerprints())
     from adaptive_spec.tuning.policies import load_in_draft
@@ -173,7 +174,7 @@ def test_max_length_counts_the_prompt_and_max_new_tokens_wins(configured):
     engine.target.generation_config = GenerationConfig(max_length=9, max_new_tokens=4, do_sample=False)
     assert len(engine.generate([0, 5, 6]).token_ids) == 4
     engine.target.generation_config = GenerationConfig(do_sample=False)
-    with pytest.raises(ValueError, match="max_length=2 .* leaves no room"):
+    with pytest.raises(ValueError, match=r"max_length=2 .* leaves no room"):
         engine.generate([0, 5, 6], generation_config=GenerationConfig(max_length=2, max_new_tokens=None))
 
 
@@ -225,7 +226,7 @@ def test_device_map_loads_through_accelerate_and_decodes_the_same(pair_dir, tmp_
         ref = plain.generate("w5 w6", max_new_tokens=12, temperature=0, plan=plan).token_ids
         assert mapped.generate("w5 w6", max_new_tokens=12, temperature=0, plan=plan).token_ids == ref
         assert by_module.generate("w5 w6", max_new_tokens=12, temperature=0, plan=plan).token_ids == ref
-    with pytest.raises(ValueError, match="device= .* or device_map="):
+    with pytest.raises(ValueError, match=r"device= .* or device_map="):
         SpecEngine.from_pretrained(str(pair_dir / "target"), str(pair_dir / "draft"), device="cpu", device_map="auto")
 
 
