@@ -269,3 +269,17 @@ def test_custom_generate_runs_the_engine_from_model_generate(models):
     with pytest.raises(ValueError, match="trust_remote_code"):
         target.generate(ids, attention_mask=mask, assistant_model=draft,
                         custom_generate=adaptive_spec.custom_generate_dir())  # fmt: skip
+
+
+def test_cli_generate_plays_the_default_plan_and_fails_offline_in_one_line(pair_dir, monkeypatch, capsys):
+    import json
+
+    from adaptive_spec.cli import main
+
+    args = ["generate", "--target", str(pair_dir / "target"), "--draft", str(pair_dir / "draft"), "--prompt", "w3"]
+    assert main([*args, "--max-new-tokens", "6", "--temperature", "0", "--json", "--device", "cpu"]) == 0
+    stats = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    assert stats["plan"] == DEFAULT_PLAN and stats["draft_forwards"] > 0  # the tiny pair matches no tuned file
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(SystemExit, match=r"^generate: target model 'nosuch-org/x' is not a local directory"):
+        main(["generate", "--target", "nosuch-org/x", "--draft", "nosuch-org/y", "--prompt", "w3"])
