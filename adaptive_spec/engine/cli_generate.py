@@ -1,7 +1,8 @@
 """``adaptive-spec generate``: generate text with speculative decoding and print statistics.
 
 ``--plan`` runs one static plan every step (default ``auto``: the plan tuned for this model pair,
-checked by model fingerprints, else ``chain:2/block``, as ``SpecEngine.generate``); ``--selector selector.onnx`` lets the learned selector
+checked by model fingerprints, else ``chain:2/block``, as ``SpecEngine.generate``);
+``--selector selector.onnx`` lets the learned selector
 (:class:`~adaptive_spec.selector.runtime.AdaptivePlanner`) choose each step's plan, with the
 latency features from ``--profile`` (default ``data/profile/profile.json`` if it exists, else 0).
 """

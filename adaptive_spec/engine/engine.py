@@ -187,7 +187,7 @@ class SpecEngine:
         # Tuned plan files tried by default_plan() (None: configs/plans/in-draft.yaml, then best-static.yaml).
         self.tuned_plan_files: Sequence[str | os.PathLike] | None = None
         self._fingerprints: dict[str, str] | None = None
-        self._default_plans: dict[tuple[str, float], Plan] = {}
+        self._default_plans: dict[tuple[Any, float], Plan] = {}
         self.feature_log: FeatureLogger | None = None
         if feature_log is not None:
             from adaptive_spec.data.logger import FeatureLogger
@@ -373,7 +373,8 @@ class SpecEngine:
         """
         from adaptive_spec.engine.auto_plan import choose_default_plan
 
-        key = ("sample" if temperature > 0 else "greedy", float(temperature))
+        files = None if self.tuned_plan_files is None else tuple(map(str, self.tuned_plan_files))
+        key = (files, float(temperature))
         if key not in self._default_plans:
             plan, why = choose_default_plan(self.fingerprints(), temperature, self.tuned_plan_files)
             _log.info("generate(): plan %s at temperature %g: %s", plan, temperature, why)

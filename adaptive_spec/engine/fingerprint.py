@@ -62,14 +62,14 @@ def model_fingerprint(model: Any, tokenizer: Any = None) -> str:
 
     Args:
         model: a ``PreTrainedModel``.
-        tokenizer: its tokenizer (its ``get_vocab()`` is hashed), or None.
+        tokenizer: its tokenizer (its ``get_vocab()`` is hashed), or None (as is one without ``get_vocab``).
 
     Returns:
         ``"v1:"`` followed by 16 hex digits.
     """
     h = hashlib.sha256()
     h.update(_config_bytes(model))
-    if tokenizer is not None:
+    if callable(getattr(tokenizer, "get_vocab", None)):
         vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
         h.update(json.dumps(vocab).encode())
     named = list(model.named_parameters())
