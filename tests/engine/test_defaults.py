@@ -283,3 +283,17 @@ def test_cli_generate_plays_the_default_plan_and_fails_offline_in_one_line(pair_
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(SystemExit, match=r"^generate: target model 'nosuch-org/x' is not a local directory"):
         main(["generate", "--target", "nosuch-org/x", "--draft", "nosuch-org/y", "--prompt", "w3"])
+
+
+def test_tune_stamp_writes_the_pairs_fingerprints_and_keeps_the_plans(tmp_path, capsys):
+    from adaptive_spec.cli import main
+
+    f = tmp_path / "in-draft.yaml"
+    f.write_text("# header kept\n" + yaml.safe_dump({"version": 1, "plans": {"0": {"plan": "chain:3/block"}}}))
+    assert main(["tune", "stamp", str(f)]) == 0
+    data = yaml.safe_load(f.read_text())
+    engine = SpecEngine.from_pretrained()
+    assert plan_file_matches(data, engine.fingerprints()) and data["plans"] == {"0": {"plan": "chain:3/block"}}
+    assert f.read_text().startswith("# header kept\n") and engine.fingerprints()["target"] in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="no such file"):
+        main(["tune", "stamp", str(tmp_path / "missing.yaml")])
