@@ -16,6 +16,10 @@ def __getattr__(name: str):  # lazy, so that ``import adaptive_spec`` does not l
         from adaptive_spec.trees import policy as _policy
 
         return getattr(_plan, name, None) or getattr(_policy, name)
+    if name == "custom_generate_dir":
+        from adaptive_spec.hf import custom_generate_dir
+
+        return custom_generate_dir
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -30,6 +34,7 @@ __all__ = [
     "SpecEngine",
     "TreeShape",
     "VerifyResult",
+    "custom_generate_dir",
     "parse_policy",
     "sample_tree",
     "verify",

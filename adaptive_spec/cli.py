@@ -56,6 +56,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.tuning.policies",
         "choose the in-draft planner's drafting policy per temperature on measured speedup; to configs/plans",
     ),
+    ("tune", "stamp"): (
+        "adaptive_spec.engine.fingerprint",
+        "record a model pair's fingerprints in a tuned plan file (generate() then plays it by default for that pair)",
+    ),
     ("tune", "selector"): (
         "adaptive_spec.tuning.cli_selector",
         "search the selector's hyper-parameters with Optuna, pruning on val/agg_rel_tps; best to best-selector.yaml",

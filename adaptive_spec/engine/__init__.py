@@ -1,7 +1,8 @@
 """The speculative-decoding engine over transformers models.
 
 ``SpecEngine(target, draft, tokenizer).generate(prompt, plan="delayed:2x3x3/traversal")``;
-``plan=None`` is plain autoregressive decoding with the target (the baseline).
+without a plan it plays the plan tuned for the loaded pair (checked by model fingerprints), else
+``chain:2/block``; ``plan="autoregressive"`` (or None) is plain decoding with the target (the baseline).
 """
 
 from adaptive_spec.engine.engine import EngineState, GenerationResult, SpecEngine

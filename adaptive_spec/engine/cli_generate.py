@@ -1,6 +1,8 @@
 """``adaptive-spec generate``: generate text with speculative decoding and print statistics.
 
-``--plan`` runs one static plan every step; ``--selector selector.onnx`` lets the learned selector
+``--plan`` runs one static plan every step (default ``auto``: the plan tuned for this model pair,
+checked by model fingerprints, else ``chain:2/block``, as ``SpecEngine.generate``);
+``--selector selector.onnx`` lets the learned selector
 (:class:`~adaptive_spec.selector.runtime.AdaptivePlanner`) choose each step's plan, with the
 latency features from ``--profile`` (default ``data/profile/profile.json`` if it exists, else 0).
 """
@@ -11,7 +13,7 @@ import argparse
 import json
 import sys
 
-DEFAULT_PLAN = "delayed:2x3x3/traversal"
+DEFAULT_PLAN = "auto"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--plan",
         default=None,
         help="'<tree shape>/<verifier>' (shapes: chain:L, iid:KxL, delayed:TxKxB, wor:W1xW2x...) "
-        f"or 'ar' for plain autoregressive decoding (default: {DEFAULT_PLAN})",
+        "or 'ar' for plain autoregressive decoding (default: auto, the plan tuned for this model pair if a "
+        "plan file was stamped for it, else chain:2/block)",
     )
     parser.add_argument(
         "--selector", default=None, help="an ONNX selector (export-selector) choosing the plan of every step"
@@ -33,9 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="latency profile for the selector's latency features (default: data/profile/profile.json if present)",
     )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=64, help="number of new tokens (default: %(default)s)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: %(default)s)")
-    parser.add_argument("--top-k", type=int, default=0, help="top-k filter, 0 = off (default: %(default)s)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus filter, 1 = off (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="0 = greedy (default: the target's generation_config, else 1)")
+    parser.add_argument("--top-k", type=int, default=None,
+                        help="top-k filter, 0 = off (default: the target's generation_config, else off)")
+    parser.add_argument("--top-p", type=float, default=None,
+                        help="nucleus filter, 1 = off (default: the target's generation_config, else off)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
     parser.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
@@ -69,10 +75,13 @@ def run(args: argparse.Namespace) -> int:
         name = args.plan or DEFAULT_PLAN
         plan = None if name.lower() in ("ar", "none", "autoregressive") else name
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    engine = SpecEngine.from_pretrained(
-        args.target, args.draft, device=device, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
-        latency_model=latency,
-    )  # fmt: skip
+    try:
+        engine = SpecEngine.from_pretrained(
+            args.target, args.draft, device=device, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
+            latency_model=latency,
+        )  # fmt: skip
+    except ValueError as err:  # a missing directory, an offline hub name, mismatched tokenizers
+        raise SystemExit(f"generate: {err}") from None
     kwargs = {
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
@@ -98,6 +107,8 @@ def run(args: argparse.Namespace) -> int:
             "decision_latency_us": plan.latency_us(),
         }
     if args.json:
+        if plan == DEFAULT_PLAN:
+            plan = str(result.steps[0].plan) if result.steps else "autoregressive"
         name = "adaptive" if selector else (str(plan) if plan else "autoregressive")
         print(json.dumps({"plan": name, **(selector or {}), **s.as_dict()}, indent=2))
     else:

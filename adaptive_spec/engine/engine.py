@@ -23,6 +23,8 @@ otherwise the step runs exactly as without them (no extra forward, no extra host
 
 from __future__ import annotations
 
+import logging
+import numbers
 import operator
 import os
 import time
@@ -54,7 +56,8 @@ if TYPE_CHECKING:
     from adaptive_spec.data.logger import FeatureLogger
 
 AUTOREGRESSIVE = "autoregressive"  # plan name of plain decoding with the target (also plan=None)
-_ENGINE_PLANNER: Any = object()  # generate()'s default plan: the engine's own planner
+AUTO = "auto"  # generate()'s default plan: the engine's planner, else the tuned plan for this pair, else a default
+_log = logging.getLogger("adaptive_spec.engine")
 
 
 @dataclass
@@ -128,7 +131,8 @@ class SpecEngine:
         draft_tokenizer: the draft's tokenizer, if separate; it must agree with ``tokenizer``
             on every token id below ``vocab_size``.
         planner: what :meth:`generate` uses when it is given no ``plan``: a plan, plan string
-            or planner (default None: autoregressive decoding).
+            or planner (default None: the tuned plan for this model pair if a plan file was
+            tuned for it, else ``chain:2/block``; see :meth:`default_plan`).
         feature_log: log every speculative step's features: a directory, or a
             :class:`~adaptive_spec.data.logger.FeatureLogger` for other settings (shard size,
             hidden states, run id). See :mod:`adaptive_spec.data.logger`.
@@ -180,6 +184,10 @@ class SpecEngine:
         self.hidden_sizes = tuple(m.get_output_embeddings().weight.shape[1] for m in (self.draft, self.target))
         self.planner = planner
         self.latency_model = latency_model
+        # Tuned plan files tried by default_plan() (None: configs/plans/in-draft.yaml, then best-static.yaml).
+        self.tuned_plan_files: Sequence[str | os.PathLike] | None = None
+        self._fingerprints: dict[str, str] | None = None
+        self._default_plans: dict[tuple[Any, float], Plan] = {}
         self.feature_log: FeatureLogger | None = None
         # Called as node_log(tree, fed, target_probs, temperature) after each speculative step's
         # target pass, with ``fed[i]`` whether node i was run through the draft (the in-draft
@@ -257,6 +265,8 @@ class SpecEngine:
         revision: str | None = None,
         token: str | bool | None = None,
         quantization_config: Any = None,
+        device_map: str | dict[str, Any] | None = None,
+        offload_folder: str | os.PathLike | None = None,
         **engine_kwargs: Any,
     ) -> SpecEngine:
         """Load target, draft and their tokenizers from local directories or hub ids.
@@ -268,11 +278,21 @@ class SpecEngine:
         existing directories. ``revision``, ``token`` and ``quantization_config`` go to
         transformers' ``from_pretrained`` as they are (the first two to the tokenizers too).
         Other keyword arguments (``planner``, ``feature_log``, ``latency_model``) go to the
-        constructor. ``device_map`` is not supported yet: the engine runs both models on one
-        device.
+        constructor.
+
+        ``device_map`` (``"auto"``, ``"cpu"``, a dict, ...) goes to the *target*'s
+        ``from_pretrained`` (needs ``accelerate``), so that a large target can be spread over
+        several devices (and offloaded); the draft is loaded onto the device of the target's
+        input embeddings, where the engine keeps its tensors. Give ``device`` or
+        ``device_map``, not both. ``offload_folder`` goes with it, for modules mapped to ``"disk"``.
+
+        A hub name (``org/name``) is checked before anything is downloaded: offline
+        (``HF_HUB_OFFLINE=1``, or no connection to the hub) it loads from the local Hugging
+        Face cache, or fails at once with one line saying so.
 
         Raises:
-            ValueError: the two tokenizers disagree.
+            ValueError: the two tokenizers disagree; a local path that is not a directory; a hub
+                name that is neither cached nor reachable; ``device`` and ``device_map`` together.
         """
         import os
 
@@ -280,12 +300,14 @@ class SpecEngine:
 
         if isinstance(dtype, str):
             dtype = _parse_dtype(dtype)
+        if device is not None and device_map is not None:
+            raise ValueError("give device= (both models on one device) or device_map= (the target spread), not both")
         if target is None and draft is None:
             from adaptive_spec.zoo import default_pair_path
 
             root = default_pair_path()
             target, draft = str(root / "target"), str(root / "draft")
-            if dtype is None and torch.device(device or "cpu").type == "cpu":
+            if dtype is None and torch.device(device or "cpu").type == "cpu" and device_map is None:
                 dtype = torch.float32
         elif target is None or draft is None:
             raise ValueError("give both target and draft, or neither for the built-in default pair")
@@ -293,18 +315,25 @@ class SpecEngine:
             _check_model_path(role, str(path))
         if local_files_only is None:
             local_files_only = os.path.isdir(target) and os.path.isdir(draft)
+        if not local_files_only:  # hub names: cached, or reachable, or one clear line now
+            cached = [_check_hub_name(role, str(p), revision) for role, p in (("target", target), ("draft", draft))]
+            local_files_only = all(cached)
         kw: dict[str, Any] = {"trust_remote_code": trust_remote_code, "local_files_only": local_files_only}
         if revision is not None:
             kw["revision"] = revision
         if token is not None:
             kw["token"] = token
-        models = [
-            AutoModelForCausalLM.from_pretrained(
-                path, dtype=dtype or "auto", attn_implementation=attn_implementation, **kw,
-                **({"quantization_config": quantization_config} if quantization_config is not None else {}),
-            )
-            for path in (target, draft)
-        ]
+        model_kw: dict[str, Any] = {"dtype": dtype or "auto", "attn_implementation": attn_implementation, **kw}
+        if quantization_config is not None:
+            model_kw["quantization_config"] = quantization_config
+        if device_map is not None:
+            _check_accelerate()
+            offload = {"offload_folder": str(offload_folder)} if offload_folder is not None else {}
+            target_model = AutoModelForCausalLM.from_pretrained(target, device_map=device_map, **offload, **model_kw)
+            draft_model = AutoModelForCausalLM.from_pretrained(draft, **model_kw).to(target_model.device)
+            models = [target_model, draft_model]
+        else:
+            models = [AutoModelForCausalLM.from_pretrained(path, **model_kw) for path in (target, draft)]
         tokenizer = AutoTokenizer.from_pretrained(target, **kw)
         try:
             draft_tokenizer = AutoTokenizer.from_pretrained(draft, **kw)
@@ -322,6 +351,41 @@ class SpecEngine:
         )
 
     # ------------------------------------------------------------------ public API
+    def fingerprints(self) -> dict[str, str]:
+        """``{"target": ..., "draft": ...}``: the pair's model fingerprints (computed once).
+
+        Each hashes the model's config, the engine tokenizer's vocabulary and a sample of its
+        weights (:func:`~adaptive_spec.engine.fingerprint.model_fingerprint`): the same whatever
+        device or dtype the checkpoint was loaded with. Tuned plan files record the fingerprints
+        of the pair they were tuned for.
+        """
+        if self._fingerprints is None:
+            from adaptive_spec.engine.fingerprint import pair_fingerprints
+
+            self._fingerprints = pair_fingerprints(self.target, self.draft, self.tokenizer)
+        return self._fingerprints
+
+    def default_plan(self, temperature: float) -> Plan:
+        """The plan :meth:`generate` plays at ``temperature`` when given no plan and the engine has no planner.
+
+        The in-draft planner's plan (``configs/plans/in-draft.yaml``) when that file was tuned
+        for this model pair, checked against the model fingerprints in its metadata; else the
+        tuned best static plan (``configs/plans/best-static.yaml``) on the same condition; else
+        ``chain:2/block``. Plans tuned per temperature are taken at the nearest tuned
+        temperature of the same kind (greedy or sampling). The choice and its reason are logged
+        (``logging.INFO``, logger ``adaptive_spec.engine``) once per temperature. See
+        :mod:`adaptive_spec.engine.auto_plan`.
+        """
+        from adaptive_spec.engine.auto_plan import choose_default_plan
+
+        files = None if self.tuned_plan_files is None else tuple(map(str, self.tuned_plan_files))
+        key = (files, float(temperature))
+        if key not in self._default_plans:
+            plan, why = choose_default_plan(self.fingerprints(), temperature, self.tuned_plan_files)
+            _log.info("generate(): plan %s at temperature %g: %s", plan, temperature, why)
+            self._default_plans[key] = plan
+        return self._default_plans[key]
+
     def generate(
         self,
         prompt: str | Sequence[int] | torch.Tensor | Mapping[str, Any] | None = None,
@@ -329,7 +393,7 @@ class SpecEngine:
         temperature: float | None = None,
         top_k: int | None = None,
         top_p: float | None = None,
-        plan: Plan | str | Any = _ENGINE_PLANNER,
+        plan: Plan | str | Any = AUTO,
         seed: int | None = None,
         stop: Sequence[str | int] | str | None = None,
         streamer: Any = None,
@@ -342,6 +406,15 @@ class SpecEngine:
     ) -> GenerationResult:
         """Generate up to ``max_new_tokens`` tokens after ``prompt``.
 
+        Sampling settings follow transformers' precedence: explicit arguments, then the
+        ``generation_config`` argument, then the target's own ``model.generation_config`` (read
+        at each call; its ``temperature``, ``top_k``, ``top_p``, ``do_sample``, ``min_p``,
+        ``typical_p``, ``epsilon_cutoff``, ``max_new_tokens``/``max_length``, ``eos_token_id``
+        and ``stop_strings``), then the engine's defaults: 32 new tokens, sampling at
+        temperature 1, no top-k or top-p (transformers' own defaults would be greedy, 20 tokens
+        in all, top-k 50). A ``do_sample=False`` from either config means temperature 0 unless
+        ``temperature`` is passed explicitly.
+
         Args:
             prompt: text (needs a tokenizer), token ids (list, 1-D tensor or [1, n] tensor), or
                 the ``BatchEncoding``/dict of a tokenizer call or of ``apply_chat_template(...,
@@ -351,12 +424,15 @@ class SpecEngine:
                 the plan's tree shape is still drafted); > 0 samples.
             top_k: top-k filter (0 disables), applied to draft and target alike.
             top_p: nucleus filter (1 disables), applied to draft and target alike.
-            plan: ``"autoregressive"`` (or None) for plain decoding with the target (the
-                baseline); a :class:`Plan`; a plan string ``"<tree shape>/<verifier>"`` such as
-                ``"delayed:2x3x3/traversal"``, or ``"<drafting policy>/<verifier>"`` such as
-                ``"conf-chain:12:0.4/block"`` (a tree grown while drafting,
-                :mod:`adaptive_spec.trees.policy`); or a planner with ``choose(state) -> Plan``
-                (and optionally ``observe(step_result)``). Default: the engine's ``planner``.
+            plan: ``"auto"`` (the default): the engine's ``planner`` if it has one, else
+                :meth:`default_plan` (the plan tuned for this model pair, checked by model
+                fingerprints, else ``chain:2/block``; logged at INFO level). ``"autoregressive"``
+                (or None): plain decoding with the target, the baseline. A :class:`Plan`; a plan
+                string ``"<tree shape>/<verifier>"`` such as ``"delayed:2x3x3/traversal"``, or
+                ``"<drafting policy>/<verifier>"`` such as ``"conf-chain:12:0.4/block"`` (a tree
+                grown while drafting, :mod:`adaptive_spec.trees.policy`); or a planner with
+                ``choose(state) -> Plan`` (and optionally ``observe(step_result)``). Every plan
+                is lossless: the verifier registry refuses a verifier that is not for the law.
             seed: seeds the ``torch.Generator`` every random draw comes from (None: random).
             stop: extra stop conditions: strings (generation stops once the decoded output
                 contains one; it is kept in the output) and/or token ids (treated as EOS).
@@ -367,18 +443,23 @@ class SpecEngine:
             messages: a chat, ``[{"role": "user", "content": "..."}, ...]``, rendered with the
                 tokenizer's chat template (with the generation prompt) instead of ``prompt``.
             logits_processor: extra transformers logits processors, applied to the draft's and
-                the target's rows alike after the sampling warpers. Only row-wise ones are
-                lossless and accepted (:data:`~adaptive_spec.engine.sampling.ROW_WISE_PROCESSORS`:
-                min-p, typical, epsilon/eta, top-h, suppressed tokens, ...); history-dependent
-                ones (repetition penalty, n-gram bans, minimum length) are refused.
-            generation_config: a transformers ``GenerationConfig``: its ``do_sample`` (False means
-                temperature 0), ``temperature``, ``top_k``, ``top_p``, ``max_new_tokens`` and
-                ``eos_token_id`` apply where the matching argument is not given. Without it:
-                32 new tokens, temperature 1, no top-k or top-p.
-            stopping_criteria: transformers stopping criteria, checked after every emitted token
-                as in ``generate`` (the output is cut at the first token that meets one):
-                ``MaxLengthCriteria``, ``MaxTimeCriteria``, ``StopStringCriteria``,
-                ``EosTokenCriteria``. Criteria that read the scores are refused.
+                the target's rows alike after the sampling warpers. Only processors that act on
+                each row alone are lossless and accepted
+                (:data:`~adaptive_spec.engine.sampling.ROW_WISE_PROCESSORS`: temperature, top-k,
+                top-p, min-p, typical, epsilon, eta, top-h, suppressed tokens, inf/NaN removal);
+                history-dependent ones (repetition penalty, n-gram bans, minimum length, bad
+                words, ...) are refused with a ValueError.
+            generation_config: a transformers ``GenerationConfig``; its fields fill the arguments
+                left out (see above). Settings the engine cannot apply losslessly
+                (``repetition_penalty``, ``no_repeat_ngram_size``, ``min_new_tokens``, beams,
+                ...) are refused with a ValueError; in the target's own ``generation_config``
+                they are ignored with a warning.
+            stopping_criteria: transformers stopping criteria that read only the token ids,
+                checked after every emitted token as in ``generate`` (the output is cut at the
+                first token that meets one): ``MaxLengthCriteria``, ``MaxTimeCriteria``,
+                ``StopStringCriteria``, ``EosTokenCriteria``. Criteria that read the scores
+                (``ConfidenceCriteria``, custom ones) are refused: a speculative step emits
+                several tokens without per-token scores.
 
         Returns:
             A :class:`GenerationResult`.
@@ -386,13 +467,11 @@ class SpecEngine:
         Raises:
             ValueError: invalid prompt, sampling parameters, plan or budget; NaN/inf logits.
         """
-        prompt = self._chat_prompt(prompt, messages)
-        extra = check_logits_processors(logits_processor)
-        criteria = _check_stopping_criteria(stopping_criteria)
-        max_new_tokens, temperature, top_k, top_p, stop = _apply_generation_config(
-            generation_config, max_new_tokens, temperature, top_k, top_p, stop
-        )
-        it = self._run(prompt, max_new_tokens, temperature, top_k, top_p, plan, seed, stop, streamer, extra, criteria)
+        it = self._start(
+            prompt, max_new_tokens, temperature, top_k, top_p, plan, seed, stop, streamer, messages=messages,
+            logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+            generation_config=generation_config,
+        )  # fmt: skip
         while True:
             try:
                 next(it)
@@ -402,27 +481,18 @@ class SpecEngine:
                     result.state = None
                 return result
 
-    def stream(self, prompt: str | Sequence[int] | torch.Tensor, **kwargs: Any) -> Iterator[str]:
+    def stream(self, prompt: str | Sequence[int] | torch.Tensor | None = None, **kwargs: Any) -> Iterator[str]:
         """Like :meth:`generate`, but yield the generated text in chunks as steps complete.
 
         Needs a tokenizer. A chunk is held back while it ends in an incomplete UTF-8
-        character. Keyword arguments are those of :meth:`generate`.
+        character. Keyword arguments are those of :meth:`generate` (but ``keep_state``).
         """
         if self.tokenizer is None:
             raise ValueError("stream() needs a tokenizer; pass tokenizer= to SpecEngine")
-        it = self._run(
-            prompt,
-            kwargs.pop("max_new_tokens", 32),
-            kwargs.pop("temperature", 1.0),
-            kwargs.pop("top_k", 0),
-            kwargs.pop("top_p", 1.0),
-            kwargs.pop("plan", _ENGINE_PLANNER),
-            kwargs.pop("seed", None),
-            kwargs.pop("stop", None),
-            kwargs.pop("streamer", None),
-        )
-        if kwargs:
-            raise TypeError(f"stream() got unexpected arguments: {', '.join(kwargs)}")
+        try:
+            it = self._start(prompt, **kwargs)
+        except TypeError as err:
+            raise TypeError(f"stream() got unexpected arguments: {err}") from None
         generated: list[int] = []
         sent = ""
         for chunk in it:
@@ -435,6 +505,48 @@ class SpecEngine:
         text = self.tokenizer.decode(generated, skip_special_tokens=True)
         if len(text) > len(sent):
             yield text[len(sent) :]
+
+    def _start(
+        self,
+        prompt: Any = None,
+        max_new_tokens: int | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        plan: Any = AUTO,
+        seed: int | None = None,
+        stop: Sequence[str | int] | str | None = None,
+        streamer: Any = None,
+        *,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+        logits_processor: Any = None,
+        stopping_criteria: Any = None,
+        generation_config: Any = None,
+    ) -> Iterator[list[int]]:
+        """Check the arguments, resolve the generation settings and return the loop's iterator."""
+        prompt = self._chat_prompt(prompt, messages)
+        extra = check_logits_processors(logits_processor)
+        criteria = _check_stopping_criteria(stopping_criteria)
+        gen = resolve_generation(
+            generation_config, getattr(self.target, "generation_config", None),
+            max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+        )  # fmt: skip
+        if gen.stop_strings:
+            stop = [*([stop] if isinstance(stop, (str, int)) else list(stop or [])), *gen.stop_strings]
+        max_new = gen.max_new_tokens
+        if max_new is None and gen.max_length is not None:  # transformers: max_length counts the prompt
+            prompt = self._prompt_ids(prompt)
+            max_new = _as_int(gen.max_length, "max_length", 1) - len(prompt)
+            if max_new < 1:
+                raise ValueError(
+                    f"max_length={gen.max_length} (from the generation config) leaves no room after the "
+                    f"{len(prompt)}-token prompt; pass max_new_tokens="
+                )
+        eos = gen.eos_token_ids if gen.eos_token_ids is not None else _eos_ids(self.target, self.tokenizer)
+        return self._run(
+            prompt, 32 if max_new is None else max_new, gen.temperature, gen.top_k, gen.top_p, plan, seed, stop,
+            streamer, [*gen.processors, *extra], criteria, eos,
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ the loop
     def _run(
@@ -450,6 +562,7 @@ class SpecEngine:
         streamer: Any,
         extra_processors: Sequence[Any] = (),
         criteria: Sequence[Any] = (),
+        eos_ids: set[int] | None = None,
     ) -> Iterator[list[int]]:
         """Yield each step's emitted tokens; return the :class:`GenerationResult`."""
         t_start = time.perf_counter()
@@ -467,8 +580,8 @@ class SpecEngine:
                 f"streamer must have put(token_ids) and end() methods, like transformers' TextStreamer; "
                 f"got {type(streamer).__name__}"
             )
-        if plan is _ENGINE_PLANNER:
-            plan = self.planner
+        if isinstance(plan, str) and plan.strip() == AUTO:
+            plan = self.planner if self.planner is not None else self.default_plan(sampling.temperature)
         choose, observe = _planner_fns(plan)
         # Root features only when asked for (autoregressive decoding has no speculative steps).
         log = self.feature_log if choose is not None else None
@@ -482,7 +595,7 @@ class SpecEngine:
         stop_strings, stop_ids = _split_stop(stop, self.vocab_size)
         if stop_strings and self.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; pass token ids instead")
-        eos = self.eos_token_ids | stop_ids
+        eos = (self.eos_token_ids if eos_ids is None else set(eos_ids)) | stop_ids
         budget = max_new_tokens
         if self.max_positions is not None:
             room = self.max_positions - len(prompt_ids)
@@ -873,6 +986,71 @@ def _check_model_path(role: str, path: str) -> None:
         raise ValueError(f"{role} model {path!r}: {what} (a model directory holds config.json and the weights)")
 
 
+def _hub_offline() -> bool:
+    """Offline mode, read now (``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``; huggingface_hub reads them at import)."""
+    from huggingface_hub import constants
+
+    flags = (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE"))
+    return constants.is_offline_mode() or any(
+        (f or "").strip().upper() in ("1", "ON", "YES", "TRUE") for f in flags
+    )
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the hub endpoint answers a TCP connection within ``timeout`` seconds (True behind a proxy)."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True  # the proxy decides; let huggingface_hub try
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def _check_hub_name(role: str, name: str, revision: str | None) -> bool:
+    """True when model ``name`` needs no network (a local directory, or a hub name in the local cache).
+
+    A hub name that is neither cached nor reachable (offline mode, or no connection) raises at once.
+    """
+    if os.path.isdir(os.path.expanduser(name)):
+        return True
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = isinstance(try_to_load_from_cache(name, "config.json", revision=revision), str)
+    except ValueError:  # not a valid repo id
+        raise ValueError(f"{role} model {name!r}: no such directory, and not a valid hub name") from None
+    if cached:
+        return True
+    if _hub_offline():
+        raise ValueError(
+            f"{role} model {name!r} is not a local directory nor in the Hugging Face cache, and the hub is offline "
+            "(HF_HUB_OFFLINE=1): download it while online, or give a local model directory"
+        )
+    if not _hub_reachable():
+        from huggingface_hub import constants
+
+        raise ValueError(
+            f"{role} model {name!r} is not a local directory nor in the Hugging Face cache, and "
+            f"{constants.ENDPOINT} cannot be reached: check the network, or give a local model directory"
+        )
+    return False
+
+
+def _check_accelerate() -> None:
+    """device_map needs accelerate: say so in one line rather than from deep inside transformers."""
+    import importlib.util
+
+    if importlib.util.find_spec("accelerate") is None:
+        raise ValueError("device_map= needs the accelerate package: pip install accelerate")
+
+
 def _logits_size(model: PreTrainedModel) -> int:
     head = model.get_output_embeddings()
     if head is not None and getattr(head, "weight", None) is not None:
@@ -937,32 +1115,135 @@ def _token_id(x: Any, what: str) -> int:
         raise ValueError(f"{what} token ids must be integers, got {type(x).__name__} {x!r}") from None
 
 
-def _apply_generation_config(config: Any, max_new_tokens, temperature, top_k, top_p, stop) -> tuple:
-    """Fill the arguments left as None from a ``GenerationConfig``, then from the defaults."""
-    if config is not None:
-        from transformers import GenerationConfig
+@dataclass
+class GenerationSettings:
+    """Generation settings after transformers' precedence (see :func:`resolve_generation`).
 
-        if not isinstance(config, GenerationConfig):
-            raise TypeError(f"generation_config must be a transformers GenerationConfig, got {type(config).__name__}")
-        sampling = bool(config.do_sample)
-        if temperature is None:
-            temperature = (config.temperature if config.temperature is not None else 1.0) if sampling else 0.0
-        if top_k is None and sampling:
-            top_k = config.top_k or 0
-        if top_p is None and sampling:
-            top_p = config.top_p if config.top_p is not None else 1.0
-        if max_new_tokens is None and config.max_new_tokens:
-            max_new_tokens = config.max_new_tokens
-        eos = config.eos_token_id
-        if eos is not None:
-            extra = [eos] if isinstance(eos, int) else list(eos)
-            stop = [*([stop] if isinstance(stop, (str, int)) else list(stop or [])), *extra]
-    return (
-        32 if max_new_tokens is None else max_new_tokens,
-        1.0 if temperature is None else temperature,
-        0 if top_k is None else top_k,
-        1.0 if top_p is None else top_p,
-        stop,
+    Attributes:
+        max_new_tokens: the new-token budget, or None (then ``max_length``, else 32).
+        max_length: prompt plus new tokens, used only when ``max_new_tokens`` is None.
+        temperature: 0 = greedy.
+        top_k: 0 disables top-k.
+        top_p: 1 disables nucleus sampling.
+        eos_token_ids: the EOS ids of the ``generation_config`` argument, or None (then the
+            target's own, as the engine found them).
+        stop_strings: stop strings from a generation config.
+        processors: row-wise warpers built from ``min_p``, ``typical_p`` and ``epsilon_cutoff``.
+    """
+
+    max_new_tokens: int | None
+    max_length: int | None
+    temperature: float
+    top_k: int
+    top_p: float
+    eos_token_ids: set[int] | None = None
+    stop_strings: list[str] = field(default_factory=list)
+    processors: list[Any] = field(default_factory=list)
+
+
+# GenerationConfig fields that would need history-dependent processors, beams or several
+# sequences: refused in a generation_config argument, ignored with a warning in the model's own.
+_UNSUPPORTED_FIELDS = (
+    "repetition_penalty", "encoder_repetition_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size",
+    "min_length", "min_new_tokens", "bad_words_ids", "sequence_bias", "num_beams", "num_beam_groups",
+    "num_return_sequences", "penalty_alpha", "eta_cutoff", "forced_bos_token_id", "forced_eos_token_id",
+    "suppress_tokens", "begin_suppress_tokens", "exponential_decay_length_penalty", "guidance_scale",
+    "watermarking_config", "renormalize_logits", "top_h",
+)  # fmt: skip
+_NEUTRAL = {"repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+            "encoder_no_repeat_ngram_size": 0, "min_length": 0, "min_new_tokens": 0, "num_beams": 1,
+            "num_beam_groups": 1, "num_return_sequences": 1, "eta_cutoff": 0.0, "guidance_scale": 1.0,
+            "renormalize_logits": False}  # fmt: skip
+
+
+def resolve_generation(
+    config: Any,
+    model_config: Any = None,
+    *,
+    max_new_tokens: Any = None,
+    temperature: Any = None,
+    top_k: Any = None,
+    top_p: Any = None,
+) -> GenerationSettings:
+    """Merge generation settings as transformers does: explicit arguments > ``config`` > ``model_config`` > defaults.
+
+    Each ``GenerationConfig`` field that the explicit arguments leave out is taken from
+    ``config`` (the ``generation_config=`` argument) if set there, else from ``model_config``
+    (the target's ``generation_config``), else from the engine's defaults (32 new tokens,
+    sampling at temperature 1, no top-k or top-p). ``do_sample=False`` means temperature 0
+    unless ``temperature`` is explicit. ``max_new_tokens`` wins over ``max_length``, as in
+    transformers.
+
+    Raises:
+        TypeError: ``config`` is not a ``GenerationConfig``.
+        ValueError: ``config`` asks for something that is not lossless with speculative decoding
+            (repetition penalty, n-gram bans, minimum lengths, beams, ...).
+    """
+    import warnings
+
+    from transformers import GenerationConfig
+
+    if config is not None and not isinstance(config, GenerationConfig):
+        raise TypeError(f"generation_config must be a transformers GenerationConfig, got {type(config).__name__}")
+    sources = [c for c in (config, model_config) if isinstance(c, GenerationConfig)]
+    for src in sources:
+        bad = [f"{name}={getattr(src, name)!r}" for name in _UNSUPPORTED_FIELDS
+               if getattr(src, name, None) is not None and getattr(src, name) != _NEUTRAL.get(name)]  # fmt: skip
+        if not bad:
+            continue
+        what = ", ".join(bad)
+        if src is config:
+            raise ValueError(
+                f"generation_config sets {what}: not supported, speculative decoding stays lossless only with "
+                "row-wise settings (temperature, top_k, top_p, min_p, typical_p, epsilon_cutoff); unset it"
+            )
+        warnings.warn(f"the target's generation_config sets {what}: ignored (not lossless with speculative "
+                      "decoding); pass generation_config= to override", UserWarning, stacklevel=4)  # fmt: skip
+
+    def pick(name: str) -> Any:
+        for src in sources:
+            value = getattr(src, name, None)
+            if value is not None:
+                return value
+        return None
+
+    if temperature is None:
+        if pick("do_sample") is False:
+            temperature = 0.0
+        else:
+            temperature = pick("temperature")
+            temperature = 1.0 if temperature is None else temperature
+    top_k = top_k if top_k is not None else (pick("top_k") or 0)
+    top_p = top_p if top_p is not None else (pick("top_p") if pick("top_p") is not None else 1.0)
+    sampling = not (isinstance(temperature, numbers.Real) and not isinstance(temperature, bool) and temperature == 0)
+    processors: list[Any] = []
+    if sampling:
+        from transformers.generation.logits_process import (
+            EpsilonLogitsWarper,
+            MinPLogitsWarper,
+            TypicalLogitsWarper,
+        )
+
+        if pick("min_p") is not None:
+            processors.append(MinPLogitsWarper(float(pick("min_p"))))
+        if pick("typical_p") is not None and float(pick("typical_p")) < 1.0:
+            processors.append(TypicalLogitsWarper(float(pick("typical_p"))))
+        if pick("epsilon_cutoff") is not None and float(pick("epsilon_cutoff")) > 0.0:
+            processors.append(EpsilonLogitsWarper(float(pick("epsilon_cutoff"))))
+    eos = getattr(config, "eos_token_id", None) if config is not None else None
+    eos_ids = None
+    if eos is not None:
+        eos_ids = {_token_id(e, "eos") for e in ([eos] if not isinstance(eos, (list, tuple)) else eos)}
+    stop_strings = pick("stop_strings") or []
+    return GenerationSettings(
+        max_new_tokens=max_new_tokens if max_new_tokens is not None else pick("max_new_tokens"),
+        max_length=None if max_new_tokens is not None else pick("max_length"),
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        eos_token_ids=eos_ids,
+        stop_strings=[stop_strings] if isinstance(stop_strings, str) else list(stop_strings),
+        processors=processors,
     )
 
 

@@ -225,6 +225,9 @@ def run(args: argparse.Namespace) -> int:
                       else "grid", "max_new_tokens": args.max_new_tokens, "date": stamp})  # fmt: skip
     path = in_draft_path(args.config_out) if args.config_out else Path.cwd() / IN_DRAFT_RELPATH
     write_in_draft(choices, path)
+    from adaptive_spec.engine.fingerprint import stamp_plan_file
+
+    stamp_plan_file(path, engine.fingerprints())  # generate() plays these plans by default for this pair only
     for k, run_ in res["runs"].items():
         print(f"\ntemperature {k}: top candidates by speedup over autoregressive decoding")
         for r in sorted(run_["results"], key=lambda r: -(r["speedup_vs_ar"] or 0))[:8]:
