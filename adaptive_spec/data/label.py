@@ -6,7 +6,7 @@ action space, estimates
 
 * E[τ + 1], averaged over ``samples`` draft trees (default 4, as in DDTE). The verifier's
   randomness is integrated out exactly on each fixed tree
-  (:func:`adaptive_spec.verifiers.expected.expected_block_efficiency`): closed forms for the
+  (:func:`adaptive_spec.analysis.expected.expected_block_efficiency`): closed forms for the
   token-level test, BV/traversal/GBV (one all-reject run) and the top-down walks (DDTE eq. 1-3);
 * the predicted step time, from the latency profile (:class:`adaptive_spec.planner.latency.LatencyModel`).
 
@@ -45,7 +45,7 @@ from adaptive_spec.engine.sampling import ProbsFn, SamplingConfig, build_logits_
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.selector.features import SCHEMA
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
-from adaptive_spec.verifiers.expected import expected_block_efficiency
+from adaptive_spec.analysis.expected import expected_block_efficiency
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ import torch
 from _tiny import perturbed, tiny_model, tiny_tokenizer
 
 from adaptive_spec import SpecEngine
+from adaptive_spec.analysis.exact import completed_tv, output_law
+from adaptive_spec.analysis.instances import Instance, random_instance
 from adaptive_spec.planner import Plan
 from adaptive_spec.trees import TreeShape
 from adaptive_spec.verifiers import REGISTRY
-from adaptive_spec.verifiers.exact import completed_tv, output_law
-from adaptive_spec.verifiers.instances import Instance, random_instance
 
 V = 48
 
