@@ -37,7 +37,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "measure the draft and target forward latency (context x tokens), verifier and bookkeeping times",
     ),
     ("bench", "latency-model"): (
-        "adaptive_spec.bench.latency_model",
+        "adaptive_spec.bench.latency_fit",
         "compare the latency model's predicted step times with measured engine steps (MAPE per plan)",
     ),
     ("bench", "overhead"): (

@@ -131,7 +131,7 @@ def measure_forwards(
     import torch
     from tqdm.auto import tqdm
 
-    from adaptive_spec.engine.kv_cache import ModelRunner
+    from adaptive_spec.engine.runner import ModelRunner
 
     contexts, tokens = sorted(set(contexts)), sorted(set(tokens))
     if not contexts or contexts[0] < 0 or not tokens or tokens[0] < 1:

@@ -40,8 +40,8 @@ import torch
 
 from adaptive_spec.data.label_table import LABELS_FILE, LabelTable, write_labels
 from adaptive_spec.engine.drafting import check_finite, finite_flag
-from adaptive_spec.engine.kv_cache import ModelRunner
-from adaptive_spec.engine.sampling import ProbsFn, SamplingConfig, build_logits_processor
+from adaptive_spec.engine.runner import ModelRunner
+from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.selector.features import SCHEMA
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape

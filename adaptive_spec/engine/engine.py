@@ -5,7 +5,7 @@ model, scores every node in ONE target forward (tree attention mask + explicit p
 verifies it with a registered verifier, and commits the *accepted* tokens plus one
 *recovered* or *bonus* token to both KV caches.
 
-Cache convention (see :mod:`adaptive_spec.engine.kv_cache`): after the prefill the target's
+Cache convention (see :mod:`adaptive_spec.engine.runner`): after the prefill the target's
 cache holds ``context[:-1]``; a step's target block is ``[context[-1]] + drafted nodes``, the
 root node being the last committed token. Committing gathers the accepted nodes' KV rows
 into place and crops the rest.
@@ -43,9 +43,9 @@ from adaptive_spec.engine.drafting import (
     sample_categorical,
 )
 from adaptive_spec.engine.features import LatencyFeatures, RootFeatures, RootTracker
-from adaptive_spec.engine.kv_cache import ModelRunner
+from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor, check_logits_processors
 from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
-from adaptive_spec.engine.sampling import ProbsFn, SamplingConfig, build_logits_processor, check_logits_processors
+from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
 from adaptive_spec.trees import TreeShape
 from adaptive_spec.verifiers import REGISTRY, verify
@@ -363,7 +363,7 @@ class SpecEngine:
                 tokenizer's chat template (with the generation prompt) instead of ``prompt``.
             logits_processor: extra transformers logits processors, applied to the draft's and
                 the target's rows alike after the sampling warpers. Only row-wise ones are
-                lossless and accepted (:data:`~adaptive_spec.engine.sampling.ROW_WISE_PROCESSORS`:
+                lossless and accepted (:data:`~adaptive_spec.engine.logits.ROW_WISE_PROCESSORS`:
                 min-p, typical, epsilon/eta, top-h, suppressed tokens, ...); history-dependent
                 ones (repetition penalty, n-gram bans, minimum length) are refused.
             generation_config: a transformers ``GenerationConfig``: its ``do_sample`` (False means

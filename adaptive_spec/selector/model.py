@@ -12,7 +12,7 @@ the training data) cannot drown the others.
 The default objective, :func:`selector_loss` with ``objective="net"``, maximises the *aggregate*
 tokens/s a run measures (a ratio of sums) rather than DDTE's mean of per-context ratios: each
 context's value of an action is ``E[τ+1] - λ T``, with ``λ`` the best static plan's tokens/s
-(see :mod:`adaptive_spec.selector.data`). DDTE's own objective is kept as ``"ddte"``. A
+(see :mod:`adaptive_spec.selector.datamodule`). DDTE's own objective is kept as ``"ddte"``. A
 cross-entropy towards the soft per-context best action keeps actions the policy has given up on
 reachable. Actions outside the candidate set get a fixed ``-1e4`` logit bias (a buffer, so the
 exported graph never picks them).

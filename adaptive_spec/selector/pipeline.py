@@ -86,7 +86,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def training_prompts(count: int, seed: int) -> list[str]:
     """Prompts from standard-library files that are not among the built-in pair's held-out files."""
     from adaptive_spec.zoo import default_pair_path
-    from adaptive_spec.zoo.data import default_corpus, extract_prompts, list_sources
+    from adaptive_spec.zoo.corpus import default_corpus, extract_prompts, list_sources
 
     info = json.loads((default_pair_path() / "build_info.json").read_text())
     root = default_corpus()

@@ -263,7 +263,7 @@ class SelectorRuntime:
 
 
 def _parse_group(group: str) -> tuple[float, float] | None:
-    """``"T=0.7,top_p=1"`` -> ``(0.7, 1.0)`` (the keys of :func:`adaptive_spec.selector.data.sampling_group`)."""
+    """``"T=0.7,top_p=1"`` -> ``(0.7, 1.0)`` (the keys of :func:`adaptive_spec.selector.datamodule.sampling_group`)."""
     try:
         t, p = group.split(",")
         if not (t.startswith("T=") and p.startswith("top_p=")):

@@ -40,7 +40,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 
 from adaptive_spec.zoo.config import DEFAULT_MINUTES, ZooConfig
-from adaptive_spec.zoo.data import (
+from adaptive_spec.zoo.corpus import (
     TokenWindows,
     default_corpus,
     encode_stream,

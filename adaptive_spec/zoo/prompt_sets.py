@@ -27,7 +27,7 @@ def prompt_set(split: str, count: int, seed: int = 1, pair_dir: str | Path | Non
     """
     from adaptive_spec.zoo import default_pair_path
     from adaptive_spec.zoo.build import BUILD_INFO, read_prompts
-    from adaptive_spec.zoo.data import default_corpus, extract_prompts, split_corpus
+    from adaptive_spec.zoo.corpus import default_corpus, extract_prompts, split_corpus
 
     if split not in SPLITS:
         raise ValueError(f"unknown prompt split {split!r}; choose one of {', '.join(SPLITS)}")

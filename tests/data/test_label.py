@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from adaptive_spec.data.label import LabelConfig, Labeller, family_specs
-from adaptive_spec.engine.sampling import ProbsFn, SamplingConfig, build_logits_processor
+from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
 from adaptive_spec.planner.latency import LatencyModel
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.analysis.exact import target_rows, tree_law

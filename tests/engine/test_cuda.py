@@ -15,7 +15,7 @@ from _tiny import perturbed, tiny_model, tiny_tokenizer
 
 from adaptive_spec.analysis.exact import fixed_tree_law, target_rows
 from adaptive_spec.engine import SpecEngine
-from adaptive_spec.engine.kv_cache import ModelRunner
+from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.trees import DraftLaw, TreeShape, ancestor_matrix, sample_tree
 from adaptive_spec.verifiers import REGISTRY, verify
 

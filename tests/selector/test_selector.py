@@ -15,7 +15,7 @@ import torch
 from adaptive_spec.cli import main as cli_main
 from adaptive_spec.data.label_table import read_labels, write_labels
 from adaptive_spec.planner import Plan, StepState
-from adaptive_spec.selector.data import (
+from adaptive_spec.selector.datamodule import (
     SelectorSplit,
     oracle_choices,
     prepare,
