@@ -51,7 +51,7 @@ from adaptive_spec.trees import TreeShape
 from adaptive_spec.verifiers import REGISTRY, verify
 
 if TYPE_CHECKING:
-    from adaptive_spec.data.logger import FeatureLogger
+    from adaptive_spec.formats.feature_log import FeatureLogger
 
 AUTOREGRESSIVE = "autoregressive"  # plan name of plain decoding with the target (also plan=None)
 _ENGINE_PLANNER: Any = object()  # generate()'s default plan: the engine's own planner
@@ -130,8 +130,8 @@ class SpecEngine:
         planner: what :meth:`generate` uses when it is given no ``plan``: a plan, plan string
             or planner (default None: autoregressive decoding).
         feature_log: log every speculative step's features: a directory, or a
-            :class:`~adaptive_spec.data.logger.FeatureLogger` for other settings (shard size,
-            hidden states, run id). See :mod:`adaptive_spec.data.logger`.
+            :class:`~adaptive_spec.formats.feature_log.FeatureLogger` for other settings (shard size,
+            hidden states, run id). See :mod:`adaptive_spec.formats.feature_log`.
         latency_model: source of the latency features (anything with
             ``features(context_length)``, e.g. ``adaptive_spec.planner.LatencyModel``); they are
             0 without one.
@@ -182,7 +182,7 @@ class SpecEngine:
         self.latency_model = latency_model
         self.feature_log: FeatureLogger | None = None
         if feature_log is not None:
-            from adaptive_spec.data.logger import FeatureLogger
+            from adaptive_spec.formats.feature_log import FeatureLogger
 
             log = feature_log if isinstance(feature_log, FeatureLogger) else FeatureLogger(feature_log)
             log.attach(self.describe())
@@ -276,7 +276,7 @@ class SpecEngine:
         if isinstance(dtype, str):
             dtype = _parse_dtype(dtype)
         if target is None and draft is None:
-            from adaptive_spec.zoo import default_pair_path
+            from adaptive_spec.files import default_pair_path
 
             root = default_pair_path()
             target, draft = str(root / "target"), str(root / "draft")
@@ -891,7 +891,7 @@ def _eos_ids(model: PreTrainedModel, tokenizer: Any) -> set[int]:
 
 
 def _prompt_key(ids: Sequence[int]) -> str:
-    from adaptive_spec.data.logger import prompt_key
+    from adaptive_spec.formats.feature_log import prompt_key
 
     return prompt_key(ids)
 

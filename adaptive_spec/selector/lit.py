@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from adaptive_spec.data.label_table import read_label_sets
+from adaptive_spec.formats.features import SCHEMA
+from adaptive_spec.formats.label_table import read_label_sets
 from adaptive_spec.selector.datamodule import SelectorSplit, prepare
-from adaptive_spec.selector.features import SCHEMA
 from adaptive_spec.selector.model import SelectorNet, selector_loss
 
 

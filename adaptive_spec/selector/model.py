@@ -4,7 +4,7 @@ After DDTE's neural selector (Thomas et al., arXiv 2602.16994, App. E; see §10 
 reference): each hidden-state block is projected to ``proj_dim`` and layer-normalised, the scalar
 features are standardised, everything is concatenated and an MLP gives one logit per action.
 Departures from the paper: two hidden blocks (draft and target at the root, the columns of
-:data:`adaptive_spec.selector.features.SCHEMA`) instead of three, both optional; the scalar
+:data:`adaptive_spec.formats.features.SCHEMA`) instead of three, both optional; the scalar
 standardisation lives *inside* the module as buffers, so the exported graph takes raw features;
 standardised values are clipped to ``±clip`` so that one wild input (a context length far beyond
 the training data) cannot drown the others.

@@ -33,8 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptive_spec.planner.plan import Plan
-
-IN_DRAFT_RELPATH = Path("configs") / "plans" / "in-draft.yaml"
+from adaptive_spec.planner.presets import IN_DRAFT_RELPATH, in_draft_path, write_in_draft
 
 # The default grid: the transformers rule, SpecDec++'s rule, dynamic delayed expansion and
 # EAGLE-2-style growth, each at a few settings; verifiers that are lossless for each law.
@@ -44,56 +43,6 @@ DEFAULT_GRID = [
     "conf-delayed:8:0.5:2/traversal",
     "eagle:6:12:2:2/traversal",
 ]
-
-
-def in_draft_path(root: str | Path | None = None) -> Path:
-    """``configs/plans/in-draft.yaml`` under ``root`` (default: the working directory, else the source checkout)."""
-    if root is not None:
-        return Path(root) / IN_DRAFT_RELPATH
-    here = Path.cwd() / IN_DRAFT_RELPATH
-    if here.is_file():
-        return here
-    source = Path(__file__).resolve().parents[2] / IN_DRAFT_RELPATH
-    return source if source.is_file() else here
-
-
-def load_in_draft(temperature: float, path: str | Path | None = None) -> Plan:
-    """The tuned in-draft plan for ``temperature`` (the nearest tuned temperature of the same kind).
-
-    Raises:
-        FileNotFoundError: no file (the message says how to make one).
-        LookupError: no entry usable at this temperature.
-    """
-    import yaml
-
-    file = Path(path) if path is not None else in_draft_path()
-    if not file.is_file():
-        raise FileNotFoundError(
-            f"no tuned in-draft plans at {file}; run `adaptive-spec tune policies --prompts TUNING.jsonl`"
-        )
-    plans = (yaml.safe_load(file.read_text(encoding="utf-8")) or {}).get("plans") or {}
-    t = float(temperature)
-    same_kind = [k for k in plans if (float(k) == 0) == (t == 0)]
-    if not same_kind:
-        raise LookupError(f"{file} has no in-draft plan for temperature {t:g} (tuned: {', '.join(plans) or 'none'})")
-    key = min(same_kind, key=lambda k: abs(float(k) - t))
-    return Plan.parse(plans[key]["plan"])
-
-
-def write_in_draft(choices: dict[str, dict[str, Any]], path: Path) -> None:
-    """Merge ``{temperature key: entry}`` into the file (atomically; other temperatures kept)."""
-    import yaml
-
-    data: dict[str, Any] = {"version": 1, "plans": {}}
-    if path.is_file():
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or data
-        data.setdefault("plans", {})
-    data["plans"].update(choices)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    header = "# In-draft planner: the best drafting policy per temperature, from `adaptive-spec tune policies`.\n"
-    tmp.write_text(header + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    tmp.replace(path)
 
 
 def choose(runs: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -153,7 +102,8 @@ def suggest_policy(trial, greedy: bool) -> str:
 
 def optuna_search(engine, prompts, temps, args) -> dict[str, Any]:
     """Per temperature: ``args.optuna`` trials; returns ``run``-like rows for :func:`choose`."""
-    from adaptive_spec.bench.e2e import measure, temperature_key
+    from adaptive_spec.bench.e2e import measure
+    from adaptive_spec.temperatures import temperature_key
     from adaptive_spec.tuning.storage import open_study
 
     runs: dict[str, Any] = {}
@@ -184,8 +134,10 @@ def optuna_search(engine, prompts, temps, args) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptive_spec.bench.e2e import load_engine, measure, parse_temperatures
-    from adaptive_spec.zoo import read_prompts
+    from adaptive_spec.bench.e2e import measure
+    from adaptive_spec.engine.load import load_engine
+    from adaptive_spec.files import read_prompts
+    from adaptive_spec.temperatures import parse_temperatures
 
     try:
         temps = parse_temperatures(args.temperatures)

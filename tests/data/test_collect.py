@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from adaptive_spec.cli import main
-from adaptive_spec.data.logger import read_manifest, read_shards
+from adaptive_spec.formats.feature_log import read_manifest, read_shards
 from adaptive_spec.engine.features import LATENCY_NAMES
-from adaptive_spec.selector.features import SCHEMA
+from adaptive_spec.formats.features import SCHEMA
 from tests.engine._tiny import perturbed, tiny_model, tiny_tokenizer
 from tests.planner.test_latency import synthetic_profile
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from adaptive_spec.data.label import LabelConfig, Labeller, family_specs
+from adaptive_spec.records.label import LabelConfig, Labeller, family_specs
 from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
 from adaptive_spec.planner.latency import LatencyModel
 from adaptive_spec.planner.plan import Plan

@@ -114,8 +114,8 @@ def test_verifier_laws_on_cuda_tensors_with_a_cuda_generator(name):
 
 
 def test_engine_with_the_selector_on_cuda(tmp_path):
+    from adaptive_spec.formats.features import SCHEMA
     from adaptive_spec.selector.export import export_net
-    from adaptive_spec.selector.features import SCHEMA
     from adaptive_spec.selector.model import SelectorNet
     from adaptive_spec.selector.runtime import AdaptivePlanner
 

@@ -11,7 +11,8 @@ import argparse
 import json
 import sys
 
-DEFAULT_PLAN = "delayed:2x3x3/traversal"
+from adaptive_spec.planner.latency import default_profile_path
+from adaptive_spec.planner.presets import DEFAULT_PLAN
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -30,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--profile", default=None,
-        help="latency profile for the selector's latency features (default: data/profile/profile.json if present)",
+        help=f"latency profile for the selector's latency features (default: {default_profile_path()} if present)",
     )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=64, help="number of new tokens (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=1.0, help="0 = greedy (default: %(default)s)")
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
     if args.selector is not None:
         selector = {
             "selector": str(args.selector),
-            "latency_profile": None if latency is None else str(args.profile or "data/profile/profile.json"),
+            "latency_profile": None if latency is None else str(args.profile or default_profile_path()),
             "chosen_actions": plan.action_counts(),
             "decision_latency_us": plan.latency_us(),
         }

@@ -38,14 +38,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from adaptive_spec.data.label_table import LABELS_FILE, LabelTable, write_labels
-from adaptive_spec.engine.drafting import check_finite, finite_flag
-from adaptive_spec.engine.runner import ModelRunner
-from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
-from adaptive_spec.planner.plan import Plan
-from adaptive_spec.selector.features import SCHEMA
-from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.analysis.expected import expected_block_efficiency
+from adaptive_spec.engine.drafting import check_finite, finite_flag
+from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
+from adaptive_spec.engine.runner import ModelRunner
+from adaptive_spec.formats.features import SCHEMA
+from adaptive_spec.formats.label_table import LABELS_FILE, LabelTable, write_labels
+from adaptive_spec.planner.plan import Plan
+from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 
 
 @dataclass(frozen=True)
@@ -422,7 +422,7 @@ def label_directory(
     """Label the roots of a feature log; write ``labels.parquet`` next to the shards (atomically)."""
     from tqdm.auto import tqdm
 
-    from adaptive_spec.data.logger import read_shards
+    from adaptive_spec.formats.feature_log import read_shards
 
     log_dir = Path(log_dir)
     table = read_shards(log_dir)
