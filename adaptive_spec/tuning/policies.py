@@ -34,6 +34,7 @@ from typing import Any
 
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.planner.presets import IN_DRAFT_RELPATH, in_draft_path, write_in_draft
+from adaptive_spec.tuning.storage import DEFAULT_STORAGE
 
 # The default grid: the transformers rule, SpecDec++'s rule, dynamic delayed expansion and
 # EAGLE-2-style growth, each at a few settings; verifiers that are lossless for each law.
@@ -80,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--optuna", type=int, default=0, metavar="N",
                         help="run N Optuna trials per temperature instead of the grid (default: the grid)")  # fmt: skip
-    parser.add_argument("--storage", default="sqlite:///data/tuning/optuna.db", help="Optuna storage URL")
+    parser.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL (default: %(default)s)")
     parser.add_argument("--study-prefix", default="policies", help="study name prefix (default: %(default)s)")
 
 
