@@ -17,7 +17,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "run the built-in pair on its held-out prompts: table of speedups and a report with plots",
     ),
     ("generate",): (
-        "adaptive_spec.engine.cli_generate",
+        "adaptive_spec.commands.generate",
         "generate text with speculative decoding (a tree plan) or plain autoregressive decoding",
     ),
     ("bench", "e2e"): (
@@ -25,11 +25,11 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "end-to-end tokens/s of plans vs autoregressive and transformers' assisted generation",
     ),
     ("collect",): (
-        "adaptive_spec.data.collect",
+        "adaptive_spec.records.collect",
         "run the engine over prompts (static plan or --explore) and log each step's features as Parquet shards",
     ),
     ("label",): (
-        "adaptive_spec.data.label_cli",
+        "adaptive_spec.records.label_cli",
         "label a feature log: E[tau+1] and predicted step time of every action per root; oracle-gain report",
     ),
     ("profile",): (
@@ -37,7 +37,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "measure the draft and target forward latency (context x tokens), verifier and bookkeeping times",
     ),
     ("bench", "latency-model"): (
-        "adaptive_spec.bench.latency_model",
+        "adaptive_spec.bench.latency_fit",
         "compare the latency model's predicted step times with measured engine steps (MAPE per plan)",
     ),
     ("bench", "overhead"): (
@@ -65,7 +65,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "search the selector's hyper-parameters with Optuna, pruning on val/agg_rel_tps; best to best-selector.yaml",
     ),
     ("selector-pipeline",): (
-        "adaptive_spec.selector.pipeline",
+        "adaptive_spec.commands.selector_pipeline",
         "collect -> label -> train -> export -> bench the plan selector on the built-in pair (--install for the demo)",
     ),
     ("selector", "acceptance"): (

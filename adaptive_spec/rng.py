@@ -5,7 +5,7 @@ methods: a Bernoulli ``flip`` and a ``categorical`` draw. Two implementations ex
 
 * :class:`TorchSampler` wraps the caller's ``torch.Generator`` (CPU or CUDA). This is what
   the engine and the public ``verify`` use.
-* ``adaptive_spec.verifiers.exact.Chooser`` enumerates every outcome of both choices with
+* ``adaptive_spec.analysis.exact.Chooser`` enumerates every outcome of both choices with
   its exact probability. Running the *same* verifier code under it gives the exact law of
   the verifier's output (reference §14, "probabilistic-program enumeration").
 

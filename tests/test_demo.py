@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-import adaptive_spec.zoo as zoo
+import adaptive_spec.files as files
 from adaptive_spec.cli import main
 from tests.engine._tiny import save_tiny_pair
 from tests.selector._tiny_selector import ACTIONS, BEST_STATIC, restamp, tiny_selector
@@ -22,7 +22,7 @@ def selector(tmp_path_factory):
 def tiny_pair(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # no data/selector, data/profile or configs/plans from the checkout
     root = save_tiny_pair(tmp_path / "pair", eos=1)
-    monkeypatch.setattr(zoo, "default_pair_path", lambda: root)
+    monkeypatch.setattr(files, "default_pair_path", lambda: root)
     return root
 
 
@@ -128,7 +128,7 @@ def test_bench_e2e_adaptive_and_best_static_at_two_temperatures(tiny_pair, selec
 
 
 def test_bench_e2e_best_static_without_a_selector_reads_the_tuned_file(tiny_pair, tmp_path):
-    from adaptive_spec.tuning.best_static import write_best_static
+    from adaptive_spec.planner.presets import write_best_static
 
     out = tmp_path / "e2e.json"
     argv = ["bench", "e2e", "--plans", "best-static", "--temperatures", "0,1", "--max-new-tokens", "4", "--no-hf",

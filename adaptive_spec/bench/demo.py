@@ -19,6 +19,8 @@ import json
 import time
 from pathlib import Path
 
+from adaptive_spec.planner.latency import default_profile_path
+
 # Static plans shown by the demo, one per tree family; measured on the default pair
 # (see README) until the tuned best-static plans of `adaptive-spec tune plans` replace them.
 DEMO_PLANS = "in-draft,chain:2/block,chain:4/block"
@@ -81,9 +83,11 @@ def selector_plans(args: argparse.Namespace, names: list[str], temps: list[float
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptive_spec.bench.e2e import ADAPTIVE, load_engine, measure, parse_temperatures, print_table
+    from adaptive_spec.bench.e2e import ADAPTIVE, measure, print_table
+    from adaptive_spec.engine.load import load_engine
+    from adaptive_spec.files import default_pair_path, default_prompts
     from adaptive_spec.selector.runtime import latency_model_for
-    from adaptive_spec.zoo import default_pair_path, default_prompts
+    from adaptive_spec.temperatures import parse_temperatures
 
     t0 = time.perf_counter()
     try:
@@ -110,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
             "threads": __import__("torch").get_num_threads(),
             "selector": info["selector"],
             "best_static": info["best_static"],
-            "latency_profile": None if latency is None else "data/profile/profile.json",
+            "latency_profile": None if latency is None else str(default_profile_path()),
         },
         "notes": notes,
         "runs": {},

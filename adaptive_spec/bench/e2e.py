@@ -23,14 +23,13 @@ Plans are plan strings (``chain:4/block``) or two names:
 
 Prompts: JSON Lines (``.gz`` accepted; each record has a ``prompt`` string or a ``turns``
 list, the first turn is used) or ``.txt`` (one prompt per line), read by
-:func:`adaptive_spec.zoo.read_prompts` before the models load.
+:func:`adaptive_spec.files.read_prompts` before the models load.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import time
 from collections import Counter
@@ -38,7 +37,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-DEFAULT_PLANS = "chain:4/block,delayed:2x3x3/traversal,wor:3x2x1/traversal"
+from adaptive_spec.engine.load import load_engine
+from adaptive_spec.planner.latency import default_profile_path
+from adaptive_spec.planner.presets import DEFAULT_PLANS
+from adaptive_spec.temperatures import parse_temperatures, temperature_key
+
 ADAPTIVE, BEST_STATIC, IN_DRAFT = "adaptive", "best-static", "in-draft"
 TOP_ACTIONS = 10
 
@@ -53,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: built-in prompts)",
     )
     parser.add_argument(
-        "--plans", default=DEFAULT_PLANS,
+        "--plans", default=",".join(DEFAULT_PLANS),
         help=f"comma-separated plans, '{IN_DRAFT}' (the tuned in-draft planner), '{ADAPTIVE}' (the selector) or "
         f"'{BEST_STATIC}' (default: %(default)s)",
     )  # fmt: skip
@@ -73,7 +76,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--profile", default=None,
-        help="latency profile for the selector's latency features (default: data/profile/profile.json if present, "
+        help=f"latency profile for the selector's latency features (default: {default_profile_path()} if present, "
         "else the features are 0)",
     )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
@@ -222,36 +225,6 @@ def _hf_assisted(engine, prompt: str, temperature: float, max_new_tokens: int, s
     if engine.device.type == "cuda":
         torch.cuda.synchronize(engine.device)
     return out.shape[1] - ids.shape[1], time.perf_counter() - t0
-
-
-def temperature_key(temperature: float) -> str:
-    """The key of a temperature in the report: ``0``, ``0.7``, ``1``."""
-    return f"{float(temperature):g}"
-
-
-def parse_temperatures(text: str) -> list[float]:
-    """``"0,0.7,1.0"`` -> ``[0.0, 0.7, 1.0]``; each finite and >= 0, no repeats.
-
-    Raises:
-        ValueError: the list is empty, has a non-number, a negative or non-finite value or a repeat.
-    """
-    temps = []
-    for part in text.split(","):
-        if not part.strip():
-            continue
-        try:
-            t = float(part)
-        except ValueError:
-            raise ValueError(f"temperatures must be comma-separated numbers, got {part.strip()!r}") from None
-        if not math.isfinite(t) or t < 0:
-            raise ValueError(f"a temperature must be finite and >= 0, got {part.strip()!r}")
-        temps.append(t)
-    if not temps:
-        raise ValueError("give at least one temperature")
-    keys = [temperature_key(t) for t in temps]
-    if len(set(keys)) != len(keys):
-        raise ValueError(f"repeated temperature in {text!r}")
-    return temps
 
 
 def _per_temperature(plans: Sequence[Any] | Mapping[str, Any], keys: list[str]) -> dict[str, dict[str, Any]]:
@@ -431,7 +404,7 @@ def resolve_plans(
         temperatures: the temperatures to measure (``best-static`` is chosen per temperature).
         selector: the selector file (default: :func:`~adaptive_spec.selector.runtime.find_selector`'s lookup).
         best_static_file: the ``best-static.yaml`` used when the selector records no best static
-            action (default: :func:`~adaptive_spec.tuning.best_static.load_best_static`'s lookup).
+            action (default: :func:`~adaptive_spec.planner.presets.load_best_static`'s lookup).
 
     Returns:
         ``(plans, info)``: the name -> plan/planner mapping, and ``info`` with the selector's path
@@ -467,7 +440,7 @@ def resolve_plans(
         elif name == BEST_STATIC:
             plans[name], info["best_static"] = _best_static(runtime, temperatures, keys, best_static_file)
         elif name == IN_DRAFT:
-            from adaptive_spec.tuning.policies import in_draft_path, load_in_draft
+            from adaptive_spec.planner.presets import in_draft_path, load_in_draft
 
             plans[name] = {k: load_in_draft(t) for t, k in zip(temperatures, keys, strict=True)}
             info["in_draft"] = {"source": str(in_draft_path()), "plans": {k: str(p) for k, p in plans[name].items()}}
@@ -477,7 +450,7 @@ def resolve_plans(
 
 
 def _best_static(runtime, temperatures, keys, path) -> tuple[dict[str, Any], dict[str, Any]]:
-    from adaptive_spec.tuning.best_static import load_best_static
+    from adaptive_spec.planner.presets import load_best_static
 
     if runtime is not None and runtime.best_static_groups:
         try:
@@ -498,21 +471,6 @@ def _best_static(runtime, temperatures, keys, path) -> tuple[dict[str, Any], dic
             raise ValueError(str(err)) from None
         source = str(path) if path is not None else "configs/plans/best-static.yaml (adaptive-spec tune plans)"
     return chosen, {"source": source, "plans": {k: str(p) for k, p in chosen.items()}}
-
-
-def load_engine(target: str | None, draft: str | None, device: str | None, dtype: str | None, **engine_kwargs):
-    """The engine over ``target``/``draft``, or over the built-in default pair when both are None.
-
-    ``engine_kwargs`` (e.g. ``latency_model``) go to :class:`~adaptive_spec.engine.SpecEngine`.
-    """
-    import torch
-
-    from adaptive_spec.engine import SpecEngine
-
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if (target is None) != (draft is None):
-        raise SystemExit("give both --target and --draft, or neither (the built-in default pair)")
-    return SpecEngine.from_pretrained(target, draft, device=device, dtype=dtype, **engine_kwargs)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -537,11 +495,11 @@ def run(args: argparse.Namespace) -> int:
     # Prompts first: a missing or malformed prompt file is reported before the models load.
     try:
         if args.prompts is None:
-            from adaptive_spec.zoo import default_prompts
+            from adaptive_spec.files import default_prompts
 
             prompts = default_prompts()[: args.limit] if args.limit else default_prompts()
         else:
-            from adaptive_spec.zoo import read_prompts
+            from adaptive_spec.files import read_prompts
 
             prompts = read_prompts(args.prompts, args.limit)
     except (FileNotFoundError, ValueError) as err:
@@ -560,7 +518,7 @@ def run(args: argparse.Namespace) -> int:
         "plans": list(plans),
         "selector": info["selector"],
         "best_static": info["best_static"],
-        "latency_profile": None if latency is None else str(args.profile or "data/profile/profile.json"),
+        "latency_profile": None if latency is None else str(args.profile or default_profile_path()),
         "max_new_tokens": args.max_new_tokens,
         "seed": args.seed,
         "device": str(engine.device),

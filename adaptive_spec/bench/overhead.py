@@ -19,7 +19,7 @@ import json
 import time
 from pathlib import Path
 
-DEFAULT_PLANS = "delayed:3x3x4/traversal,iid:3x5/specinfer,chain:15/block,wor:3x2x2x1/traversal"  # 16-node trees
+SIXTEEN_NODE_PLANS = "delayed:3x3x4/traversal,iid:3x5/specinfer,chain:15/block,wor:3x2x2x1/traversal"  # 16-node trees
 
 
 class ForwardClock:
@@ -173,7 +173,7 @@ def measure_overhead(engine, prompts: list[str], plans: list, temperature: float
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default=None, help="target model directory (default: built-in pair)")
     parser.add_argument("--draft", default=None, help="draft model directory (default: built-in pair)")
-    parser.add_argument("--plans", default=DEFAULT_PLANS, help="comma-separated plans (default: %(default)s)")
+    parser.add_argument("--plans", default=SIXTEEN_NODE_PLANS, help="comma-separated plans (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=1.0, help="(default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="(default: %(default)s)")
     parser.add_argument("--limit", type=int, default=8, help="number of built-in prompts (default: %(default)s)")
@@ -185,9 +185,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptive_spec.bench.e2e import load_engine
     from adaptive_spec.engine import Plan
-    from adaptive_spec.zoo import default_prompts
+    from adaptive_spec.engine.load import load_engine
+    from adaptive_spec.files import default_prompts
 
     engine = load_engine(args.target, args.draft, args.device, None)
     prompts = default_prompts()[: args.limit]

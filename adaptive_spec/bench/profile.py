@@ -27,14 +27,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
-import os
 import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from adaptive_spec.files import write_json_atomic
 
 DEFAULT_CONTEXTS = (32, 128, 256, 512)
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 48, 64)
@@ -131,7 +131,7 @@ def measure_forwards(
     import torch
     from tqdm.auto import tqdm
 
-    from adaptive_spec.engine.kv_cache import ModelRunner
+    from adaptive_spec.engine.runner import ModelRunner
 
     contexts, tokens = sorted(set(contexts)), sorted(set(tokens))
     if not contexts or contexts[0] < 0 or not tokens or tokens[0] < 1:
@@ -504,7 +504,7 @@ def _calibration_prompts(engine: Any, seed: int, count: int = 2) -> list[Any]:
     import torch
 
     if engine.tokenizer is not None:
-        from adaptive_spec.zoo import default_prompts
+        from adaptive_spec.files import default_prompts
 
         prompts = default_prompts()
         if prompts:
@@ -560,16 +560,6 @@ def plot_profile(profile: dict[str, Any], path: str | Path) -> Path:
     return path
 
 
-def write_json_atomic(data: dict[str, Any], path: str | Path) -> Path:
-    """Write JSON through a temporary file and rename, so an interrupted run never leaves half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    tmp.replace(path)
-    return path
-
-
 # ---------------------------------------------------------------------- CLI
 def _int_list(text: str) -> list[int]:
     try:
@@ -615,7 +605,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from adaptive_spec.bench.e2e import load_engine
+    from adaptive_spec.engine.load import load_engine
     from adaptive_spec.planner.actions import parse_plans
 
     if args.threads:

@@ -22,11 +22,11 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from adaptive_spec.analysis.exact import block_efficiency, completed_tv, output_law
+from adaptive_spec.analysis.instances import Instance, divergence_instance, toy_instance
+from adaptive_spec.analysis.lp import lp_limit
 from adaptive_spec.trees import DraftLaw, TreeShape, sample_tree
 from adaptive_spec.verifiers import REGISTRY, verify
-from adaptive_spec.verifiers.exact import block_efficiency, completed_tv, output_law
-from adaptive_spec.verifiers.instances import Instance, divergence_instance, toy_instance
-from adaptive_spec.verifiers.lp import lp_limit
 
 DIVERGENCE = {"low": 0.2, "medium": 0.5, "high": 0.9}  # draft = (1 - mix) target + mix noise
 SEEDS = (0, 1)

@@ -6,8 +6,8 @@ without a plan it plays the plan tuned for the loaded pair (checked by model fin
 """
 
 from adaptive_spec.engine.engine import EngineState, GenerationResult, SpecEngine
+from adaptive_spec.engine.logits import SamplingConfig, build_logits_processor
 from adaptive_spec.engine.metrics import GenerationStats
-from adaptive_spec.engine.sampling import SamplingConfig, build_logits_processor
 from adaptive_spec.planner.plan import Plan, Planner, StaticPlanner, StepResult, StepState
 
 __all__ = [

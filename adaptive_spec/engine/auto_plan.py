@@ -32,8 +32,7 @@ DEFAULT_PLAN = "chain:2/block"
 
 def tuned_plan_files() -> list[Path]:
     """Where the tuned plan files are looked for, in order: the in-draft planner, then the best static plan."""
-    from adaptive_spec.tuning.best_static import BEST_STATIC_RELPATH
-    from adaptive_spec.tuning.policies import in_draft_path
+    from adaptive_spec.planner.presets import BEST_STATIC_RELPATH, in_draft_path
 
     out = [in_draft_path()]
     here = Path.cwd() / BEST_STATIC_RELPATH

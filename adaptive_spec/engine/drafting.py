@@ -38,8 +38,8 @@ from dataclasses import dataclass
 
 import torch
 
-from adaptive_spec.engine.kv_cache import ModelRunner
-from adaptive_spec.engine.sampling import ProbsFn
+from adaptive_spec.engine.logits import ProbsFn
+from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.trees.policy import DraftPolicy, NodeView, PolicyContext, clip_widths

@@ -5,7 +5,7 @@ model, scores every node in ONE target forward (tree attention mask + explicit p
 verifies it with a registered verifier, and commits the *accepted* tokens plus one
 *recovered* or *bonus* token to both KV caches.
 
-Cache convention (see :mod:`adaptive_spec.engine.kv_cache`): after the prefill the target's
+Cache convention (see :mod:`adaptive_spec.engine.runner`): after the prefill the target's
 cache holds ``context[:-1]``; a step's target block is ``[context[-1]] + drafted nodes``, the
 root node being the last committed token. Committing gathers the accepted nodes' KV rows
 into place and crops the rest.
@@ -45,15 +45,15 @@ from adaptive_spec.engine.drafting import (
     sample_categorical,
 )
 from adaptive_spec.engine.features import LatencyFeatures, RootFeatures, RootTracker
-from adaptive_spec.engine.kv_cache import ModelRunner
+from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor, check_logits_processors
 from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
-from adaptive_spec.engine.sampling import ProbsFn, SamplingConfig, build_logits_processor, check_logits_processors
+from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
 from adaptive_spec.trees import TreeShape
 from adaptive_spec.verifiers import REGISTRY, verify
 
 if TYPE_CHECKING:
-    from adaptive_spec.data.logger import FeatureLogger
+    from adaptive_spec.formats.feature_log import FeatureLogger
 
 AUTOREGRESSIVE = "autoregressive"  # plan name of plain decoding with the target (also plan=None)
 AUTO = "auto"  # generate()'s default plan: the engine's planner, else the tuned plan for this pair, else a default
@@ -134,8 +134,8 @@ class SpecEngine:
             or planner (default None: the tuned plan for this model pair if a plan file was
             tuned for it, else ``chain:2/block``; see :meth:`default_plan`).
         feature_log: log every speculative step's features: a directory, or a
-            :class:`~adaptive_spec.data.logger.FeatureLogger` for other settings (shard size,
-            hidden states, run id). See :mod:`adaptive_spec.data.logger`.
+            :class:`~adaptive_spec.formats.feature_log.FeatureLogger` for other settings (shard size,
+            hidden states, run id). See :mod:`adaptive_spec.formats.feature_log`.
         latency_model: source of the latency features (anything with
             ``features(context_length)``, e.g. ``adaptive_spec.planner.LatencyModel``); they are
             0 without one.
@@ -191,11 +191,11 @@ class SpecEngine:
         self.feature_log: FeatureLogger | None = None
         # Called as node_log(tree, fed, target_probs, temperature) after each speculative step's
         # target pass, with ``fed[i]`` whether node i was run through the draft (the in-draft
-        # decisions): :class:`adaptive_spec.data.nodes.NodeLogger` logs per-node features and
+        # decisions): :class:`adaptive_spec.formats.nodes.NodeLogger` logs per-node features and
         # soft acceptance labels for the acceptance model. Its time counts in the step's "other".
         self.node_log: Any = None
         if feature_log is not None:
-            from adaptive_spec.data.logger import FeatureLogger
+            from adaptive_spec.formats.feature_log import FeatureLogger
 
             log = feature_log if isinstance(feature_log, FeatureLogger) else FeatureLogger(feature_log)
             log.attach(self.describe())
@@ -303,7 +303,7 @@ class SpecEngine:
         if device is not None and device_map is not None:
             raise ValueError("give device= (both models on one device) or device_map= (the target spread), not both")
         if target is None and draft is None:
-            from adaptive_spec.zoo import default_pair_path
+            from adaptive_spec.files import default_pair_path
 
             root = default_pair_path()
             target, draft = str(root / "target"), str(root / "draft")
@@ -445,7 +445,7 @@ class SpecEngine:
             logits_processor: extra transformers logits processors, applied to the draft's and
                 the target's rows alike after the sampling warpers. Only processors that act on
                 each row alone are lossless and accepted
-                (:data:`~adaptive_spec.engine.sampling.ROW_WISE_PROCESSORS`: temperature, top-k,
+                (:data:`~adaptive_spec.engine.logits.ROW_WISE_PROCESSORS`: temperature, top-k,
                 top-p, min-p, typical, epsilon, eta, top-h, suppressed tokens, inf/NaN removal);
                 history-dependent ones (repetition penalty, n-gram bans, minimum length, bad
                 words, ...) are refused with a ValueError.
@@ -1077,7 +1077,7 @@ def _eos_ids(model: PreTrainedModel, tokenizer: Any) -> set[int]:
 
 
 def _prompt_key(ids: Sequence[int]) -> str:
-    from adaptive_spec.data.logger import prompt_key
+    from adaptive_spec.formats.feature_log import prompt_key
 
     return prompt_key(ids)
 

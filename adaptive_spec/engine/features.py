@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import torch
 
 from adaptive_spec.engine.drafting import check_finite
-from adaptive_spec.selector.features import SCHEMA
+from adaptive_spec.formats.features import SCHEMA
 
 DIST_NAMES = (
     "target_entropy",

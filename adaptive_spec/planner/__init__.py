@@ -5,8 +5,10 @@ protocol and the step records the engine passes to planners;
 :mod:`~adaptive_spec.planner.actions` the action space (a YAML grid of plans);
 :mod:`~adaptive_spec.planner.explore` random planners for data collection;
 :mod:`~adaptive_spec.planner.latency` the latency model that predicts a step's time from a
-profile (``adaptive-spec profile``). The planner depends on trees and verifiers only; the engine
-depends on the planner.
+profile (``adaptive-spec profile``); :mod:`~adaptive_spec.planner.presets` the default plans and
+the tuned plan files (``configs/plans/best-static.yaml``, ``in-draft.yaml``). The planner depends
+on trees, verifiers and the bottom helpers (:mod:`adaptive_spec.files`,
+:mod:`adaptive_spec.temperatures`) only; the engine depends on the planner.
 """
 
 from adaptive_spec.planner.actions import (

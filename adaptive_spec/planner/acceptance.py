@@ -170,8 +170,9 @@ class LazyAcceptanceModel:
 
 def default_acceptance_paths() -> list[Path]:
     """Where the acceptance model is looked for: next to the built-in pair, then ``data/acceptance/``."""
-    pair = Path(__file__).resolve().parents[1] / "zoo" / "default"  # the built-in pair's folder (no zoo import)
-    return [pair / ACCEPTANCE_FILE, Path("data") / "acceptance" / ACCEPTANCE_FILE]
+    from adaptive_spec.files import default_pair_path
+
+    return [default_pair_path() / ACCEPTANCE_FILE, Path("data") / "acceptance" / ACCEPTANCE_FILE]
 
 
 def find_acceptance_model(path: str | Path | None = None) -> Path:

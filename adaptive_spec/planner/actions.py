@@ -7,7 +7,7 @@ label), so the order is part of a trained selector's contract and is kept stable
 file order, then sizes in nested-loop order (first key outermost), then verifiers in the order
 listed, then the explicit ``actions``.
 
-YAML format (see ``configs/actions/default.yaml``, which documents itself)::
+YAML format (see ``adaptive_spec/planner/default_actions.yaml``, which documents itself)::
 
     name: default                  # free text, recorded with data sets and selectors
     max_nodes: 40                  # optional: drop grid points whose tree has more nodes (root included)
@@ -62,7 +62,7 @@ __all__ = [
 ]
 
 DEFAULT_ACTIONS_PATH = Path(__file__).resolve().parent / "default_actions.yaml"
-"""The default grid, shipped inside the package (``configs/actions/default.yaml`` is the same file)."""
+"""The default grid, shipped inside the package."""
 
 # law name in YAML -> (size keys in loop order, constructor)
 _FAMILIES: dict[str, tuple[tuple[str, ...], Any]] = {

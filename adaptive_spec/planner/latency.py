@@ -353,7 +353,7 @@ class LatencyModel:
         return [self.predict(p, context_length, temperature=temperature).total_s for p in plans]
 
     def features(self, context_length: int) -> dict[str, float]:
-        """The latency features of :data:`adaptive_spec.selector.features.SCHEMA` at ``context_length``.
+        """The latency features of :data:`adaptive_spec.formats.features.SCHEMA` at ``context_length``.
 
         ``draft_ms``/``target_ms``: one-token forwards over ``context_length`` cached rows;
         ``target_ms_per_token``: the target's mean extra milliseconds per additional scored

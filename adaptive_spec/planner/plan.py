@@ -12,7 +12,7 @@ which is lossless for every drafting law.
 A *planner* is any object with ``choose(state: StepState) -> Plan | str`` and, optionally,
 ``observe(result: StepResult) -> None``; the engine calls ``choose`` before each step and
 ``observe`` after it. A planner that sets ``needs_features = True`` gets the step's root
-features (:mod:`adaptive_spec.selector.features`) in ``StepState.features``, and one that sets
+features (:mod:`adaptive_spec.formats.features`) in ``StepState.features``, and one that sets
 ``needs_hidden = True`` also gets the models' last hidden states.
 """
 
@@ -156,7 +156,7 @@ class StepState:
         remaining: tokens still allowed (budget and context window).
         temperature: the sampling temperature (0 = greedy).
         last: the previous step's result, or None before the first step.
-        features: the root features by schema name (:data:`adaptive_spec.selector.features.SCHEMA`),
+        features: the root features by schema name (:data:`adaptive_spec.formats.features.SCHEMA`),
             or None when neither the planner (``needs_features``) nor a feature log asked for them.
         draft_hidden: the draft's last hidden state at the root (1-D float tensor), or None.
         target_hidden: the target's last hidden state over the root token (1-D float tensor), or None.

@@ -1,7 +1,7 @@
-"""The learned plan selector: feature schema, model, training, ONNX export and runtime.
+"""The learned plan selector: model, training, ONNX export and runtime.
 
-Importing this package loads only the feature schema (the engine imports it). The rest is
-imported on use: :class:`AdaptivePlanner` / :class:`SelectorRuntime` (onnxruntime, no torch
+Its feature schema is :mod:`adaptive_spec.formats.features`. Everything here is imported on use:
+:class:`AdaptivePlanner` / :class:`SelectorRuntime` (onnxruntime, no torch
 training code) from :mod:`~adaptive_spec.selector.runtime`; the network in
 :mod:`~adaptive_spec.selector.model`; Lightning training in :mod:`~adaptive_spec.selector.lit`
 and :mod:`~adaptive_spec.selector.train`; ONNX export in :mod:`~adaptive_spec.selector.export`.
@@ -12,8 +12,6 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from adaptive_spec.selector.features import SCHEMA, FeatureSchema
-
 _LAZY = {
     "AdaptivePlanner": "adaptive_spec.selector.runtime",
     "SelectorRuntime": "adaptive_spec.selector.runtime",
@@ -21,7 +19,7 @@ _LAZY = {
     "SelectorNet": "adaptive_spec.selector.model",
 }
 
-__all__ = ["SCHEMA", "AdaptivePlanner", "FeatureSchema", "SelectorLoadError", "SelectorNet", "SelectorRuntime"]
+__all__ = ["AdaptivePlanner", "SelectorLoadError", "SelectorNet", "SelectorRuntime"]
 
 
 def __getattr__(name: str) -> Any:

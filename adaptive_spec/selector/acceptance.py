@@ -7,7 +7,7 @@ and the probability that a child drawn from its row would be accepted. Stages:
 
 1. ``collect``: the engine generates from training prompts at each temperature with an
    always-extending chain (``--plan``, default ``chain:8/block``) and a
-   :class:`~adaptive_spec.data.nodes.NodeLogger`: every drafted node's features, the feed
+   :class:`~adaptive_spec.formats.nodes.NodeLogger`: every drafted node's features, the feed
    decision and its soft labels (``min(1, p/q)``; ``Σ min(p, q)`` for the next node) go to
    ``OUT/nodes/*.parquet``. The labels are exact expectations, not 0/1 outcomes, so a few
    thousand steps are enough. Any engine run with a node logger is training data too.
@@ -91,7 +91,7 @@ def collect_nodes(
     """Generate from every prompt at every temperature with ``plan`` and a node logger in ``out``."""
     from tqdm.auto import tqdm
 
-    from adaptive_spec.data.nodes import NodeLogger
+    from adaptive_spec.formats.nodes import NodeLogger
 
     logger = NodeLogger(out)
     engine.node_log = logger
@@ -109,7 +109,7 @@ def collect_nodes(
 
 def load_node_arrays(directory: str | os.PathLike) -> dict[str, np.ndarray]:
     """A node log as arrays: ``x`` [n, F] float32, ``a``, ``b`` (NaN where unknown) and ``group`` (generation)."""
-    from adaptive_spec.data.nodes import read_node_log
+    from adaptive_spec.formats.nodes import read_node_log
 
     table = read_node_log(directory)
     cols = {c: table.column(c).to_numpy(zero_copy_only=False) for c in table.column_names}
@@ -336,18 +336,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Collect, train, export and calibrate; print a one-screen summary."""
-    from adaptive_spec.bench.e2e import load_engine, parse_temperatures
+    from adaptive_spec.engine.load import load_engine
+    from adaptive_spec.temperatures import parse_temperatures
 
     out: Path = args.out
     nodes = out / "nodes"
     temps = parse_temperatures(args.temperatures)
     summary: dict[str, Any] = {"temperatures": temps}
     if not args.skip_collect:
-        from adaptive_spec.data.collect import read_prompt_file
+        from adaptive_spec.files import read_prompts
         from adaptive_spec.zoo.prompt_sets import prompt_set
 
         if args.prompts is not None:
-            prompts = read_prompt_file(args.prompts, args.num_prompts)
+            prompts = read_prompts(args.prompts, args.num_prompts)
         else:
             prompts = prompt_set("train", args.num_prompts, seed=args.seed + 1)
         engine = load_engine(args.target, args.draft, None, None)

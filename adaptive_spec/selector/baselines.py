@@ -1,7 +1,7 @@
 """scikit-learn baselines for the selector, on the same scalar features and the same split.
 
 - ``hgb``: one ``HistGradientBoostingRegressor`` per candidate action on its net value
-  (:attr:`~adaptive_spec.selector.data.SelectorSplit.net_value`: the tokens gained over the best
+  (:attr:`~adaptive_spec.selector.datamodule.SelectorSplit.net_value`: the tokens gained over the best
   static rate, in static steps, so that sampling groups share a scale); the choice is the argmax
   prediction. Candidates: the ``max_actions`` actions most often best per context on the train
   split, plus the best static ones (an action space of hundreds would otherwise mean hundreds of fits).
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from adaptive_spec.selector.data import SelectorSplit, candidate_actions, score_choices
+from adaptive_spec.selector.datamodule import SelectorSplit, candidate_actions, score_choices
 
 BASELINES = ("hgb", "logistic")
 
@@ -68,7 +68,7 @@ def run_baselines(
     max_actions: int = 32,
     progress: bool = True,
 ) -> dict[str, dict[str, float]]:
-    """Scores (:func:`~adaptive_spec.selector.data.score_choices`) of each baseline on ``val``."""
+    """Scores (:func:`~adaptive_spec.selector.datamodule.score_choices`) of each baseline on ``val``."""
     return {
         name: score_choices(
             fit_predict(name, train, val, seed=seed, max_iter=max_iter, max_actions=max_actions, progress=progress),

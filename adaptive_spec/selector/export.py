@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from adaptive_spec.selector.features import SCHEMA
+from adaptive_spec.files import atomic_write
+from adaptive_spec.formats.features import SCHEMA
 from adaptive_spec.selector.model import SelectorNet
 
 FORMAT = "adaptive-spec-selector/1"
@@ -125,10 +125,7 @@ def export_net(
     diff = parity(model, blob, example_inputs(model, check_batch, seed=1))
     if not diff <= tol:
         raise ValueError(f"ONNX export differs from torch by {diff:.3g} (> {tol:g}); not writing {out}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(blob)
-    os.replace(tmp, out)
+    atomic_write(out, blob)
     return {"path": str(out), "max_abs_diff": diff, "inputs": names, "num_actions": len(actions)}
 
 

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from adaptive_spec.data.label_table import read_label_sets
-from adaptive_spec.selector.data import SelectorSplit, prepare
-from adaptive_spec.selector.features import SCHEMA
+from adaptive_spec.formats.features import SCHEMA
+from adaptive_spec.formats.label_table import read_label_sets
+from adaptive_spec.selector.datamodule import SelectorSplit, prepare
 from adaptive_spec.selector.model import SelectorNet, selector_loss
 
 
@@ -70,7 +70,7 @@ class SelectorDataModule(L.LightningDataModule):
         val_fraction: share of the *prompts* held out for validation.
         max_actions: candidate actions: the ones with the best net value on most train contexts (at
             most this many, plus the best static ones); None: all (see
-            :func:`~adaptive_spec.selector.data.prepare`).
+            :func:`~adaptive_spec.selector.datamodule.prepare`).
         split_seed: seeds the prompt split (independent of ``seed_everything``).
         batch_size: rows per batch (per process under DDP).
         num_workers: DataLoader workers; the data sits in memory, so 0 is usually fastest.

@@ -4,7 +4,7 @@ After DDTE's neural selector (Thomas et al., arXiv 2602.16994, App. E; see §10 
 reference): each hidden-state block is projected to ``proj_dim`` and layer-normalised, the scalar
 features are standardised, everything is concatenated and an MLP gives one logit per action.
 Departures from the paper: two hidden blocks (draft and target at the root, the columns of
-:data:`adaptive_spec.selector.features.SCHEMA`) instead of three, both optional; the scalar
+:data:`adaptive_spec.formats.features.SCHEMA`) instead of three, both optional; the scalar
 standardisation lives *inside* the module as buffers, so the exported graph takes raw features;
 standardised values are clipped to ``±clip`` so that one wild input (a context length far beyond
 the training data) cannot drown the others.
@@ -12,7 +12,7 @@ the training data) cannot drown the others.
 The default objective, :func:`selector_loss` with ``objective="net"``, maximises the *aggregate*
 tokens/s a run measures (a ratio of sums) rather than DDTE's mean of per-context ratios: each
 context's value of an action is ``E[τ+1] - λ T``, with ``λ`` the best static plan's tokens/s
-(see :mod:`adaptive_spec.selector.data`). DDTE's own objective is kept as ``"ddte"``. A
+(see :mod:`adaptive_spec.selector.datamodule`). DDTE's own objective is kept as ``"ddte"``. A
 cross-entropy towards the soft per-context best action keeps actions the policy has given up on
 reachable. Actions outside the candidate set get a fixed ``-1e4`` logit bias (a buffer, so the
 exported graph never picks them).

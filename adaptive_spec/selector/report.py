@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
 from typing import Any
+
+from adaptive_spec.files import atomic_write, write_json_atomic
 
 ORDER = ("adaptive", "neural", "hgb", "logistic", "best_static", "oracle")
 
@@ -19,8 +19,8 @@ def write_report(report: dict[str, Any], out_dir: str | Path) -> dict[str, str]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = {k: str(out_dir / f"report.{ext}") for k, ext in (("json", "json"), ("markdown", "md"), ("plot", "png"))}
-    _atomic_write(Path(files["json"]), json.dumps({**report, "files": files}, indent=2, default=str))
-    _atomic_write(Path(files["markdown"]), _markdown(report))
+    write_json_atomic({**report, "files": files}, files["json"])
+    atomic_write(files["markdown"], _markdown(report))
     _plot(report, Path(files["plot"]))
     return files
 
@@ -132,13 +132,7 @@ def _plot(report: dict[str, Any], path: Path) -> None:
         ax1.legend(handles=handles, fontsize=8, loc="lower right")
     ax1.set_title("Training curves")
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=110))
+    finally:
+        plt.close(fig)

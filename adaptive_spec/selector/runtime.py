@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from adaptive_spec.formats.features import SCHEMA
 from adaptive_spec.planner.plan import Plan, StepState
-from adaptive_spec.selector.features import SCHEMA
 
 FORMAT = "adaptive-spec-selector/1"  # same string as adaptive_spec.selector.export.FORMAT
 HIDDEN_INPUTS = ("draft_hidden", "target_hidden")
@@ -263,7 +263,7 @@ class SelectorRuntime:
 
 
 def _parse_group(group: str) -> tuple[float, float] | None:
-    """``"T=0.7,top_p=1"`` -> ``(0.7, 1.0)`` (the keys of :func:`adaptive_spec.selector.data.sampling_group`)."""
+    """``"T=0.7,top_p=1"`` -> ``(0.7, 1.0)`` (the keys of :func:`adaptive_spec.selector.datamodule.sampling_group`)."""
     try:
         t, p = group.split(",")
         if not (t.startswith("T=") and p.startswith("top_p=")):
@@ -275,7 +275,7 @@ def _parse_group(group: str) -> tuple[float, float] | None:
 
 def default_selector_paths() -> list[Path]:
     """Where a selector is looked for: next to the built-in pair, then ``data/selector/`` (working directory)."""
-    from adaptive_spec.zoo import default_pair_path
+    from adaptive_spec.files import default_pair_path
 
     return [default_pair_path() / SELECTOR_FILE, Path("data") / "selector" / SELECTOR_FILE]
 

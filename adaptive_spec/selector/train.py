@@ -26,7 +26,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 
 from adaptive_spec.selector.baselines import BASELINES, predictability, run_baselines
-from adaptive_spec.selector.data import SelectorSplit, oracle_choices, score_by_group, score_choices
+from adaptive_spec.selector.datamodule import SelectorSplit, oracle_choices, score_by_group, score_choices
 from adaptive_spec.selector.lit import HistoryCallback, SelectorDataModule, SelectorModule
 
 DEFAULT_ROOT = "runs/selector"

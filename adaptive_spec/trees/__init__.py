@@ -1,8 +1,8 @@
 """Draft trees and drafting laws."""
 
+from adaptive_spec.trees.draw import DraftProbsFn, sample_policy_tree, sample_tree
 from adaptive_spec.trees.masks import additive_mask, ancestor_matrix, tree_attention_mask, tree_position_ids
 from adaptive_spec.trees.policy import DraftPolicy, NodeView, PolicyContext, parse_policy
-from adaptive_spec.trees.sampling import DraftProbsFn, sample_policy_tree, sample_tree
 from adaptive_spec.trees.shapes import DraftLaw, TreeShape
 from adaptive_spec.trees.tree import DraftTree
 

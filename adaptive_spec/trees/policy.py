@@ -58,6 +58,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from adaptive_spec.formats.nodes import ACCEPTANCE_FEATURES
 from adaptive_spec.rng import Sampler
 from adaptive_spec.trees.shapes import DraftLaw, TreeShape
 
@@ -405,10 +406,6 @@ class EagleTree(DraftPolicy):
         return f"eagle:{self.depth}:{self.budget}:{self.top_k}:{self.width}{wor}"
 
 
-#: Inputs of the acceptance model, per drafted node, as seen when deciding whether to feed it
-#: (draft-side only): its depth, log q(token | parent), the top-1 and entropy of the parent's
-#: draft row, the log of the path's cumulative draft probability, and the temperature.
-ACCEPTANCE_FEATURES = ("depth", "log_token_prob", "parent_top1", "parent_entropy", "log_path_prob", "temperature")
 _LOG_FLOOR = 1e-12
 
 

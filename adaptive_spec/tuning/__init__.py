@@ -3,8 +3,10 @@
 - :mod:`~adaptive_spec.tuning.space`: every search space (plans, selector hyper-parameters);
 - :mod:`~adaptive_spec.tuning.storage`: study storage (any SQLAlchemy URL), heartbeats, seeded samplers;
 - :mod:`~adaptive_spec.tuning.objectives`: measured and predicted tokens/s of a plan;
-- :mod:`~adaptive_spec.tuning.plans`: the plan tuner; :mod:`~adaptive_spec.tuning.report`: reports;
-- :mod:`~adaptive_spec.tuning.best_static`: ``configs/plans/best-static.yaml`` (no Optuna import).
+- :mod:`~adaptive_spec.tuning.plans`: the plan tuner; :mod:`~adaptive_spec.tuning.report`: reports.
+
+The tuned plan files (``configs/plans/best-static.yaml``, ``in-draft.yaml``) are read and written by
+:mod:`adaptive_spec.planner.presets`, below the engine.
 
 Importing this package imports neither Optuna nor torch; the names below load on first use.
 """
@@ -14,10 +16,6 @@ from __future__ import annotations
 import importlib
 
 _EXPORTS = {
-    "load_best_static": "best_static",
-    "read_best_static": "best_static",
-    "write_best_static": "best_static",
-    "best_static_path": "best_static",
     "PlanTuningConfig": "plans",
     "tune_plans": "plans",
     "compare_plans": "plans",

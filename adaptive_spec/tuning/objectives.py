@@ -7,7 +7,7 @@ is its total new tokens over its total wall time; the objective is the median ov
 Each evaluation starts with one short warm-up generation with the plan.
 
 :class:`PredictedTokensPerSecond` reads the answer off a label table
-(:mod:`adaptive_spec.data.label_table`): the mean, over the table's contexts at the temperature
+(:mod:`adaptive_spec.formats.label_table`): the mean, over the table's contexts at the temperature
 (its ``temperature`` feature column), of ``tokens_per_s`` for the plan's action. A plan that is not
 among the table's actions cannot be predicted: the evaluator returns None and the objective
 *prunes* the trial (``optuna.TrialPruned``) with the reason in the ``fail_reason`` user attribute.
@@ -35,7 +35,7 @@ from adaptive_spec.tuning.space import GREEDY, OverBudgetError, suggest_plan
 if TYPE_CHECKING:
     import optuna
 
-    from adaptive_spec.data.label_table import LabelTable
+    from adaptive_spec.formats.label_table import LabelTable
 
 __all__ = ["MeasuredTokensPerSecond", "PlanObjective", "PredictedTokensPerSecond"]
 
@@ -122,7 +122,7 @@ class PredictedTokensPerSecond:
     _be: np.ndarray = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        from adaptive_spec.selector.features import SCHEMA
+        from adaptive_spec.formats.features import SCHEMA
 
         temps = self.table.features[:, SCHEMA.names.index("temperature")]
         rows = np.isclose(temps, self.temperature, rtol=0.0, atol=1e-6)

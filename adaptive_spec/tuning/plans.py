@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from adaptive_spec.planner.plan import Plan
+from adaptive_spec.planner.presets import DEFAULT_PLANS
 from adaptive_spec.tuning.space import PLAN_PARAM_GROUPS, known_good_params
 from adaptive_spec.tuning.storage import DEFAULT_GRACE_S, DEFAULT_HEARTBEAT_S, DEFAULT_STORAGE
 
-__all__ = ["DEFAULT_PLANS", "PlanTuningConfig", "compare_plans", "rank_plans", "study_name", "tune_plans"]
+__all__ = ["PlanTuningConfig", "compare_plans", "rank_plans", "study_name", "tune_plans"]
 
-DEFAULT_PLANS = ("chain:4/block", "delayed:2x3x3/traversal", "wor:3x2x1/traversal")  # bench e2e's defaults
 log = logging.getLogger(__name__)
 
 
@@ -110,7 +110,7 @@ class PlanTuningConfig:
 
 def study_name(prefix: str, temperature: float) -> str:
     """``<prefix>-T<temperature>``, e.g. ``plans-T0``, ``plans-T0.7``."""
-    from adaptive_spec.tuning.best_static import temperature_key
+    from adaptive_spec.temperatures import temperature_key
 
     return f"{prefix}-T{temperature_key(temperature)}"
 
@@ -227,7 +227,8 @@ def tune_plans(cfg: PlanTuningConfig, engine: Any = None) -> dict[str, Any]:
     """
     import optuna
 
-    from adaptive_spec.tuning.best_static import best_static_path, temperature_key, write_best_static
+    from adaptive_spec.planner.presets import best_static_path, write_best_static
+    from adaptive_spec.temperatures import temperature_key
     from adaptive_spec.tuning.objectives import MeasuredTokensPerSecond, PlanObjective, PredictedTokensPerSecond
     from adaptive_spec.tuning.report import plot_comparison, plot_study, study_summary, write_summary
     from adaptive_spec.tuning.storage import check_settings, make_storage, open_study
@@ -238,19 +239,19 @@ def tune_plans(cfg: PlanTuningConfig, engine: Any = None) -> dict[str, Any]:
     table = None
     if cfg.objective == "measured":
         if engine is None:
-            from adaptive_spec.bench.e2e import load_engine
+            from adaptive_spec.engine.load import load_engine
 
             engine = load_engine(cfg.target, cfg.draft, cfg.device, cfg.dtype)
         if cfg.prompts is None:
-            from adaptive_spec.zoo import default_prompts
+            from adaptive_spec.files import default_prompts
 
             prompts = default_prompts()[: cfg.num_prompts]
         else:
-            from adaptive_spec.zoo import read_prompts
+            from adaptive_spec.files import read_prompts
 
             prompts = read_prompts(cfg.prompts, cfg.num_prompts)
     else:
-        from adaptive_spec.data.label_table import read_labels
+        from adaptive_spec.formats.label_table import read_labels
 
         table = read_labels(cfg.labels)
     report_dir = _report_dir(cfg)

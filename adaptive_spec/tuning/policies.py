@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from adaptive_spec.planner.plan import Plan
-
-IN_DRAFT_RELPATH = Path("configs") / "plans" / "in-draft.yaml"
+from adaptive_spec.planner.presets import IN_DRAFT_RELPATH, in_draft_path, write_in_draft
+from adaptive_spec.tuning.storage import DEFAULT_STORAGE
 
 # The default grid: the transformers rule, SpecDec++'s rule, dynamic delayed expansion and
 # EAGLE-2-style growth (and the learned chains, below), each at a few settings; verifiers that
@@ -58,56 +58,6 @@ def default_grid() -> list[str]:
     except FileNotFoundError:
         return list(DEFAULT_GRID)
     return [*DEFAULT_GRID, *LEARNED_GRID]
-
-
-def in_draft_path(root: str | Path | None = None) -> Path:
-    """``configs/plans/in-draft.yaml`` under ``root`` (default: the working directory, else the source checkout)."""
-    if root is not None:
-        return Path(root) / IN_DRAFT_RELPATH
-    here = Path.cwd() / IN_DRAFT_RELPATH
-    if here.is_file():
-        return here
-    source = Path(__file__).resolve().parents[2] / IN_DRAFT_RELPATH
-    return source if source.is_file() else here
-
-
-def load_in_draft(temperature: float, path: str | Path | None = None) -> Plan:
-    """The tuned in-draft plan for ``temperature`` (the nearest tuned temperature of the same kind).
-
-    Raises:
-        FileNotFoundError: no file (the message says how to make one).
-        LookupError: no entry usable at this temperature.
-    """
-    import yaml
-
-    file = Path(path) if path is not None else in_draft_path()
-    if not file.is_file():
-        raise FileNotFoundError(
-            f"no tuned in-draft plans at {file}; run `adaptive-spec tune policies --prompts TUNING.jsonl`"
-        )
-    plans = (yaml.safe_load(file.read_text(encoding="utf-8")) or {}).get("plans") or {}
-    t = float(temperature)
-    same_kind = [k for k in plans if (float(k) == 0) == (t == 0)]
-    if not same_kind:
-        raise LookupError(f"{file} has no in-draft plan for temperature {t:g} (tuned: {', '.join(plans) or 'none'})")
-    key = min(same_kind, key=lambda k: abs(float(k) - t))
-    return Plan.parse(plans[key]["plan"])
-
-
-def write_in_draft(choices: dict[str, dict[str, Any]], path: Path) -> None:
-    """Merge ``{temperature key: entry}`` into the file (atomically; other temperatures kept)."""
-    import yaml
-
-    data: dict[str, Any] = {"version": 1, "plans": {}}
-    if path.is_file():
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or data
-        data.setdefault("plans", {})
-    data["plans"].update(choices)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    header = "# In-draft planner: the best drafting policy per temperature, from `adaptive-spec tune policies`.\n"
-    tmp.write_text(header + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
-    tmp.replace(path)
 
 
 def choose(runs: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -145,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     parser.add_argument("--optuna", type=int, default=0, metavar="N",
                         help="run N Optuna trials per temperature instead of the grid (default: the grid)")  # fmt: skip
-    parser.add_argument("--storage", default="sqlite:///data/tuning/optuna.db", help="Optuna storage URL")
+    parser.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL (default: %(default)s)")
     parser.add_argument("--study-prefix", default="policies", help="study name prefix (default: %(default)s)")
 
 
@@ -170,7 +120,8 @@ def suggest_policy(trial, greedy: bool) -> str:
 
 def optuna_search(engine, prompts, temps, args) -> dict[str, Any]:
     """Per temperature: ``args.optuna`` trials; returns ``run``-like rows for :func:`choose`."""
-    from adaptive_spec.bench.e2e import measure, temperature_key
+    from adaptive_spec.bench.e2e import measure
+    from adaptive_spec.temperatures import temperature_key
     from adaptive_spec.tuning.storage import open_study
 
     runs: dict[str, Any] = {}
@@ -201,8 +152,10 @@ def optuna_search(engine, prompts, temps, args) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from adaptive_spec.bench.e2e import load_engine, measure, parse_temperatures
-    from adaptive_spec.zoo import read_prompts
+    from adaptive_spec.bench.e2e import measure
+    from adaptive_spec.engine.load import load_engine
+    from adaptive_spec.files import read_prompts
+    from adaptive_spec.temperatures import parse_temperatures
 
     try:
         temps = parse_temperatures(args.temperatures)

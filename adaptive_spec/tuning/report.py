@@ -140,6 +140,6 @@ def plot_comparison(rows: list[dict[str, Any]], title: str, path: str | Path, hi
 
 def write_summary(summary: dict[str, Any], out_dir: str | Path) -> Path:
     """Write ``summary.json`` in ``out_dir`` (atomically)."""
-    from adaptive_spec.bench.profile import write_json_atomic
+    from adaptive_spec.files import write_json_atomic
 
     return write_json_atomic(summary, Path(out_dir) / "summary.json")

@@ -22,12 +22,12 @@ Optuna's plots and ``best-selector.yaml``, a LightningCLI config fragment::
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from adaptive_spec.files import atomic_write
 from adaptive_spec.tuning.storage import DEFAULT_GRACE_S, DEFAULT_HEARTBEAT_S, DEFAULT_STORAGE
 
 __all__ = ["MONITOR", "SelectorTuningConfig", "tune_selector"]
@@ -149,10 +149,7 @@ def _write_best_yaml(study: Any, path: Path, value: float) -> Path:
         "# Use: adaptive-spec train-selector --config configs/selector/default.yaml --config <this file> "
         "--data.labels DIR\n"
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(header + yaml.safe_dump({"model": model}, sort_keys=False))
-    os.replace(tmp, path)
+    atomic_write(path, header + yaml.safe_dump({"model": model}, sort_keys=False))
     return path
 
 

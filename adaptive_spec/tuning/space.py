@@ -18,7 +18,7 @@ Static plan space (ranges of the plan action space)::
 A without-replacement tree is ``wor_head`` branching levels (widths ``wor_w0``..``wor_w2``)
 followed by ``wor_tail`` levels of width 1, e.g. ``wor:3x2x1`` = head 2 (3, 2), tail 1. Trees
 that branch below a width-1 level (``wor:1x3``) are outside the space. Every plan of the
-action space (``configs/actions/default.yaml``) whose sizes fall in these ranges is a point of
+action space (``adaptive_spec/planner/default_actions.yaml``) whose sizes fall in these ranges is a point of
 this space.
 
 Node budget: a plan has at most :data:`MAX_NODES` nodes (root included). The chain, iid and

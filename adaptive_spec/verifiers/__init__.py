@@ -1,8 +1,8 @@
 """Lossless verifiers for draft trees, one module per algorithm, and one registry.
 
 ``verify(name, tree, target_probs, generator)`` is the entry point; ``REGISTRY`` records
-which drafting laws each verifier is lossless for; ``lp_limit`` gives the best block
-efficiency any lossless verifier can reach for a drafting law (small vocabularies).
+which drafting laws each verifier is lossless for. Offline analysis (exact enumeration,
+expected block efficiency, the LP limit) lives in :mod:`adaptive_spec.analysis`.
 """
 
 from adaptive_spec.verifiers.base import VerifyResult
@@ -24,15 +24,6 @@ __all__ = [
     "VerifyResult",
     "check_compatible",
     "get_verifier",
-    "lp_limit",
     "verify",
 ]
 
-
-def __getattr__(name: str):
-    # scipy is imported only when the LP is used.
-    if name == "lp_limit":
-        from adaptive_spec.verifiers.lp import lp_limit
-
-        return lp_limit
-    raise AttributeError(name)

@@ -16,7 +16,7 @@ from adaptive_spec.verifiers.base import VerifyResult, accept_prob, normalized_o
 from adaptive_spec.verifiers.walk import top_down_walk
 
 
-def _naive_solver(p, q, candidates, sampler):
+def naive_solver(p, q, candidates, sampler):
     x = candidates[0]
     if sampler.flip(accept_prob(float(p[x]), float(q[x]))):
         return x, False
@@ -25,4 +25,4 @@ def _naive_solver(p, q, candidates, sampler):
 
 def verify_naive(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:
     """NaiveTree: token-level test on the first candidate, then a residual draw."""
-    return top_down_walk(tree, target_probs, sampler, _naive_solver, distinct=False)
+    return top_down_walk(tree, target_probs, sampler, naive_solver, distinct=False)

@@ -14,10 +14,10 @@ from adaptive_spec.verifiers.base import VerifyResult
 from adaptive_spec.verifiers.walk import top_down_walk
 
 
-def _nss_solver(p, q, candidates, sampler):  # noqa: ARG001
+def nss_solver(p, q, candidates, sampler):  # noqa: ARG001
     return sampler.categorical(p), True
 
 
 def verify_nss(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:
     """NSS: sample from the target at each node and follow the tree while it matches."""
-    return top_down_walk(tree, target_probs, sampler, _nss_solver, distinct=True)
+    return top_down_walk(tree, target_probs, sampler, nss_solver, distinct=True)

@@ -16,7 +16,8 @@ from adaptive_spec.verifiers.greedy import verify_greedy
 from adaptive_spec.verifiers.hsd import verify_hsd
 from adaptive_spec.verifiers.naive import verify_naive
 from adaptive_spec.verifiers.nss import verify_nss
-from adaptive_spec.verifiers.rrs import verify_rrsw, verify_specinfer
+from adaptive_spec.verifiers.rrsw import verify_rrsw
+from adaptive_spec.verifiers.specinfer import verify_specinfer
 from adaptive_spec.verifiers.spectr import verify_spectr
 from adaptive_spec.verifiers.token import verify_token
 from adaptive_spec.verifiers.traversal import verify_traversal

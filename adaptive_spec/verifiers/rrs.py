@@ -1,5 +1,6 @@
-"""Recursive rejection sampling: SpecInfer's multi-step speculative sampling (with
-replacement) and RRSw / RSD (without replacement). Reference §5.
+"""The node solver of recursive rejection sampling, shared by SpecInfer's multi-step speculative
+sampling (with replacement, :mod:`~adaptive_spec.verifiers.specinfer`) and RRSw / RSD (without
+replacement, :mod:`~adaptive_spec.verifiers.rrsw`). Reference §5.
 
 Node solver, for candidates x_1..x_k at a node with target p and draft q::
 
@@ -19,9 +20,7 @@ from __future__ import annotations
 import torch
 
 from adaptive_spec.rng import Sampler
-from adaptive_spec.trees import DraftTree
-from adaptive_spec.verifiers.base import VerifyResult, accept_prob, normalized_or, positive_part
-from adaptive_spec.verifiers.walk import top_down_walk
+from adaptive_spec.verifiers.base import accept_prob, normalized_or, positive_part
 
 
 def rrs_solve(
@@ -41,20 +40,3 @@ def rrs_solve(
             q = normalized_or(q, q)
     return sampler.categorical(p), not touched
 
-
-def _specinfer_solver(p, q, candidates, sampler):
-    return rrs_solve(p, q, candidates, sampler, without_replacement=False)
-
-
-def _rrsw_solver(p, q, candidates, sampler):
-    return rrs_solve(p, q, candidates, sampler, without_replacement=True)
-
-
-def verify_specinfer(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:
-    """SpecInfer multi-step speculative sampling (i.i.d. candidates, with replacement)."""
-    return top_down_walk(tree, target_probs, sampler, _specinfer_solver, distinct=False)
-
-
-def verify_rrsw(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:
-    """Recursive rejection sampling without replacement (RSD)."""
-    return top_down_walk(tree, target_probs, sampler, _rrsw_solver, distinct=True)

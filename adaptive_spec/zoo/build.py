@@ -21,7 +21,6 @@ With a time budget the number of optimisation steps depends on the machine's spe
 from __future__ import annotations
 
 import datetime as dt
-import gzip
 import json
 import logging
 import os
@@ -39,8 +38,9 @@ import transformers
 from lightning.pytorch.callbacks import TQDMProgressBar
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 
+from adaptive_spec.files import PROMPTS
 from adaptive_spec.zoo.config import DEFAULT_MINUTES, ZooConfig
-from adaptive_spec.zoo.data import (
+from adaptive_spec.zoo.corpus import (
     TokenWindows,
     default_corpus,
     encode_stream,
@@ -57,7 +57,6 @@ from adaptive_spec.zoo.model import make_llama, num_params
 log = logging.getLogger(__name__)
 
 BUILD_INFO = "build_info.json"
-PROMPTS = "prompts.jsonl"
 
 
 def _fit(
@@ -288,59 +287,4 @@ def load_pair(
     return target, draft, tokenizer
 
 
-def read_prompts(path: str | Path, limit: int | None = None) -> list[str]:
-    """Prompts from a file, the one reader of every verb that takes prompts.
-
-    * JSON Lines (``.jsonl``, ``.json``, also ``.gz``-compressed): one object per line with a
-      ``prompt`` string or a non-empty ``turns`` list (the first turn is used);
-    * ``.txt``: one prompt per non-empty line;
-    * a directory: its ``prompts.jsonl``.
-
-    Raises:
-        FileNotFoundError: the file does not exist (checked before anything is loaded).
-        ValueError: naming the file and the line: invalid JSON, a line that is not an object,
-            or an object without a prompt; or a file with no prompts.
-    """
-    path = Path(path)
-    if path.is_dir():
-        path = path / PROMPTS
-    if not path.is_file():
-        raise FileNotFoundError(f"prompt file {path} does not exist")
-    opener = gzip.open if path.suffix == ".gz" else open
-    plain_text = path.name.removesuffix(".gz").endswith(".txt")
-    prompts: list[str] = []
-    try:
-        with opener(path, "rt", encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                if plain_text:
-                    prompts.append(line.rstrip("\n"))
-                else:
-                    prompts.append(_prompt_record(line, path, line_no))
-                if limit is not None and len(prompts) >= limit:
-                    break
-    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as err:
-        raise ValueError(f"{path}: cannot read it as UTF-8 text ({err})") from None
-    if not prompts:
-        raise ValueError(f"{path}: no prompts")
-    return prompts
-
-
-def _prompt_record(line: str, path: Path, line_no: int) -> str:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}:{line_no}: not valid JSON ({err.msg} at column {err.colno})") from None
-    if not isinstance(record, dict):
-        raise ValueError(
-            f"{path}:{line_no}: expected a JSON object like {{\"prompt\": \"...\"}}, got a {type(record).__name__}"
-        )
-    if isinstance(record.get("prompt"), str):
-        return record["prompt"]
-    if isinstance(record.get("turns"), list) and record["turns"]:
-        return str(record["turns"][0])
-    raise ValueError(f"{path}:{line_no}: a record needs a 'prompt' string or a non-empty 'turns' list")
-
-
-__all__ = ["BUILD_INFO", "PROMPTS", "build_pair", "load_pair", "read_prompts"]
+__all__ = ["BUILD_INFO", "PROMPTS", "build_pair", "load_pair"]

@@ -64,7 +64,7 @@ def load_config(path: Path | None) -> ZooConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Build the pair, print its figures as JSON; return the exit status."""
-    from adaptive_spec.zoo import default_pair_path
+    from adaptive_spec.files import default_pair_path
     from adaptive_spec.zoo.build import build_pair
 
     out = args.out or default_pair_path()

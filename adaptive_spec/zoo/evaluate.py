@@ -54,7 +54,7 @@ def one_token_latencies(
 ) -> list[float]:
     """Median seconds of a one-token forward *through the engine* with ``context`` cached tokens, per model.
 
-    Each step is the engine's own call (:meth:`adaptive_spec.engine.kv_cache.ModelRunner.block_forward`
+    Each step is the engine's own call (:meth:`adaptive_spec.engine.runner.ModelRunner.block_forward`
     with its explicit 4-D mask and position ids, then reading the logits), so the figure is what a
     decoding step pays. The models take turns in blocks of ``block`` consecutive steps (as in
     decoding, where the draft runs several forwards in a row and then the target one), so that load
@@ -62,7 +62,7 @@ def one_token_latencies(
     model runs with its own weights in the CPU caches; the cache is rolled back to ``context``
     after each step.
     """
-    from adaptive_spec.engine.kv_cache import ModelRunner
+    from adaptive_spec.engine.runner import ModelRunner
 
     vocab = min(m.config.vocab_size for m in models)
     gen = torch.Generator().manual_seed(seed)

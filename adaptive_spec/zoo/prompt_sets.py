@@ -16,6 +16,8 @@ import argparse
 import json
 from pathlib import Path
 
+from adaptive_spec.files import atomic_write
+
 SPLITS = ("train", "heldout2")
 
 
@@ -25,9 +27,9 @@ def prompt_set(split: str, count: int, seed: int = 1, pair_dir: str | Path | Non
     Raises:
         ValueError: an unknown split, or a pair built from a corpus that is not this Python's stdlib.
     """
-    from adaptive_spec.zoo import default_pair_path
-    from adaptive_spec.zoo.build import BUILD_INFO, read_prompts
-    from adaptive_spec.zoo.data import default_corpus, extract_prompts, split_corpus
+    from adaptive_spec.files import default_pair_path, read_prompts
+    from adaptive_spec.zoo.build import BUILD_INFO
+    from adaptive_spec.zoo.corpus import default_corpus, extract_prompts, split_corpus
 
     if split not in SPLITS:
         raise ValueError(f"unknown prompt split {split!r}; choose one of {', '.join(SPLITS)}")
@@ -63,9 +65,6 @@ def run(args: argparse.Namespace) -> int:
         prompts = prompt_set(args.split, args.count, args.seed)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"zoo prompts: {err}") from None
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(args.out.suffix + ".tmp")
-    tmp.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts), encoding="utf-8")
-    tmp.replace(args.out)
+    atomic_write(args.out, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     print(f"wrote {len(prompts)} {args.split} prompts to {args.out}")
     return 0

@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from adaptive_spec.cli import main
-from adaptive_spec.data.logger import read_manifest, read_shards
+from adaptive_spec.formats.feature_log import read_manifest, read_shards
 from adaptive_spec.engine.features import LATENCY_NAMES
-from adaptive_spec.selector.features import SCHEMA
+from adaptive_spec.formats.features import SCHEMA
 from tests.engine._tiny import perturbed, tiny_model, tiny_tokenizer
 from tests.planner.test_latency import synthetic_profile
 
@@ -114,7 +114,7 @@ def test_explore_with_profile_logs_propensities_latency_and_refuses_other_models
     assert rc == 0
     printed = capsys.readouterr().out
     # The in-draft node log of the same run: one group per generation, soft labels in [0, 1].
-    from adaptive_spec.data.nodes import read_node_log
+    from adaptive_spec.formats.nodes import read_node_log
 
     nodes = read_node_log(tmp_path / "nodes")
     assert nodes.num_rows > 0 and set(nodes.column("generation").to_pylist()) == {0, 1}

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from adaptive_spec.data.label import LabelConfig, Labeller, family_specs
-from adaptive_spec.engine.sampling import ProbsFn, SamplingConfig, build_logits_processor
+from adaptive_spec.records.label import LabelConfig, Labeller, family_specs
+from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
 from adaptive_spec.planner.latency import LatencyModel
 from adaptive_spec.planner.plan import Plan
-from adaptive_spec.verifiers.exact import target_rows, tree_law
-from adaptive_spec.verifiers.expected import expected_block_efficiency
+from adaptive_spec.analysis.exact import target_rows, tree_law
+from adaptive_spec.analysis.expected import expected_block_efficiency
 from tests.engine._tiny import tiny_model
 from tests.planner.test_latency import synthetic_profile
 

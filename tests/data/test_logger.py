@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from adaptive_spec.data.logger import FeatureLogger, arrow_schema, prompt_key, read_manifest, read_shards
+from adaptive_spec.formats.feature_log import FeatureLogger, arrow_schema, prompt_key, read_manifest, read_shards
 from adaptive_spec.engine import SpecEngine, StepState
-from adaptive_spec.selector.features import SCHEMA
+from adaptive_spec.formats.features import SCHEMA
 from tests.engine._tiny import perturbed, tiny_model, tiny_tokenizer
 
 V = 48

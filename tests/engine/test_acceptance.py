@@ -9,8 +9,8 @@ import pytest
 import torch
 from _tiny import perturbed, tiny_model
 
-from adaptive_spec.data.nodes import NodeLogger, node_rows, read_node_log
 from adaptive_spec.engine import Plan, SpecEngine
+from adaptive_spec.formats.nodes import NodeLogger, node_rows, read_node_log
 from adaptive_spec.planner.acceptance import AcceptanceModel
 from adaptive_spec.trees import DraftTree, TreeShape
 from adaptive_spec.trees.policy import ACCEPTANCE_FEATURES, LearnedChain, NodeView, PolicyContext

@@ -10,11 +10,11 @@ import torch
 from _tiny import perturbed, tiny_model, tiny_tokenizer
 
 from adaptive_spec import SpecEngine
+from adaptive_spec.analysis.exact import completed_tv, output_law
+from adaptive_spec.analysis.instances import Instance, random_instance
 from adaptive_spec.planner import Plan
 from adaptive_spec.trees import TreeShape
 from adaptive_spec.verifiers import REGISTRY
-from adaptive_spec.verifiers.exact import completed_tv, output_law
-from adaptive_spec.verifiers.instances import Instance, random_instance
 
 V = 48
 
@@ -161,7 +161,7 @@ def test_a_file_is_not_a_model_directory(tmp_path):
 
 # ----------------------------------------------------------------------------- prompt files
 def test_prompt_files_name_the_file_and_line(tmp_path):
-    from adaptive_spec.zoo import read_prompts
+    from adaptive_spec.files import read_prompts
 
     bad = tmp_path / "p.jsonl"
     bad.write_text('{"prompt": "a"}\n\n{"prompt": "b"\n')
@@ -240,8 +240,8 @@ def test_a_selector_with_nonfinite_logits_is_refused_at_load(tmp_path):
     import onnx
     from onnx import numpy_helper
 
+    from adaptive_spec.formats.features import SCHEMA
     from adaptive_spec.selector.export import export_net
-    from adaptive_spec.selector.features import SCHEMA
     from adaptive_spec.selector.model import SelectorNet
     from adaptive_spec.selector.runtime import SelectorLoadError, SelectorRuntime
 
@@ -261,7 +261,7 @@ def test_a_selector_with_nonfinite_logits_is_refused_at_load(tmp_path):
 
 
 def test_json_prompt_record_with_turns(tmp_path):
-    from adaptive_spec.zoo import read_prompts
+    from adaptive_spec.files import read_prompts
 
     f = tmp_path / "chat.jsonl"
     f.write_text(json.dumps({"turns": ["hello", "again"]}) + "\n")

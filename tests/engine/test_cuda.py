@@ -13,11 +13,11 @@ import pytest
 import torch
 from _tiny import perturbed, tiny_model, tiny_tokenizer
 
+from adaptive_spec.analysis.exact import fixed_tree_law, target_rows
 from adaptive_spec.engine import SpecEngine
-from adaptive_spec.engine.kv_cache import ModelRunner
+from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.trees import DraftLaw, TreeShape, ancestor_matrix, sample_tree
 from adaptive_spec.verifiers import REGISTRY, verify
-from adaptive_spec.verifiers.exact import fixed_tree_law, target_rows
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")
@@ -114,8 +114,8 @@ def test_verifier_laws_on_cuda_tensors_with_a_cuda_generator(name):
 
 
 def test_engine_with_the_selector_on_cuda(tmp_path):
+    from adaptive_spec.formats.features import SCHEMA
     from adaptive_spec.selector.export import export_net
-    from adaptive_spec.selector.features import SCHEMA
     from adaptive_spec.selector.model import SelectorNet
     from adaptive_spec.selector.runtime import AdaptivePlanner
 

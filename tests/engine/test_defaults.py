@@ -67,7 +67,7 @@ def test_the_shipped_in_draft_file_is_stamped_for_the_built_in_pair():
     best_static = yaml.safe_load(Path(REPO, "configs/plans/best-static.yaml").read_text())
     assert plan_file_matches(in_draft, engine.fingerprints())
     assert not plan_file_matches(best_static, engine.fingerprints())
-    from adaptive_spec.tuning.policies import load_in_draft
+    from adaptive_spec.planner.presets import load_in_draft
 
     for t in (0.0, 0.7, 1.0):
         assert engine.default_plan(t) == load_in_draft(t, os.path.join(REPO, "configs/plans/in-draft.yaml"))

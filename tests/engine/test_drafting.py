@@ -10,8 +10,8 @@ from _tiny import tiny_model
 from scipy.stats import chi2_contingency
 
 from adaptive_spec.engine.drafting import draft_tree
-from adaptive_spec.engine.kv_cache import ModelRunner
-from adaptive_spec.engine.sampling import ProbsFn, SamplingConfig, build_logits_processor
+from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
+from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.trees import DraftTree, TreeShape, sample_tree
 
 V = 3

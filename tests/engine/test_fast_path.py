@@ -6,7 +6,7 @@ import pytest
 import torch
 from _tiny import tiny_model
 
-from adaptive_spec.engine.kv_cache import ModelRunner, fast_path_parts
+from adaptive_spec.engine.runner import ModelRunner, fast_path_parts
 
 
 def _run(model, fast: bool, keep_hidden: bool) -> list[torch.Tensor]:

@@ -11,7 +11,7 @@ from _tiny import perturbed, tiny_model
 
 from adaptive_spec.engine import SpecEngine, StepState
 from adaptive_spec.engine.features import LOG_CLAMP
-from adaptive_spec.selector.features import SCHEMA
+from adaptive_spec.formats.features import SCHEMA
 
 V = 48
 

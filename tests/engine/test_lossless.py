@@ -16,7 +16,7 @@ from _tiny import perturbed, tiny_model
 from scipy.stats import chisquare
 
 from adaptive_spec.engine import SpecEngine
-from adaptive_spec.engine.sampling import ProbsFn, SamplingConfig, build_logits_processor
+from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
 from adaptive_spec.trees import DraftLaw
 from adaptive_spec.verifiers import REGISTRY
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from _tiny import ATTN, KINDS, tiny_model
 
-from adaptive_spec.engine.kv_cache import ModelRunner
+from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.trees import TreeShape, ancestor_matrix, sample_tree
 
 

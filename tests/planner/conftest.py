@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-import adaptive_spec.zoo as zoo
+import adaptive_spec.files as files
 from tests.engine._tiny import save_tiny_pair as _save
 
 
@@ -20,5 +20,5 @@ def module_tiny_pair(tmp_path_factory):
     """The tiny pair as the 'built-in' pair for a whole module."""
     root = save_tiny_pair(tmp_path_factory.mktemp("pair"))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(zoo, "default_pair_path", lambda: root)
+        mp.setattr(files, "default_pair_path", lambda: root)
         yield root

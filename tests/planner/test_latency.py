@@ -7,9 +7,9 @@ import json
 
 import pytest
 
+from adaptive_spec.formats.features import SCHEMA
 from adaptive_spec.planner import LatencyModel, StepTimePrediction, default_profile_path
 from adaptive_spec.planner.latency import PROFILE_FORMAT, PROFILE_VERSION, interp1
-from adaptive_spec.selector.features import SCHEMA
 
 CONTEXTS = [0, 100, 300]
 TOKENS = [1, 2, 8, 32]

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from adaptive_spec.cli import main
+from adaptive_spec.formats.features import SCHEMA
 from adaptive_spec.planner import LatencyModel
-from adaptive_spec.selector.features import SCHEMA
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

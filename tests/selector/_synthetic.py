@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from adaptive_spec.data.label_table import LabelTable
-from adaptive_spec.selector.features import SCHEMA
+from adaptive_spec.formats.features import SCHEMA
+from adaptive_spec.formats.label_table import LabelTable
 
 ACTIONS = ["chain:1/block", "chain:2/block", "chain:4/block", "chain:8/block", "iid:2x3/traversal"]
 _SHAPES = [(1, 1), (1, 2), (1, 4), (1, 8), (2, 3)]  # (paths K, depth L)

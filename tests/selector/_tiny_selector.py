@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
+from adaptive_spec.formats.features import SCHEMA
 from adaptive_spec.selector.export import export_net
-from adaptive_spec.selector.features import SCHEMA
 from adaptive_spec.selector.model import SelectorNet
 
 ACTIONS = ["chain:1/block", "chain:3/block", "iid:2x2/traversal", "delayed:1x2x2/traversal", "wor:2x1/rrsw"]

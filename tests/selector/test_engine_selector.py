@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from adaptive_spec.engine import SpecEngine
+from adaptive_spec.formats.features import SCHEMA
 from adaptive_spec.planner import Plan
 from adaptive_spec.selector.export import export_net
-from adaptive_spec.selector.features import SCHEMA
 from adaptive_spec.selector.model import SelectorNet
 from adaptive_spec.selector.runtime import AdaptivePlanner
 from tests.engine._tiny import perturbed, tiny_model, tiny_tokenizer

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from adaptive_spec.cli import main
-from adaptive_spec.data.label_table import read_labels
+from adaptive_spec.formats.features import SCHEMA
+from adaptive_spec.formats.label_table import read_labels
 from adaptive_spec.selector.export import run_report_path
-from adaptive_spec.selector.features import SCHEMA
 from adaptive_spec.selector.runtime import SelectorRuntime
 from tests.planner.test_latency import synthetic_profile
 from tests.test_demo import tiny_pair  # noqa: F401  (fixture)

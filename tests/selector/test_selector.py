@@ -13,9 +13,10 @@ import pytest
 import torch
 
 from adaptive_spec.cli import main as cli_main
-from adaptive_spec.data.label_table import read_labels, write_labels
+from adaptive_spec.formats.features import SCHEMA
+from adaptive_spec.formats.label_table import read_labels, write_labels
 from adaptive_spec.planner import Plan, StepState
-from adaptive_spec.selector.data import (
+from adaptive_spec.selector.datamodule import (
     SelectorSplit,
     oracle_choices,
     prepare,
@@ -25,7 +26,6 @@ from adaptive_spec.selector.data import (
     split_by_prompt,
 )
 from adaptive_spec.selector.export import PARITY_TOL, export_net, parity
-from adaptive_spec.selector.features import SCHEMA
 from adaptive_spec.selector.lit import SelectorModule
 from adaptive_spec.selector.model import SelectorNet, selector_loss
 from adaptive_spec.selector.runtime import (

@@ -9,11 +9,11 @@ import warnings
 import numpy as np
 import pytest
 
-import adaptive_spec.zoo as zoo
-from adaptive_spec.data.label_table import write_labels
+import adaptive_spec.files as files
+from adaptive_spec.formats.features import SCHEMA
+from adaptive_spec.formats.label_table import write_labels
 from adaptive_spec.planner import Plan
 from adaptive_spec.planner.plan import StepState
-from adaptive_spec.selector.features import SCHEMA
 from adaptive_spec.selector.runtime import (
     AdaptivePlanner,
     SelectorLoadError,
@@ -102,7 +102,7 @@ def test_latency_model_for_warns_only_without_a_profile(tmp_path, monkeypatch, s
 def test_find_selector_looks_next_to_the_pair_then_in_data(tmp_path, monkeypatch, selector):
     pair = tmp_path / "pair"
     pair.mkdir()
-    monkeypatch.setattr(zoo, "default_pair_path", lambda: pair)
+    monkeypatch.setattr(files, "default_pair_path", lambda: pair)
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match=r"make selector.*selector-pipeline"):
         find_selector()

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from adaptive_spec.data.label_table import LabelTable, write_labels
-from adaptive_spec.selector.features import SCHEMA
+from adaptive_spec.formats.features import SCHEMA
+from adaptive_spec.formats.label_table import LabelTable, write_labels
 from adaptive_spec.tuning.space import iter_plans
 
 VERIFIER_GAIN = {

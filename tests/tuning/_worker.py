@@ -44,7 +44,7 @@ def tune(argv: list[str], ready: str | None = None, go: str | None = None) -> in
     cli_plans.add_arguments(parser)
     args = parser.parse_args(argv)
     if ready and go:  # start together with the other worker: imports done, then a common start signal
-        import adaptive_spec.data.label_table
+        import adaptive_spec.formats.label_table
         import adaptive_spec.tuning.objectives
         import adaptive_spec.tuning.plans
         import adaptive_spec.tuning.storage  # noqa: F401

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-import adaptive_spec.zoo as zoo
+import adaptive_spec.files as files
 from tests.engine._tiny import save_tiny_pair
 from tests.tuning._labels import write_synthetic_labels
 from tests.tuning._postgres import postgres_url  # noqa: F401  (a fixture)
@@ -14,7 +14,7 @@ from tests.tuning._postgres import postgres_url  # noqa: F401  (a fixture)
 def tiny_pair(tmp_path, monkeypatch):
     """The built-in pair replaced by a tiny random Llama pair with two prompts."""
     root = save_tiny_pair(tmp_path / "pair", eos=None)
-    monkeypatch.setattr(zoo, "default_pair_path", lambda: root)
+    monkeypatch.setattr(files, "default_pair_path", lambda: root)
     return root
 
 

@@ -8,13 +8,13 @@ import pytest
 import yaml
 
 from adaptive_spec.planner.plan import Plan
-from adaptive_spec.tuning.best_static import (
+from adaptive_spec.planner.presets import (
     best_static_path,
     load_best_static,
     read_best_static,
-    temperature_key,
     write_best_static,
 )
+from adaptive_spec.temperatures import temperature_key
 
 
 def test_write_merges_per_temperature_and_load_returns_plans(tmp_path):
@@ -91,7 +91,7 @@ def test_reading_best_static_imports_neither_optuna_nor_the_tuner():
     import sys
 
     code = (
-        "import sys, adaptive_spec.tuning, adaptive_spec.tuning.best_static; "
+        "import sys, adaptive_spec.tuning, adaptive_spec.planner.presets; "
         "bad = [m for m in ('optuna', 'optuna_integration', 'adaptive_spec.tuning.plans') if m in sys.modules]; "
         "assert not bad, bad"
     )

@@ -8,7 +8,7 @@ import optuna
 import pytest
 
 from adaptive_spec.cli import main
-from adaptive_spec.tuning.best_static import load_best_static, read_best_static
+from adaptive_spec.planner.presets import load_best_static, read_best_static
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -6,12 +6,12 @@ import numpy as np
 import optuna
 import pytest
 
-from adaptive_spec.data.label_table import read_labels
 from adaptive_spec.engine import SpecEngine
+from adaptive_spec.files import default_prompts
+from adaptive_spec.formats.features import SCHEMA
+from adaptive_spec.formats.label_table import read_labels
 from adaptive_spec.planner.plan import Plan
-from adaptive_spec.selector.features import SCHEMA
 from adaptive_spec.tuning.objectives import MeasuredTokensPerSecond, PlanObjective, PredictedTokensPerSecond
-from adaptive_spec.zoo import default_prompts
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

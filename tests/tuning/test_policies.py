@@ -7,10 +7,11 @@ import json
 import pytest
 import yaml
 
-import adaptive_spec.zoo as zoo
+import adaptive_spec.files as files
 from adaptive_spec.cli import main
 from adaptive_spec.planner import Plan
-from adaptive_spec.tuning.policies import choose, load_in_draft
+from adaptive_spec.planner.presets import load_in_draft
+from adaptive_spec.tuning.policies import choose
 from tests.engine._tiny import save_tiny_pair
 
 
@@ -18,7 +19,7 @@ from tests.engine._tiny import save_tiny_pair
 def tiny_pair(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     root = save_tiny_pair(tmp_path / "pair", eos=1)
-    monkeypatch.setattr(zoo, "default_pair_path", lambda: root)
+    monkeypatch.setattr(files, "default_pair_path", lambda: root)
     (tmp_path / "tune.txt").write_text("w5 w6 w7\nw9 w3\n")
     return root
 

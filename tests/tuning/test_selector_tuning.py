@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from adaptive_spec.cli import main
-from adaptive_spec.data.label_table import write_labels
+from adaptive_spec.formats.label_table import write_labels
 from adaptive_spec.tuning.space import SELECTOR_KNOWN_GOOD
 from adaptive_spec.tuning.storage import open_study
 from tests.selector._synthetic import synthetic_labels

@@ -18,7 +18,7 @@ import optuna
 import pytest
 
 from adaptive_spec.cli import main
-from adaptive_spec.tuning.best_static import read_best_static
+from adaptive_spec.planner.presets import read_best_static
 from adaptive_spec.tuning.storage import make_storage
 
 REPO = Path(__file__).resolve().parents[2]

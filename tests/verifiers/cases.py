@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from adaptive_spec.analysis.instances import Instance, one_hot_target, random_instance, toy_instance
 from adaptive_spec.trees import DraftLaw, TreeShape
 from adaptive_spec.verifiers import REGISTRY
-from adaptive_spec.verifiers.instances import Instance, one_hot_target, random_instance, toy_instance
 
 # (V, shape) per drafting law; V in {2,3,4}, depth 2-3, K 1-3, sized so that exact
 # enumeration over every draw stays cheap.

@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from adaptive_spec.analysis.instances import Instance, random_instance, toy_instance
 from adaptive_spec.rng import Sampler
 from adaptive_spec.trees import DraftLaw, TreeShape
 from adaptive_spec.trees.policy import (
@@ -19,7 +20,6 @@ from adaptive_spec.trees.policy import (
     NodeView,
     PolicyContext,
 )
-from adaptive_spec.verifiers.instances import Instance, random_instance, toy_instance
 
 DYNAMIC_LAWS = (DraftLaw.DYNAMIC_CHAIN, DraftLaw.DYNAMIC_IID, DraftLaw.DYNAMIC_WOR)
 

@@ -12,13 +12,13 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from adaptive_spec.analysis.exact import completed_tv, output_law, tree_law
+from adaptive_spec.analysis.instances import random_instance
 from adaptive_spec.rng import Sampler
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape, sample_policy_tree
+from adaptive_spec.trees.draw import _Builder
 from adaptive_spec.trees.policy import ConfidenceChain, DraftPolicy, FixedShapePolicy, NodeView, PolicyContext
-from adaptive_spec.trees.sampling import _Builder
 from adaptive_spec.verifiers import REGISTRY
-from adaptive_spec.verifiers.exact import completed_tv, output_law, tree_law
-from adaptive_spec.verifiers.instances import random_instance
 from adaptive_spec.verifiers.registry import IncompatibleTreeError, check_compatible
 from adaptive_spec.verifiers.token import verify_token
 from tests.verifiers.cases import instance_for

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from adaptive_spec.analysis.exact import completed_tv, output_law
 from adaptive_spec.verifiers import REGISTRY
-from adaptive_spec.verifiers.exact import completed_tv, output_law
 from tests.verifiers.cases import cases_for, instance_for, lossless_pairs
 
 TV_TOL = 1e-9

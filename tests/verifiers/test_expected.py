@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from adaptive_spec.analysis.exact import fixed_tree_law, target_rows
+from adaptive_spec.analysis.expected import expected_block_efficiency, greedy_block_efficiency
 from adaptive_spec.trees import DraftLaw, TreeShape, sample_tree
 from adaptive_spec.verifiers import REGISTRY
-from adaptive_spec.verifiers.exact import fixed_tree_law, target_rows
-from adaptive_spec.verifiers.expected import expected_block_efficiency, greedy_block_efficiency
 from tests.verifiers.cases import cases_for, instance_for, lossless_pairs
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from adaptive_spec.analysis import lp_limit
+from adaptive_spec.analysis.exact import block_efficiency, output_law, tree_law
+from adaptive_spec.analysis.instances import random_instance, toy_instance
 from adaptive_spec.trees import TreeShape
-from adaptive_spec.verifiers import REGISTRY, lp_limit
-from adaptive_spec.verifiers.exact import block_efficiency, output_law, tree_law
+from adaptive_spec.verifiers import REGISTRY
 from adaptive_spec.verifiers.gbv import rank_cdf, skewed_draft
-from adaptive_spec.verifiers.instances import random_instance, toy_instance
 from adaptive_spec.verifiers.spectr import spectr_rho
 
 INSTANCES = [toy_instance()] + [random_instance(s, v) for s, v in [(11, 2), (12, 3), (13, 3), (14, 4), (15, 2)]]
@@ -164,8 +165,8 @@ def test_spectr_rho_is_the_root_and_on_the_safe_side():
 @pytest.mark.parametrize("tail_prob", [0.15, 0.35])
 def test_gbv_with_a_large_tail_is_still_exact(monkeypatch, tail_prob):
     """Exercise the tail ranking (tokens ranked by id below the head) through the exact test."""
+    from adaptive_spec.analysis.exact import completed_tv
     from adaptive_spec.verifiers import gbv
-    from adaptive_spec.verifiers.exact import completed_tv
 
     monkeypatch.setattr(gbv, "GBV_TAIL_PROB", tail_prob)
     for seed in range(8):

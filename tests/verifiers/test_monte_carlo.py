@@ -8,11 +8,11 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from adaptive_spec.analysis.exact import enumerate_law, fixed_tree_law, target_rows, tree_law
+from adaptive_spec.analysis.instances import Instance, one_hot_target
 from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftLaw, TreeShape, sample_tree
 from adaptive_spec.verifiers import REGISTRY, verify
-from adaptive_spec.verifiers.exact import enumerate_law, fixed_tree_law, target_rows, tree_law
-from adaptive_spec.verifiers.instances import Instance, one_hot_target
 from tests.verifiers.cases import lossless_pairs
 
 SHAPE_FOR = {

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from adaptive_spec.analysis.exact import completed_tv, output_law
+from adaptive_spec.analysis.instances import random_instance, toy_instance
 from adaptive_spec.trees import TreeShape
 from adaptive_spec.verifiers import REGISTRY
-from adaptive_spec.verifiers.exact import completed_tv, output_law
-from adaptive_spec.verifiers.instances import random_instance, toy_instance
-from adaptive_spec.verifiers.rrs import verify_specinfer
+from adaptive_spec.verifiers.specinfer import verify_specinfer
 from adaptive_spec.verifiers.traversal import traversal_impl
 
 CAUGHT = 1e-3  # far above the 1e-9 tolerance; the reference measures 0.03 and more

@@ -11,10 +11,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from adaptive_spec.cli import build_parser
-from adaptive_spec.zoo import build_pair, load_pair, read_prompts
+from adaptive_spec.files import read_prompts
+from adaptive_spec.zoo import build_pair, load_pair
 from adaptive_spec.zoo.cli import load_config
 from adaptive_spec.zoo.config import ZooConfig
-from adaptive_spec.zoo.data import extract_prompts, list_sources, split_corpus, train_tokenizer
+from adaptive_spec.zoo.corpus import extract_prompts, list_sources, split_corpus, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_YAML = REPO / "configs" / "zoo" / "tiny.yaml"

@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from adaptive_spec.zoo import default_pair_path, default_prompts, load_default_pair
+from adaptive_spec.files import default_pair_path, default_prompts
+from adaptive_spec.zoo import load_default_pair
 
 MAX_BYTES = 50 * 2**20  # the committed pair's size limit
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from adaptive_spec.zoo.config import ModelSpec
-from adaptive_spec.zoo.data import train_tokenizer
+from adaptive_spec.zoo.corpus import train_tokenizer
 from adaptive_spec.zoo.evaluate import evaluate_pair
 from adaptive_spec.zoo.model import make_llama
 

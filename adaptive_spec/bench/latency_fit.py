@@ -17,7 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-DEFAULT_PLANS = (
+from adaptive_spec.planner.latency import default_profile_path
+
+FIT_PLANS = (
     "chain:2/token,chain:6/block,iid:2x4/specinfer,iid:3x6/traversal,delayed:2x2x4/gbv,delayed:4x4x4/traversal,"
     "wor:2x2x1/traversal,wor:3x2x2/rrsw"
 )
@@ -113,9 +115,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the engine's)")
     parser.add_argument(
-        "--profile", type=Path, default=None, help="latency profile (default: data/profile/profile.json)"
+        "--profile", type=Path, default=None, help=f"latency profile (default: {default_profile_path()})"
     )
-    parser.add_argument("--plans", default=DEFAULT_PLANS, help="comma-separated static plans (default: %(default)s)")
+    parser.add_argument("--plans", default=FIT_PLANS, help="comma-separated static plans (default: %(default)s)")
     parser.add_argument("--limit", type=int, default=4, help="number of built-in prompts (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=1.0, help="(default: %(default)s)")
@@ -128,11 +130,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from adaptive_spec.bench.e2e import load_engine
-    from adaptive_spec.bench.profile import device_info, measure_steps, write_json_atomic
+    from adaptive_spec.bench.profile import device_info, measure_steps
+    from adaptive_spec.engine.load import load_engine
+    from adaptive_spec.files import default_prompts, write_json_atomic
     from adaptive_spec.planner.actions import parse_plans
     from adaptive_spec.planner.latency import LatencyModel
-    from adaptive_spec.zoo import default_prompts
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -155,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
     )  # fmt: skip
     report = compare(model, steps, args.temperature)
     report["config"] = {
-        "profile": str(args.profile or "data/profile/profile.json"),
+        "profile": str(args.profile or default_profile_path()),
         "profile_created": model.profile.get("created"),
         "num_prompts": len(prompts),
         "max_new_tokens": args.max_new_tokens,

@@ -21,8 +21,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import linprog
 
+from adaptive_spec.analysis.exact import ProbsFn, tree_law
 from adaptive_spec.trees import TreeShape
-from adaptive_spec.verifiers.exact import ProbsFn, tree_law
 
 MAX_OUTCOMES = 50_000
 

@@ -4,7 +4,7 @@ One row per labelled root context. Columns:
 
 - ``run_id`` (string), ``prompt_key`` (string: identifies the prompt, for splits by prompt),
   ``step`` (int32): where the context was logged;
-- one float32 column per scalar feature of :data:`adaptive_spec.selector.features.SCHEMA`, in order;
+- one float32 column per scalar feature of :data:`adaptive_spec.formats.features.SCHEMA`, in order;
 - ``draft_hidden`` / ``target_hidden``: list<float16> or null (optional hidden states);
 - ``block_efficiency``, ``step_time_s``, ``tokens_per_s``: list<float32> of length A, one entry per
   action in the table's action list (E[tau + 1], predicted seconds per step, their ratio).
@@ -17,7 +17,6 @@ the order of the per-action lists), ``adaptive_spec.schema`` (``SCHEMA.to_dict()
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from adaptive_spec.selector.features import SCHEMA
+from adaptive_spec.files import atomic_write
+from adaptive_spec.formats.features import SCHEMA
 
 PER_ACTION = ("block_efficiency", "step_time_s", "tokens_per_s")
 META_ACTIONS = b"adaptive_spec.actions"
@@ -103,10 +103,7 @@ def write_labels(table: LabelTable, path: str | Path) -> Path:
         META_MANIFEST: json.dumps(table.manifest).encode(),
     }
     arrow = pa.table(cols).replace_schema_metadata(meta)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(arrow, tmp)
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: pq.write_table(arrow, f))
     return path
 
 

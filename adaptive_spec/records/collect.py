@@ -4,7 +4,7 @@ Each prompt is generated ``--repeats`` times at each of ``--temperatures``, with
 (``--plan``) or an exploring planner (``--explore uniform`` draws a uniformly random action of
 the action space at every step, ``--explore epsilon:0.2`` the static plan with probability 0.8);
 the engine logs one record per step to ``--out`` as Parquet shards (see
-:mod:`adaptive_spec.data.logger`). Generation ``i`` (counting over repeats, prompts and
+:mod:`adaptive_spec.formats.feature_log`). Generation ``i`` (counting over repeats, prompts and
 temperatures, in that nesting) is seeded with ``--seed + i``, and the exploring planner with
 ``--seed``, so a run is reproducible. A second run into the same directory appends to it.
 
@@ -17,10 +17,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
-DEFAULT_PLAN = "delayed:2x2x2/traversal"
+from adaptive_spec.planner.presets import COLLECT_PLAN
+from adaptive_spec.temperatures import parse_temperatures
+
 DEFAULT_TEMPERATURES = "0,0.7,1.0"
 
 
@@ -32,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
     parser.add_argument(
-        "--plan", default=DEFAULT_PLAN, help="static plan (exploited by --explore epsilon) (default: %(default)s)"
+        "--plan", default=COLLECT_PLAN, help="static plan (exploited by --explore epsilon) (default: %(default)s)"
     )
     parser.add_argument(
         "--explore", default=None,
@@ -56,28 +57,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft", default=None, help="draft model directory or hub id (default: built-in pair)")
     parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
-    parser.add_argument("--node-log", default=None, metavar="DIR",
-                        help="also log every drafted node's in-draft features, feed decision and soft acceptance "
-                             "labels as Parquet in DIR (training data of `selector acceptance --skip-collect`)")  # fmt: skip
+    parser.add_argument(
+        "--node-log", default=None, metavar="DIR",
+        help="also log every drafted node's in-draft features, feed decision and soft acceptance labels as "
+             "Parquet in DIR (training data of `selector acceptance --skip-collect`)",
+    )  # fmt: skip
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-
-
-def read_prompt_file(path: str | Path, limit: int | None = None) -> list[str]:
-    """Prompts from a ``.txt`` file (one per non-empty line) or a JSON Lines file: ``zoo.read_prompts``."""
-    from adaptive_spec.zoo import read_prompts
-
-    return read_prompts(path, limit)
-
-
-def parse_temperatures(text: str) -> list[float]:
-    """``"0,0.7,1"`` -> ``[0.0, 0.7, 1.0]``; each must be a finite number >= 0."""
-    try:
-        temps = [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise ValueError(f"--temperatures must be comma-separated numbers, got {text!r}") from None
-    if not temps or any(not (t >= 0 and t < float("inf")) for t in temps):
-        raise ValueError(f"--temperatures must be finite numbers >= 0, got {text!r}")
-    return temps
 
 
 def make_planner(plan: str, explore: str | None, actions: str | None, seed: int) -> Any:
@@ -158,8 +143,8 @@ def run(args: argparse.Namespace) -> int:
     """Load the models, collect, print a summary; return the exit status."""
     import torch
 
-    from adaptive_spec.data.logger import FeatureLogger
     from adaptive_spec.engine import SpecEngine
+    from adaptive_spec.formats.feature_log import FeatureLogger
 
     for name in ("max_new_tokens", "repeats", "shard_size"):
         if getattr(args, name) < 1:
@@ -170,11 +155,13 @@ def run(args: argparse.Namespace) -> int:
         temperatures = parse_temperatures(args.temperatures)
         planner = make_planner(args.plan, args.explore, args.actions, args.seed)
         if args.prompts is None:
-            from adaptive_spec.zoo import default_prompts
+            from adaptive_spec.files import default_prompts
 
             prompts = default_prompts()[: args.limit] if args.limit else default_prompts()
         else:
-            prompts = read_prompt_file(args.prompts, args.limit)
+            from adaptive_spec.files import read_prompts
+
+            prompts = read_prompts(args.prompts, args.limit)
         latency = None
         if args.profile:
             from adaptive_spec.planner import LatencyModel
@@ -211,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:  # e.g. the directory holds a log of other models
         raise SystemExit(f"collect: {err}") from None
     if args.node_log:
-        from adaptive_spec.data.nodes import NodeLogger
+        from adaptive_spec.formats.nodes import NodeLogger
 
         engine.node_log = NodeLogger(args.node_log)
     with engine:

@@ -13,7 +13,9 @@ import argparse
 import json
 import sys
 
-DEFAULT_PLAN = "auto"
+from adaptive_spec.planner.latency import default_profile_path
+
+DEFAULT_PLAN = "auto"  # the tuned plan for the loaded pair, else a default static plan (SpecEngine.default_plan)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--profile", default=None,
-        help="latency profile for the selector's latency features (default: data/profile/profile.json if present)",
+        help=f"latency profile for the selector's latency features (default: {default_profile_path()} if present)",
     )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=64, help="number of new tokens (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=None,
@@ -102,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if args.selector is not None:
         selector = {
             "selector": str(args.selector),
-            "latency_profile": None if latency is None else str(args.profile or "data/profile/profile.json"),
+            "latency_profile": None if latency is None else str(args.profile or default_profile_path()),
             "chosen_actions": plan.action_counts(),
             "decision_latency_us": plan.latency_us(),
         }

@@ -1,8 +1,18 @@
-"""The best static plan per temperature: ``configs/plans/best-static.yaml``.
+"""Plans chosen ahead of time: the default plans of the commands, and the tuned plan files.
 
-``adaptive-spec tune plans`` writes the best plan it found for each temperature here; the file is
-the static baseline and the selector's reference (``best-static``), read back with
-:func:`load_best_static`. Layout::
+Default plans: :data:`DEFAULT_PLAN` (``generate``), :data:`COLLECT_PLAN` (the plan ``collect``
+exploits) and :data:`DEFAULT_PLANS` (the static plans ``bench e2e`` and ``tune plans`` compare).
+
+Two tuned files per temperature live under ``configs/plans/``:
+
+- ``best-static.yaml``, the best static plan per temperature (:func:`load_best_static`,
+  :func:`write_best_static`);
+- ``in-draft.yaml``, the in-draft planner's drafting policy per temperature
+  (:func:`load_in_draft`, :func:`write_in_draft`; written by ``adaptive-spec tune policies``).
+
+``best-static.yaml``: ``adaptive-spec tune plans`` writes the best plan it found for each
+temperature here; the file is the static baseline and the selector's reference (``best-static``),
+read back with :func:`load_best_static`. Layout::
 
     version: 1
     plans:
@@ -22,46 +32,61 @@ tried and how to create it.
 Writes merge (other temperatures are kept) and are atomic (temporary file, then rename, under a
 lock on the folder), so two tuners finishing at once do not lose each other's entry.
 
-This module does not import Optuna: the engine side (``bench e2e --plans best-static``) uses it.
+``in-draft.yaml`` layout::
+
+    version: 1
+    plans:
+      "0": {plan: "conf-chain:12:0.3/block", speedup_vs_ar: 2.1, ...}
+      "1": {...}
+
+This module imports neither Optuna nor torch: the engine side (``bench e2e --plans best-static``,
+``--plans in-draft``) uses it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import math
 import os
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from adaptive_spec.files import atomic_write
 from adaptive_spec.planner.plan import Plan
+from adaptive_spec.temperatures import temperature_key
 
 __all__ = [
     "BEST_STATIC_RELPATH",
+    "COLLECT_PLAN",
+    "DEFAULT_PLAN",
+    "DEFAULT_PLANS",
+    "IN_DRAFT_RELPATH",
     "best_static_path",
+    "in_draft_path",
     "load_best_static",
+    "load_in_draft",
     "read_best_static",
-    "temperature_key",
     "write_best_static",
+    "write_in_draft",
 ]
 
+DEFAULT_PLAN = "delayed:2x3x3/traversal"
+"""The plan of ``generate`` when none is given."""
+COLLECT_PLAN = "delayed:2x2x2/traversal"
+"""The static plan ``collect`` runs (and an exploring planner exploits) when none is given."""
+DEFAULT_PLANS = ("chain:4/block", "delayed:2x3x3/traversal", "wor:3x2x1/traversal")
+"""The static plans ``bench e2e`` measures and ``tune plans`` compares its finalists with."""
+
+IN_DRAFT_RELPATH = Path("configs") / "plans" / "in-draft.yaml"
 BEST_STATIC_RELPATH = Path("configs") / "plans" / "best-static.yaml"
 FORMAT_VERSION = 1
 _HEADER = """\
 # Best static plan per temperature, written by `adaptive-spec tune plans` (merged per temperature).
 # The static baseline and the selector's reference: load with
-# adaptive_spec.tuning.load_best_static(temperature) or `bench e2e --plans best-static`.
+# adaptive_spec.planner.presets.load_best_static(temperature) or `bench e2e --plans best-static`.
 """
-
-
-def temperature_key(temperature: float) -> str:
-    """The mapping key of a temperature: ``0``, ``0.7``, ``1``."""
-    t = float(temperature)
-    if not math.isfinite(t) or t < 0:
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
-    return f"{t:g}"
 
 
 def best_static_path(config_dir: str | Path | None = None) -> Path:
@@ -153,9 +178,7 @@ def write_best_static(temperature: float, entry: dict[str, Any], path: str | Pat
         plans[temperature_key(temperature)] = entry
         plans = dict(sorted(plans.items(), key=lambda kv: float(kv[0])))
         text = _HEADER + yaml.safe_dump({"version": FORMAT_VERSION, "plans": plans}, sort_keys=False)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        atomic_write(path, text)
     return path
 
 
@@ -196,3 +219,50 @@ def load_best_static(temperature: float, path: str | Path | None = None) -> Plan
         f"{found} has no plan for temperature {key}; using the one tuned at {nearest}", UserWarning, stacklevel=2
     )
     return Plan.parse(plans[nearest]["plan"])
+
+
+def in_draft_path(root: str | Path | None = None) -> Path:
+    """``configs/plans/in-draft.yaml`` under ``root`` (default: the working directory, else the source checkout)."""
+    if root is not None:
+        return Path(root) / IN_DRAFT_RELPATH
+    here = Path.cwd() / IN_DRAFT_RELPATH
+    if here.is_file():
+        return here
+    source = Path(__file__).resolve().parents[2] / IN_DRAFT_RELPATH
+    return source if source.is_file() else here
+
+
+def load_in_draft(temperature: float, path: str | Path | None = None) -> Plan:
+    """The tuned in-draft plan for ``temperature`` (the nearest tuned temperature of the same kind).
+
+    Raises:
+        FileNotFoundError: no file (the message says how to make one).
+        LookupError: no entry usable at this temperature.
+    """
+    import yaml
+
+    file = Path(path) if path is not None else in_draft_path()
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"no tuned in-draft plans at {file}; run `adaptive-spec tune policies --prompts TUNING.jsonl`"
+        )
+    plans = (yaml.safe_load(file.read_text(encoding="utf-8")) or {}).get("plans") or {}
+    t = float(temperature)
+    same_kind = [k for k in plans if (float(k) == 0) == (t == 0)]
+    if not same_kind:
+        raise LookupError(f"{file} has no in-draft plan for temperature {t:g} (tuned: {', '.join(plans) or 'none'})")
+    key = min(same_kind, key=lambda k: abs(float(k) - t))
+    return Plan.parse(plans[key]["plan"])
+
+
+def write_in_draft(choices: dict[str, dict[str, Any]], path: Path) -> None:
+    """Merge ``{temperature key: entry}`` into the file (atomically; other temperatures kept)."""
+    import yaml
+
+    data: dict[str, Any] = {"version": 1, "plans": {}}
+    if path.is_file():
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or data
+        data.setdefault("plans", {})
+    data["plans"].update(choices)
+    header = "# In-draft planner: the best drafting policy per temperature, from `adaptive-spec tune policies`.\n"
+    atomic_write(path, header + yaml.safe_dump(data, sort_keys=False))

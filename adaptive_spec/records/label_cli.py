@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from adaptive_spec.planner.latency import default_profile_path
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``label`` options."""
@@ -15,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--actions", type=Path, default=None, help="action-space YAML (default: the built-in grid)")
     parser.add_argument(
         "--profile", type=Path, default=None,
-        help="latency profile JSON (default: data/profile/profile.json; see `adaptive-spec profile`)",
+        help=f"latency profile JSON (default: {default_profile_path()}; see `adaptive-spec profile`)",
     )  # fmt: skip
     parser.add_argument("--target", default=None, help="target model (default: the log's, else the built-in pair)")
     parser.add_argument("--draft", default=None, help="draft model (default: the log's, else the built-in pair)")
@@ -43,11 +45,11 @@ def _models(args: argparse.Namespace, manifest: dict) -> tuple[str | None, str |
 
 def run(args: argparse.Namespace) -> int:
     """Label the log, write the label file and the report, print the oracle gain."""
-    from adaptive_spec.data.label import LabelConfig, Labeller, label_directory, write_report
-    from adaptive_spec.data.logger import _differences, _json_normal, read_manifest
     from adaptive_spec.engine import SpecEngine
+    from adaptive_spec.formats.feature_log import _differences, _json_normal, read_manifest
     from adaptive_spec.planner.actions import ActionSpace
     from adaptive_spec.planner.latency import LatencyModel
+    from adaptive_spec.records.label import LabelConfig, Labeller, label_directory, write_report
 
     manifest = read_manifest(args.log_dir)
     target, draft = _models(args, manifest)

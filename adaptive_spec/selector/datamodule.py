@@ -1,6 +1,6 @@
 """Selector training data: the prompt-level split, the best static action and the scores.
 
-Everything here is numpy over a :class:`~adaptive_spec.data.label_table.LabelTable`; the Lightning
+Everything here is numpy over a :class:`~adaptive_spec.formats.label_table.LabelTable`; the Lightning
 data module (:mod:`adaptive_spec.selector.lit`), the scikit-learn baselines and the report all use
 the same split and the same scoring, so their numbers are comparable.
 
@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
-from adaptive_spec.data.label_table import LabelTable
-from adaptive_spec.selector.features import SCHEMA
+from adaptive_spec.formats.features import SCHEMA
+from adaptive_spec.formats.label_table import LabelTable
 
 _T = SCHEMA.names.index("temperature")
 _TOP_P = SCHEMA.names.index("top_p")

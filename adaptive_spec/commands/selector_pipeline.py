@@ -36,6 +36,9 @@ import shutil
 import time
 from pathlib import Path
 
+from adaptive_spec.planner.latency import default_profile_path
+from adaptive_spec.planner.presets import COLLECT_PLAN
+
 DEFAULT_OUT = Path("data/selector")
 
 
@@ -50,7 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperatures", default="0,0.7,1.0", help="comma-separated (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="per generation (default: %(default)s)")
     parser.add_argument("--explore", default="epsilon:0.5", help="collect's exploring planner (default: %(default)s)")
-    parser.add_argument("--plan", default="delayed:2x2x2/traversal", help="plan exploited by epsilon-greedy")
+    parser.add_argument("--plan", default=COLLECT_PLAN, help="plan exploited by epsilon-greedy (default: %(default)s)")
     parser.add_argument(
         "--greedy-prompts", type=int, default=160,
         help="extra training prompts collected at temperature 0 only, into OUT/log_t0, drawn from the standard "
@@ -72,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="train one selector per seed (weight init and batch order) and keep the one with the best validation "
              "tokens/s; the data's seed is --seed (default: %(default)s)",
     )  # fmt: skip
-    parser.add_argument("--profile", type=Path, default=Path("data/profile/profile.json"),
+    parser.add_argument("--profile", type=Path, default=default_profile_path(),
                         help="latency profile; measured first if missing (default: %(default)s)")  # fmt: skip
     parser.add_argument("--reprofile", action="store_true", help="measure the latency profile even if it exists")
     parser.add_argument("--bench-plans", default="adaptive,best-static,chain:4/block,chain:6/traversal",
@@ -89,8 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def training_prompts(count: int, seed: int) -> list[str]:
     """Prompts from standard-library files that are not among the built-in pair's held-out files."""
-    from adaptive_spec.zoo import default_pair_path
-    from adaptive_spec.zoo.data import default_corpus, extract_prompts, list_sources
+    from adaptive_spec.files import default_pair_path
+    from adaptive_spec.zoo.corpus import default_corpus, extract_prompts, list_sources
 
     info = json.loads((default_pair_path() / "build_info.json").read_text())
     root = default_corpus()
@@ -168,9 +171,9 @@ def run(args: argparse.Namespace) -> int:
         stage("collect")
         if args.prompts is not None:
             prompts_file = args.prompts
-            from adaptive_spec.data.collect import read_prompt_file
+            from adaptive_spec.files import read_prompts
 
-            prompts = read_prompt_file(prompts_file)
+            prompts = read_prompts(prompts_file)
         else:
             prompts = training_prompts(args.num_prompts, args.seed)
             prompts_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
@@ -238,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
               *(["--install"] if args.install else [])])  # fmt: skip
         done("acceptance")
     if args.install:
-        from adaptive_spec.zoo import default_pair_path
+        from adaptive_spec.files import default_pair_path
 
         dest = default_pair_path() / "selector.onnx"
         shutil.copyfile(onnx_path, dest)

@@ -6,7 +6,7 @@ action space, estimates
 
 * E[τ + 1], averaged over ``samples`` draft trees (default 4, as in DDTE). The verifier's
   randomness is integrated out exactly on each fixed tree
-  (:func:`adaptive_spec.verifiers.expected.expected_block_efficiency`): closed forms for the
+  (:func:`adaptive_spec.analysis.expected.expected_block_efficiency`): closed forms for the
   token-level test, BV/traversal/GBV (one all-reject run) and the top-down walks (DDTE eq. 1-3);
 * the predicted step time, from the latency profile (:class:`adaptive_spec.planner.latency.LatencyModel`).
 
@@ -38,14 +38,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from adaptive_spec.data.label_table import LABELS_FILE, LabelTable, write_labels
+from adaptive_spec.analysis.expected import expected_block_efficiency
 from adaptive_spec.engine.drafting import check_finite, finite_flag
-from adaptive_spec.engine.kv_cache import ModelRunner
-from adaptive_spec.engine.sampling import ProbsFn, SamplingConfig, build_logits_processor
+from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
+from adaptive_spec.engine.runner import ModelRunner
+from adaptive_spec.formats.features import SCHEMA
+from adaptive_spec.formats.label_table import LABELS_FILE, LabelTable, write_labels
 from adaptive_spec.planner.plan import Plan
-from adaptive_spec.selector.features import SCHEMA
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
-from adaptive_spec.verifiers.expected import expected_block_efficiency
 
 
 @dataclass(frozen=True)
@@ -422,7 +422,7 @@ def label_directory(
     """Label the roots of a feature log; write ``labels.parquet`` next to the shards (atomically)."""
     from tqdm.auto import tqdm
 
-    from adaptive_spec.data.logger import read_shards
+    from adaptive_spec.formats.feature_log import read_shards
 
     log_dir = Path(log_dir)
     table = read_shards(log_dir)

@@ -14,7 +14,7 @@ every speculative step of its ordinary ``generate`` calls. A log directory holds
 
 Columns (see :func:`arrow_schema`): ``run_id``, ``prompt_key`` (16 hex digits of the SHA-1 of the
 prompt's token ids, see :func:`prompt_key`), ``prompt_index`` (-1 if unknown), ``step``, one
-float32 column per feature of :data:`~adaptive_spec.selector.features.SCHEMA`,
+float32 column per feature of :data:`~adaptive_spec.formats.features.SCHEMA`,
 ``draft_hidden``/``target_hidden`` (list<float16>, null when not logged), ``action`` (the plan
 string), ``num_nodes``, ``accepted`` (τ), ``emitted`` (tokens appended to the context, after
 any EOS/budget cut), ``step_time_s`` and its phases ``draft_s``/``target_s``/``verify_s``/
@@ -35,11 +35,12 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any
 
-from adaptive_spec.selector.features import SCHEMA
+from adaptive_spec.files import atomic_write
+from adaptive_spec.formats.features import SCHEMA
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -197,7 +198,7 @@ class FeatureLogger:
                 "models": models,
                 "runs": [run],
             }
-        _atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True).encode())
+        atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True).encode())
         self._attached = True
         atexit.register(self.close)
 
@@ -277,7 +278,7 @@ class FeatureLogger:
         table = pa.Table.from_arrays(arrays, schema=schema)
         seq = self._next_seq()
         path = self.directory / f"shard-{self.run_id}-{seq:05d}.parquet"
-        _atomic_write(path, lambda f: pq.write_table(table, f))
+        atomic_write(path, lambda f: pq.write_table(table, f))
         self.records_written += len(table)
         self.shards.append(path)
         for values in self._columns.values():
@@ -415,37 +416,3 @@ def _version(package: str) -> str | None:
         return version(package)
     except PackageNotFoundError:
         return None
-
-
-def _atomic_write(path: Path, data: bytes | Callable[[BinaryIO], object]) -> None:
-    """Write ``data`` (bytes, or a function writing to a binary file) to a hidden temporary file
-    in ``path``'s folder, fsync it, rename it over ``path`` and fsync the folder.
-    """
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            if callable(data):
-                data(f)
-            else:
-                f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make a rename durable (POSIX); a no-op where directories cannot be opened (Windows)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -4,7 +4,7 @@ Used to label logged contexts offline (``adaptive-spec label``): the verifier's 
 integrated out exactly by running the shipped verifier under a collapsing enumerator, and by
 Monte Carlo only when the enumeration would be too long.
 
-The collapsing enumerator is the §14 :class:`~adaptive_spec.verifiers.exact.Chooser` with one
+The collapsing enumerator is the §14 :class:`~adaptive_spec.analysis.exact.Chooser` with one
 change: a categorical draw branches only over the tokens that appear in the tree, plus one
 representative of all other tokens carrying their total mass. τ depends on a drawn token only
 through which tree node (if any) carries it, so the law of τ is unchanged, while the number of
@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import torch
 
+from adaptive_spec.analysis.exact import Chooser, EnumerationBudgetError, enumerate_law
 from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftTree
 from adaptive_spec.verifiers.base import edge_probs
-from adaptive_spec.verifiers.exact import Chooser, EnumerationBudgetError, enumerate_law
-from adaptive_spec.verifiers.naive import _naive_solver
-from adaptive_spec.verifiers.nss import _nss_solver
+from adaptive_spec.verifiers.naive import naive_solver
+from adaptive_spec.verifiers.nss import nss_solver
 from adaptive_spec.verifiers.registry import REGISTRY
-from adaptive_spec.verifiers.rrs import _rrsw_solver, _specinfer_solver
+from adaptive_spec.verifiers.rrsw import rrsw_solver
+from adaptive_spec.verifiers.specinfer import specinfer_solver
 from adaptive_spec.verifiers.spectr import spectr_rho, spectr_solve
 from adaptive_spec.verifiers.traversal import traversal_impl
 
@@ -55,11 +56,11 @@ class _CollapsingChooser(Chooser):
 
 # Top-down walks: (node solver, distinct children) as in each verifier's module.
 _WALKS = {
-    "specinfer": (_specinfer_solver, False),
-    "rrsw": (_rrsw_solver, True),
+    "specinfer": (specinfer_solver, False),
+    "rrsw": (rrsw_solver, True),
     "spectr": (spectr_solve, False),
-    "nss": (_nss_solver, True),
-    "naive": (_naive_solver, False),
+    "nss": (nss_solver, True),
+    "naive": (naive_solver, False),
 }
 
 

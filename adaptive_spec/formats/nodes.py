@@ -4,7 +4,7 @@ Set ``engine.node_log = NodeLogger(directory)``: after each speculative step's t
 engine hands it the tree, which nodes were fed to the draft (the in-draft decisions) and the
 target's rows. Every drafted node (root excluded) becomes one row:
 
-* the acceptance model's features, :data:`~adaptive_spec.trees.policy.ACCEPTANCE_FEATURES`,
+* the acceptance model's features, :data:`ACCEPTANCE_FEATURES`,
   computed from the tree's draft rows exactly as the drafting policy saw them;
 * ``fed``: whether the node was run through the draft (the policy's feed decision);
 * ``label_accept``: the probability that token-level verification accepts the node given its
@@ -28,17 +28,21 @@ from typing import Any
 
 import torch
 
-from adaptive_spec.trees import DraftTree
-from adaptive_spec.trees.policy import ACCEPTANCE_FEATURES
+__all__ = ["ACCEPTANCE_FEATURES", "NODE_COLUMNS", "NodeLogger", "node_rows", "read_node_log"]
 
-__all__ = ["NODE_COLUMNS", "NodeLogger", "node_rows", "read_node_log"]
-
+#: Inputs of the acceptance model, per drafted node, as seen when deciding whether to feed it
+#: (draft-side only): its depth, log q(token | parent), the top-1 and entropy of the parent's
+#: draft row, the log of the path's cumulative draft probability, and the temperature.
+ACCEPTANCE_FEATURES = ("depth", "log_token_prob", "parent_top1", "parent_entropy", "log_path_prob", "temperature")
 NODE_COLUMNS = ("generation", "step", "node", *ACCEPTANCE_FEATURES, "fed", "label_accept", "label_next")
 _FLOOR = 1e-12
 
 
-def node_rows(tree: DraftTree, fed: list[bool], target_probs: torch.Tensor, temperature: float) -> dict[str, list]:
-    """Features and labels of every drafted node of ``tree`` (columns of :data:`NODE_COLUMNS` but the first two)."""
+def node_rows(tree: Any, fed: list[bool], target_probs: torch.Tensor, temperature: float) -> dict[str, list]:
+    """Features and labels of every drafted node of ``tree`` (columns of :data:`NODE_COLUMNS` but the first two).
+
+    ``tree`` is a :class:`~adaptive_spec.trees.DraftTree` (its tokens, parents, depths and draft rows).
+    """
     n = tree.num_nodes
     if n < 2:
         return {c: [] for c in NODE_COLUMNS[2:]}
@@ -103,7 +107,7 @@ class NodeLogger:
             self.generation = 1 + max(max(pq.read_table(s, columns=["generation"]).column(0).to_pylist(), default=-1)
                                       for s in shards)  # fmt: skip
 
-    def __call__(self, tree: DraftTree, fed: list[bool], target_probs: torch.Tensor, temperature: float) -> None:
+    def __call__(self, tree: Any, fed: list[bool], target_probs: torch.Tensor, temperature: float) -> None:
         rows = node_rows(tree, fed, target_probs, temperature)
         k = len(rows["node"])
         self._buf["generation"].extend([self.generation] * k)

@@ -1,0 +1,148 @@
+"""Files every layer reads or writes: the one atomic write, the one prompt reader, and where the
+built-in pair lives.
+
+- :func:`atomic_write` / :func:`write_json_atomic`: write through a hidden temporary file in the
+  destination's folder, fsync it and rename it into place, so a reader never sees half a file,
+  even after a crash;
+- :func:`read_prompts`: the prompt reader of every verb that takes prompts (JSON Lines, ``.txt``
+  or a pair directory);
+- :func:`default_pair_path` / :func:`default_prompts`: the committed built-in pair
+  (``adaptive_spec/zoo/default``, built by ``adaptive-spec zoo build``) and its held-out prompts.
+
+Standard library only, so any module may import it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, BinaryIO
+
+__all__ = [
+    "PROMPTS",
+    "atomic_write",
+    "default_pair_path",
+    "default_prompts",
+    "read_prompts",
+    "write_json_atomic",
+]
+
+PROMPTS = "prompts.jsonl"
+"""The prompt file of a pair directory."""
+
+
+def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO], object]) -> Path:
+    """Write ``data`` to ``path`` atomically and durably; returns ``path``.
+
+    ``data`` is bytes, text (written as UTF-8) or a function that writes to a binary file. It goes
+    to a hidden temporary file in ``path``'s folder (created if missing), which is flushed,
+    fsynced and renamed over ``path``; the folder is then fsynced. On an error the temporary file
+    is removed and ``path`` is left as it was.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+    return path
+
+
+def write_json_atomic(data: Any, path: str | os.PathLike) -> Path:
+    """Write ``data`` as indented JSON (``default=str``) with :func:`atomic_write`; returns ``path``."""
+    return atomic_write(path, json.dumps(data, indent=2, default=str))
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename durable (POSIX); a no-op where directories cannot be opened (Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def default_pair_path() -> Path:
+    """Directory of the committed pair: ``target/``, ``draft/``, ``prompts.jsonl``, ``build_info.json``."""
+    return Path(__file__).resolve().parent / "zoo" / "default"
+
+
+def default_prompts() -> list[str]:
+    """The committed pair's built-in prompts: function headers with a docstring start, from held-out files."""
+    return read_prompts(default_pair_path())
+
+
+def read_prompts(path: str | Path, limit: int | None = None) -> list[str]:
+    """Prompts from a file, the one reader of every verb that takes prompts.
+
+    * JSON Lines (``.jsonl``, ``.json``, also ``.gz``-compressed): one object per line with a
+      ``prompt`` string or a non-empty ``turns`` list (the first turn is used);
+    * ``.txt``: one prompt per non-empty line;
+    * a directory: its ``prompts.jsonl``.
+
+    Raises:
+        FileNotFoundError: the file does not exist (checked before anything is loaded).
+        ValueError: naming the file and the line: invalid JSON, a line that is not an object,
+            or an object without a prompt; or a file with no prompts.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / PROMPTS
+    if not path.is_file():
+        raise FileNotFoundError(f"prompt file {path} does not exist")
+    opener = gzip.open if path.suffix == ".gz" else open
+    plain_text = path.name.removesuffix(".gz").endswith(".txt")
+    prompts: list[str] = []
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                if plain_text:
+                    prompts.append(line.rstrip("\n"))
+                else:
+                    prompts.append(_prompt_record(line, path, line_no))
+                if limit is not None and len(prompts) >= limit:
+                    break
+    except (UnicodeDecodeError, gzip.BadGzipFile, EOFError) as err:
+        raise ValueError(f"{path}: cannot read it as UTF-8 text ({err})") from None
+    if not prompts:
+        raise ValueError(f"{path}: no prompts")
+    return prompts
+
+
+def _prompt_record(line: str, path: Path, line_no: int) -> str:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{line_no}: not valid JSON ({err.msg} at column {err.colno})") from None
+    if not isinstance(record, dict):
+        raise ValueError(
+            f"{path}:{line_no}: expected a JSON object like {{\"prompt\": \"...\"}}, got a {type(record).__name__}"
+        )
+    if isinstance(record.get("prompt"), str):
+        return record["prompt"]
+    if isinstance(record.get("turns"), list) and record["turns"]:
+        return str(record["turns"][0])
+    raise ValueError(f"{path}:{line_no}: a record needs a 'prompt' string or a non-empty 'turns' list")
+

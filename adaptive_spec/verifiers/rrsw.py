@@ -1,0 +1,22 @@
+"""RRSw / RSD: recursive rejection sampling over distinct candidates drawn one after another
+without replacement. Reference §5; the node solver is :func:`~adaptive_spec.verifiers.rrs.rrs_solve`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from adaptive_spec.rng import Sampler
+from adaptive_spec.trees import DraftTree
+from adaptive_spec.verifiers.base import VerifyResult
+from adaptive_spec.verifiers.rrs import rrs_solve
+from adaptive_spec.verifiers.walk import top_down_walk
+
+
+def rrsw_solver(p, q, candidates, sampler):
+    return rrs_solve(p, q, candidates, sampler, without_replacement=True)
+
+
+def verify_rrsw(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:
+    """Recursive rejection sampling without replacement (RSD)."""
+    return top_down_walk(tree, target_probs, sampler, rrsw_solver, distinct=True)

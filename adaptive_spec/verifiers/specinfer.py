@@ -1,0 +1,23 @@
+"""SpecInfer's multi-step speculative sampling: recursive rejection sampling over i.i.d.
+candidates, taken with multiplicity (with replacement). Reference §5; the node solver is
+:func:`~adaptive_spec.verifiers.rrs.rrs_solve`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from adaptive_spec.rng import Sampler
+from adaptive_spec.trees import DraftTree
+from adaptive_spec.verifiers.base import VerifyResult
+from adaptive_spec.verifiers.rrs import rrs_solve
+from adaptive_spec.verifiers.walk import top_down_walk
+
+
+def specinfer_solver(p, q, candidates, sampler):
+    return rrs_solve(p, q, candidates, sampler, without_replacement=False)
+
+
+def verify_specinfer(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:
+    """SpecInfer multi-step speculative sampling (i.i.d. candidates, with replacement)."""
+    return top_down_walk(tree, target_probs, sampler, specinfer_solver, distinct=False)
