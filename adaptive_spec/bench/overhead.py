@@ -22,19 +22,31 @@ from pathlib import Path
 SIXTEEN_NODE_PLANS = "delayed:3x3x4/traversal,iid:3x5/specinfer,chain:15/block,wor:3x2x2x1/traversal"  # 16-node trees
 
 
-class ForwardClock:
-    """Accumulates the wall time spent inside a module's forward passes."""
+def forward_bounds(model) -> tuple:
+    """(first, last) modules of a forward pass: the model itself, or, where the engine's runner calls
+    the model's parts itself (:func:`~adaptive_spec.engine.runner.fast_path_parts`), its input
+    embedding and LM head. Hooks on those two do not turn the fast path off (hooks on the model do).
+    """
+    from adaptive_spec.engine.runner import fast_path_parts
 
-    def __init__(self, module, sync_device=None) -> None:
+    parts = fast_path_parts(model)
+    return (model, model) if parts is None else (parts[0], parts[-1])
+
+
+class ForwardClock:
+    """Accumulates the wall time spent inside a model's forward passes (see :func:`forward_bounds`)."""
+
+    def __init__(self, model, sync_device=None) -> None:
         import torch
 
         self.seconds = 0.0
         self.calls = 0
         self._t0 = 0.0
         self._sync = (lambda: torch.cuda.synchronize(sync_device)) if sync_device is not None else (lambda: None)
+        first, last = forward_bounds(model)
         self._handles = [
-            module.register_forward_pre_hook(self._start),
-            module.register_forward_hook(self._stop),
+            first.register_forward_pre_hook(self._start),
+            last.register_forward_hook(self._stop),
         ]
 
     def _start(self, *_: object) -> None:
@@ -78,8 +90,9 @@ class HostSyncCounter:
             self._saved[name] = original
             setattr(torch.Tensor, name, self._wrap(name, original))
         for m in self._modules:
-            self._handles.append(m.register_forward_pre_hook(self._enter_forward))
-            self._handles.append(m.register_forward_hook(self._exit_forward))
+            first, last = forward_bounds(m)
+            self._handles.append(first.register_forward_pre_hook(self._enter_forward))
+            self._handles.append(last.register_forward_hook(self._exit_forward))
         return self
 
     def __exit__(self, *exc: object) -> None:

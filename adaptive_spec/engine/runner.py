@@ -207,13 +207,18 @@ class ModelRunner:
 def fast_path_parts(model: PreTrainedModel) -> tuple | None:
     """(embed, layers, rotary, norm, head) of a model the runner may call part by part, else None.
 
-    Only :data:`FAST_PATH_TYPES` qualify, without sliding windows, and only when every part is
-    where those architectures keep it; ``ModelRunner.fast_path = False`` (class attribute) turns
+    Only :data:`FAST_PATH_TYPES` qualify, without sliding windows, without hooks on the model
+    itself or a model spread over devices, and only when every part is where those
+    architectures keep it; ``ModelRunner.fast_path = False`` (class attribute) turns
     the fast path off everywhere.
     """
     if not ModelRunner.fast_path or getattr(model.config, "model_type", None) not in FAST_PATH_TYPES:
         return None
     if getattr(model.config, "use_sliding_window", False):
+        return None
+    # Hooks on the model itself (accelerate's device_map dispatch, user hooks) need its own forward.
+    if model._forward_hooks or model._forward_pre_hooks or len(set((getattr(model, "hf_device_map", None)
+                                                                     or {}).values())) > 1:  # fmt: skip
         return None
     inner = getattr(model, "model", None)
     parts = tuple(getattr(inner, name, None) for name in ("embed_tokens", "layers", "rotary_emb", "norm"))

@@ -45,3 +45,16 @@ def test_fast_path_logits_equal_the_models_forward(kind: str, attn: str) -> None
 def test_no_fast_path_for_other_architectures() -> None:
     assert fast_path_parts(tiny_model("gpt2", vocab=48)) is None
     assert fast_path_parts(tiny_model("llama", vocab=48)) is not None
+
+
+def test_hooks_on_the_model_keep_its_own_forward() -> None:
+    model = tiny_model("llama", vocab=48)
+    calls = []
+    handle = model.register_forward_pre_hook(lambda *_: calls.append(1))
+    try:
+        assert fast_path_parts(model) is None  # a hook on the model needs the model's own forward
+        ModelRunner(model).chain_forward(torch.tensor([0, 5, 9]), logits_to_keep=1)
+        assert calls == [1]
+    finally:
+        handle.remove()
+    assert fast_path_parts(model) is not None
