@@ -42,7 +42,7 @@ from adaptive_spec.engine.logits import ProbsFn
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
-from adaptive_spec.trees.policy import DraftPolicy, NodeView, PolicyContext, clip_widths
+from adaptive_spec.trees.policy import ChainRule, DraftPolicy, NodeView, PolicyContext, clip_widths
 
 
 @dataclass
@@ -300,6 +300,7 @@ def draft_policy_tree(
     K = 1 if law is DraftLaw.DYNAMIC_CHAIN else max(1, min(policy.max_width, V))
     pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device)
     levels, decision_s = 0, 0.0
+    chain_rule = isinstance(policy, ChainRule)  # widths are always 1: no call needed
 
     while frontier and budget > 0 and policy.depth > 0:
         F = len(frontier)
@@ -330,8 +331,11 @@ def draft_policy_tree(
                 v = views[n] = NodeView(0, -1, -1, 0, 1.0, 1.0, f_ent[i], f_top[i])
             v.entropy, v.top1 = f_ent[i], f_top[i]
             fv.append(v)
-        ctx = PolicyContext(budget, temperature, features)
-        widths = clip_widths(policy, fv, policy.widths(fv, ctx, sampler), budget)
+        if chain_rule:  # one child per fed node: the frontier is fed only below the depth, within the budget
+            widths = [1] * len(fv)
+        else:
+            ctx = PolicyContext(budget, temperature, features)
+            widths = clip_widths(policy, fv, policy.widths(fv, ctx, sampler), budget)
         decision_s += time.perf_counter() - t_decide
         levels += 1
         new: list[int] = []

@@ -83,9 +83,15 @@ class AcceptanceModel:
             self._inv_std = (1.0 / np.asarray(w["std"], dtype=np.float32)).astype(np.float32)
             self._layers = [(np.asarray(W, dtype=np.float32).T.copy(), np.asarray(b, dtype=np.float32))
                             for W, b in w["layers"]]  # fmt: skip
-            # the same network as Python floats, for single rows (a chain decides one node per level)
-            self._py_norm = list(zip(w["mean"], (1.0 / x for x in w["std"]), strict=True))
-            self._py_layers = [([tuple(r) for r in W], list(b)) for W, b in w["layers"]]
+            # The same network as Python floats, for single rows (a chain decides one node per
+            # level), with the standardisation folded into the first layer.
+            layers = [([list(r) for r in W], list(b)) for W, b in w["layers"]]
+            inv = [1.0 / x for x in w["std"]]
+            W0, b0 = layers[0]
+            shift = [m * s for m, s in zip(w["mean"], inv, strict=True)]
+            b0 = [c - sum(map(mul, r, shift)) for r, c in zip(W0, b0, strict=True)]
+            W0 = [[wi * s for wi, s in zip(r, inv, strict=True)] for r in W0]
+            self._py_layers = [(list(map(tuple, W0)), b0)] + [(list(map(tuple, W)), b) for W, b in layers[1:]]
         except (KeyError, ValueError, TypeError) as err:
             raise ValueError(f"{self.path}: missing or malformed layer weights in the metadata; {HINT}") from err
         probe = np.random.default_rng(0).normal(size=(64, len(ACCEPTANCE_FEATURES))).astype(np.float32) * 3
@@ -115,8 +121,7 @@ class AcceptanceModel:
         """The same network in plain Python, row by row (fastest for one or two rows)."""
         out = []
         last = len(self._py_layers) - 1
-        for row in rows:
-            h = [(x - m) * s for x, (m, s) in zip(row, self._py_norm, strict=True)]
+        for h in rows:
             for i, (W, b) in enumerate(self._py_layers):
                 h = [sum(map(mul, w, h)) + c for w, c in zip(W, b, strict=True)]
                 if i < last:

@@ -64,6 +64,7 @@ from adaptive_spec.trees.shapes import DraftLaw, TreeShape
 
 __all__ = [
     "ACCEPTANCE_FEATURES",
+    "ChainRule",
     "ConfidenceChain",
     "ConfidenceDelayed",
     "CumulativeChain",
@@ -258,8 +259,11 @@ class FixedShapePolicy(DraftPolicy):
 
 
 @dataclass(frozen=True)
-class _ChainRule(DraftPolicy):
-    """A chain grown one child at a time while the subclass's ``feed`` rule holds; budget = depth."""
+class ChainRule(DraftPolicy):
+    """A chain grown one child at a time while the subclass's ``feed`` rule holds; budget = depth.
+
+    Its ``widths`` are always 1, so the engine's drafter does not call them.
+    """
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "budget", self.depth)
@@ -270,7 +274,7 @@ class _ChainRule(DraftPolicy):
 
 
 @dataclass(frozen=True)
-class ConfidenceChain(_ChainRule):
+class ConfidenceChain(ChainRule):
     """Extend a chain while the draft is confident: transformers' assistant rule.
 
     A drafted token is kept; drafting continues after it only if the top-1 probability of the
@@ -292,7 +296,7 @@ class ConfidenceChain(_ChainRule):
 
 
 @dataclass(frozen=True)
-class CumulativeChain(_ChainRule):
+class CumulativeChain(ChainRule):
     """Extend a chain while the path's predicted acceptance stays high: SpecDec++'s stop rule.
 
     SpecDec++ stops when the predicted probability that some drafted token is rejected
@@ -428,7 +432,7 @@ def acceptance_features(views: Sequence[NodeView], temperature: float) -> Any:
 
 
 @dataclass(frozen=True)
-class LearnedChain(_ChainRule):
+class LearnedChain(ChainRule):
     """A chain grown by a learned acceptance model and a gain-per-time rule.
 
     For each drafted node ``v`` the ``predictor`` (draft-side features in, see
