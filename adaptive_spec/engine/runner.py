@@ -212,9 +212,10 @@ def fast_path_parts(model: PreTrainedModel) -> tuple | None:
     architectures keep it; ``ModelRunner.fast_path = False`` (class attribute) turns
     the fast path off everywhere.
     """
-    if not ModelRunner.fast_path or getattr(model.config, "model_type", None) not in FAST_PATH_TYPES:
+    config = getattr(model, "config", None)
+    if not ModelRunner.fast_path or getattr(config, "model_type", None) not in FAST_PATH_TYPES:
         return None
-    if getattr(model.config, "use_sliding_window", False):
+    if getattr(config, "use_sliding_window", False):
         return None
     # Hooks on the model itself (accelerate's device_map dispatch, user hooks) need its own forward.
     if model._forward_hooks or model._forward_pre_hooks or len(set((getattr(model, "hf_device_map", None)

@@ -51,13 +51,7 @@ LEARNED_GRID = [f"learned-chain:{d}:{r}/block" for d in (4, 8) for r in (0.06, 0
 
 def default_grid() -> list[str]:
     """:data:`DEFAULT_GRID`, plus :data:`LEARNED_GRID` when an acceptance model is found."""
-    from adaptive_spec.planner.acceptance import find_acceptance_model
-
-    try:
-        find_acceptance_model()
-    except FileNotFoundError:
-        return list(DEFAULT_GRID)
-    return [*DEFAULT_GRID, *LEARNED_GRID]
+    return [*DEFAULT_GRID, *LEARNED_GRID] if acceptance_model_installed() else list(DEFAULT_GRID)
 
 
 def choose(runs: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -99,9 +93,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--study-prefix", default="policies", help="study name prefix (default: %(default)s)")
 
 
-def suggest_policy(trial, greedy: bool) -> str:
+def acceptance_model_installed() -> bool:
+    """Whether ``learned-chain`` plans find an acceptance model."""
+    from adaptive_spec.planner.acceptance import find_acceptance_model
+
+    try:
+        find_acceptance_model()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def suggest_policy(trial, greedy: bool, learned: bool = False) -> str:
     """One drafting-policy plan from an Optuna trial (every ``suggest_*`` of this search is here)."""
-    family = trial.suggest_categorical("family", ["conf-chain", "cum-chain", "conf-delayed", "learned-chain"])
+    families = ["conf-chain", "cum-chain", "conf-delayed", *(["learned-chain"] if learned else [])]
+    family = trial.suggest_categorical("family", families)
     depth = trial.suggest_int(f"{family}_depth", 4, 16)
     if family == "learned-chain":
         rho = trial.suggest_float("learned_cost_ratio", 0.03, 0.4, log=True)
@@ -125,6 +131,7 @@ def optuna_search(engine, prompts, temps, args) -> dict[str, Any]:
     from adaptive_spec.tuning.storage import open_study
 
     runs: dict[str, Any] = {}
+    learned = acceptance_model_installed()  # learned-chain is a family only when a model is there
     for t in temps:
         key = temperature_key(t)
         study = open_study(f"{args.study_prefix}-T{key}", args.storage, seed=args.seed)
@@ -137,7 +144,7 @@ def optuna_search(engine, prompts, temps, args) -> dict[str, Any]:
         rows: list[dict] = []
 
         def objective(trial, t=t, key=key, rows=rows):
-            plan = suggest_policy(trial, t == 0)
+            plan = suggest_policy(trial, t == 0, learned)
             res = measure(engine, prompts, {plan: Plan.parse(plan)}, [t], args.max_new_tokens, args.seed,
                           hf=False, progress=False)  # fmt: skip
             row = res["runs"][key]["results"][0]
