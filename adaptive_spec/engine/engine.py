@@ -119,6 +119,42 @@ class EngineState:
         return self.context[self.prompt_length :]
 
 
+@dataclass
+class _Run:
+    """One generation's fixed settings and state, built by ``SpecEngine._setup``."""
+
+    state: EngineState
+    sampling: SamplingConfig
+    top_k: int
+    plan: Any
+    choose: Callable[[StepState], Any] | None
+    observe: Callable[[StepResult], None] | None
+    target_probs_fn: ProbsFn
+    draft_probs_fn: ProbsFn
+    eos: set[int]
+    stop_strings: list[str]
+    criteria: Sequence[Any]
+    max_new_tokens: int
+    budget: int  # max_new_tokens, cut to the context window
+    log: Any
+    key: str
+    streamer: Any
+    timer: PhaseTimer
+    t_start: float
+
+
+@dataclass
+class _StepOutput:
+    """What one decoding step produced, before the emission rules."""
+
+    context_length: int
+    remaining: int
+    emitted: list[int] = field(default_factory=list)
+    result: StepResult | None = None
+    features: Any = None
+    propensity: float | None = None
+
+
 class SpecEngine:
     """Lossless speculative decoding with a target and a draft transformers model.
 
@@ -564,7 +600,35 @@ class SpecEngine:
         criteria: Sequence[Any] = (),
         eos_ids: set[int] | None = None,
     ) -> Iterator[list[int]]:
-        """Yield each step's emitted tokens; return the :class:`GenerationResult`."""
+        """Yield each step's emitted tokens; return the :class:`GenerationResult`.
+
+        One decoding step is :meth:`_step` (plan -> draft -> one target pass -> verify ->
+        commit); the emission rules (:meth:`_emit`), logging and streaming go around it.
+        """
+        run = self._setup(prompt, max_new_tokens, temperature, top_k, top_p, plan, seed, stop, streamer,
+                          extra_processors, criteria, eos_ids)  # fmt: skip
+        self._prefill(run)
+        while True:
+            step = self._step(run)
+            emitted, reason = self._emit(run, step.emitted)
+            run.timer.switch(None)
+            self._log_step(run, step, emitted)  # untimed, so that logging does not count as a step's time
+            if run.streamer is not None and emitted:
+                run.streamer.put(torch.tensor(emitted))
+            if emitted:
+                yield emitted
+            run.timer.switch("other")
+            if reason:
+                run.state.stats.stop_reason = reason
+                break
+        return self._finish(run)
+
+    def _setup(
+        self, prompt: Any, max_new_tokens: int, temperature: float, top_k: int, top_p: float, plan: Any,
+        seed: int | None, stop: Any, streamer: Any, extra_processors: Sequence[Any], criteria: Sequence[Any],
+        eos_ids: set[int] | None,
+    ) -> _Run:  # fmt: skip
+        """Check the arguments; build the sampling functions, the planner hooks and the state."""
         t_start = time.perf_counter()
         prompt_ids = self._prompt_ids(prompt)
         sampling = SamplingConfig(temperature, top_k, top_p)
@@ -631,113 +695,118 @@ class SpecEngine:
         )
         if want_features:
             state.root = RootTracker(temperature, top_p, self.latency_model, want_hidden, self.hidden_sizes)
-        key = _prompt_key(prompt_ids) if log is not None else ""
-        timer = PhaseTimer(stats.phase_times_s, self.device, self.sync_timing)
-        if streamer is not None:
-            streamer.put(torch.tensor([prompt_ids]))
+        return _Run(
+            state=state, sampling=sampling, top_k=top_k, plan=plan, choose=choose, observe=observe,
+            target_probs_fn=target_probs_fn, draft_probs_fn=draft_probs_fn, eos=eos, stop_strings=stop_strings,
+            criteria=criteria, max_new_tokens=max_new_tokens, budget=budget, log=log,
+            key=_prompt_key(prompt_ids) if log is not None else "", streamer=streamer,
+            timer=PhaseTimer(stats.phase_times_s, self.device, self.sync_timing), t_start=t_start,
+        )  # fmt: skip
 
+    def _prefill(self, run: _Run) -> None:
+        """Feed the prompt but its last token (the first step's root) to both models."""
+        state = run.state
+        if run.streamer is not None:
+            run.streamer.put(torch.tensor([state.context]))
         # Inference mode is entered around each forward-running call, never across a yield.
         with torch.inference_mode():
-            prompt_t = torch.tensor(prompt_ids, dtype=torch.long, device=self.device)
-            timer.switch("target")
+            prompt_t = torch.tensor(state.context, dtype=torch.long, device=self.device)
+            run.timer.switch("target")
             logits_t = state.target.chain_forward(prompt_t[:-1], logits_to_keep=1)  # [1, V'] over the root, or None
             logits_d = None
             if state.draft is not None:
-                timer.switch("draft")
+                run.timer.switch("draft")
                 logits_d = state.draft.chain_forward(prompt_t[:-1], logits_to_keep=1)
-            timer.switch("other")
+            run.timer.switch("other")
             if state.root is not None and logits_t is not None:  # the previous rows of the first step
-                hidden = state.target.hidden[-1] if want_hidden else None
-                state.root.set_previous(draft_probs_fn(logits_t)[0], draft_probs_fn(logits_d)[0], hidden)
+                hidden = state.target.hidden[-1] if state.target.keep_hidden else None
+                state.root.set_previous(run.draft_probs_fn(logits_t)[0], run.draft_probs_fn(logits_d)[0], hidden)
 
-        while True:
-            remaining = budget - len(state.generated)
-            n_root = len(state.context)
-            if choose is None:
-                emitted = self._autoregressive_step(state, target_probs_fn, sampling.greedy, timer)
-            else:
-                root, features = None, None
-                if state.root is not None:  # the first draft forward runs before the planner chooses
-                    root, features = self._root_features(state, draft_probs_fn, timer, log is not None)
-                step_state = StepState(
-                    step=stats.steps,
-                    context_length=n_root,
-                    generated=len(state.generated),
-                    remaining=remaining,
-                    temperature=float(temperature),
-                    last=state.steps[-1] if state.steps else None,
-                    features=features.values if features is not None else None,
-                    draft_hidden=features.draft_hidden if features is not None else None,
-                    target_hidden=features.target_hidden if features is not None else None,
-                    top_p=float(top_p),
-                )
-                step_plan = as_plan(choose(step_state)).truncated(remaining - 1)
-                propensity = getattr(plan, "last_propensity", None) if log is not None else None
-                result = self._speculative_step(
-                    state, step_plan, sampling, target_probs_fn, draft_probs_fn, timer, root, step_state.features
-                )
-                state.steps.append(result)
-                emitted = list(result.tokens)
-                if observe is not None:
-                    observe(result)
-            stats.steps += 1
+    def _step(self, run: _Run) -> _StepOutput:
+        """One decoding step: plan -> draft -> one target pass -> verify -> commit (or one autoregressive token)."""
+        state, sampling = run.state, run.sampling
+        remaining = run.budget - len(state.generated)
+        out = _StepOutput(context_length=len(state.context), remaining=remaining)
+        if run.choose is None:
+            out.emitted = self._autoregressive_step(state, run.target_probs_fn, sampling.greedy, run.timer)
+        else:
+            root = None
+            if state.root is not None:  # the first draft forward runs before the planner chooses
+                root, out.features = self._root_features(state, run.draft_probs_fn, run.timer, run.log is not None)
+            f = out.features
+            step_state = StepState(
+                step=state.stats.steps, context_length=out.context_length, generated=len(state.generated),
+                remaining=remaining, temperature=float(sampling.temperature),
+                last=state.steps[-1] if state.steps else None, features=f.values if f is not None else None,
+                draft_hidden=f.draft_hidden if f is not None else None,
+                target_hidden=f.target_hidden if f is not None else None, top_p=float(sampling.top_p),
+            )  # fmt: skip
+            plan = as_plan(run.choose(step_state)).truncated(remaining - 1)  # 1) plan
+            out.propensity = getattr(run.plan, "last_propensity", None) if run.log is not None else None
+            # 2) draft, 3) one target pass, 4) verify, 5) commit
+            out.result = self._speculative_step(
+                state, plan, sampling, run.target_probs_fn, run.draft_probs_fn, run.timer, root, step_state.features
+            )
+            state.steps.append(out.result)
+            out.emitted = list(out.result.tokens)
+            if run.observe is not None:
+                run.observe(out.result)
+        state.stats.steps += 1
+        return out
 
-            # Cut at the budget, at EOS, or at a stop string.
-            emitted = emitted[:remaining]
-            reason = "max_new_tokens" if len(emitted) == remaining else ""
-            for i, tok in enumerate(emitted):
-                if tok in eos:
-                    emitted, reason = emitted[: i + 1], "eos"
-                    break
-            before = len(state.generated)
-            state.context.extend(emitted)
-            if stop_strings:
-                cut = self._stop_string_cut(state.generated, before, stop_strings)
-                if cut is not None:
-                    del state.context[state.prompt_length + cut :]
-                    emitted, reason = state.generated[before:], "stop"
-            if criteria:
-                cut = _criteria_cut(criteria, state.context, state.prompt_length + before)
-                if cut is not None:
-                    del state.context[cut:]
-                    emitted, reason = state.generated[before:], "stop"
-            if reason == "max_new_tokens" and budget < max_new_tokens and len(state.generated) == budget:
-                reason = "context_window"
-            timer.switch(None)
-            if log is not None:  # untimed, so that logging does not count as a step's time
-                log.log_step(
-                    prompt_key=key,
-                    step=stats.steps - 1,
-                    features=features.values,
-                    draft_hidden=features.draft_hidden_host,
-                    target_hidden=features.target_hidden_host,
-                    action=str(result.plan),
-                    num_nodes=result.num_nodes,
-                    accepted=result.num_accepted,
-                    emitted=len(emitted),
-                    times=result.times,
-                    context_ids=state.context[:n_root],
-                    top_k=top_k,
-                    propensity=propensity,
-                )
-            if streamer is not None and emitted:
-                streamer.put(torch.tensor(emitted))
-            if emitted:
-                yield emitted
-            timer.switch("other")
-            if reason:
-                stats.stop_reason = reason
+    def _emit(self, run: _Run, emitted: list[int]) -> tuple[list[int], str]:
+        """Commit a step's tokens to the context, cut at the budget, EOS, a stop string or a criterion.
+
+        Returns the tokens emitted and the finish reason ("" to go on).
+        """
+        state = run.state
+        remaining = run.budget - len(state.generated)
+        emitted = emitted[:remaining]
+        reason = "max_new_tokens" if len(emitted) == remaining else ""
+        for i, tok in enumerate(emitted):
+            if tok in run.eos:
+                emitted, reason = emitted[: i + 1], "eos"
                 break
-        timer.switch(None)
-        if log is not None:
-            log.end_generation()
+        before = len(state.generated)
+        state.context.extend(emitted)
+        if run.stop_strings:
+            cut = self._stop_string_cut(state.generated, before, run.stop_strings)
+            if cut is not None:
+                del state.context[state.prompt_length + cut :]
+                emitted, reason = state.generated[before:], "stop"
+        if run.criteria:
+            cut = _criteria_cut(run.criteria, state.context, state.prompt_length + before)
+            if cut is not None:
+                del state.context[cut:]
+                emitted, reason = state.generated[before:], "stop"
+        if reason == "max_new_tokens" and run.budget < run.max_new_tokens and len(state.generated) == run.budget:
+            reason = "context_window"
+        return emitted, reason
 
-        if streamer is not None:
-            streamer.end()
+    def _log_step(self, run: _Run, step: _StepOutput, emitted: list[int]) -> None:
+        """Append the step's root features and outcome to the feature log, if any."""
+        if run.log is None or step.result is None:
+            return
+        f, result = step.features, step.result
+        run.log.log_step(
+            prompt_key=run.key, step=run.state.stats.steps - 1, features=f.values, draft_hidden=f.draft_hidden_host,
+            target_hidden=f.target_hidden_host, action=str(result.plan), num_nodes=result.num_nodes,
+            accepted=result.num_accepted, emitted=len(emitted), times=result.times,
+            context_ids=run.state.context[: step.context_length], top_k=run.top_k, propensity=step.propensity,
+        )  # fmt: skip
+
+    def _finish(self, run: _Run) -> GenerationResult:
+        """Close the log and the streamer; fill the statistics; the result."""
+        state, stats = run.state, run.state.stats
+        run.timer.switch(None)
+        if run.log is not None:
+            run.log.end_generation()
+        if run.streamer is not None:
+            run.streamer.end()
         stats.new_tokens = len(state.generated)
         stats.target_forwards = state.target.forwards
         stats.draft_forwards = state.draft.forwards if state.draft is not None else 0
-        stats.wall_time_s = time.perf_counter() - t_start
+        stats.wall_time_s = time.perf_counter() - run.t_start
         text = self.tokenizer.decode(state.generated, skip_special_tokens=True) if self.tokenizer is not None else None
         return GenerationResult(list(state.generated), text, stats, state.steps, state)
 
