@@ -49,7 +49,7 @@ from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_pr
 from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
-from adaptive_spec.trees import TreeShape
+from adaptive_spec.trees import TreeShape, block_ancestors, block_positions
 from adaptive_spec.verifiers import REGISTRY, verify
 
 if TYPE_CHECKING:
@@ -877,13 +877,8 @@ class SpecEngine:
         target_base = target.cached
         p = n_ctx - target_base
         ids = torch.tensor(state.context[target_base:] + tree.tokens[1:], dtype=torch.long, device=device)
-        depths = torch.tensor(tree.depths[1:], dtype=torch.long, device=device)
-        pos = torch.cat([torch.arange(target_base, n_ctx, device=device), n_ctx - 1 + depths])
-        m = p - 1 + N
-        anc = torch.zeros(m, m, dtype=torch.bool, device=device)  # [block, block]
-        anc[:p, :p] = torch.ones(p, p, dtype=torch.bool, device=device).tril_()
-        anc[p - 1 :, : p - 1] = True
-        anc[p - 1 :, p - 1 :] = outcome.ancestors
+        pos = block_positions(target_base, p, tree.depths, device)
+        anc = block_ancestors(p, outcome.ancestors)  # [block, block]
         logits = target.block_forward(ids, pos, anc, logits_to_keep=N)  # [N, V']
         target_probs = target_probs_fn(logits)  # [N, V]
         check_finite(finite_flag(logits, target_probs), "target")

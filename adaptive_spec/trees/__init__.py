@@ -1,7 +1,14 @@
 """Draft trees and drafting laws."""
 
 from adaptive_spec.trees.draw import DraftProbsFn, sample_policy_tree, sample_tree
-from adaptive_spec.trees.masks import additive_mask, ancestor_matrix, tree_attention_mask, tree_position_ids
+from adaptive_spec.trees.masks import (
+    additive_mask,
+    ancestor_matrix,
+    block_ancestors,
+    block_positions,
+    tree_attention_mask,
+    tree_position_ids,
+)
 from adaptive_spec.trees.policy import DraftPolicy, NodeView, PolicyContext, parse_policy
 from adaptive_spec.trees.shapes import DraftLaw, TreeShape
 from adaptive_spec.trees.tree import DraftTree
@@ -16,6 +23,8 @@ __all__ = [
     "TreeShape",
     "additive_mask",
     "ancestor_matrix",
+    "block_ancestors",
+    "block_positions",
     "parse_policy",
     "sample_policy_tree",
     "sample_tree",

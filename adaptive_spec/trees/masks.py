@@ -30,6 +30,32 @@ def ancestor_matrix(parents: torch.Tensor | list[int]) -> torch.Tensor:
     return anc
 
 
+def block_ancestors(pending: int, tree_ancestors: torch.Tensor) -> torch.Tensor:
+    """BoolTensor[p - 1 + N, p - 1 + N]: the ancestor rows of one step's block.
+
+    A block is the ``pending`` committed tokens not yet in the model's cache (a causal chain,
+    the tree's root last) followed by the tree's other ``N - 1`` nodes; every node sees all
+    pending tokens and its own ancestors (``tree_ancestors``, BoolTensor[N, N], node 0 = root).
+    """
+    p, n = pending, tree_ancestors.shape[0]
+    m = p - 1 + n
+    anc = torch.zeros(m, m, dtype=torch.bool, device=tree_ancestors.device)
+    anc[:p, :p] = torch.ones(p, p, dtype=torch.bool, device=tree_ancestors.device).tril_()
+    anc[p - 1 :, : p - 1] = True
+    anc[p - 1 :, p - 1 :] = tree_ancestors
+    return anc
+
+
+def block_positions(
+    base: int, pending: int, depths: list[int], device: torch.device | str | None = None
+) -> torch.Tensor:
+    """LongTensor[p - 1 + N]: positions of a block (see :func:`block_ancestors`) after ``base`` cached
+    tokens: the pending tokens in order, then each node at its root's position plus its depth.
+    """
+    root = base + pending - 1
+    return torch.tensor([*range(base, root), *(root + d for d in depths)], dtype=torch.long, device=device)
+
+
 def additive_mask(allowed: torch.Tensor, past_length: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """4-D additive float mask ``[1, 1, n, past_length + m]`` from a block's allowed pairs.
 

@@ -113,3 +113,20 @@ def test_tree_mask_and_positions():
     pos = tree_position_ids([0, 1, 1, 2], past_length=5)
     assert pos.tolist() == [[5, 6, 6, 7]]
     assert tree_attention_mask(parents, 0, dtype=torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_block_ancestors_and_positions():
+    from adaptive_spec.trees import ancestor_matrix, block_ancestors, block_positions
+
+    parents, depths = [-1, 0, 0, 1], [0, 1, 1, 2]
+    anc = block_ancestors(3, ancestor_matrix(parents))  # 3 pending tokens (root last) + 3 nodes
+    expected = torch.tensor([
+        [1, 0, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0, 0],
+        [1, 1, 1, 0, 0, 0],  # the root
+        [1, 1, 1, 1, 0, 0],
+        [1, 1, 1, 0, 1, 0],  # a sibling does not see node 1
+        [1, 1, 1, 1, 0, 1],
+    ], dtype=torch.bool)  # fmt: skip
+    assert torch.equal(anc, expected)
+    assert block_positions(10, 3, depths).tolist() == [10, 11, 12, 13, 13, 14]
