@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptive_spec.files import write_json_atomic
+from adaptive_spec.planner import Planner, as_plan
 
 DEFAULT_CONTEXTS = (32, 128, 256, 512)
 DEFAULT_TOKENS = (1, 2, 4, 8, 16, 32, 48, 64)
@@ -280,12 +281,10 @@ def measure_verifiers(
 
 
 # ---------------------------------------------------------------------- 3) engine steps
-class RecordingPlanner:
+class RecordingPlanner(Planner):
     """A static plan that records each step's committed context length (for predictions)."""
 
     def __init__(self, plan: Any) -> None:
-        from adaptive_spec.planner import as_plan
-
         self.plan = as_plan(plan)
         self.contexts: list[int] = []
 

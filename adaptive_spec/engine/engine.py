@@ -28,7 +28,7 @@ import numbers
 import operator
 import os
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -48,14 +48,13 @@ from adaptive_spec.engine.features import LatencyFeatures, RootFeatures, RootTra
 from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor, check_logits_processors
 from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
 from adaptive_spec.engine.runner import ModelRunner
-from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
+from adaptive_spec.planner.plan import Plan, Planner, StepResult, StepState, as_plan, as_planner
 from adaptive_spec.trees import TreeShape, block_ancestors, block_positions
 from adaptive_spec.verifiers import REGISTRY, verify
 
 if TYPE_CHECKING:
     from adaptive_spec.formats.feature_log import FeatureLogger
 
-AUTOREGRESSIVE = "autoregressive"  # plan name of plain decoding with the target (also plan=None)
 AUTO = "auto"  # generate()'s default plan: the engine's planner, else the tuned plan for this pair, else a default
 _log = logging.getLogger("adaptive_spec.engine")
 
@@ -126,9 +125,7 @@ class _Run:
     state: EngineState
     sampling: SamplingConfig
     top_k: int
-    plan: Any
-    choose: Callable[[StepState], Any] | None
-    observe: Callable[[StepResult], None] | None
+    planner: Planner | None  # None: plain autoregressive decoding
     target_probs_fn: ProbsFn
     draft_probs_fn: ProbsFn
     eos: set[int]
@@ -646,15 +643,11 @@ class SpecEngine:
             )
         if isinstance(plan, str) and plan.strip() == AUTO:
             plan = self.planner if self.planner is not None else self.default_plan(sampling.temperature)
-        choose, observe = _planner_fns(plan)
+        planner = as_planner(plan)  # None: plain autoregressive decoding
         # Root features only when asked for (autoregressive decoding has no speculative steps).
-        log = self.feature_log if choose is not None else None
-        asks = lambda name: choose is not None and bool(getattr(plan, name, False))  # noqa: E731
-        # A planner may need features only for some sampling settings (a selector that plays its
-        # best static plan where it did not beat it in training): ``needs_features_for(T, top_p)``.
-        per_setting = getattr(plan, "needs_features_for", None) if choose is not None else None
-        planner_wants = asks("needs_features") and (per_setting is None or bool(per_setting(temperature, top_p)))
-        want_hidden = (asks("needs_hidden") and planner_wants) or (log is not None and log.hidden)
+        log = self.feature_log if planner is not None else None
+        planner_wants = planner is not None and planner.needs_features_for(temperature, top_p)
+        want_hidden = (planner_wants and planner.needs_hidden) or (log is not None and log.hidden)
         want_features = want_hidden or planner_wants or log is not None
         stop_strings, stop_ids = _split_stop(stop, self.vocab_size)
         if stop_strings and self.tokenizer is None:
@@ -688,7 +681,7 @@ class SpecEngine:
             prompt_length=len(prompt_ids),
             target=ModelRunner(self.target, keep_hidden=want_hidden),
             draft=ModelRunner(self.draft, keep_hidden=want_hidden, input_limit=self.draft_input_limit)
-            if choose is not None
+            if planner is not None
             else None,
             generator=generator,
             stats=stats,
@@ -696,7 +689,7 @@ class SpecEngine:
         if want_features:
             state.root = RootTracker(temperature, top_p, self.latency_model, want_hidden, self.hidden_sizes)
         return _Run(
-            state=state, sampling=sampling, top_k=top_k, plan=plan, choose=choose, observe=observe,
+            state=state, sampling=sampling, top_k=top_k, planner=planner,
             target_probs_fn=target_probs_fn, draft_probs_fn=draft_probs_fn, eos=eos, stop_strings=stop_strings,
             criteria=criteria, max_new_tokens=max_new_tokens, budget=budget, log=log,
             key=_prompt_key(prompt_ids) if log is not None else "", streamer=streamer,
@@ -727,7 +720,7 @@ class SpecEngine:
         state, sampling = run.state, run.sampling
         remaining = run.budget - len(state.generated)
         out = _StepOutput(context_length=len(state.context), remaining=remaining)
-        if run.choose is None:
+        if run.planner is None:
             out.emitted = self._autoregressive_step(state, run.target_probs_fn, sampling.greedy, run.timer)
         else:
             root = None
@@ -741,16 +734,15 @@ class SpecEngine:
                 draft_hidden=f.draft_hidden if f is not None else None,
                 target_hidden=f.target_hidden if f is not None else None, top_p=float(sampling.top_p),
             )  # fmt: skip
-            plan = as_plan(run.choose(step_state)).truncated(remaining - 1)  # 1) plan
-            out.propensity = getattr(run.plan, "last_propensity", None) if run.log is not None else None
+            plan = as_plan(run.planner.choose(step_state)).truncated(remaining - 1)  # 1) plan
+            out.propensity = run.planner.last_propensity
             # 2) draft, 3) one target pass, 4) verify, 5) commit
             out.result = self._speculative_step(
                 state, plan, sampling, run.target_probs_fn, run.draft_probs_fn, run.timer, root, step_state.features
             )
             state.steps.append(out.result)
             out.emitted = list(out.result.tokens)
-            if run.observe is not None:
-                run.observe(out.result)
+            run.planner.observe(out.result)
         state.stats.steps += 1
         return out
 
@@ -1144,19 +1136,6 @@ def _prompt_key(ids: Sequence[int]) -> str:
     from adaptive_spec.formats.feature_log import prompt_key
 
     return prompt_key(ids)
-
-
-def _planner_fns(plan: Any) -> tuple[Callable[[StepState], Any] | None, Callable[[StepResult], None] | None]:
-    if plan is None or (isinstance(plan, str) and plan.strip() == AUTOREGRESSIVE):
-        return None, None
-    if hasattr(plan, "choose"):
-        return plan.choose, getattr(plan, "observe", None)
-    static = as_plan(plan)
-    if static.shape.depth == 0:  # chain:0, iid:3x0, ...: a planner may choose it for one step, a user means AR
-        raise ValueError(
-            f"plan {str(plan)!r} drafts no token; use plan='autoregressive' (or None) for decoding without speculation"
-        )
-    return (lambda _state: static), None
 
 
 _BATCH_ERROR = (

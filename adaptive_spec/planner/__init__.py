@@ -29,6 +29,7 @@ from adaptive_spec.planner.plan import (
     StepResult,
     StepState,
     as_plan,
+    as_planner,
     truncate_shape,
 )
 
@@ -46,6 +47,7 @@ __all__ = [
     "StepState",
     "StepTimePrediction",
     "as_plan",
+    "as_planner",
     "default_profile_path",
     "draft_level_sizes",
     "parse_plans",

@@ -14,14 +14,14 @@ import random
 from typing import Any
 
 from adaptive_spec.planner.actions import ActionSpace
-from adaptive_spec.planner.plan import Plan, StaticPlanner, StepResult, StepState, as_plan
+from adaptive_spec.planner.plan import Plan, Planner, StepResult, StepState, as_plan, as_planner
 
 __all__ = ["EXPLORE_MODES", "ExplorePlanner"]
 
 EXPLORE_MODES = ("uniform", "epsilon")
 
 
-class ExplorePlanner:
+class ExplorePlanner(Planner):
     """A planner that explores an action space at random.
 
     Args:
@@ -66,9 +66,11 @@ class ExplorePlanner:
         if mode == "epsilon":
             if base is None:
                 raise ValueError("mode='epsilon' needs a base plan or planner to exploit")
-            self.base = base if hasattr(base, "choose") else StaticPlanner(as_plan(base))
-        self.needs_features = bool(getattr(self.base, "needs_features", False))
-        self.needs_hidden = bool(getattr(self.base, "needs_hidden", False))
+            self.base = as_planner(base)
+            if self.base is None:
+                raise ValueError("mode='epsilon' needs a speculative base plan or planner, not autoregressive decoding")
+        self.needs_features = self.base is not None and self.base.needs_features
+        self.needs_hidden = self.base is not None and self.base.needs_hidden
         self._rng = random.Random(seed)
         self.last_explored = False
         self.last_propensity = 1.0
@@ -94,10 +96,9 @@ class ExplorePlanner:
         return chosen
 
     def observe(self, result: StepResult) -> None:
-        """Pass the step's result on to the base planner, if it observes."""
-        observe = getattr(self.base, "observe", None)
-        if observe is not None:
-            observe(result)
+        """Pass the step's result on to the base planner."""
+        if self.base is not None:
+            self.base.observe(result)
 
     def __repr__(self) -> str:
         base = f", epsilon={self.epsilon}, base={self.base!r}" if self.mode == "epsilon" else ""

@@ -9,11 +9,15 @@ where ``<tree shape>`` is anything :meth:`TreeShape.parse` accepts (``chain:L``,
 :data:`adaptive_spec.verifiers.VERIFIER_NAMES`. Omitting ``/<verifier>`` means ``traversal``,
 which is lossless for every drafting law.
 
-A *planner* is any object with ``choose(state: StepState) -> Plan | str`` and, optionally,
-``observe(result: StepResult) -> None``; the engine calls ``choose`` before each step and
-``observe`` after it. A planner that sets ``needs_features = True`` gets the step's root
-features (:mod:`adaptive_spec.formats.features`) in ``StepState.features``, and one that sets
-``needs_hidden = True`` also gets the models' last hidden states.
+A *planner* (:class:`Planner`) declares every hook the engine calls: ``choose(state)`` before
+each step, ``observe(result)`` after it, the feature needs (``needs_features``, ``needs_hidden``,
+``needs_features_for(T, top_p)``) and the propensity of its latest choice
+(``last_propensity``, for off-policy estimates). A planner that needs root features gets them
+(:mod:`adaptive_spec.formats.features`) in ``StepState.features``, and one that needs hidden
+states also gets the models' last hidden states. :func:`as_planner` turns what
+``generate(plan=...)`` accepts into a planner: a :class:`Planner`, an object with ``choose``
+(wrapped, its optional hooks read once), a plan or plan string (:class:`StaticPlanner`), or
+``"autoregressive"``/None (no planner: plain decoding with the target).
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 from adaptive_spec.trees import DraftPolicy, TreeShape
 from adaptive_spec.trees.policy import POLICY_GRAMMAR, LearnedChain, is_policy_text, parse_policy
 from adaptive_spec.verifiers import check_compatible, get_verifier
 
 __all__ = [
+    "AUTOREGRESSIVE",
     "DEFAULT_VERIFIER",
     "Plan",
     "Planner",
@@ -35,6 +40,7 @@ __all__ = [
     "StepResult",
     "StepState",
     "as_plan",
+    "as_planner",
     "truncate_shape",
 ]
 
@@ -196,16 +202,33 @@ class StepResult:
     times: dict[str, float] = field(default_factory=dict)
 
 
-@runtime_checkable
-class Planner(Protocol):
-    """Chooses a plan before each step."""
+class Planner:
+    """Base class of planners: every hook the engine calls, with its default.
+
+    Attributes:
+        needs_features: the engine computes the step's root features for :meth:`choose`.
+        needs_hidden: it also passes the models' last hidden states.
+        last_propensity: the probability with which the latest plan was chosen (None: not random).
+    """
+
+    needs_features: bool = False
+    needs_hidden: bool = False
+    last_propensity: float | None = None
 
     def choose(self, state: StepState) -> Plan | str:
         """Return the plan for the coming step."""
-        ...
+        raise NotImplementedError
+
+    def observe(self, result: StepResult) -> None:  # noqa: ARG002
+        """See the step's outcome (default: nothing)."""
+        return None
+
+    def needs_features_for(self, temperature: float, top_p: float = 1.0) -> bool:  # noqa: ARG002
+        """Whether the features are needed at these sampling settings (default: :attr:`needs_features`)."""
+        return self.needs_features
 
 
-class StaticPlanner:
+class StaticPlanner(Planner):
     """The same plan at every step (the fixed-plan baseline)."""
 
     def __init__(self, plan: Plan | str) -> None:
@@ -213,3 +236,45 @@ class StaticPlanner:
 
     def choose(self, state: StepState) -> Plan:  # noqa: ARG002
         return self.plan
+
+
+class _DuckPlanner(Planner):
+    """An object with ``choose`` (and maybe other hooks), seen through the declared :class:`Planner` hooks."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+        self.choose = obj.choose
+        self.observe = getattr(obj, "observe", None) or super().observe
+        self.needs_features = bool(getattr(obj, "needs_features", False))
+        self.needs_hidden = bool(getattr(obj, "needs_hidden", False))
+        per_setting = getattr(obj, "needs_features_for", None)
+        if per_setting is not None:
+            self.needs_features_for = per_setting
+
+    @property
+    def last_propensity(self) -> float | None:  # type: ignore[override]
+        return getattr(self.obj, "last_propensity", None)
+
+
+AUTOREGRESSIVE = "autoregressive"  # the explicit plan of plain decoding with the target (None means the same)
+
+
+def as_planner(plan: Any) -> Planner | None:
+    """The planner for ``generate(plan=...)``: None for ``"autoregressive"``/None (plain decoding).
+
+    Raises:
+        ValueError: a static plan that drafts no token (``chain:0``, ``iid:3x0``): ask for
+            ``"autoregressive"`` instead.
+    """
+    if plan is None or (isinstance(plan, str) and plan.strip() == AUTOREGRESSIVE):
+        return None
+    if isinstance(plan, Planner):
+        return plan
+    if hasattr(plan, "choose"):
+        return _DuckPlanner(plan)
+    static = as_plan(plan)
+    if static.shape.depth == 0:  # chain:0, iid:3x0, ...: a planner may choose it for one step, a user means AR
+        raise ValueError(
+            f"plan {str(plan)!r} drafts no token; use plan='autoregressive' (or None) for decoding without speculation"
+        )
+    return StaticPlanner(static)

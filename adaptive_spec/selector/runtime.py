@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from adaptive_spec.formats.features import SCHEMA
-from adaptive_spec.planner.plan import Plan, StepState
+from adaptive_spec.planner.plan import Plan, Planner, StepState
 
 FORMAT = "adaptive-spec-selector/1"  # same string as adaptive_spec.selector.export.FORMAT
 HIDDEN_INPUTS = ("draft_hidden", "target_hidden")
@@ -333,7 +333,7 @@ def latency_model_for(runtime: SelectorRuntime | None, profile: str | Path | Non
     return None, warning
 
 
-class AdaptivePlanner:
+class AdaptivePlanner(Planner):
     """A planner that asks the exported selector for every step's plan.
 
     The engine fills ``StepState.features`` because :attr:`needs_features` is true (and the hidden
