@@ -51,8 +51,6 @@ class AcceptanceModel:
     """
 
     def __init__(self, path: str | Path, *, threads: int = 1, backend: str = "numpy") -> None:
-        import onnxruntime as ort
-
         if backend not in ("numpy", "onnxruntime"):
             raise ValueError(f"backend must be 'numpy' or 'onnxruntime', got {backend!r}")
         self.backend = backend
@@ -60,13 +58,8 @@ class AcceptanceModel:
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"no acceptance model at {self.path}; {HINT}")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.log_severity_level = 3
         try:
-            self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+            self.session = cpu_session(self.path, threads)
         except Exception as err:  # onnxruntime's own exception types
             raise ValueError(f"{self.path} is not a readable ONNX model ({type(err).__name__}); {HINT}") from err
         meta = dict(self.session.get_modelmeta().custom_metadata_map)
@@ -145,6 +138,19 @@ class AcceptanceModel:
 
     def __repr__(self) -> str:
         return f"AcceptanceModel({str(self.path)!r})"
+
+
+def cpu_session(path: str | Path, threads: int = 1) -> Any:
+    """An onnxruntime CPU session for a small network: sequential, ``threads`` intra-op threads, errors only."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3  # errors only; load failures are re-raised by the callers
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 _LOADED: dict[Path, AcceptanceModel] = {}

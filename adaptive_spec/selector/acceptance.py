@@ -219,8 +219,9 @@ def train_acceptance(
 # ---------------------------------------------------------------------------- export
 def export_acceptance(net: AcceptanceNet, path: Path, training: dict[str, Any]) -> dict[str, Any]:
     """Write ``net`` as ONNX (atomically) after a torch/onnxruntime parity check on random rows."""
-    import onnx
     import onnxruntime as ort
+
+    from adaptive_spec.selector.export import with_metadata
 
     net = net.cpu().float().eval()
     example = torch.randn(8, len(ACCEPTANCE_FEATURES))
@@ -238,12 +239,7 @@ def export_acceptance(net: AcceptanceNet, path: Path, training: dict[str, Any]) 
         "adaptive_spec.training": json.dumps(training, default=str),
         "adaptive_spec.weights": json.dumps(net.layer_weights()),
     }
-    del proto.metadata_props[:]
-    for key, value in meta.items():
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, value
-    onnx.checker.check_model(proto)
-    blob = proto.SerializeToString()
+    blob = with_metadata(proto, meta)
     check = torch.randn(256, len(ACCEPTANCE_FEATURES)) * 3
     with torch.no_grad():
         expected = net(check).numpy()

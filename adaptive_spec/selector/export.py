@@ -81,8 +81,6 @@ def export_net(
         ValueError: the action count differs from the network's outputs, or the parity check fails
             (the file is then not written).
     """
-    import onnx
-
     if len(actions) != net.num_actions:
         raise ValueError(f"{len(actions)} actions for a network with {net.num_actions} outputs")
     if net.num_features != SCHEMA.num_scalar:
@@ -116,17 +114,24 @@ def export_net(
         "adaptive_spec.manifest": json.dumps(manifest or {}),
         "adaptive_spec.training": json.dumps(training or {}, default=str),
     }
-    del proto.metadata_props[:]
-    for key, value in meta.items():
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, value
-    onnx.checker.check_model(proto)
-    blob = proto.SerializeToString()
+    blob = with_metadata(proto, meta)
     diff = parity(model, blob, example_inputs(model, check_batch, seed=1))
     if not diff <= tol:
         raise ValueError(f"ONNX export differs from torch by {diff:.3g} (> {tol:g}); not writing {out}")
     atomic_write(out, blob)
     return {"path": str(out), "max_abs_diff": diff, "inputs": names, "num_actions": len(actions)}
+
+
+def with_metadata(proto: Any, meta: dict[str, str]) -> bytes:
+    """The ONNX model ``proto`` with exactly ``meta`` as its metadata, checked, serialised."""
+    import onnx
+
+    del proto.metadata_props[:]
+    for key, value in meta.items():
+        entry = proto.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.checker.check_model(proto)
+    return proto.SerializeToString()
 
 
 def parity(net: SelectorNet, onnx_model: bytes | str | Path, inputs: dict[str, torch.Tensor]) -> float:

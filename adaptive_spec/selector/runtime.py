@@ -67,19 +67,13 @@ class SelectorRuntime:
     """
 
     def __init__(self, path: str | Path, *, threads: int = 1) -> None:
-        import onnxruntime as ort
+        from adaptive_spec.planner.acceptance import cpu_session
 
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"no selector at {self.path}; export one with `adaptive-spec export-selector CKPT`")
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        options.log_severity_level = 3  # errors only; load failures are re-raised below
         try:
-            self.session = ort.InferenceSession(str(self.path), options, providers=["CPUExecutionProvider"])
+            self.session = cpu_session(self.path, threads)
         except Exception as err:  # onnxruntime raises its own (pybind) exception types for bad files
             raise SelectorLoadError(
                 f"{self.path} is not a readable ONNX model ({type(err).__name__}: {str(err).strip()[:300]}); "
