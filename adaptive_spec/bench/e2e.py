@@ -465,7 +465,7 @@ def _best_static(runtime, temperatures, keys, path) -> tuple[dict[str, Any], dic
             why = "the selector records no best static action" if runtime is not None else "no selector was found"
             raise FileNotFoundError(
                 f"'{BEST_STATIC}' needs the best static plan per temperature: {why}, and {err}. Build a selector "
-                "with `make selector` (`adaptive-spec selector-pipeline --install`) or pass --selector PATH"
+                "with `make selector` (`adaptive-spec selector pipeline --install`) or pass --selector PATH"
             ) from None
         except LookupError as err:
             raise ValueError(str(err)) from None

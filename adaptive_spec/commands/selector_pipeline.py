@@ -1,4 +1,4 @@
-"""``adaptive-spec selector-pipeline``: collect -> label -> train -> export -> bench, on one pair.
+"""``adaptive-spec selector pipeline``: collect -> label -> train -> export -> bench, on one pair.
 
 Stages (each one an ordinary command of the CLI, run in this process, in this order):
 
@@ -12,20 +12,21 @@ Stages (each one an ordinary command of the CLI, run in this process, in this or
    log, ``--greedy-prompts`` more prompts at temperature 0 only. Greedy labels are exact (greedy
    trees are deterministic) and the features predict them, while at T > 0 the labels are dominated
    by the draw of the trees and the features barely predict the acceptance (validation then keeps
-   the best static plan there, see ``train-selector --gain_quantile``): extra data pays off at T = 0;
+   the best static plan there, see ``selector train --gain_quantile``): extra data pays off at T = 0;
 4. ``label``: E[τ+1] and predicted step time of every action at every k-th logged root, in both logs;
-5. ``train-selector`` (LightningCLI, ``configs/selector/default.yaml`` unless ``--config``), with the
+5. ``selector train`` (LightningCLI, ``configs/selector/default.yaml`` unless ``--config``), with the
    validation split by prompt, once per ``--train-seeds`` seed; the run with the best validation
    tokens/s (the network with its static fallback, as a ratio of sums) is kept;
-6. ``export-selector``: ONNX with the feature standardisation inside, checked against torch;
+6. ``selector export``: ONNX with the feature standardisation inside, checked against torch;
 7. ``selector acceptance``: the acceptance model of the in-draft ``learned-chain`` policies
    (node logs with soft labels -> Lightning -> ONNX -> calibration), in ``OUT/acceptance``;
 8. ``bench e2e``: ``adaptive`` vs ``best-static`` and the reference plans on the built-in held-out
    prompts at each temperature, in one interleaved run.
 
-With ``--install`` the exported selector and acceptance model are copied next to the built-in
-pair (``adaptive_spec/zoo/default/{selector,acceptance}.onnx``), where ``make demo`` and
-``bench e2e`` find them.
+With ``--install`` the exported selector and acceptance model are copied into the user data
+folder (``$ADAPTIVE_SPEC_HOME/default``, default ``~/.local/share/adaptive-spec/default``; see
+:func:`adaptive_spec.files.installed_models_dir`), where ``make demo``, ``generate`` and
+``bench e2e`` look first. Nothing is written into the installed package.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ DEFAULT_OUT = Path("data/selector")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register the ``selector-pipeline`` options."""
+    """Register the ``selector pipeline`` options."""
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="working folder (default: %(default)s)")
     parser.add_argument("--num-prompts", type=int, default=96, help="training prompts (default: %(default)s)")
     parser.add_argument(
@@ -68,7 +69,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-contexts", type=int, default=1000, help="label at most this many roots (default: 1000)")
     parser.add_argument("--config", type=Path, default=None,
                         help="LightningCLI config of the selector (default: configs/selector/default.yaml of "
-                             "the working directory, else of the source checkout)")  # fmt: skip
+                             "the working directory, else the package's copy)")  # fmt: skip
     parser.add_argument("--epochs", type=int, default=None, help="override trainer.max_epochs")
     parser.add_argument(
         "--train-seeds", default="0,1,2",
@@ -85,7 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated stages to skip: collect,label,train,acceptance,bench")  # fmt: skip
     parser.add_argument(
         "--install", action="store_true",
-        help="copy the selector to adaptive_spec/zoo/default/selector.onnx (used by make demo)",
+        help="copy the selector and acceptance model into the user data folder, where make demo, generate and "
+             "bench e2e look first ($ADAPTIVE_SPEC_HOME/default, default ~/.local/share/adaptive-spec/default)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="seeds the prompts, exploration and labels")
 
@@ -126,12 +128,13 @@ def greedy_prompts(count: int, seed: int, exclude: list[str]) -> list[str]:
 
 
 def default_config() -> Path:
-    """``configs/selector/default.yaml`` of the working directory, else of the source checkout."""
-    rel = Path("configs/selector/default.yaml")
-    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        if (base / rel).is_file():
-            return base / rel
-    raise FileNotFoundError(f"no {rel} in {Path.cwd()} or the source checkout; pass --config")
+    """``configs/selector/default.yaml`` of the working directory, else the copy shipped in the package."""
+    from adaptive_spec.files import config_path
+
+    path = config_path("selector/default.yaml")
+    if not path.is_file():
+        raise FileNotFoundError(f"no configs/selector/default.yaml in {Path.cwd()} or in the package; pass --config")
+    return path
 
 
 def _cli(argv: list[str]) -> None:
@@ -140,7 +143,8 @@ def _cli(argv: list[str]) -> None:
     print(f"\n$ adaptive-spec {' '.join(argv)}", flush=True)
     code = main(argv)
     if code:
-        raise SystemExit(f"stage `adaptive-spec {argv[0]}` failed with exit status {code}")
+        verb = " ".join(argv[:2]) if argv[0] in ("bench", "selector", "tune", "zoo") else argv[0]
+        raise SystemExit(f"stage `adaptive-spec {verb}` failed with exit status {code}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -215,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
             label_files.append(str(greedy_dir / "labels.parquet"))
         candidates: list[tuple[float, int, Path]] = []
         for seed in _seeds(args.train_seeds):
-            argv = ["train-selector", "--config", str(config), "--data.labels", json.dumps(label_files),
+            argv = ["selector", "train", "--config", str(config), "--data.labels", json.dumps(label_files),
                     "--trainer.default_root_dir", str(runs), "--seed_everything", str(seed)]  # fmt: skip
             if args.epochs:
                 argv += ["--trainer.max_epochs", str(args.epochs)]
@@ -230,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
         if len(candidates) > 1:
             shown = ", ".join(f"seed {s}: {v:.4f}" for v, s, _ in candidates)
             print(f"validation tokens/s vs best static (adaptive, ratio of sums): {shown}; keeping seed {seed}")
-        _cli(["export-selector", str(ckpt), "--out", str(onnx_path)])
+        _cli(["selector", "export", str(ckpt), "--out", str(onnx_path)])
         done("train")
     if "acceptance" not in skip:
         stage("acceptance")  # the in-draft acceptance model of learned-chain plans, deployed with --install
@@ -241,9 +245,10 @@ def run(args: argparse.Namespace) -> int:
               *(["--install"] if args.install else [])])  # fmt: skip
         done("acceptance")
     if args.install:
-        from adaptive_spec.files import default_pair_path
+        from adaptive_spec.selector.runtime import default_selector_paths
 
-        dest = default_pair_path() / "selector.onnx"
+        dest = default_selector_paths()[0]  # the user data folder, never the installed package
+        dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(onnx_path, dest)
         print(f"installed {onnx_path} -> {dest}")
     if "bench" not in skip:

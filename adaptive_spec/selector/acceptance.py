@@ -18,7 +18,8 @@ and the probability that a child drawn from its row would be accepted. Stages:
 4. ``report``: reliability diagrams of both heads on the validation split, per temperature
    (``OUT/report/calibration.png``, ``calibration.json`` with the expected calibration error).
 
-``--install`` copies the model next to the built-in pair, where ``learned-chain`` plans find it.
+``--install`` copies the model into the user data folder (``$ADAPTIVE_SPEC_HOME``, default
+``~/.local/share/adaptive-spec/default``), where ``learned-chain`` plans find it first.
 """
 
 from __future__ import annotations
@@ -330,7 +331,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of collection, split and training")
     parser.add_argument("--skip-collect", action="store_true", help="train on the node log already in OUT/nodes")
     parser.add_argument("--install", action="store_true",
-                        help=f"copy the model next to the built-in pair ({default_acceptance_paths()[0]})")  # fmt: skip
+                        help="copy the model into the user data folder, where learned-chain plans find it first "
+                             "($ADAPTIVE_SPEC_HOME/default, default ~/.local/share/adaptive-spec/default)")  # fmt: skip
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -368,7 +370,8 @@ def run(args: argparse.Namespace) -> int:
     report = calibration_report(net, data, val, out / "report")
     summary["calibration"] = {g: {h: r[h]["ece"] for h in r} for g, r in report.items()}
     if args.install:
-        dest = default_acceptance_paths()[0]
+        dest = default_acceptance_paths()[0]  # the user data folder, never the installed package
+        dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(out / ACCEPTANCE_FILE, dest)
         summary["installed"] = str(dest)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))

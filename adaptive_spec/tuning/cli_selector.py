@@ -7,7 +7,7 @@ Examples::
     adaptive-spec tune selector --labels runs/labels --n-trials 30 --worker 1
 
 The best hyper-parameters land in ``<report>/best-selector.yaml``, a LightningCLI config for
-``adaptive-spec train-selector --config configs/selector/default.yaml --config <that file>``.
+``adaptive-spec selector train --config configs/selector/default.yaml --config <that file>``.
 """
 
 from __future__ import annotations
