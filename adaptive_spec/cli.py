@@ -17,6 +17,8 @@ import os
 import sys
 from collections.abc import Sequence
 
+from adaptive_spec.extras import EXTRA_OF, missing_extra_message
+
 __all__ = [
     "ALIASES",
     "COMMANDS",
@@ -122,28 +124,6 @@ ALIASES: dict[tuple[str, ...], tuple[str, ...]] = {
     ("selector-pipeline",): ("selector", "pipeline"),
 }
 
-# Top-level module of an optional dependency -> the extra that installs it (see pyproject.toml).
-EXTRA_OF: dict[str, str] = {
-    "lightning": "train",
-    "lightning_fabric": "train",
-    "lightning_utilities": "train",
-    "pytorch_lightning": "train",
-    "torchmetrics": "train",
-    "jsonargparse": "train",
-    "onnx": "train",
-    "onnxscript": "train",
-    "onnx_ir": "train",
-    "sklearn": "train",
-    "optuna": "tune",
-    "optuna_integration": "tune",
-    "sqlalchemy": "tune",
-    "alembic": "tune",
-    "matplotlib": "report",
-    "pyarrow": "log",
-    "psycopg": "postgres",
-    "psycopg2": "postgres",
-}
-
 DEBUG_ENV = "ADAPTIVE_SPEC_DEBUG"
 PROG = "adaptive-spec"
 
@@ -158,15 +138,6 @@ def version() -> str:
         from adaptive_spec import __version__
 
         return __version__
-
-
-def missing_extra_message(err: ImportError, verb: str) -> str | None:
-    """One line naming the extra to install when ``err`` is a missing optional dependency, else None."""
-    name = (getattr(err, "name", None) or "").split(".")[0]
-    extra = EXTRA_OF.get(name)
-    if extra is None:
-        return None
-    return f"{PROG} {verb} needs the [{extra}] extra ({name} is not installed): pip install '{PROG}[{extra}]'"
 
 
 def _top_help() -> str:

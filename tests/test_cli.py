@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
+
+import pytest
 
 from adaptive_spec.cli import main
 
@@ -102,3 +105,50 @@ def test_old_spellings_still_work_with_a_deprecation_note(capsys):
     captured = capsys.readouterr()
     assert "usage: adaptive-spec selector export" in captured.out
     assert "`adaptive-spec export-selector` is deprecated" in captured.err and "selector export" in captured.err
+
+
+# ----------------------------------------------------------------------------- commands called from Python
+def test_call_command_builds_typed_arguments_from_the_parser():
+    from pathlib import Path
+
+    from adaptive_spec.commands.call import command_namespace
+
+    args = command_namespace("adaptive_spec.records.label_cli", log_dir=Path("log"), every=2)
+    assert args.log_dir == Path("log") and args.every == 2 and args.samples == 4  # the parser's default
+    with pytest.raises(TypeError, match="has no option evrey"):
+        command_namespace("adaptive_spec.records.label_cli", log_dir=Path("log"), evrey=2)
+    with pytest.raises(TypeError, match="needs log_dir"):
+        command_namespace("adaptive_spec.records.label_cli")
+
+
+def test_shared_options_are_spelled_and_explained_alike():
+    from pathlib import Path
+
+    from adaptive_spec.cli import build_parser
+
+    parser = build_parser()
+    seen = {"--target": 0, "--no-progress": 0, "--json": 0, "--temperatures": 0}
+
+    def parsers(p):
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    yield from ([(name, sub)] if not any(isinstance(a, argparse._SubParsersAction)
+                                                         for a in sub._actions) else parsers(sub))
+
+    for name, sub in parsers(parser):
+        for action in sub._actions:
+            opts = set(action.option_strings)
+            if "--target" in opts:
+                seen["--target"] += 1
+                assert action.help.startswith("target model: local directory or hub id"), name
+            if "--no-progress" in opts or "--quiet" in opts:
+                seen["--no-progress"] += 1
+                assert action.dest == "no_progress", name
+            if "--json" in opts and name != "generate":  # generate --json prints one JSON document
+                seen["--json"] += 1
+                assert action.type is Path and action.metavar == "PATH", name
+            if "--temperatures" in opts:
+                seen["--temperatures"] += 1
+                assert action.help.startswith("comma-separated sampling temperatures"), name
+    assert min(seen.values()) >= 3, seen

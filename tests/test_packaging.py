@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from adaptive_spec.cli import EXTRA_OF, missing_extra_message
+from adaptive_spec.extras import EXTRA_OF, missing_extra_message
 
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))

@@ -27,6 +27,7 @@ from adaptive_spec.analysis.instances import Instance, divergence_instance, toy_
 from adaptive_spec.analysis.lp import lp_limit
 from adaptive_spec.trees import DraftLaw, TreeShape, sample_tree
 from adaptive_spec.verifiers import REGISTRY, verify
+from adaptive_spec.options import add_json_option, add_model_options, add_progress_option
 
 DIVERGENCE = {"low": 0.2, "medium": 0.5, "high": 0.9}  # draft = (1 - mix) target + mix noise
 SEEDS = (0, 1)
@@ -165,9 +166,9 @@ def _print_table(rows: list[dict], columns: list[str]) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON to this path")
+    add_json_option(parser, "the rows")
     parser.add_argument("--speed", action="store_true", help="time verifications at V = 32k and 128k instead")
-    parser.add_argument("--device", default=None, help="device for --speed (default: cuda if available, else cpu)")
+    add_model_options(parser, ("device",))
     parser.add_argument("--repeats", type=int, default=30, help="timed verifications per cell (--speed)")
     parser.add_argument("--quick", action="store_true", help="--speed at V = 32k only, 10 repeats")
     parser.add_argument("--families", default=None, help="comma-separated instance families (default: all)")
@@ -175,7 +176,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocabs", default=None, help="comma-separated vocabulary sizes for --speed")
     parser.add_argument("--nodes", default=None, help="comma-separated tree sizes for --speed, from 8,32,64")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_progress_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:

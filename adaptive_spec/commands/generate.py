@@ -14,16 +14,14 @@ import json
 import sys
 
 from adaptive_spec.planner.latency import default_profile_path
+from adaptive_spec.options import add_model_options
 
 DEFAULT_PLAN = "auto"  # the tuned plan for the loaded pair, else a default static plan (SpecEngine.default_plan)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``generate`` options."""
-    parser.add_argument("--target", default=None,
-                        help="target model: local directory or hub id (default: the built-in pair)")  # fmt: skip
-    parser.add_argument("--draft", default=None,
-                        help="draft model: local directory or hub id (default: the built-in pair)")  # fmt: skip
+    add_model_options(parser, ("target", "draft"))
     parser.add_argument("--prompt", required=True, help="prompt text")
     parser.add_argument(
         "--plan",
@@ -47,8 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=None,
                         help="nucleus filter, 1 = off (default: the target's generation_config, else off)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
-    parser.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
+    add_model_options(parser, ("device", "dtype"))
     parser.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the hub")
     parser.add_argument("--stream", action="store_true", help="print text as it is generated")
     parser.add_argument("--json", action="store_true",

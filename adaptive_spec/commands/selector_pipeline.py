@@ -1,6 +1,7 @@
 """``adaptive-spec selector pipeline``: collect -> label -> train -> export -> bench, on one pair.
 
-Stages (each one an ordinary command of the CLI, run in this process, in this order):
+Stages (each one an ordinary command, called in this process with typed options through
+:func:`~adaptive_spec.commands.call.call_command`, in this order):
 
 1. ``profile``: the latency profile of this machine (skipped if ``--profile`` exists, unless
    ``--reprofile``); its estimates are features and its step-time predictions are in the labels.
@@ -36,9 +37,11 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from adaptive_spec.planner.latency import default_profile_path
 from adaptive_spec.planner.presets import COLLECT_PLAN
+from adaptive_spec.options import add_temperatures_option
 
 DEFAULT_OUT = Path("data/selector")
 
@@ -51,7 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prompts", type=Path, default=None,
         help="training prompts file (JSONL or .txt) instead of prompts drawn from the standard library",
     )  # fmt: skip
-    parser.add_argument("--temperatures", default="0,0.7,1.0", help="comma-separated (default: %(default)s)")
+    add_temperatures_option(parser, "0,0.7,1.0")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="per generation (default: %(default)s)")
     parser.add_argument("--explore", default="epsilon:0.5", help="collect's exploring planner (default: %(default)s)")
     parser.add_argument("--plan", default=COLLECT_PLAN, help="plan exploited by epsilon-greedy (default: %(default)s)")
@@ -137,13 +140,14 @@ def default_config() -> Path:
     return path
 
 
-def _cli(argv: list[str]) -> None:
-    from adaptive_spec.cli import main
+def _stage(verb: str, module: str, **options: Any) -> None:
+    """Run one command in this process with typed options (see :func:`~adaptive_spec.commands.call.call_command`)."""
+    from adaptive_spec.commands.call import call_command
 
-    print(f"\n$ adaptive-spec {' '.join(argv)}", flush=True)
-    code = main(argv)
+    shown = " ".join(f"{k}={v}" for k, v in options.items() if k != "cli_args")
+    print(f"\n== {verb}: {shown}", flush=True)
+    code = call_command(module, **options)
     if code:
-        verb = " ".join(argv[:2]) if argv[0] in ("bench", "selector", "tune", "zoo") else argv[0]
         raise SystemExit(f"stage `adaptive-spec {verb}` failed with exit status {code}")
 
 
@@ -163,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
 
     stage("profile")
     if args.reprofile or not args.profile.exists():
-        _cli(["profile", "--out", str(args.profile)])
+        _stage("profile", "adaptive_spec.bench.profile", out=args.profile)
     done("profile")
 
     log_dir = out / "log"
@@ -184,30 +188,27 @@ def run(args: argparse.Namespace) -> int:
         for d in (log_dir, greedy_dir):
             if d.exists():
                 shutil.rmtree(d)  # a fresh log: features must come from this pair and profile
-        _cli(["collect", "--out", str(log_dir), "--prompts", str(prompts_file), "--explore", args.explore,
-              "--plan", args.plan, "--temperatures", args.temperatures, "--max-new-tokens", str(args.max_new_tokens),
-              "--seed", str(args.seed), "--profile", str(args.profile)])  # fmt: skip
+        _stage("collect", "adaptive_spec.records.collect", out=str(log_dir), prompts=str(prompts_file),
+               explore=args.explore, plan=args.plan, temperatures=args.temperatures,
+               max_new_tokens=args.max_new_tokens, seed=args.seed, profile=str(args.profile))  # fmt: skip
         if greedy and args.greedy_prompts_file is not None:
             greedy_file = args.greedy_prompts_file
         elif greedy:
             extra = greedy_prompts(args.greedy_prompts, args.seed, prompts)
             greedy_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in extra))
         if greedy:
-            _cli(["collect", "--out", str(greedy_dir), "--prompts", str(greedy_file), "--explore", args.explore,
-                  "--plan", args.plan, "--temperatures", "0", "--max-new-tokens", str(args.max_new_tokens),
-                  "--seed", str(args.seed + 6), "--profile", str(args.profile)])  # fmt: skip
+            _stage("collect", "adaptive_spec.records.collect", out=str(greedy_dir), prompts=str(greedy_file),
+                   explore=args.explore, plan=args.plan, temperatures="0", max_new_tokens=args.max_new_tokens,
+                   seed=args.seed + 6, profile=str(args.profile))  # fmt: skip
         done("collect")
     if "label" not in skip:
         stage("label")
-        argv = ["label", str(log_dir), "--every", str(args.every), "--samples", str(args.samples),
-                "--profile", str(args.profile), "--seed", str(args.seed)]  # fmt: skip
-        if args.max_contexts:
-            argv += ["--max-contexts", str(args.max_contexts)]
-        _cli(argv)
+        _stage("label", "adaptive_spec.records.label_cli", log_dir=log_dir, every=args.every, samples=args.samples,
+               profile=args.profile, seed=args.seed, max_contexts=args.max_contexts or None)  # fmt: skip
         if greedy:
-            _cli(["label", str(greedy_dir), "--every", str(args.greedy_every), "--samples", str(args.samples),
-                  "--max-contexts", str(args.greedy_max_contexts), "--profile", str(args.profile),
-                  "--seed", str(args.seed + 6)])  # fmt: skip
+            _stage("label", "adaptive_spec.records.label_cli", log_dir=greedy_dir, every=args.greedy_every,
+                   samples=args.samples, max_contexts=args.greedy_max_contexts, profile=args.profile,
+                   seed=args.seed + 6)  # fmt: skip
         done("label")
     runs = out / "runs"
     onnx_path = out / "selector.onnx"
@@ -219,11 +220,12 @@ def run(args: argparse.Namespace) -> int:
             label_files.append(str(greedy_dir / "labels.parquet"))
         candidates: list[tuple[float, int, Path]] = []
         for seed in _seeds(args.train_seeds):
-            argv = ["selector", "train", "--config", str(config), "--data.labels", json.dumps(label_files),
+            # LightningCLI parses its own arguments: the one stage that takes an argv
+            argv = ["--config", str(config), "--data.labels", json.dumps(label_files),
                     "--trainer.default_root_dir", str(runs), "--seed_everything", str(seed)]  # fmt: skip
             if args.epochs:
                 argv += ["--trainer.max_epochs", str(args.epochs)]
-            _cli(argv)
+            _stage("selector train", "adaptive_spec.selector.train", cli_args=argv)
             version = max(runs.glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
             ckpts = sorted((version / "checkpoints").glob("best-*.ckpt"))
             if not ckpts:
@@ -234,15 +236,15 @@ def run(args: argparse.Namespace) -> int:
         if len(candidates) > 1:
             shown = ", ".join(f"seed {s}: {v:.4f}" for v, s, _ in candidates)
             print(f"validation tokens/s vs best static (adaptive, ratio of sums): {shown}; keeping seed {seed}")
-        _cli(["selector", "export", str(ckpt), "--out", str(onnx_path)])
+        _stage("selector export", "adaptive_spec.selector.export", checkpoint=ckpt, out=onnx_path)
         done("train")
     if "acceptance" not in skip:
         stage("acceptance")  # the in-draft acceptance model of learned-chain plans, deployed with --install
-        _cli(["selector", "acceptance", "--out", str(out / "acceptance"), "--temperatures", args.temperatures,
-              "--prompts", str(prompts_file), "--num-prompts", str(args.num_prompts),
-              "--max-new-tokens", str(args.max_new_tokens), "--seed", str(args.seed), "--no-progress",
-              *(["--epochs", str(args.epochs)] if args.epochs else []),
-              *(["--install"] if args.install else [])])  # fmt: skip
+        extra = {"epochs": args.epochs} if args.epochs else {}
+        _stage("selector acceptance", "adaptive_spec.selector.acceptance", out=out / "acceptance",
+               temperatures=args.temperatures, prompts=prompts_file, num_prompts=args.num_prompts,
+               max_new_tokens=args.max_new_tokens, seed=args.seed, no_progress=True, install=args.install,
+               **extra)  # fmt: skip
         done("acceptance")
     if args.install:
         from adaptive_spec.selector.runtime import default_selector_paths
@@ -253,9 +255,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"installed {onnx_path} -> {dest}")
     if "bench" not in skip:
         stage("bench")
-        _cli(["bench", "e2e", "--plans", args.bench_plans, "--temperatures", args.temperatures,
-              "--selector", str(onnx_path), "--profile", str(args.profile),
-              "--max-new-tokens", str(args.bench_tokens), "--json", str(out / "bench_e2e.json")])  # fmt: skip
+        _stage("bench e2e", "adaptive_spec.bench.e2e", plans=args.bench_plans, temperatures=args.temperatures,
+               selector=str(onnx_path), profile=str(args.profile), max_new_tokens=args.bench_tokens,
+               json=str(out / "bench_e2e.json"))  # fmt: skip
         done("bench")
     print(f"\nstage seconds: {json.dumps(timings)}")
     print(f"selector: {onnx_path}\nlabels: {log_dir / 'label_report' / 'report.md'}")

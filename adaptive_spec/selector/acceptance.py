@@ -41,6 +41,7 @@ from torch import nn
 
 from adaptive_spec.planner.acceptance import ACCEPTANCE_FILE, FORMAT, default_acceptance_paths
 from adaptive_spec.trees.policy import ACCEPTANCE_FEATURES
+from adaptive_spec.options import add_model_options, add_progress_option, add_temperatures_option
 
 __all__ = ["AcceptanceNet", "collect_nodes", "export_acceptance", "load_node_arrays", "train_acceptance"]
 
@@ -318,13 +319,12 @@ def calibration_report(net: AcceptanceNet, data: dict[str, np.ndarray], val: np.
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``selector acceptance`` options."""
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="working folder (default: %(default)s)")
-    parser.add_argument("--target", default=None, help="target model (default: the built-in pair)")
-    parser.add_argument("--draft", default=None, help="draft model (default: the built-in pair)")
+    add_model_options(parser, ("target", "draft"))
     parser.add_argument("--prompts", type=Path, default=None,
                         help="training prompts (JSONL or .txt; default: `zoo prompts train`, stdlib files outside "
                              "the pair's training and held-out sets)")  # fmt: skip
     parser.add_argument("--num-prompts", type=int, default=48, help="training prompts used (default: %(default)s)")
-    parser.add_argument("--temperatures", default="0,0.7,1", help="comma-separated (default: %(default)s)")
+    add_temperatures_option(parser)
     parser.add_argument("--plan", default="chain:8/block", help="the collecting plan (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="per generation (default: %(default)s)")
     parser.add_argument("--epochs", type=int, default=30, help="training epochs (default: %(default)s)")
@@ -333,7 +333,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--install", action="store_true",
                         help="copy the model into the user data folder, where learned-chain plans find it first "
                              "($ADAPTIVE_SPEC_HOME/default, default ~/.local/share/adaptive-spec/default)")  # fmt: skip
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    add_progress_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:

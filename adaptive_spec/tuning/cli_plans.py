@@ -19,6 +19,7 @@ Paths are relative to the working directory: run from the repository root, or pa
 from __future__ import annotations
 
 import argparse
+from adaptive_spec.options import add_model_options, add_progress_option
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,10 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--objective", choices=("measured", "predicted"), default="measured",
                         help="measured engine tokens/s, or predicted from --labels (default: %(default)s)")  # fmt: skip
     parser.add_argument("--labels", default=None, help="label table directory or file (--objective predicted)")
-    parser.add_argument("--target", default=None, help="target model directory or hub id (default: built-in pair)")
-    parser.add_argument("--draft", default=None, help="draft model directory or hub id (default: built-in pair)")
-    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
+    add_model_options(parser)
     parser.add_argument("--prompts", default=None, help="JSON Lines prompt file (default: built-in prompts)")
     parser.add_argument("--num-prompts", type=int, default=4, help="prompts per trial (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default: %(default)s)")
@@ -62,7 +60,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-write-config", action="store_true", help="do not write best-static.yaml")
     parser.add_argument("--report", default=None, help="report folder (default: <storage folder>/reports/<study>)")
     parser.add_argument("--no-report", action="store_true", help="do not write the report")
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_progress_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:

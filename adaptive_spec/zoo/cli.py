@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from adaptive_spec.zoo.config import DEFAULT_MINUTES
+from adaptive_spec.options import add_progress_option
 
 if TYPE_CHECKING:
     from adaptive_spec.zoo.config import ZooConfig
@@ -36,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--config", type=Path, default=None,
         help="JSON or YAML file of ZooConfig overrides, e.g. configs/zoo/tiny.yaml (default: the built-in recipe)",
     )  # fmt: skip
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_progress_option(parser)
 
 
 def load_config(path: Path | None) -> ZooConfig:
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
     out = args.out or built_pairs_dir() / f"seed{args.seed}"
     info = build_pair(
         out, corpus=args.corpus, minutes=args.minutes, seed=args.seed, config=load_config(args.config),
-        progress=not args.quiet,
+        progress=not args.no_progress,
     )  # fmt: skip
     keys = ("params", "target_val_loss", "draft_val_loss", "acceptance", "greedy_agreement", "latency_ms")
     print(json.dumps({k: info[k] for k in keys}, indent=2))
