@@ -193,12 +193,20 @@ def _resolve(argv: list[str]) -> tuple[tuple[str, ...], list[str], str | None]:
     raise _UsageError(f"unknown command {argv[0]!r}; run `{PROG} --help` for the list of commands")
 
 
+class _OneLineErrors(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line (with where to look), exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+        raise SystemExit(2)
+
+
 def _command_parser(path: tuple[str, ...]) -> argparse.ArgumentParser:
     """The parser of one command, with only that command's module imported."""
     import importlib
 
     module, help_text = COMMANDS[path]
-    parser = argparse.ArgumentParser(prog=f"{PROG} {' '.join(path)}", description=help_text)
+    parser = _OneLineErrors(prog=f"{PROG} {' '.join(path)}", description=help_text)
     importlib.import_module(module).add_arguments(parser)
     parser.set_defaults(_module=module, _path=path)
     return parser

@@ -152,3 +152,12 @@ def test_shared_options_are_spelled_and_explained_alike():
                 seen["--temperatures"] += 1
                 assert action.help.startswith("comma-separated sampling temperatures"), name
     assert min(seen.values()) >= 3, seen
+
+
+def test_a_bad_option_is_one_line_with_exit_status_2(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["label", "LOG", "--every", "many"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("adaptive-spec label: error: argument --every: invalid int value")
+    assert "see `adaptive-spec label --help`" in err[0]

@@ -201,7 +201,7 @@ def load_best_static(temperature: float, path: str | Path | None = None) -> Plan
     if found is None:
         raise FileNotFoundError(
             f"no best-static plan file (looked at {', '.join(map(str, tried))}); create it with "
-            f"`adaptive-spec tune plans --temperature {key}` from the repository root, or pass its path"
+            f"`adaptive-spec tune plans --temperatures {key}` from the repository root, or pass its path"
         )
     plans = read_best_static(found)
     if key in plans:
@@ -212,7 +212,7 @@ def load_best_static(temperature: float, path: str | Path | None = None) -> Plan
         have = ", ".join(plans) or "none"
         raise LookupError(
             f"{found} has no plan for temperature {key} (tuned temperatures: {have}); run "
-            f"`adaptive-spec tune plans --temperature {key}`"
+            f"`adaptive-spec tune plans --temperatures {key}`"
         )
     nearest = min(same_kind, key=lambda k: abs(float(k) - t))
     warnings.warn(
