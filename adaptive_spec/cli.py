@@ -236,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Exceptions that are the user's to fix (a value, a path, a missing file or dependency): one line.
+# (LookupError is for "no plan for this temperature"-like errors; IndexError and KeyError keep their traceback.)
 USER_ERRORS = (ValueError, LookupError, OSError, ImportError)
 
 
@@ -288,15 +289,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         raise SystemExit(f"{PROG} {verb}: interrupted") from None
     except USER_ERRORS as err:
-        if debug:
+        if debug or isinstance(err, IndexError | KeyError):  # those two are bugs more often than not
             raise
         message = missing_extra_message(err, verb) if isinstance(err, ImportError) else None
         if message is None:
             if isinstance(err, ImportError) and not isinstance(err, ModuleNotFoundError):
                 raise  # a broken installation, not a user error: keep the traceback
             text = str(err).strip().replace("\n", " ") or type(err).__name__
-            if isinstance(err, KeyError):
-                text = f"{type(err).__name__}: {text}"
             message = f"{PROG} {verb}: error: {text} (--debug shows the traceback)"
         raise SystemExit(message) from None
 

@@ -49,9 +49,9 @@ def add_model_options(
             parser.add_argument(f"--{name}", default=None, help=helps[name])
 
 
-def add_temperatures_option(parser: argparse.ArgumentParser, default: str | None = "0,0.7,1", help: str = "") -> None:
-    """Add ``--temperatures``: comma-separated sampling temperatures, 0 = greedy."""
-    text = help or "comma-separated sampling temperatures, 0 = greedy, e.g. 0,0.7,1"
+def add_temperatures_option(parser: argparse.ArgumentParser, default: str | None = "0,0.7,1", note: str = "") -> None:
+    """Add ``--temperatures``: comma-separated sampling temperatures, 0 = greedy (``note`` adds to the help)."""
+    text = "comma-separated sampling temperatures, 0 = greedy, " + (note or "e.g. 0,0.7,1")
     parser.add_argument("--temperatures", default=default, help=f"{text} (default: %(default)s)")
 
 

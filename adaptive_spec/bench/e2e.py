@@ -42,7 +42,13 @@ from adaptive_spec.engine.load import load_engine
 from adaptive_spec.planner.latency import default_profile_path
 from adaptive_spec.planner.presets import DEFAULT_PLANS
 from adaptive_spec.temperatures import parse_temperatures, temperature_key
-from adaptive_spec.options import add_json_option, add_limit_option, add_model_options, add_progress_option
+from adaptive_spec.options import (
+    add_json_option,
+    add_limit_option,
+    add_model_options,
+    add_progress_option,
+    add_temperatures_option,
+)
 
 ADAPTIVE, BEST_STATIC, IN_DRAFT = "adaptive", "best-static", "in-draft"
 TOP_ACTIONS = 10
@@ -62,10 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"'{BEST_STATIC}' (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
-    parser.add_argument(
-        "--temperatures", default=None,
-        help="comma-separated temperatures measured in one interleaved run, e.g. 0,0.7,1.0 (overrides --temperature)",
-    )  # fmt: skip
+    add_temperatures_option(parser, None, "measured in one interleaved run (overrides --temperature)")
     parser.add_argument(
         "--selector", default=None,
         help=f"the '{ADAPTIVE}' plan's ONNX selector (default: the one installed in the user data folder, else "

@@ -144,7 +144,7 @@ def _stage(verb: str, module: str, **options: Any) -> None:
     """Run one command in this process with typed options (see :func:`~adaptive_spec.commands.call.call_command`)."""
     from adaptive_spec.commands.call import call_command
 
-    shown = " ".join(f"{k}={v}" for k, v in options.items() if k != "cli_args")
+    shown = " ".join(f"{k}={' '.join(v) if k == 'cli_args' else v}" for k, v in options.items())
     print(f"\n== {verb}: {shown}", flush=True)
     code = call_command(module, **options)
     if code:
