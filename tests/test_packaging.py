@@ -115,8 +115,11 @@ def test_a_built_wheel_ships_configs_and_runs_generate_without_extras(tmp_path):
         meta_name = next(n for n in names if n.endswith(".dist-info/METADATA"))
         metadata = zf.read(meta_name).decode()
         zf.extractall(tmp_path / "site")
-    for shipped in ("configs/plans/in-draft.yaml", "configs/selector/default.yaml", "configs/zoo/tiny.yaml",
-                    "zoo/default/build_info.json", "zoo/default/target/model.safetensors", "planner/default_actions.yaml"):  # fmt: skip
+    shipped_files = (
+        "configs/plans/in-draft.yaml", "configs/selector/default.yaml", "configs/zoo/tiny.yaml",
+        "zoo/default/build_info.json", "zoo/default/target/model.safetensors", "planner/default_actions.yaml",
+    )  # fmt: skip
+    for shipped in shipped_files:
         assert f"adaptive_spec/{shipped}" in names, shipped
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "License-Expression: Apache-2.0" in metadata

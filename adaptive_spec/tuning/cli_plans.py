@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "enqueued known-good plans included (default: %(default)s)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=None, help="seconds per temperature at most")
     parser.add_argument("--temperatures", dest="temperature", type=parse_temperatures, default=[0.0, 1.0],
-                        help="comma-separated sampling temperatures to tune, one study each (default: 0,1)")  # fmt: skip
+                        help="comma-separated sampling temperatures to tune, one study each (default: 0,1)")
     # the older spelling, `--temperature 0 1`, still accepted
     parser.add_argument("--temperature", type=float, nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--objective", choices=("measured", "predicted"), default="measured",
