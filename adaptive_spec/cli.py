@@ -125,19 +125,18 @@ ALIASES: dict[tuple[str, ...], tuple[str, ...]] = {
 }
 
 DEBUG_ENV = "ADAPTIVE_SPEC_DEBUG"
+DESCRIPTION = "Lossless speculative decoding with per-step adaptive tree shapes and verifiers."
 PROG = "adaptive-spec"
 
 
 def version() -> str:
-    """The installed distribution's version (the package's ``__version__`` when run from a checkout)."""
-    try:
-        from importlib.metadata import PackageNotFoundError, version as dist_version
+    """The installed distribution's version (``unknown`` when the package runs uninstalled)."""
+    from importlib.metadata import PackageNotFoundError, version as dist_version
 
+    try:
         return dist_version("adaptive-spec")
     except PackageNotFoundError:
-        from adaptive_spec import __version__
-
-        return __version__
+        return "unknown (not installed)"
 
 
 def _top_help() -> str:
@@ -145,7 +144,7 @@ def _top_help() -> str:
     lines = [
         f"usage: {PROG} [--version] [--debug] COMMAND [SUBCOMMAND] [options]",
         "",
-        (__doc__ or "").splitlines()[0],
+        DESCRIPTION,
         "",
         "commands:",
     ]
@@ -219,7 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     """
     import importlib
 
-    parser = argparse.ArgumentParser(prog=PROG, description=(__doc__ or "").splitlines()[0])
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     groups: dict[str, argparse._SubParsersAction] = {}
     for path, (module, help_text) in COMMANDS.items():

@@ -12,11 +12,11 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from adaptive_spec.extras import EXTRA_OF, missing_extra_message
 

@@ -19,8 +19,8 @@ import json
 import time
 from pathlib import Path
 
-from adaptive_spec.planner.latency import default_profile_path
 from adaptive_spec.options import add_limit_option, add_model_options, add_progress_option, add_temperatures_option
+from adaptive_spec.planner.latency import default_profile_path
 
 # Static plans shown by the demo, one per tree family; measured on the default pair
 # (see README) until the tuned best-static plans of `adaptive-spec tune plans` replace them.

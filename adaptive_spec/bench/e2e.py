@@ -39,9 +39,6 @@ from pathlib import Path
 from typing import Any
 
 from adaptive_spec.engine.load import load_engine
-from adaptive_spec.planner.latency import default_profile_path
-from adaptive_spec.planner.presets import DEFAULT_PLANS
-from adaptive_spec.temperatures import parse_temperatures, temperature_key
 from adaptive_spec.options import (
     add_json_option,
     add_limit_option,
@@ -49,6 +46,9 @@ from adaptive_spec.options import (
     add_progress_option,
     add_temperatures_option,
 )
+from adaptive_spec.planner.latency import default_profile_path
+from adaptive_spec.planner.presets import DEFAULT_PLANS
+from adaptive_spec.temperatures import parse_temperatures, temperature_key
 
 ADAPTIVE, BEST_STATIC, IN_DRAFT = "adaptive", "best-static", "in-draft"
 TOP_ACTIONS = 10

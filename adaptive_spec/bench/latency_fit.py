@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from adaptive_spec.planner.latency import default_profile_path
 from adaptive_spec.options import add_json_option, add_limit_option, add_model_options, add_progress_option
+from adaptive_spec.planner.latency import default_profile_path
 
 FIT_PLANS = (
     "chain:2/token,chain:6/block,iid:2x4/specinfer,iid:3x6/traversal,delayed:2x2x4/gbv,delayed:4x4x4/traversal,"

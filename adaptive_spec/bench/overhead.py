@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
+
 from adaptive_spec.options import add_json_option, add_limit_option, add_model_options
 
 SIXTEEN_NODE_PLANS = "delayed:3x3x4/traversal,iid:3x5/specinfer,chain:15/block,wor:3x2x2x1/traversal"  # 16-node trees

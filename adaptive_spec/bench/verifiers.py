@@ -17,7 +17,6 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -25,9 +24,9 @@ from tqdm.auto import tqdm
 from adaptive_spec.analysis.exact import block_efficiency, completed_tv, output_law
 from adaptive_spec.analysis.instances import Instance, divergence_instance, toy_instance
 from adaptive_spec.analysis.lp import lp_limit
+from adaptive_spec.options import add_json_option, add_model_options, add_progress_option
 from adaptive_spec.trees import DraftLaw, TreeShape, sample_tree
 from adaptive_spec.verifiers import REGISTRY, verify
-from adaptive_spec.options import add_json_option, add_model_options, add_progress_option
 
 DIVERGENCE = {"low": 0.2, "medium": 0.5, "high": 0.9}  # draft = (1 - mix) target + mix noise
 SEEDS = (0, 1)

@@ -13,8 +13,8 @@ import argparse
 import json
 import sys
 
-from adaptive_spec.planner.latency import default_profile_path
 from adaptive_spec.options import add_model_options
+from adaptive_spec.planner.latency import default_profile_path
 
 DEFAULT_PLAN = "auto"  # the tuned plan for the loaded pair, else a default static plan (SpecEngine.default_plan)
 

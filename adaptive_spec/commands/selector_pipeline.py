@@ -39,9 +39,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from adaptive_spec.options import add_temperatures_option
 from adaptive_spec.planner.latency import default_profile_path
 from adaptive_spec.planner.presets import COLLECT_PLAN
-from adaptive_spec.options import add_temperatures_option
 
 DEFAULT_OUT = Path("data/selector")
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
 from adaptive_spec.options import add_model_options
 
 __all__ = ["model_fingerprint", "pair_fingerprints", "plan_file_matches", "stamp_plan_file"]

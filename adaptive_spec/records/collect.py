@@ -19,9 +19,9 @@ import sys
 from collections import defaultdict
 from typing import Any
 
+from adaptive_spec.options import add_limit_option, add_model_options, add_progress_option, add_temperatures_option
 from adaptive_spec.planner.presets import COLLECT_PLAN
 from adaptive_spec.temperatures import parse_temperatures
-from adaptive_spec.options import add_limit_option, add_model_options, add_progress_option, add_temperatures_option
 
 DEFAULT_TEMPERATURES = "0,0.7,1.0"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from adaptive_spec.planner.latency import default_profile_path
 from adaptive_spec.options import add_model_options, add_progress_option
+from adaptive_spec.planner.latency import default_profile_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

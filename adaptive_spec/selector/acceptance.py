@@ -39,9 +39,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from adaptive_spec.options import add_model_options, add_progress_option, add_temperatures_option
 from adaptive_spec.planner.acceptance import ACCEPTANCE_FILE, FORMAT, default_acceptance_paths
 from adaptive_spec.trees.policy import ACCEPTANCE_FEATURES
-from adaptive_spec.options import add_model_options, add_progress_option, add_temperatures_option
 
 __all__ = ["AcceptanceNet", "collect_nodes", "export_acceptance", "load_node_arrays", "train_acceptance"]
 

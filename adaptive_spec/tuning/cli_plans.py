@@ -19,6 +19,7 @@ Paths are relative to the working directory: run from the repository root, or pa
 from __future__ import annotations
 
 import argparse
+
 from adaptive_spec.options import add_model_options, add_progress_option
 from adaptive_spec.temperatures import parse_temperatures
 

@@ -13,6 +13,7 @@ The best hyper-parameters land in ``<report>/best-selector.yaml``, a LightningCL
 from __future__ import annotations
 
 import argparse
+
 from adaptive_spec.options import add_progress_option
 
 

@@ -32,10 +32,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from adaptive_spec.options import add_json_option, add_progress_option, add_temperatures_option
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.planner.presets import IN_DRAFT_RELPATH, in_draft_path, write_in_draft
 from adaptive_spec.tuning.storage import DEFAULT_STORAGE
-from adaptive_spec.options import add_json_option, add_progress_option, add_temperatures_option
 
 # The default grid: the transformers rule, SpecDec++'s rule, dynamic delayed expansion and
 # EAGLE-2-style growth (and the learned chains, below), each at a few settings; verifiers that

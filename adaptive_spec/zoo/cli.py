@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from adaptive_spec.zoo.config import DEFAULT_MINUTES
 from adaptive_spec.options import add_progress_option
+from adaptive_spec.zoo.config import DEFAULT_MINUTES
 
 if TYPE_CHECKING:
     from adaptive_spec.zoo.config import ZooConfig
