@@ -131,7 +131,8 @@ PROG = "adaptive-spec"
 
 def version() -> str:
     """The installed distribution's version (``unknown`` when the package runs uninstalled)."""
-    from importlib.metadata import PackageNotFoundError, version as dist_version
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
 
     try:
         return dist_version("adaptive-spec")
