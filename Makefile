@@ -8,38 +8,45 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 JOBS ?= 2
 
-.PHONY: setup demo test lint bench-verifiers zoo selector clean
+.PHONY: help setup demo test test-fast lint bench-verifiers zoo selector clean
 
-setup: $(STAMP)
+help:  ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
+
+setup: $(STAMP)  ## venv in .venv with the engine, every extra and the test tools (.[all,dev])
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_PIN)"
-	$(BIN)/pip install --quiet -e ".[dev]"
+	$(BIN)/pip install --quiet -e ".[all,dev]"
 	touch $(STAMP)
 
-demo: setup
+demo: setup  ## the built-in pair on its held-out prompts: speedup table and report in data/demo
 	$(BIN)/adaptive-spec demo --out data/demo
 
-bench-verifiers: setup
+bench-verifiers: setup  ## block efficiency vs the LP limit, and verifier speed
 	$(BIN)/adaptive-spec bench verifiers --json data/bench/verifiers.json
 	$(BIN)/adaptive-spec bench verifiers --speed --json data/bench/verifiers_speed.json
 
-test: setup
+test: setup  ## ruff, then the whole test suite (slow tests included)
 	$(BIN)/ruff check adaptive_spec tests
 	$(BIN)/python -m pytest -n $(JOBS) -q
 
-# collect -> label -> train -> export -> bench; installs the selector that `make demo` uses.
-selector: setup
-	$(BIN)/adaptive-spec selector-pipeline --seed 1 --install
+test-fast: setup  ## the test suite without the slow-marked tests
+	$(BIN)/python -m pytest -n $(JOBS) -q -m "not slow"
 
-zoo: setup
+# collect -> label -> train -> export -> bench; installs the selector that `make demo` uses
+# into the user data folder ($$ADAPTIVE_SPEC_HOME, default ~/.local/share/adaptive-spec).
+selector: setup  ## train the plan selector and install it for make demo (user data folder)
+	$(BIN)/adaptive-spec selector pipeline --seed 1 --install
+
+zoo: setup  ## rebuild the committed built-in pair (60 minutes)
 	$(BIN)/adaptive-spec zoo build --out adaptive_spec/zoo/default --minutes 60
 
-lint: setup
+lint: setup  ## ruff check and ruff format --check
 	$(BIN)/ruff check adaptive_spec tests
 	$(BIN)/ruff format --check adaptive_spec tests
 
-clean:
+clean:  ## remove the venv and the caches
 	rm -rf $(VENV) .pytest_cache .ruff_cache

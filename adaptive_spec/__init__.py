@@ -1,12 +1,27 @@
 """adaptive-spec: lossless speculative decoding with adaptive tree shapes and verifiers."""
 
-from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape, sample_tree
-from adaptive_spec.verifiers import REGISTRY, VERIFIER_NAMES, VerifyResult, verify
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
 
+if TYPE_CHECKING:
+    from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape, sample_tree
+    from adaptive_spec.verifiers import REGISTRY, VERIFIER_NAMES, VerifyResult, verify
 
-def __getattr__(name: str):  # lazy, so that ``import adaptive_spec`` does not load transformers
+# Every name is imported on first use, so that ``import adaptive_spec`` (and ``adaptive-spec
+# --help``, which imports ``adaptive_spec.cli``) loads neither torch nor transformers.
+_FROM_TREES = ("DraftLaw", "DraftTree", "TreeShape", "sample_tree")
+_FROM_VERIFIERS = ("REGISTRY", "VERIFIER_NAMES", "VerifyResult", "verify")
+
+
+def __getattr__(name: str):
+    if name in _FROM_TREES:
+        return getattr(importlib.import_module("adaptive_spec.trees"), name)
+    if name in _FROM_VERIFIERS:
+        return getattr(importlib.import_module("adaptive_spec.verifiers"), name)
     if name in ("SpecEngine", "GenerationResult"):
         from adaptive_spec import engine
 

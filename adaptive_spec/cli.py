@@ -1,14 +1,34 @@
 """The ``adaptive-spec`` command line: one dispatch table over ordinary typed functions.
 
-Each command module exposes ``add_arguments(parser)`` and ``run(args) -> int``; the table
-below maps command paths to those modules, imported lazily so that ``--help`` stays fast.
+Each command module exposes ``add_arguments(parser)`` and ``run(args) -> int``; the table below
+maps command paths to those modules. Verbs are grouped as vLLM does (``selector train``, ``bench
+e2e``, ``tune plans``, ``zoo build``). Only the chosen verb's module is imported, so the top-level
+``--help`` and ``--version`` answer without loading torch or transformers.
+
+Errors: a user error (a bad option value, a missing file, a missing optional dependency) is
+printed as one line naming the problem and the fix, with a non-zero exit status; ``--debug`` (or
+``ADAPTIVE_SPEC_DEBUG=1``) shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import os
 import sys
+from collections.abc import Sequence
+
+from adaptive_spec.extras import EXTRA_OF, missing_extra_message
+
+__all__ = [
+    "ALIASES",
+    "COMMANDS",
+    "EXTRA_OF",
+    "GROUPS",
+    "build_parser",
+    "main",
+    "missing_extra_message",
+    "version",
+]
 
 # command path -> (module, one-line help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
@@ -19,10 +39,6 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("generate",): (
         "adaptive_spec.commands.generate",
         "generate text with speculative decoding (a tree plan) or plain autoregressive decoding",
-    ),
-    ("bench", "e2e"): (
-        "adaptive_spec.bench.e2e",
-        "end-to-end tokens/s of plans vs autoregressive and transformers' assisted generation",
     ),
     ("collect",): (
         "adaptive_spec.records.collect",
@@ -36,21 +52,45 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.bench.profile",
         "measure the draft and target forward latency (context x tokens), verifier and bookkeeping times",
     ),
-    ("bench", "latency-model"): (
-        "adaptive_spec.bench.latency_fit",
-        "compare the latency model's predicted step times with measured engine steps (MAPE per plan)",
-    ),
-    ("bench", "overhead"): (
-        "adaptive_spec.bench.overhead",
-        "share of each step spent outside the two models' forward passes (16-node trees by default)",
+    ("bench", "e2e"): (
+        "adaptive_spec.bench.e2e",
+        "end-to-end tokens/s of plans vs autoregressive and transformers' assisted generation",
     ),
     ("bench", "verifiers"): (
         "adaptive_spec.bench.verifiers",
         "exact block efficiency vs the LP limit per verifier, or (--speed) microseconds per verification",
     ),
+    ("bench", "overhead"): (
+        "adaptive_spec.bench.overhead",
+        "share of each step spent outside the two models' forward passes (16-node trees by default)",
+    ),
+    ("bench", "latency-model"): (
+        "adaptive_spec.bench.latency_fit",
+        "compare the latency model's predicted step times with measured engine steps (MAPE per plan)",
+    ),
+    ("selector", "train"): (
+        "adaptive_spec.selector.train",
+        "train the plan selector with LightningCLI (--config configs/selector/default.yaml --data.labels DIR)",
+    ),
+    ("selector", "export"): (
+        "adaptive_spec.selector.export",
+        "export a selector checkpoint to ONNX (features in, one logit per plan out; schema in the metadata)",
+    ),
+    ("selector", "pipeline"): (
+        "adaptive_spec.commands.selector_pipeline",
+        "collect -> label -> train -> export -> bench the plan selector on the built-in pair (--install for the demo)",
+    ),
+    ("selector", "acceptance"): (
+        "adaptive_spec.selector.acceptance",
+        "collect node logs -> train -> export -> calibrate the acceptance model of learned-chain policies",
+    ),
     ("tune", "plans"): (
         "adaptive_spec.tuning.cli_plans",
         "search the static plan (shape, sizes, verifier) per temperature with Optuna; best to configs/plans",
+    ),
+    ("tune", "selector"): (
+        "adaptive_spec.tuning.cli_selector",
+        "search the selector's hyper-parameters with Optuna, pruning on val/agg_rel_tps; best to best-selector.yaml",
     ),
     ("tune", "policies"): (
         "adaptive_spec.tuning.policies",
@@ -60,29 +100,9 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.engine.fingerprint",
         "record a model pair's fingerprints in a tuned plan file (generate() then plays it by default for that pair)",
     ),
-    ("tune", "selector"): (
-        "adaptive_spec.tuning.cli_selector",
-        "search the selector's hyper-parameters with Optuna, pruning on val/agg_rel_tps; best to best-selector.yaml",
-    ),
-    ("selector-pipeline",): (
-        "adaptive_spec.commands.selector_pipeline",
-        "collect -> label -> train -> export -> bench the plan selector on the built-in pair (--install for the demo)",
-    ),
-    ("selector", "acceptance"): (
-        "adaptive_spec.selector.acceptance",
-        "collect node logs -> train -> export -> calibrate the acceptance model of learned-chain policies",
-    ),
-    ("train-selector",): (
-        "adaptive_spec.selector.train",
-        "train the plan selector with LightningCLI (--config configs/selector/default.yaml --data.labels DIR)",
-    ),
-    ("export-selector",): (
-        "adaptive_spec.selector.export",
-        "export a selector checkpoint to ONNX (features in, one logit per plan out; schema in the metadata)",
-    ),
     ("zoo", "build"): (
         "adaptive_spec.zoo.cli",
-        "train the built-in draft/target pair (Llama-style, Python stdlib source) from a seed",
+        "train a draft/target pair (Llama-style, Python stdlib source) from a seed, into the user data folder",
     ),
     ("zoo", "prompts"): (
         "adaptive_spec.zoo.prompt_sets",
@@ -90,9 +110,116 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ),
 }
 
+GROUPS: dict[str, str] = {
+    "bench": "benchmarks: end-to-end speed, verifiers, per-step overhead, the latency model",
+    "selector": "the learned plan selector and acceptance model: train, export, the whole pipeline",
+    "tune": "Optuna searches and tuned plan files: plans, selector, policies, stamp",
+    "zoo": "the built-in model pair: build one, write prompt sets",
+}
+
+# Old spellings, kept for one release as hidden aliases: old path -> new path.
+ALIASES: dict[tuple[str, ...], tuple[str, ...]] = {
+    ("train-selector",): ("selector", "train"),
+    ("export-selector",): ("selector", "export"),
+    ("selector-pipeline",): ("selector", "pipeline"),
+}
+
+DEBUG_ENV = "ADAPTIVE_SPEC_DEBUG"
+DESCRIPTION = "Lossless speculative decoding with per-step adaptive tree shapes and verifiers."
+PROG = "adaptive-spec"
+
+
+def version() -> str:
+    """The installed distribution's version (``unknown`` when the package runs uninstalled)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("adaptive-spec")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _top_help() -> str:
+    width = max(len(" ".join(p)) for p in COMMANDS) + 2
+    lines = [
+        f"usage: {PROG} [--version] [--debug] COMMAND [SUBCOMMAND] [options]",
+        "",
+        DESCRIPTION,
+        "",
+        "commands:",
+    ]
+    for path, (_, help_text) in COMMANDS.items():
+        lines.append(f"  {' '.join(path):<{width}}{help_text}")
+    lines += [
+        "",
+        "options:",
+        f"  {'-h, --help':<{width}}show this help and exit; `{PROG} COMMAND --help` shows a command's options",
+        f"  {'--version':<{width}}print the version and exit",
+        f"  {'--debug':<{width}}show the full traceback of an error (also: {DEBUG_ENV}=1)",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _group_help(group: str) -> str:
+    verbs = [(p, h) for p, (_, h) in COMMANDS.items() if p[0] == group]
+    width = max(len(p[1]) for p, _ in verbs) + 2
+    lines = [f"usage: {PROG} {group} {{{','.join(p[1] for p, _ in verbs)}}} [options]", "", GROUPS[group], ""]
+    lines += [f"  {p[1]:<{width}}{h}" for p, h in verbs]
+    return "\n".join(lines) + "\n"
+
+
+class _UsageError(Exception):
+    """An unknown command: printed as one line with the fix."""
+
+
+def _resolve(argv: list[str]) -> tuple[tuple[str, ...], list[str], str | None]:
+    """``(command path, remaining arguments, deprecation note or None)``; raises _UsageError."""
+    if not argv:
+        raise _UsageError(f"no command given; run `{PROG} --help` for the list")
+    for old, new in ALIASES.items():
+        if tuple(argv[: len(old)]) == old:
+            note = f"`{PROG} {' '.join(old)}` is deprecated and goes in the next release: use `{PROG} {' '.join(new)}`"
+            return new, argv[len(old) :], note
+    if (argv[0],) in COMMANDS:
+        return (argv[0],), argv[1:], None
+    if argv[0] in GROUPS:
+        names = [p[1] for p in COMMANDS if p[0] == argv[0]]
+        if len(argv) > 1 and (argv[0], argv[1]) in COMMANDS:
+            return (argv[0], argv[1]), argv[2:], None
+        if len(argv) == 1 or argv[1] in ("-h", "--help"):
+            raise _UsageError(_group_help(argv[0]))
+        raise _UsageError(f"unknown command `{PROG} {argv[0]} {argv[1]}`; choose one of: {', '.join(names)}")
+    raise _UsageError(f"unknown command {argv[0]!r}; run `{PROG} --help` for the list of commands")
+
+
+class _OneLineErrors(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line (with where to look), exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: error: {message}; see `{self.prog} --help`\n")
+        raise SystemExit(2)
+
+
+def _command_parser(path: tuple[str, ...]) -> argparse.ArgumentParser:
+    """The parser of one command, with only that command's module imported."""
+    import importlib
+
+    module, help_text = COMMANDS[path]
+    parser = _OneLineErrors(prog=f"{PROG} {' '.join(path)}", description=help_text)
+    importlib.import_module(module).add_arguments(parser)
+    parser.set_defaults(_module=module, _path=path)
+    return parser
+
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="adaptive-spec", description=__doc__.splitlines()[0])
+    """One parser over every command (imports every command module: for tests and documentation).
+
+    :func:`main` does not use it: it imports only the chosen command's module.
+    """
+    import importlib
+
+    parser = argparse.ArgumentParser(prog=PROG, description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     groups: dict[str, argparse._SubParsersAction] = {}
     for path, (module, help_text) in COMMANDS.items():
@@ -100,18 +227,77 @@ def build_parser() -> argparse.ArgumentParser:
             p = sub.add_parser(path[0], help=help_text)
         else:
             if path[0] not in groups:
-                g = sub.add_parser(path[0], help=f"{path[0]} commands")
+                g = sub.add_parser(path[0], help=GROUPS[path[0]])
                 groups[path[0]] = g.add_subparsers(dest="subcommand", required=True)
             p = groups[path[0]].add_parser(path[1], help=help_text)
-        p.set_defaults(_module=module)
+        p.set_defaults(_module=module, _path=path)
         importlib.import_module(module).add_arguments(p)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``adaptive-spec`` console script."""
-    args = build_parser().parse_args(argv)
-    return int(importlib.import_module(args._module).run(args) or 0)
+# Exceptions that are the user's to fix (a value, a path, a missing file or dependency): one line.
+# (LookupError is for "no plan for this temperature"-like errors; IndexError and KeyError keep their traceback.)
+USER_ERRORS = (ValueError, LookupError, OSError, ImportError)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``adaptive-spec`` console script; returns the exit status.
+
+    A user error raises ``SystemExit`` with a one-line message (the console prints it and exits
+    with status 1); with ``--debug`` the original exception propagates with its traceback.
+    """
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = os.environ.get(DEBUG_ENV, "") not in ("", "0")
+    while args and args[0] == "--debug":  # a top-level option: before the command
+        debug = True
+        args.pop(0)
+    if not args or args[0] in ("-h", "--help"):
+        sys.stdout.write(_top_help())
+        return 0 if args else 2
+    if args[0] == "--version":
+        print(f"{PROG} {version()}")
+        return 0
+    if "--debug" in args and not (args[:1] == ["train-selector"] or args[:2] == ["selector", "train"]):
+        debug = True  # also accepted after the command (LightningCLI's arguments are left alone)
+        args.remove("--debug")
+    try:
+        path, rest, note = _resolve(args)
+    except _UsageError as err:
+        text = str(err)
+        if "\n" in text:  # a group's help
+            sys.stdout.write(text)
+            return 0 if len(args) > 1 else 2
+        raise SystemExit(f"{PROG}: error: {text}") from None
+    if note:
+        print(f"warning: {note}", file=sys.stderr)
+    verb = " ".join(path)
+    try:
+        parser = _command_parser(path)
+        parsed = parser.parse_args(rest)
+        import importlib
+
+        return int(importlib.import_module(parsed._module).run(parsed) or 0)
+    except SystemExit as err:
+        cause = err.__cause__ or err.__context__
+        if debug and not isinstance(err.code, int | None) and cause is not None:
+            import traceback
+
+            traceback.print_exception(type(cause), cause, cause.__traceback__)
+        raise
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        raise SystemExit(f"{PROG} {verb}: interrupted") from None
+    except USER_ERRORS as err:
+        if debug or isinstance(err, IndexError | KeyError):  # those two are bugs more often than not
+            raise
+        message = missing_extra_message(err, verb) if isinstance(err, ImportError) else None
+        if message is None:
+            if isinstance(err, ImportError) and not isinstance(err, ModuleNotFoundError):
+                raise  # a broken installation, not a user error: keep the traceback
+            text = str(err).strip().replace("\n", " ") or type(err).__name__
+            message = f"{PROG} {verb}: error: {text} (--debug shows the traceback)"
+        raise SystemExit(message) from None
 
 
 if __name__ == "__main__":

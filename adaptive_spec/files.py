@@ -7,7 +7,11 @@ built-in pair lives.
 - :func:`read_prompts`: the prompt reader of every verb that takes prompts (JSON Lines, ``.txt``
   or a pair directory);
 - :func:`default_pair_path` / :func:`default_prompts`: the committed built-in pair
-  (``adaptive_spec/zoo/default``, built by ``adaptive-spec zoo build``) and its held-out prompts.
+  (``adaptive_spec/zoo/default``, built by ``adaptive-spec zoo build``) and its held-out prompts;
+- :func:`user_data_dir` / :func:`installed_models_dir` / :func:`built_pairs_dir`: where the
+  commands write what they install or build (never into the installed package);
+- :func:`config_path` / :func:`resolve_config`: the ``configs/`` files shipped inside the package,
+  overridden by a ``configs/`` folder in the working directory.
 
 Standard library only, so any module may import it.
 """
@@ -17,21 +21,33 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, BinaryIO
 
 __all__ = [
+    "CONFIGS",
+    "HOME_ENV",
     "PROMPTS",
     "atomic_write",
+    "built_pairs_dir",
+    "config_path",
     "default_pair_path",
     "default_prompts",
+    "installed_models_dir",
     "read_prompts",
+    "resolve_config",
+    "user_data_dir",
     "write_json_atomic",
 ]
 
 PROMPTS = "prompts.jsonl"
 """The prompt file of a pair directory."""
+HOME_ENV = "ADAPTIVE_SPEC_HOME"
+"""The environment variable that overrides :func:`user_data_dir`."""
+CONFIGS = Path(__file__).resolve().parent / "configs"
+"""The ``configs/`` folder shipped inside the package (tuned plans, selector and zoo recipes)."""
 
 
 def atomic_write(path: str | os.PathLike, data: bytes | str | Callable[[BinaryIO], object]) -> Path:
@@ -85,6 +101,60 @@ def _fsync_dir(directory: Path) -> None:
 def default_pair_path() -> Path:
     """Directory of the committed pair: ``target/``, ``draft/``, ``prompts.jsonl``, ``build_info.json``."""
     return Path(__file__).resolve().parent / "zoo" / "default"
+
+
+def user_data_dir() -> Path:
+    """The folder where commands write what they install or build for later runs.
+
+    ``$ADAPTIVE_SPEC_HOME`` if set; else the platform's per-user data folder:
+    ``$XDG_DATA_HOME/adaptive-spec`` (default ``~/.local/share/adaptive-spec``) on Linux,
+    ``~/Library/Application Support/adaptive-spec`` on macOS, ``%LOCALAPPDATA%/adaptive-spec`` on
+    Windows. Not created here: writers create what they write.
+    """
+    home = os.environ.get(HOME_ENV)
+    if home:
+        return Path(home).expanduser()
+    if sys.platform == "win32":
+        base = Path(os.environ.get("LOCALAPPDATA") or Path.home() / "AppData" / "Local")
+    elif sys.platform == "darwin":
+        base = Path.home() / "Library" / "Application Support"
+    else:
+        base = Path(os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share")
+    return base / "adaptive-spec"
+
+
+def installed_models_dir() -> Path:
+    """``<user data>/default``: the selector and acceptance model installed for the built-in pair.
+
+    ``selector pipeline --install`` and ``selector acceptance --install`` write here; the lookups
+    (``find_selector``, ``find_acceptance_model``) try it before the copies shipped in the package.
+    """
+    return user_data_dir() / "default"
+
+
+def built_pairs_dir() -> Path:
+    """``<user data>/pairs``: where ``zoo build`` writes a pair when given no ``--out``."""
+    return user_data_dir() / "pairs"
+
+
+def config_path(relpath: str | os.PathLike) -> Path:
+    """``configs/<relpath>``: the working directory's copy if it exists, else the one shipped in the package."""
+    rel = Path(relpath)
+    here = Path.cwd() / "configs" / rel
+    return here if here.exists() else CONFIGS / rel
+
+
+def resolve_config(path: str | os.PathLike) -> Path:
+    """``path`` if it exists; else, for a path spelled ``configs/...``, the package's shipped copy.
+
+    So ``--config configs/selector/default.yaml`` works from any directory, an installed wheel
+    included. Any other missing path is returned unchanged (the caller reports it).
+    """
+    path = Path(path)
+    if path.exists() or path.is_absolute() or not path.parts or path.parts[0] != "configs":
+        return path
+    shipped = CONFIGS.joinpath(*path.parts[1:])
+    return shipped if shipped.exists() else path
 
 
 def default_prompts() -> list[str]:

@@ -1,6 +1,11 @@
 import os
+import tempfile
 
 import torch
+
+# Installs (selector pipeline --install, selector acceptance --install) and built pairs go to the
+# user data folder: a fresh one per test process, so no test reads or writes the real one.
+os.environ["ADAPTIVE_SPEC_HOME"] = tempfile.mkdtemp(prefix="adaptive-spec-home-")
 
 # Two threads is what these machines have; more only adds contention under xdist.
 torch.set_num_threads(int(os.environ.get("ADAPTIVE_SPEC_TEST_THREADS", "1")))

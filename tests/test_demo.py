@@ -57,7 +57,7 @@ def test_demo_prints_the_table_and_writes_the_report(tiny_pair, tmp_path, capsys
     assert "identical to autoregressive decoding" in (out / "summary.md").read_text()
     # No selector installed: the summary says how to build one.
     assert "No learned selector is installed" in printed
-    assert "adaptive-spec selector-pipeline" in (out / "summary.md").read_text()
+    assert "adaptive-spec selector pipeline" in (out / "summary.md").read_text()
     assert report["config"]["selector"] is None
 
 
@@ -149,7 +149,7 @@ def test_bench_e2e_best_static_without_a_selector_reads_the_tuned_file(tiny_pair
 
 def test_bench_e2e_adaptive_errors(tiny_pair, selector, tmp_path):
     argv = ["bench", "e2e", "--plans", "adaptive", "--max-new-tokens", "4", "--no-hf", "--no-progress"]
-    with pytest.raises(SystemExit, match=r"no selector found \(looked at .*selector-pipeline"):
+    with pytest.raises(SystemExit, match=r"no selector found \(looked at .*selector pipeline"):
         main(argv)
     with pytest.raises(SystemExit, match="no selector at"):
         main([*argv, "--selector", str(tmp_path / "missing.onnx")])

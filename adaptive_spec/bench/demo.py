@@ -6,8 +6,8 @@ generation), prints a table of tokens/s, speedup and block efficiency per plan a
 temperature, and writes a report folder: ``summary.md``, ``results.json`` and three PNG plots
 (speedup per plan, histogram of accepted lengths, block efficiency against tree size).
 
-When a learned selector is installed (``adaptive_spec/zoo/default/selector.onnx``, written by
-``make selector``; else ``data/selector/selector.onnx``), the demo adds the ``adaptive`` plan
+When a learned selector is installed (by ``make selector``, in the user data folder; else
+shipped with the built-in pair; else ``data/selector/selector.onnx``), the demo adds the ``adaptive`` plan
 (the selector choosing every step's plan) and ``best-static`` (the best single static plan on
 the selector's training prompts); otherwise the summary says how to build one.
 """
@@ -19,6 +19,7 @@ import json
 import time
 from pathlib import Path
 
+from adaptive_spec.options import add_limit_option, add_model_options, add_progress_option, add_temperatures_option
 from adaptive_spec.planner.latency import default_profile_path
 
 # Static plans shown by the demo, one per tree family; measured on the default pair
@@ -29,17 +30,17 @@ DEMO_PLANS = "in-draft,chain:2/block,chain:4/block"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("data/demo"), help="report folder (default: %(default)s)")
     parser.add_argument("--plans", default=DEMO_PLANS, help="comma-separated plans (default: %(default)s)")
-    parser.add_argument("--temperatures", default="0,1", help="comma-separated temperatures (default: %(default)s)")
+    add_temperatures_option(parser, "0,1")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
-    parser.add_argument("--limit", type=int, default=None, help="use only the first N built-in prompts")
+    add_limit_option(parser, what="built-in prompts")
     parser.add_argument("--seed", type=int, default=0, help="base seed (default: %(default)s)")
-    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
+    add_model_options(parser, ("device",))
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_progress_option(parser)
     parser.add_argument(
         "--selector", default=None,
-        help="ONNX selector for the 'adaptive' plan (default: adaptive_spec/zoo/default/selector.onnx, else "
-        "data/selector/selector.onnx, else none)",
+        help="ONNX selector for the 'adaptive' plan (default: the one installed in the user data folder, else "
+        "shipped with the built-in pair, else data/selector/selector.onnx, else none)",
     )  # fmt: skip
     parser.add_argument("--no-selector", action="store_true", help="leave out the adaptive and best-static plans")
 
@@ -141,7 +142,11 @@ def run(args: argparse.Namespace) -> int:
         print(note)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(report, indent=2))
-    plots = write_plots(report, args.out)
+    from adaptive_spec.extras import have, skipped
+
+    plots = write_plots(report, args.out) if have("matplotlib") else []
+    if not have("matplotlib"):
+        skipped("matplotlib", "the report's plots")
     (args.out / "summary.md").write_text(summary_markdown(report, plots))
     print(f"\nreport: {args.out / 'summary.md'} ({time.perf_counter() - t0:.0f} s)")
     return 0

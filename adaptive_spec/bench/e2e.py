@@ -10,8 +10,9 @@ to HF assisted generation.
 Plans are plan strings (``chain:4/block``) or two names:
 
 * ``adaptive``: the learned selector (:class:`~adaptive_spec.selector.runtime.AdaptivePlanner`)
-  from ``--selector``, else ``adaptive_spec/zoo/default/selector.onnx``, else
-  ``data/selector/selector.onnx``; its rows add the chosen actions (top 10) and the median
+  from ``--selector``, else the first of
+  :func:`~adaptive_spec.selector.runtime.default_selector_paths` (the user data folder, the
+  package's copy, ``data/selector/selector.onnx``); its rows add the chosen actions (top 10) and the median
   decision latency. The engine gets the latency model of ``--profile`` (default
   ``data/profile/profile.json`` if it exists) for the selector's latency features.
 * ``in-draft``: the in-draft planner, a drafting policy that grows the tree from the draft's
@@ -38,6 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from adaptive_spec.engine.load import load_engine
+from adaptive_spec.options import (
+    add_json_option,
+    add_limit_option,
+    add_model_options,
+    add_progress_option,
+    add_temperatures_option,
+)
 from adaptive_spec.planner.latency import default_profile_path
 from adaptive_spec.planner.presets import DEFAULT_PLANS
 from adaptive_spec.temperatures import parse_temperatures, temperature_key
@@ -48,8 +56,7 @@ TOP_ACTIONS = 10
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``bench e2e`` options."""
-    parser.add_argument("--target", default=None, help="target model directory or hub id (default: built-in pair)")
-    parser.add_argument("--draft", default=None, help="draft model directory or hub id (default: built-in pair)")
+    add_model_options(parser, ("target", "draft"))
     parser.add_argument(
         "--prompts", default=None,
         help="JSON Lines file (.gz ok) with 'prompt' or 'turns', or .txt with one prompt per line "
@@ -61,14 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"'{BEST_STATIC}' (default: %(default)s)",
     )  # fmt: skip
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
-    parser.add_argument(
-        "--temperatures", default=None,
-        help="comma-separated temperatures measured in one interleaved run, e.g. 0,0.7,1.0 (overrides --temperature)",
-    )  # fmt: skip
+    add_temperatures_option(parser, None, "measured in one interleaved run (overrides --temperature)")
     parser.add_argument(
         "--selector", default=None,
-        help=f"the '{ADAPTIVE}' plan's ONNX selector (default: adaptive_spec/zoo/default/selector.onnx, else "
-        "data/selector/selector.onnx)",
+        help=f"the '{ADAPTIVE}' plan's ONNX selector (default: the one installed in the user data folder, else "
+        "shipped with the built-in pair, else data/selector/selector.onnx)",
     )  # fmt: skip
     parser.add_argument(
         "--best-static-file", default=None,
@@ -80,13 +84,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "else the features are 0)",
     )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
-    parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    add_limit_option(parser)
     parser.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i (default: %(default)s)")
-    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
+    add_model_options(parser, ("device", "dtype"))
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
-    parser.add_argument("--json", default=None, help="write the results to this JSON file")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_json_option(parser)
+    add_progress_option(parser)
 
 
 class _Tally:
@@ -465,7 +468,7 @@ def _best_static(runtime, temperatures, keys, path) -> tuple[dict[str, Any], dic
             why = "the selector records no best static action" if runtime is not None else "no selector was found"
             raise FileNotFoundError(
                 f"'{BEST_STATIC}' needs the best static plan per temperature: {why}, and {err}. Build a selector "
-                "with `make selector` (`adaptive-spec selector-pipeline --install`) or pass --selector PATH"
+                "with `make selector` (`adaptive-spec selector pipeline --install`) or pass --selector PATH"
             ) from None
         except LookupError as err:
             raise ValueError(str(err)) from None

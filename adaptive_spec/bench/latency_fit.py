@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from adaptive_spec.options import add_json_option, add_limit_option, add_model_options, add_progress_option
 from adaptive_spec.planner.latency import default_profile_path
 
 FIT_PLANS = (
@@ -110,21 +111,18 @@ def plot_comparison(report: dict[str, Any], path: str | Path) -> Path:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default=None, help="target model directory or hub id (default: built-in pair)")
-    parser.add_argument("--draft", default=None, help="draft model directory or hub id (default: built-in pair)")
-    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the engine's)")
+    add_model_options(parser, dtype_default="the engine's")
     parser.add_argument(
         "--profile", type=Path, default=None, help=f"latency profile (default: {default_profile_path()})"
     )
     parser.add_argument("--plans", default=FIT_PLANS, help="comma-separated static plans (default: %(default)s)")
-    parser.add_argument("--limit", type=int, default=4, help="number of built-in prompts (default: %(default)s)")
+    add_limit_option(parser, 4, "built-in prompts")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=1.0, help="(default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--json", type=Path, default=None, help="write the report (and a PNG beside it) here")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_json_option(parser, "the report (and a PNG beside it)")
+    add_progress_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
+
+from adaptive_spec.options import add_json_option, add_limit_option, add_model_options
 
 SIXTEEN_NODE_PLANS = "delayed:3x3x4/traversal,iid:3x5/specinfer,chain:15/block,wor:3x2x2x1/traversal"  # 16-node trees
 
@@ -184,14 +185,13 @@ def measure_overhead(engine, prompts: list[str], plans: list, temperature: float
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default=None, help="target model directory (default: built-in pair)")
-    parser.add_argument("--draft", default=None, help="draft model directory (default: built-in pair)")
+    add_model_options(parser, ("target", "draft"))
     parser.add_argument("--plans", default=SIXTEEN_NODE_PLANS, help="comma-separated plans (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=1.0, help="(default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="(default: %(default)s)")
-    parser.add_argument("--limit", type=int, default=8, help="number of built-in prompts (default: %(default)s)")
-    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
-    parser.add_argument("--json", type=Path, default=None, help="write the rows to this JSON file")
+    add_limit_option(parser, 8, "built-in prompts")
+    add_model_options(parser, ("device",))
+    add_json_option(parser, "the rows")
     parser.add_argument(
         "--syncs", action="store_true", help="count host synchronisations per step instead of timing the overhead"
     )

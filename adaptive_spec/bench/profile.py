@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptive_spec.files import write_json_atomic
+from adaptive_spec.options import add_model_options, add_progress_option
 from adaptive_spec.planner import Planner, as_plan
 
 DEFAULT_CONTEXTS = (32, 128, 256, 512)
@@ -573,10 +574,7 @@ def _int_list(text: str) -> list[int]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from adaptive_spec.planner.latency import default_profile_path
 
-    parser.add_argument("--target", default=None, help="target model directory or hub id (default: built-in pair)")
-    parser.add_argument("--draft", default=None, help="draft model directory or hub id (default: built-in pair)")
-    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the engine's)")
+    add_model_options(parser, dtype_default="the engine's")
     parser.add_argument("--out", type=Path, default=default_profile_path(), help="profile JSON (default: %(default)s)")
     parser.add_argument(
         "--contexts", type=_int_list, default=list(DEFAULT_CONTEXTS), help="KV-cache lengths (default: 32,128,256,512)"
@@ -598,7 +596,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG next to the JSON")
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_progress_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -628,7 +626,12 @@ def run(args: argparse.Namespace) -> int:
     write_json_atomic(profile, args.out)
     print(f"wrote {args.out}")
     if not args.no_plot:
-        print(f"wrote {plot_profile(profile, args.out.with_suffix('.png'))}")
+        from adaptive_spec.extras import have, skipped
+
+        if have("matplotlib"):
+            print(f"wrote {plot_profile(profile, args.out.with_suffix('.png'))}")
+        else:
+            skipped("matplotlib", "the profile's plot")
     print_summary(profile)
     return 0
 

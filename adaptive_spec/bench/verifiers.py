@@ -17,7 +17,6 @@ import json
 import statistics
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -25,6 +24,7 @@ from tqdm.auto import tqdm
 from adaptive_spec.analysis.exact import block_efficiency, completed_tv, output_law
 from adaptive_spec.analysis.instances import Instance, divergence_instance, toy_instance
 from adaptive_spec.analysis.lp import lp_limit
+from adaptive_spec.options import add_json_option, add_model_options, add_progress_option
 from adaptive_spec.trees import DraftLaw, TreeShape, sample_tree
 from adaptive_spec.verifiers import REGISTRY, verify
 
@@ -165,9 +165,9 @@ def _print_table(rows: list[dict], columns: list[str]) -> None:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--json", type=Path, default=None, help="write the rows as JSON to this path")
+    add_json_option(parser, "the rows")
     parser.add_argument("--speed", action="store_true", help="time verifications at V = 32k and 128k instead")
-    parser.add_argument("--device", default=None, help="device for --speed (default: cuda if available, else cpu)")
+    add_model_options(parser, ("device",))
     parser.add_argument("--repeats", type=int, default=30, help="timed verifications per cell (--speed)")
     parser.add_argument("--quick", action="store_true", help="--speed at V = 32k only, 10 repeats")
     parser.add_argument("--families", default=None, help="comma-separated instance families (default: all)")
@@ -175,7 +175,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--vocabs", default=None, help="comma-separated vocabulary sizes for --speed")
     parser.add_argument("--nodes", default=None, help="comma-separated tree sizes for --speed, from 8,32,64")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_progress_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:

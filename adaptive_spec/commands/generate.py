@@ -13,6 +13,7 @@ import argparse
 import json
 import sys
 
+from adaptive_spec.options import add_model_options
 from adaptive_spec.planner.latency import default_profile_path
 
 DEFAULT_PLAN = "auto"  # the tuned plan for the loaded pair, else a default static plan (SpecEngine.default_plan)
@@ -20,8 +21,7 @@ DEFAULT_PLAN = "auto"  # the tuned plan for the loaded pair, else a default stat
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``generate`` options."""
-    parser.add_argument("--target", required=True, help="target model: local directory or hub id")
-    parser.add_argument("--draft", required=True, help="draft model: local directory or hub id")
+    add_model_options(parser, ("target", "draft"))
     parser.add_argument("--prompt", required=True, help="prompt text")
     parser.add_argument(
         "--plan",
@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "plan file was stamped for it, else chain:2/block)",
     )
     parser.add_argument(
-        "--selector", default=None, help="an ONNX selector (export-selector) choosing the plan of every step"
+        "--selector", default=None, help="an ONNX selector (selector export) choosing the plan of every step"
     )
     parser.add_argument(
         "--profile", default=None,
@@ -45,11 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-p", type=float, default=None,
                         help="nucleus filter, 1 = off (default: the target's generation_config, else off)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
-    parser.add_argument("--device", default=None, help="e.g. cpu, cuda, cuda:1 (default: cuda if available)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
+    add_model_options(parser, ("device", "dtype"))
     parser.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the hub")
     parser.add_argument("--stream", action="store_true", help="print text as it is generated")
-    parser.add_argument("--json", action="store_true", help="print the statistics as JSON")
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON document: the text, the plan and the statistics")  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
@@ -98,7 +98,8 @@ def run(args: argparse.Namespace) -> int:
         result = engine.generate(args.prompt, streamer=TextStreamer(engine.tokenizer, skip_prompt=True), **kwargs)
     else:
         result = engine.generate(args.prompt, **kwargs)
-        print(result.text)
+        if not args.json:
+            print(result.text)
     s = result.stats
     selector = None
     if args.selector is not None:
@@ -112,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         if plan == DEFAULT_PLAN:
             plan = str(result.steps[0].plan) if result.steps else "autoregressive"
         name = "adaptive" if selector else (str(plan) if plan else "autoregressive")
-        print(json.dumps({"plan": name, **(selector or {}), **s.as_dict()}, indent=2))
+        print(json.dumps({"text": result.text, "plan": name, **(selector or {}), **s.as_dict()}, indent=2))
     else:
         print(
             f"\n[{s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, block efficiency {s.block_efficiency:.2f}, "

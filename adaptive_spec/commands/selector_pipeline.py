@@ -1,6 +1,7 @@
-"""``adaptive-spec selector-pipeline``: collect -> label -> train -> export -> bench, on one pair.
+"""``adaptive-spec selector pipeline``: collect -> label -> train -> export -> bench, on one pair.
 
-Stages (each one an ordinary command of the CLI, run in this process, in this order):
+Stages (each one an ordinary command, called in this process with typed options through
+:func:`~adaptive_spec.commands.call.call_command`, in this order):
 
 1. ``profile``: the latency profile of this machine (skipped if ``--profile`` exists, unless
    ``--reprofile``); its estimates are features and its step-time predictions are in the labels.
@@ -12,20 +13,21 @@ Stages (each one an ordinary command of the CLI, run in this process, in this or
    log, ``--greedy-prompts`` more prompts at temperature 0 only. Greedy labels are exact (greedy
    trees are deterministic) and the features predict them, while at T > 0 the labels are dominated
    by the draw of the trees and the features barely predict the acceptance (validation then keeps
-   the best static plan there, see ``train-selector --gain_quantile``): extra data pays off at T = 0;
+   the best static plan there, see ``selector train --gain_quantile``): extra data pays off at T = 0;
 4. ``label``: E[τ+1] and predicted step time of every action at every k-th logged root, in both logs;
-5. ``train-selector`` (LightningCLI, ``configs/selector/default.yaml`` unless ``--config``), with the
+5. ``selector train`` (LightningCLI, ``configs/selector/default.yaml`` unless ``--config``), with the
    validation split by prompt, once per ``--train-seeds`` seed; the run with the best validation
    tokens/s (the network with its static fallback, as a ratio of sums) is kept;
-6. ``export-selector``: ONNX with the feature standardisation inside, checked against torch;
+6. ``selector export``: ONNX with the feature standardisation inside, checked against torch;
 7. ``selector acceptance``: the acceptance model of the in-draft ``learned-chain`` policies
    (node logs with soft labels -> Lightning -> ONNX -> calibration), in ``OUT/acceptance``;
 8. ``bench e2e``: ``adaptive`` vs ``best-static`` and the reference plans on the built-in held-out
    prompts at each temperature, in one interleaved run.
 
-With ``--install`` the exported selector and acceptance model are copied next to the built-in
-pair (``adaptive_spec/zoo/default/{selector,acceptance}.onnx``), where ``make demo`` and
-``bench e2e`` find them.
+With ``--install`` the exported selector and acceptance model are copied into the user data
+folder (``$ADAPTIVE_SPEC_HOME/default``, default ``~/.local/share/adaptive-spec/default``; see
+:func:`adaptive_spec.files.installed_models_dir`), where ``make demo``, ``generate`` and
+``bench e2e`` look first. Nothing is written into the installed package.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
+from adaptive_spec.options import add_temperatures_option
 from adaptive_spec.planner.latency import default_profile_path
 from adaptive_spec.planner.presets import COLLECT_PLAN
 
@@ -43,14 +47,14 @@ DEFAULT_OUT = Path("data/selector")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register the ``selector-pipeline`` options."""
+    """Register the ``selector pipeline`` options."""
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="working folder (default: %(default)s)")
     parser.add_argument("--num-prompts", type=int, default=96, help="training prompts (default: %(default)s)")
     parser.add_argument(
         "--prompts", type=Path, default=None,
         help="training prompts file (JSONL or .txt) instead of prompts drawn from the standard library",
     )  # fmt: skip
-    parser.add_argument("--temperatures", default="0,0.7,1.0", help="comma-separated (default: %(default)s)")
+    add_temperatures_option(parser, "0,0.7,1.0")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="per generation (default: %(default)s)")
     parser.add_argument("--explore", default="epsilon:0.5", help="collect's exploring planner (default: %(default)s)")
     parser.add_argument("--plan", default=COLLECT_PLAN, help="plan exploited by epsilon-greedy (default: %(default)s)")
@@ -68,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-contexts", type=int, default=1000, help="label at most this many roots (default: 1000)")
     parser.add_argument("--config", type=Path, default=None,
                         help="LightningCLI config of the selector (default: configs/selector/default.yaml of "
-                             "the working directory, else of the source checkout)")  # fmt: skip
+                             "the working directory, else the package's copy)")  # fmt: skip
     parser.add_argument("--epochs", type=int, default=None, help="override trainer.max_epochs")
     parser.add_argument(
         "--train-seeds", default="0,1,2",
@@ -85,7 +89,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated stages to skip: collect,label,train,acceptance,bench")  # fmt: skip
     parser.add_argument(
         "--install", action="store_true",
-        help="copy the selector to adaptive_spec/zoo/default/selector.onnx (used by make demo)",
+        help="copy the selector and acceptance model into the user data folder, where make demo, generate and "
+             "bench e2e look first ($ADAPTIVE_SPEC_HOME/default, default ~/.local/share/adaptive-spec/default)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="seeds the prompts, exploration and labels")
 
@@ -126,21 +131,24 @@ def greedy_prompts(count: int, seed: int, exclude: list[str]) -> list[str]:
 
 
 def default_config() -> Path:
-    """``configs/selector/default.yaml`` of the working directory, else of the source checkout."""
-    rel = Path("configs/selector/default.yaml")
-    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        if (base / rel).is_file():
-            return base / rel
-    raise FileNotFoundError(f"no {rel} in {Path.cwd()} or the source checkout; pass --config")
+    """``configs/selector/default.yaml`` of the working directory, else the copy shipped in the package."""
+    from adaptive_spec.files import config_path
+
+    path = config_path("selector/default.yaml")
+    if not path.is_file():
+        raise FileNotFoundError(f"no configs/selector/default.yaml in {Path.cwd()} or in the package; pass --config")
+    return path
 
 
-def _cli(argv: list[str]) -> None:
-    from adaptive_spec.cli import main
+def _stage(verb: str, module: str, **options: Any) -> None:
+    """Run one command in this process with typed options (see :func:`~adaptive_spec.commands.call.call_command`)."""
+    from adaptive_spec.commands.call import call_command
 
-    print(f"\n$ adaptive-spec {' '.join(argv)}", flush=True)
-    code = main(argv)
+    shown = " ".join(f"{k}={' '.join(v) if k == 'cli_args' else v}" for k, v in options.items())
+    print(f"\n== {verb}: {shown}", flush=True)
+    code = call_command(module, **options)
     if code:
-        raise SystemExit(f"stage `adaptive-spec {argv[0]}` failed with exit status {code}")
+        raise SystemExit(f"stage `adaptive-spec {verb}` failed with exit status {code}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -159,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
 
     stage("profile")
     if args.reprofile or not args.profile.exists():
-        _cli(["profile", "--out", str(args.profile)])
+        _stage("profile", "adaptive_spec.bench.profile", out=args.profile)
     done("profile")
 
     log_dir = out / "log"
@@ -180,30 +188,27 @@ def run(args: argparse.Namespace) -> int:
         for d in (log_dir, greedy_dir):
             if d.exists():
                 shutil.rmtree(d)  # a fresh log: features must come from this pair and profile
-        _cli(["collect", "--out", str(log_dir), "--prompts", str(prompts_file), "--explore", args.explore,
-              "--plan", args.plan, "--temperatures", args.temperatures, "--max-new-tokens", str(args.max_new_tokens),
-              "--seed", str(args.seed), "--profile", str(args.profile)])  # fmt: skip
+        _stage("collect", "adaptive_spec.records.collect", out=str(log_dir), prompts=str(prompts_file),
+               explore=args.explore, plan=args.plan, temperatures=args.temperatures,
+               max_new_tokens=args.max_new_tokens, seed=args.seed, profile=str(args.profile))  # fmt: skip
         if greedy and args.greedy_prompts_file is not None:
             greedy_file = args.greedy_prompts_file
         elif greedy:
             extra = greedy_prompts(args.greedy_prompts, args.seed, prompts)
             greedy_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in extra))
         if greedy:
-            _cli(["collect", "--out", str(greedy_dir), "--prompts", str(greedy_file), "--explore", args.explore,
-                  "--plan", args.plan, "--temperatures", "0", "--max-new-tokens", str(args.max_new_tokens),
-                  "--seed", str(args.seed + 6), "--profile", str(args.profile)])  # fmt: skip
+            _stage("collect", "adaptive_spec.records.collect", out=str(greedy_dir), prompts=str(greedy_file),
+                   explore=args.explore, plan=args.plan, temperatures="0", max_new_tokens=args.max_new_tokens,
+                   seed=args.seed + 6, profile=str(args.profile))  # fmt: skip
         done("collect")
     if "label" not in skip:
         stage("label")
-        argv = ["label", str(log_dir), "--every", str(args.every), "--samples", str(args.samples),
-                "--profile", str(args.profile), "--seed", str(args.seed)]  # fmt: skip
-        if args.max_contexts:
-            argv += ["--max-contexts", str(args.max_contexts)]
-        _cli(argv)
+        _stage("label", "adaptive_spec.records.label_cli", log_dir=log_dir, every=args.every, samples=args.samples,
+               profile=args.profile, seed=args.seed, max_contexts=args.max_contexts or None)  # fmt: skip
         if greedy:
-            _cli(["label", str(greedy_dir), "--every", str(args.greedy_every), "--samples", str(args.samples),
-                  "--max-contexts", str(args.greedy_max_contexts), "--profile", str(args.profile),
-                  "--seed", str(args.seed + 6)])  # fmt: skip
+            _stage("label", "adaptive_spec.records.label_cli", log_dir=greedy_dir, every=args.greedy_every,
+                   samples=args.samples, max_contexts=args.greedy_max_contexts, profile=args.profile,
+                   seed=args.seed + 6)  # fmt: skip
         done("label")
     runs = out / "runs"
     onnx_path = out / "selector.onnx"
@@ -215,11 +220,12 @@ def run(args: argparse.Namespace) -> int:
             label_files.append(str(greedy_dir / "labels.parquet"))
         candidates: list[tuple[float, int, Path]] = []
         for seed in _seeds(args.train_seeds):
-            argv = ["train-selector", "--config", str(config), "--data.labels", json.dumps(label_files),
+            # LightningCLI parses its own arguments: the one stage that takes an argv
+            argv = ["--config", str(config), "--data.labels", json.dumps(label_files),
                     "--trainer.default_root_dir", str(runs), "--seed_everything", str(seed)]  # fmt: skip
             if args.epochs:
                 argv += ["--trainer.max_epochs", str(args.epochs)]
-            _cli(argv)
+            _stage("selector train", "adaptive_spec.selector.train", cli_args=argv)
             version = max(runs.glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
             ckpts = sorted((version / "checkpoints").glob("best-*.ckpt"))
             if not ckpts:
@@ -230,27 +236,28 @@ def run(args: argparse.Namespace) -> int:
         if len(candidates) > 1:
             shown = ", ".join(f"seed {s}: {v:.4f}" for v, s, _ in candidates)
             print(f"validation tokens/s vs best static (adaptive, ratio of sums): {shown}; keeping seed {seed}")
-        _cli(["export-selector", str(ckpt), "--out", str(onnx_path)])
+        _stage("selector export", "adaptive_spec.selector.export", checkpoint=ckpt, out=onnx_path)
         done("train")
     if "acceptance" not in skip:
         stage("acceptance")  # the in-draft acceptance model of learned-chain plans, deployed with --install
-        _cli(["selector", "acceptance", "--out", str(out / "acceptance"), "--temperatures", args.temperatures,
-              "--prompts", str(prompts_file), "--num-prompts", str(args.num_prompts),
-              "--max-new-tokens", str(args.max_new_tokens), "--seed", str(args.seed), "--no-progress",
-              *(["--epochs", str(args.epochs)] if args.epochs else []),
-              *(["--install"] if args.install else [])])  # fmt: skip
+        extra = {"epochs": args.epochs} if args.epochs else {}
+        _stage("selector acceptance", "adaptive_spec.selector.acceptance", out=out / "acceptance",
+               temperatures=args.temperatures, prompts=prompts_file, num_prompts=args.num_prompts,
+               max_new_tokens=args.max_new_tokens, seed=args.seed, no_progress=True, install=args.install,
+               **extra)  # fmt: skip
         done("acceptance")
     if args.install:
-        from adaptive_spec.files import default_pair_path
+        from adaptive_spec.selector.runtime import default_selector_paths
 
-        dest = default_pair_path() / "selector.onnx"
+        dest = default_selector_paths()[0]  # the user data folder, never the installed package
+        dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(onnx_path, dest)
         print(f"installed {onnx_path} -> {dest}")
     if "bench" not in skip:
         stage("bench")
-        _cli(["bench", "e2e", "--plans", args.bench_plans, "--temperatures", args.temperatures,
-              "--selector", str(onnx_path), "--profile", str(args.profile),
-              "--max-new-tokens", str(args.bench_tokens), "--json", str(out / "bench_e2e.json")])  # fmt: skip
+        _stage("bench e2e", "adaptive_spec.bench.e2e", plans=args.bench_plans, temperatures=args.temperatures,
+               selector=str(onnx_path), profile=str(args.profile), max_new_tokens=args.bench_tokens,
+               json=str(out / "bench_e2e.json"))  # fmt: skip
         done("bench")
     print(f"\nstage seconds: {json.dumps(timings)}")
     print(f"selector: {onnx_path}\nlabels: {log_dir / 'label_report' / 'report.md'}")

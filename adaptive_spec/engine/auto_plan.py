@@ -11,8 +11,8 @@ In order:
 
 A plan file written for another pair, or without fingerprints, is never used by default: a
 plan tuned for one pair can be slow for another (it stays lossless either way: every plan the
-registry admits is). Files are looked up in the working directory, then in the source checkout
-the package runs from. See :mod:`adaptive_spec.engine.fingerprint`.
+registry admits is). Files are looked up in the working directory, then in the copy shipped
+inside the package (``adaptive_spec/configs/``). See :mod:`adaptive_spec.engine.fingerprint`.
 """
 
 from __future__ import annotations
@@ -32,13 +32,10 @@ DEFAULT_PLAN = "chain:2/block"
 
 def tuned_plan_files() -> list[Path]:
     """Where the tuned plan files are looked for, in order: the in-draft planner, then the best static plan."""
+    from adaptive_spec.files import config_path
     from adaptive_spec.planner.presets import BEST_STATIC_RELPATH, in_draft_path
 
-    out = [in_draft_path()]
-    here = Path.cwd() / BEST_STATIC_RELPATH
-    source = Path(__file__).resolve().parents[2] / BEST_STATIC_RELPATH
-    out.append(here if here.is_file() or not source.is_file() else source)
-    return out
+    return [in_draft_path(), config_path(BEST_STATIC_RELPATH.relative_to("configs"))]
 
 
 def _read(path: Path) -> Any:

@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from adaptive_spec.options import add_model_options
+
 __all__ = ["model_fingerprint", "pair_fingerprints", "plan_file_matches", "stamp_plan_file"]
 
 FINGERPRINT_VERSION = 1
@@ -132,8 +134,7 @@ def stamp_plan_file(path: str | Path, fingerprints: dict[str, str]) -> Path:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("file", type=Path, help="the plan file to stamp, e.g. configs/plans/in-draft.yaml")
-    parser.add_argument("--target", default=None, help="target model directory (default: the built-in pair)")
-    parser.add_argument("--draft", default=None, help="draft model directory (default: the built-in pair)")
+    add_model_options(parser, ("target", "draft"))
 
 
 def run(args: argparse.Namespace) -> int:

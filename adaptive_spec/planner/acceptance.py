@@ -180,10 +180,20 @@ class LazyAcceptanceModel:
 
 
 def default_acceptance_paths() -> list[Path]:
-    """Where the acceptance model is looked for: next to the built-in pair, then ``data/acceptance/``."""
-    from adaptive_spec.files import default_pair_path
+    """Where the acceptance model is looked for, in order.
 
-    return [default_pair_path() / ACCEPTANCE_FILE, Path("data") / "acceptance" / ACCEPTANCE_FILE]
+    The one installed in the user data folder (``selector acceptance --install``;
+    :func:`adaptive_spec.files.installed_models_dir`), then the copy shipped next to the built-in
+    pair in the package, then ``data/acceptance/`` of the working directory. The first entry is
+    where ``--install`` writes.
+    """
+    from adaptive_spec.files import default_pair_path, installed_models_dir
+
+    return [
+        installed_models_dir() / ACCEPTANCE_FILE,
+        default_pair_path() / ACCEPTANCE_FILE,
+        Path("data") / "acceptance" / ACCEPTANCE_FILE,
+    ]
 
 
 def find_acceptance_model(path: str | Path | None = None) -> Path:

@@ -24,10 +24,10 @@ read back with :func:`load_best_static`. Layout::
         ...                               # storage, trial number, baselines, model pair, time
 
 Where the file lives: ``configs/plans/best-static.yaml`` under the *working directory* (run the
-commands from the repository root), or under ``--config-out DIR`` / the ``path`` argument. An
-installed package has no repository root; :func:`load_best_static` then also looks in the source
-checkout the package was installed from (editable installs), and otherwise says which path it
-tried and how to create it.
+commands from the repository root), or under ``--config-out DIR`` / the ``path`` argument. Reads
+then fall back to the copy shipped inside the package (``adaptive_spec/configs/``, see
+:data:`adaptive_spec.files.CONFIGS`), and otherwise say which paths they tried and how to create
+the file. Writes never go into the package.
 
 Writes merge (other temperatures are kept) and are atomic (temporary file, then rename, under a
 lock on the folder), so two tuners finishing at once do not lose each other's entry.
@@ -53,7 +53,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from adaptive_spec.files import atomic_write
+from adaptive_spec.files import CONFIGS, atomic_write
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.temperatures import temperature_key
 
@@ -100,9 +100,9 @@ def _candidates(path: str | Path | None) -> list[Path]:
     if path is not None:
         return [Path(path)]
     out = [Path.cwd() / BEST_STATIC_RELPATH]
-    checkout = Path(__file__).resolve().parents[2] / BEST_STATIC_RELPATH  # source tree (editable install)
-    if checkout.parent.parent.is_dir() and checkout not in out:
-        out.append(checkout)
+    shipped = CONFIGS / BEST_STATIC_RELPATH.relative_to("configs")  # the copy inside the package
+    if shipped not in out:
+        out.append(shipped)
     return out
 
 
@@ -185,7 +185,7 @@ def write_best_static(temperature: float, entry: dict[str, Any], path: str | Pat
 def load_best_static(temperature: float, path: str | Path | None = None) -> Plan:
     """The best static plan tuned for ``temperature``.
 
-    Looks in ``path``, else ``./configs/plans/best-static.yaml``, else the source checkout's
+    Looks in ``path``, else ``./configs/plans/best-static.yaml``, else the package's shipped
     ``configs/``. Without an entry for exactly this temperature, falls back (with a warning) to
     the nearest tuned temperature of the same kind: greedy (0) or sampling (> 0), since a
     greedy plan's verifier is not valid when sampling.
@@ -201,7 +201,7 @@ def load_best_static(temperature: float, path: str | Path | None = None) -> Plan
     if found is None:
         raise FileNotFoundError(
             f"no best-static plan file (looked at {', '.join(map(str, tried))}); create it with "
-            f"`adaptive-spec tune plans --temperature {key}` from the repository root, or pass its path"
+            f"`adaptive-spec tune plans --temperatures {key}` from the repository root, or pass its path"
         )
     plans = read_best_static(found)
     if key in plans:
@@ -212,7 +212,7 @@ def load_best_static(temperature: float, path: str | Path | None = None) -> Plan
         have = ", ".join(plans) or "none"
         raise LookupError(
             f"{found} has no plan for temperature {key} (tuned temperatures: {have}); run "
-            f"`adaptive-spec tune plans --temperature {key}`"
+            f"`adaptive-spec tune plans --temperatures {key}`"
         )
     nearest = min(same_kind, key=lambda k: abs(float(k) - t))
     warnings.warn(
@@ -222,14 +222,14 @@ def load_best_static(temperature: float, path: str | Path | None = None) -> Plan
 
 
 def in_draft_path(root: str | Path | None = None) -> Path:
-    """``configs/plans/in-draft.yaml`` under ``root`` (default: the working directory, else the source checkout)."""
+    """``configs/plans/in-draft.yaml`` under ``root`` (default: the working directory, else the package's copy)."""
     if root is not None:
         return Path(root) / IN_DRAFT_RELPATH
     here = Path.cwd() / IN_DRAFT_RELPATH
     if here.is_file():
         return here
-    source = Path(__file__).resolve().parents[2] / IN_DRAFT_RELPATH
-    return source if source.is_file() else here
+    shipped = CONFIGS / IN_DRAFT_RELPATH.relative_to("configs")
+    return shipped if shipped.is_file() else here
 
 
 def load_in_draft(temperature: float, path: str | Path | None = None) -> Plan:

@@ -19,6 +19,7 @@ import sys
 from collections import defaultdict
 from typing import Any
 
+from adaptive_spec.options import add_limit_option, add_model_options, add_progress_option, add_temperatures_option
 from adaptive_spec.planner.presets import COLLECT_PLAN
 from adaptive_spec.temperatures import parse_temperatures
 
@@ -31,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prompts", default=None, help="JSON Lines (.gz ok) or .txt (one per line) prompts (default: built-in)"
     )
-    parser.add_argument("--limit", type=int, default=None, help="use only the first N prompts")
+    add_limit_option(parser)
     parser.add_argument(
         "--plan", default=COLLECT_PLAN, help="static plan (exploited by --explore epsilon) (default: %(default)s)"
     )
@@ -41,9 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with probability E, else --plan)",
     )  # fmt: skip
     parser.add_argument("--actions", default=None, help="action space YAML for --explore (default: the built-in grid)")
-    parser.add_argument(
-        "--temperatures", default=DEFAULT_TEMPERATURES, help="comma-separated; 0 = greedy (default: %(default)s)"
-    )
+    add_temperatures_option(parser, DEFAULT_TEMPERATURES)
     parser.add_argument("--top-k", type=int, default=0, help="top-k filter, 0 = off (default: %(default)s)")
     parser.add_argument("--top-p", type=float, default=1.0, help="nucleus filter, 1 = off (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per generation (default: %(default)s)")
@@ -53,16 +52,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hidden", action="store_true", help="also log the models' last hidden states (float16)")
     parser.add_argument("--profile", default=None, help="latency profile JSON (default: none: latency features 0)")
     parser.add_argument("--run-id", default=None, help="name of this run in the log (default: time + random digits)")
-    parser.add_argument("--target", default=None, help="target model directory or hub id (default: built-in pair)")
-    parser.add_argument("--draft", default=None, help="draft model directory or hub id (default: built-in pair)")
-    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
+    add_model_options(parser)
     parser.add_argument(
         "--node-log", default=None, metavar="DIR",
         help="also log every drafted node's in-draft features, feed decision and soft acceptance labels as "
              "Parquet in DIR (training data of `selector acceptance --skip-collect`)",
     )  # fmt: skip
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_progress_option(parser)
 
 
 def make_planner(plan: str, explore: str | None, actions: str | None, seed: int) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from adaptive_spec.options import add_model_options, add_progress_option
 from adaptive_spec.planner.latency import default_profile_path
 
 
@@ -19,14 +20,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--profile", type=Path, default=None,
         help=f"latency profile JSON (default: {default_profile_path()}; see `adaptive-spec profile`)",
     )  # fmt: skip
-    parser.add_argument("--target", default=None, help="target model (default: the log's, else the built-in pair)")
-    parser.add_argument("--draft", default=None, help="draft model (default: the log's, else the built-in pair)")
-    parser.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    parser.add_argument("--dtype", default=None, help="model dtype, e.g. float32, bfloat16 (default: float32 on CPU)")
+    add_model_options(parser, pair_default="the log's, else the built-in pair", dtype_default="float32 on CPU")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tree draws (default: 0)")
     parser.add_argument("--out", type=Path, default=None, help="label file (default: DIR/labels.parquet)")
     parser.add_argument("--report", type=Path, default=None, help="report folder (default: DIR/label_report)")
-    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_progress_option(parser)
 
 
 def _models(args: argparse.Namespace, manifest: dict) -> tuple[str | None, str | None]:
@@ -66,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     latency = LatencyModel.load(args.profile)
     config = LabelConfig(every=args.every, samples=args.samples, seed=args.seed, max_contexts=args.max_contexts)
     labeller = Labeller(engine.target, engine.draft, list(space), latency, engine.vocab_size, config)
-    table, path = label_directory(args.log_dir, labeller, out=args.out, progress=not args.quiet)
+    table, path = label_directory(args.log_dir, labeller, out=args.out, progress=not args.no_progress)
     report_dir = args.report or args.log_dir / "label_report"
     rep = write_report(table, report_dir)
     print(f"labelled {len(table)} roots x {len(table.actions)} actions -> {path}")

@@ -18,7 +18,8 @@ and the probability that a child drawn from its row would be accepted. Stages:
 4. ``report``: reliability diagrams of both heads on the validation split, per temperature
    (``OUT/report/calibration.png``, ``calibration.json`` with the expected calibration error).
 
-``--install`` copies the model next to the built-in pair, where ``learned-chain`` plans find it.
+``--install`` copies the model into the user data folder (``$ADAPTIVE_SPEC_HOME``, default
+``~/.local/share/adaptive-spec/default``), where ``learned-chain`` plans find it first.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from adaptive_spec.options import add_model_options, add_progress_option, add_temperatures_option
 from adaptive_spec.planner.acceptance import ACCEPTANCE_FILE, FORMAT, default_acceptance_paths
 from adaptive_spec.trees.policy import ACCEPTANCE_FEATURES
 
@@ -313,21 +315,21 @@ def calibration_report(net: AcceptanceNet, data: dict[str, np.ndarray], val: np.
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``selector acceptance`` options."""
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="working folder (default: %(default)s)")
-    parser.add_argument("--target", default=None, help="target model (default: the built-in pair)")
-    parser.add_argument("--draft", default=None, help="draft model (default: the built-in pair)")
+    add_model_options(parser, ("target", "draft"))
     parser.add_argument("--prompts", type=Path, default=None,
                         help="training prompts (JSONL or .txt; default: `zoo prompts train`, stdlib files outside "
                              "the pair's training and held-out sets)")  # fmt: skip
     parser.add_argument("--num-prompts", type=int, default=48, help="training prompts used (default: %(default)s)")
-    parser.add_argument("--temperatures", default="0,0.7,1", help="comma-separated (default: %(default)s)")
+    add_temperatures_option(parser)
     parser.add_argument("--plan", default="chain:8/block", help="the collecting plan (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="per generation (default: %(default)s)")
     parser.add_argument("--epochs", type=int, default=30, help="training epochs (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of collection, split and training")
     parser.add_argument("--skip-collect", action="store_true", help="train on the node log already in OUT/nodes")
     parser.add_argument("--install", action="store_true",
-                        help=f"copy the model next to the built-in pair ({default_acceptance_paths()[0]})")  # fmt: skip
-    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+                        help="copy the model into the user data folder, where learned-chain plans find it first "
+                             "($ADAPTIVE_SPEC_HOME/default, default ~/.local/share/adaptive-spec/default)")  # fmt: skip
+    add_progress_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -364,7 +366,8 @@ def run(args: argparse.Namespace) -> int:
     report = calibration_report(net, data, val, out / "report")
     summary["calibration"] = {g: {h: r[h]["ece"] for h in r} for g, r in report.items()}
     if args.install:
-        dest = default_acceptance_paths()[0]
+        dest = default_acceptance_paths()[0]  # the user data folder, never the installed package
+        dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(out / ACCEPTANCE_FILE, dest)
         summary["installed"] = str(dest)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))

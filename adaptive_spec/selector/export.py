@@ -1,4 +1,4 @@
-"""Export a trained selector to ONNX (``adaptive-spec export-selector CKPT --out selector.onnx``).
+"""Export a trained selector to ONNX (``adaptive-spec selector export CKPT --out selector.onnx``).
 
 The graph is :class:`~adaptive_spec.selector.model.SelectorNet` in eval mode, traced with
 ``torch.onnx.export(..., dynamo=True)`` (the torch.export-based exporter, the default since torch
@@ -156,14 +156,14 @@ def parity(net: SelectorNet, onnx_model: bytes | str | Path, inputs: dict[str, t
 
 
 def run_report_path(ckpt: str | Path) -> Path:
-    """Where ``train-selector`` writes the report of a checkpoint's run: ``version_N/report/report.json``."""
+    """Where ``selector train`` writes the report of a checkpoint's run: ``version_N/report/report.json``."""
     return Path(ckpt).resolve().parent.parent / "report" / "report.json"
 
 
 def export_checkpoint(
     ckpt: str | Path, out: str | Path, *, check_batch: int = 64, report: str | Path | bool | None = None
 ) -> dict[str, Any]:
-    """Export a ``SelectorModule`` Lightning checkpoint (``train-selector`` writes them) to ONNX.
+    """Export a ``SelectorModule`` Lightning checkpoint (``selector train`` writes them) to ONNX.
 
     Args:
         report: the training report whose ``static_groups`` (sampling settings where the network did
@@ -175,7 +175,7 @@ def export_checkpoint(
 
     ckpt = Path(ckpt)
     if not ckpt.is_file():
-        raise FileNotFoundError(f"no checkpoint at {ckpt}; train one with `adaptive-spec train-selector`")
+        raise FileNotFoundError(f"no checkpoint at {ckpt}; train one with `adaptive-spec selector train`")
     static_groups: dict[str, str] = {}
     report_path = run_report_path(ckpt) if report is None else (None if report is False else Path(report))
     if report_path is not None and (report is not None or report_path.is_file()):
@@ -226,10 +226,10 @@ def _cpu_copy(net: SelectorNet) -> SelectorNet:
     return copy.deepcopy(net).to(device="cpu", dtype=torch.float32).eval()
 
 
-# ------------------------------------------------------------------ CLI: adaptive-spec export-selector
+# ------------------------------------------------------------------ CLI: adaptive-spec selector export
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register the ``export-selector`` options."""
-    parser.add_argument("checkpoint", type=Path, help="a SelectorModule checkpoint (.ckpt) from train-selector")
+    """Register the ``selector export`` options."""
+    parser.add_argument("checkpoint", type=Path, help="a SelectorModule checkpoint (.ckpt) from selector train")
     parser.add_argument("--out", type=Path, default=Path("selector.onnx"), help="ONNX file (default: %(default)s)")
     parser.add_argument("--check-batch", type=int, default=64, help="rows of the parity check (default: %(default)s)")
     parser.add_argument(

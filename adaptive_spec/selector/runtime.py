@@ -6,7 +6,7 @@ Usage::
     engine.generate(prompt, plan=AdaptivePlanner("selector.onnx"))
 
 Everything that could make a decision silently wrong is checked when the file is loaded: the
-file parses as ONNX, it carries ``export-selector``'s metadata, its feature schema (version and
+file parses as ONNX, it carries ``selector export``'s metadata, its feature schema (version and
 hash) is this package's, every action is a valid plan, and the graph's inputs and outputs have
 the widths the metadata promises. A failed check raises :class:`SelectorLoadError` saying what to
 do. Each decision (feature assembly + one onnxruntime call + argmax) is timed; see
@@ -30,7 +30,7 @@ FORMAT = "adaptive-spec-selector/1"  # same string as adaptive_spec.selector.exp
 HIDDEN_INPUTS = ("draft_hidden", "target_hidden")
 LATENCY_FEATURES = ("draft_ms", "target_ms", "target_ms_per_token")  # 0 when the engine has no latency model
 SELECTOR_FILE = "selector.onnx"
-PIPELINE_HINT = "build one with `make selector` (= `adaptive-spec selector-pipeline --install`)"
+PIPELINE_HINT = "build one with `make selector` (= `adaptive-spec selector pipeline --install`)"
 
 
 class SelectorLoadError(ValueError):
@@ -41,7 +41,7 @@ class SelectorRuntime:
     """An exported selector loaded into a single-threaded onnxruntime session.
 
     Args:
-        path: the ``.onnx`` file written by ``adaptive-spec export-selector``.
+        path: the ``.onnx`` file written by ``adaptive-spec selector export``.
         threads: intra-op threads (1: a decision is a few small matrix products; more threads only
             add synchronisation).
 
@@ -56,7 +56,7 @@ class SelectorRuntime:
             prompts, ``{"T=0,top_p=1": "chain:4/block", ...}`` (empty when the file does not record
             it, e.g. a network exported without its training summary); see :meth:`best_static`.
         static_groups: the sampling groups where the network did *not* beat the best static action
-            on the validation prompts in training (``train-selector``'s report, ``--min_gain`` and
+            on the validation prompts in training (``selector train``'s report, ``--min_gain`` and
             ``--gain_quantile``), mapped to that static action's index by ``(T, top_p)``: there the
             planner plays it without computing features or calling the network; see
             :meth:`static_plan_for`. ``static_group_names`` holds the same as group -> action.
@@ -71,13 +71,13 @@ class SelectorRuntime:
 
         self.path = Path(path)
         if not self.path.is_file():
-            raise FileNotFoundError(f"no selector at {self.path}; export one with `adaptive-spec export-selector CKPT`")
+            raise FileNotFoundError(f"no selector at {self.path}; export one with `adaptive-spec selector export CKPT`")
         try:
             self.session = cpu_session(self.path, threads)
         except Exception as err:  # onnxruntime raises its own (pybind) exception types for bad files
             raise SelectorLoadError(
                 f"{self.path} is not a readable ONNX model ({type(err).__name__}: {str(err).strip()[:300]}); "
-                "the file is corrupt or truncated: export it again with `adaptive-spec export-selector CKPT`"
+                "the file is corrupt or truncated: export it again with `adaptive-spec selector export CKPT`"
             ) from err
         meta = dict(self.session.get_modelmeta().custom_metadata_map)
         self._check_metadata(meta)
@@ -91,7 +91,7 @@ class SelectorRuntime:
         if meta.get("adaptive_spec.format") != FORMAT:
             found = meta.get("adaptive_spec.format")
             raise self._fail(
-                "no adaptive-spec selector metadata (was it written by `adaptive-spec export-selector`?)"
+                "no adaptive-spec selector metadata (was it written by `adaptive-spec selector export`?)"
                 if found is None else f"selector format {found!r}, this adaptive-spec reads {FORMAT!r}"
             )  # fmt: skip
         try:
@@ -241,7 +241,7 @@ class SelectorRuntime:
     def trained_with_latency_features(self) -> bool | None:
         """Whether the training rows had non-zero latency features (a latency profile at collection).
 
-        Read from the training summary's ``latency_feature_mean`` (``export-selector`` records it),
+        Read from the training summary's ``latency_feature_mean`` (``selector export`` records it),
         else from the label manifest (``collect --profile`` of each logged run); None when unknown.
         """
         means = self.training.get("latency_feature_mean") if isinstance(self.training, dict) else None
@@ -268,10 +268,20 @@ def _parse_group(group: str) -> tuple[float, float] | None:
 
 
 def default_selector_paths() -> list[Path]:
-    """Where a selector is looked for: next to the built-in pair, then ``data/selector/`` (working directory)."""
-    from adaptive_spec.files import default_pair_path
+    """Where a selector is looked for, in order.
 
-    return [default_pair_path() / SELECTOR_FILE, Path("data") / "selector" / SELECTOR_FILE]
+    The one installed for the built-in pair in the user data folder (``selector pipeline
+    --install``; :func:`adaptive_spec.files.installed_models_dir`), then the copy shipped next to the
+    built-in pair in the package, then ``data/selector/`` of the working directory. The first entry
+    is where ``--install`` writes.
+    """
+    from adaptive_spec.files import default_pair_path, installed_models_dir
+
+    return [
+        installed_models_dir() / SELECTOR_FILE,
+        default_pair_path() / SELECTOR_FILE,
+        Path("data") / "selector" / SELECTOR_FILE,
+    ]
 
 
 def find_selector(path: str | Path | None = None) -> Path:
@@ -285,7 +295,7 @@ def find_selector(path: str | Path | None = None) -> Path:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"no selector at {path}; {PIPELINE_HINT}, or export one with "
-                                    "`adaptive-spec export-selector CKPT --out PATH`")  # fmt: skip
+                                    "`adaptive-spec selector export CKPT --out PATH`")  # fmt: skip
         return path
     tried = default_selector_paths()
     for candidate in tried:

@@ -1,9 +1,9 @@
-r"""``adaptive-spec train-selector``: train the selector with LightningCLI, then write the report.
+r"""``adaptive-spec selector train``: train the selector with LightningCLI, then write the report.
 
-Every argument after ``train-selector`` goes to LightningCLI unchanged (its ``--help`` included)::
+Every argument after ``selector train`` goes to LightningCLI unchanged (its ``--help`` included)::
 
-    adaptive-spec train-selector --config configs/selector/default.yaml --data.labels runs/labels
-    adaptive-spec train-selector --config configs/selector/default.yaml --config configs/selector/ddp.yaml \
+    adaptive-spec selector train --config configs/selector/default.yaml --data.labels runs/labels
+    adaptive-spec selector train --config configs/selector/default.yaml --config configs/selector/ddp.yaml \
         --data.labels runs/labels --trainer.max_epochs 5
 
 The run directory is the logger's (CSV logs under ``trainer.default_root_dir``, ``version_N``):
@@ -63,12 +63,12 @@ class SelectorCLI(LightningCLI):
 
 def main(args: list[str] | None = None) -> dict[str, Any] | None:
     """Train from LightningCLI arguments (``None``: ``sys.argv``); return the report on rank 0."""
-    # `adaptive-spec train-selector ARGS` passes ARGS while sys.argv still holds them: not a mistake here.
+    # `adaptive-spec selector train ARGS` passes ARGS while sys.argv still holds them: not a mistake here.
     # (sys.argv must stay as it is: DDP's launcher starts the other ranks with it.)
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     cli = SelectorCLI(
         SelectorModule, SelectorDataModule, run=False, args=args, save_config_kwargs={"overwrite": True},
-        trainer_defaults={"callbacks": [HistoryCallback()]}, parser_kwargs={"prog": "adaptive-spec train-selector"},
+        trainer_defaults={"callbacks": [HistoryCallback()]}, parser_kwargs={"prog": "adaptive-spec selector train"},
     )  # fmt: skip
     trainer, model, dm = cli.trainer, cli.model, cli.datamodule
     trainer.fit(model, datamodule=dm)
@@ -213,18 +213,34 @@ def bootstrap_quantiles(
     return out
 
 
-# ------------------------------------------------------------------ CLI: adaptive-spec train-selector
+# ------------------------------------------------------------------ CLI: adaptive-spec selector train
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Forward everything after ``train-selector`` to LightningCLI (``--help`` shows its options)."""
+    """Forward everything after ``selector train`` to LightningCLI (``--help`` shows its options)."""
     # No option of this parser starts with '\0', so every argument, '--config' and '--help' included,
     # is a positional string collected by the REMAINDER below and handed to LightningCLI untouched.
     parser.prefix_chars = "\0"
     parser.add_argument("cli_args", nargs=argparse.REMAINDER, help="LightningCLI arguments, e.g. --config FILE")
 
 
+def shipped_configs(argv: list[str]) -> list[str]:
+    """``argv`` with every ``--config configs/...`` that does not exist here pointing at the package's copy.
+
+    So ``--config configs/selector/default.yaml`` works from any directory and from an installed wheel.
+    """
+    from adaptive_spec.files import resolve_config
+
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--config" and i + 1 < len(out):
+            out[i + 1] = str(resolve_config(out[i + 1]))
+        elif arg.startswith("--config="):
+            out[i] = "--config=" + str(resolve_config(arg.split("=", 1)[1]))
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     """Train and report; return the exit status."""
-    report = main(list(args.cli_args))
+    report = main(shipped_configs(list(args.cli_args)))
     if report is not None:
         shown = ", ".join(f"{k} {v['agg_rel_tps']:.4f}" for k, v in report["scores"].items())
         print(f"val tokens/s relative to the best static action (ratio of sums): {shown}")

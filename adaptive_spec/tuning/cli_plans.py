@@ -3,7 +3,7 @@
 Examples::
 
     # 12 trials per temperature on the built-in pair, sqlite storage under data/tuning/
-    adaptive-spec tune plans --n-trials 12 --temperature 0 1 --num-prompts 4 --max-new-tokens 64
+    adaptive-spec tune plans --n-trials 12 --temperatures 0,1 --num-prompts 4 --max-new-tokens 64
 
     # two workers on one study (a second shell, or a second machine sharing a PostgreSQL server)
     adaptive-spec tune plans --storage postgresql+psycopg2://me@db/optuna --study plans --worker 0 &
@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import argparse
 
+from adaptive_spec.options import add_model_options, add_progress_option
+from adaptive_spec.temperatures import parse_temperatures
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``tune plans`` options."""
@@ -32,15 +35,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-trials", type=int, default=20, help="trials per temperature for this worker, "
                         "enqueued known-good plans included (default: %(default)s)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=None, help="seconds per temperature at most")
-    parser.add_argument("--temperature", type=float, nargs="+", default=[0.0, 1.0],
-                        help="temperatures to tune, one study each (default: 0 1)")  # fmt: skip
+    parser.add_argument("--temperatures", dest="temperature", type=parse_temperatures, default=[0.0, 1.0],
+                        help="comma-separated sampling temperatures to tune, one study each (default: 0,1)")
+    # the older spelling, `--temperature 0 1`, still accepted
+    parser.add_argument("--temperature", type=float, nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--objective", choices=("measured", "predicted"), default="measured",
                         help="measured engine tokens/s, or predicted from --labels (default: %(default)s)")  # fmt: skip
     parser.add_argument("--labels", default=None, help="label table directory or file (--objective predicted)")
-    parser.add_argument("--target", default=None, help="target model directory or hub id (default: built-in pair)")
-    parser.add_argument("--draft", default=None, help="draft model directory or hub id (default: built-in pair)")
-    parser.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
-    parser.add_argument("--dtype", default=None, help="float32, bfloat16 or float16 (default: the checkpoint's)")
+    add_model_options(parser)
     parser.add_argument("--prompts", default=None, help="JSON Lines prompt file (default: built-in prompts)")
     parser.add_argument("--num-prompts", type=int, default=4, help="prompts per trial (default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="tokens per prompt (default: %(default)s)")
@@ -62,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-write-config", action="store_true", help="do not write best-static.yaml")
     parser.add_argument("--report", default=None, help="report folder (default: <storage folder>/reports/<study>)")
     parser.add_argument("--no-report", action="store_true", help="do not write the report")
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_progress_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,12 +7,14 @@ Examples::
     adaptive-spec tune selector --labels runs/labels --n-trials 30 --worker 1
 
 The best hyper-parameters land in ``<report>/best-selector.yaml``, a LightningCLI config for
-``adaptive-spec train-selector --config configs/selector/default.yaml --config <that file>``.
+``adaptive-spec selector train --config configs/selector/default.yaml --config <that file>``.
 """
 
 from __future__ import annotations
 
 import argparse
+
+from adaptive_spec.options import add_progress_option
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-enqueue", action="store_true", help="do not enqueue the default hyper-parameters")
     parser.add_argument("--report", default=None, help="report folder (default: <storage folder>/reports/<study>)")
     parser.add_argument("--no-report", action="store_true", help="write neither the report nor best-selector.yaml")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_progress_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:

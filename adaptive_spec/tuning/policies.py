@@ -32,6 +32,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from adaptive_spec.options import add_json_option, add_progress_option, add_temperatures_option
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.planner.presets import IN_DRAFT_RELPATH, in_draft_path, write_in_draft
 from adaptive_spec.tuning.storage import DEFAULT_STORAGE
@@ -78,15 +79,15 @@ def choose(runs: dict[str, Any]) -> dict[str, dict[str, Any]]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", required=True, help="tuning prompts (JSONL or .txt), from training files")
     parser.add_argument("--limit", type=int, default=12, help="prompts used (default: %(default)s)")
-    parser.add_argument("--temperatures", default="0,0.7,1", help="comma-separated (default: %(default)s)")
+    add_temperatures_option(parser)
     parser.add_argument("--grid", default=None, help="comma-separated candidate plans (default: the built-in grid)")
     parser.add_argument("--static", default="chain:2/block,chain:3/block,chain:4/block,chain:6/block",
                         help="static plans measured alongside, for reference (default: %(default)s)")  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=96, help="(default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     parser.add_argument("--config-out", default=None, help="write configs/plans/in-draft.yaml under this folder")
-    parser.add_argument("--json", type=Path, default=None, help="also write the whole measurement as JSON")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    add_json_option(parser, "the whole measurement")
+    add_progress_option(parser)
     parser.add_argument("--optuna", type=int, default=0, metavar="N",
                         help="run N Optuna trials per temperature instead of the grid (default: the grid)")  # fmt: skip
     parser.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL (default: %(default)s)")

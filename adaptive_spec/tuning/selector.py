@@ -10,12 +10,12 @@ validation prompts: what a benchmark measures) every epoch;
 ``optuna_integration.PyTorchLightningPruningCallback`` reports it to the trial and a
 :class:`optuna.pruners.MedianPruner` stops trials that fall below the median of earlier ones at
 the same epoch. A trial's value is its best epoch's ``val/agg_rel_tps`` (the epoch
-``train-selector``'s checkpoint callback would keep).
+``selector train``'s checkpoint callback would keep).
 
 Output: the study (any SQLAlchemy storage, resumable), and in the report folder ``summary.json``,
 Optuna's plots and ``best-selector.yaml``, a LightningCLI config fragment::
 
-    adaptive-spec train-selector --config configs/selector/default.yaml \
+    adaptive-spec selector train --config configs/selector/default.yaml \
         --config data/tuning/reports/selector/best-selector.yaml --data.labels DIR
 """
 
@@ -146,7 +146,7 @@ def _write_best_yaml(study: Any, path: Path, value: float) -> Path:
     header = (
         f"# Best selector hyper-parameters from `adaptive-spec tune selector`: study {study.study_name!r}, "
         f"trial {best.number}, {MONITOR} = {value:.4f}.\n"
-        "# Use: adaptive-spec train-selector --config configs/selector/default.yaml --config <this file> "
+        "# Use: adaptive-spec selector train --config configs/selector/default.yaml --config <this file> "
         "--data.labels DIR\n"
     )
     atomic_write(path, header + yaml.safe_dump({"model": model}, sort_keys=False))

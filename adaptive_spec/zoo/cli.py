@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from adaptive_spec.options import add_progress_option
 from adaptive_spec.zoo.config import DEFAULT_MINUTES
 
 if TYPE_CHECKING:
@@ -19,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--out",
         type=Path,
         default=None,
-        help="output directory (default: the committed pair, adaptive_spec/zoo/default)",
+        help="output directory (default: pairs/seedN in the user data folder, $ADAPTIVE_SPEC_HOME or "
+        "~/.local/share/adaptive-spec; never the package's built-in pair)",
     )
     parser.add_argument(
         "--corpus", type=Path, default=None, help="directory of .py files (default: this Python's standard library)"
@@ -35,7 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--config", type=Path, default=None,
         help="JSON or YAML file of ZooConfig overrides, e.g. configs/zoo/tiny.yaml (default: the built-in recipe)",
     )  # fmt: skip
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_progress_option(parser)
 
 
 def load_config(path: Path | None) -> ZooConfig:
@@ -44,6 +46,11 @@ def load_config(path: Path | None) -> ZooConfig:
 
     if path is None:
         return ZooConfig()
+    from adaptive_spec.files import resolve_config
+
+    path = resolve_config(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no ZooConfig file {path}; pass an existing JSON or YAML file to --config")
     text = path.read_text(encoding="utf-8")
     if path.suffix in (".yaml", ".yml"):
         import yaml
@@ -64,15 +71,15 @@ def load_config(path: Path | None) -> ZooConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Build the pair, print its figures as JSON; return the exit status."""
-    from adaptive_spec.files import default_pair_path
+    from adaptive_spec.files import built_pairs_dir
     from adaptive_spec.zoo.build import build_pair
 
-    out = args.out or default_pair_path()
+    out = args.out or built_pairs_dir() / f"seed{args.seed}"
     info = build_pair(
         out, corpus=args.corpus, minutes=args.minutes, seed=args.seed, config=load_config(args.config),
-        progress=not args.quiet,
+        progress=not args.no_progress,
     )  # fmt: skip
     keys = ("params", "target_val_loss", "draft_val_loss", "acceptance", "greedy_agreement", "latency_ms")
     print(json.dumps({k: info[k] for k in keys}, indent=2))
-    print(f"wrote {out}")
+    print(f"wrote {out}; use it with --target {out / 'target'} --draft {out / 'draft'}")
     return 0

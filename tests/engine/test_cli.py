@@ -26,9 +26,9 @@ def saved(tmp_path_factory):
 def test_generate_command(saved, capsys) -> None:
     args = ["generate", "--target", str(saved / "target"), "--draft", str(saved / "draft"), "--prompt", "w3 w4"]
     assert main([*args, "--plan", "wor:2x2/traversal", "--max-new-tokens", "8", "--seed", "1", "--json"]) == 0
-    out = capsys.readouterr().out
-    stats = json.loads(out[out.index("{") :])
+    stats = json.loads(capsys.readouterr().out)  # one JSON document, the text included
     assert stats["plan"] == "wor:2x2/traversal" and 1 <= stats["new_tokens"] <= 8
+    assert isinstance(stats["text"], str) and stats["text"]
     assert main([*args, "--plan", "ar", "--temperature", "0", "--max-new-tokens", "4", "--stream"]) == 0
 
 
@@ -98,7 +98,7 @@ def test_generate_selector_errors(saved, selector, tmp_path) -> None:
     args = ["generate", "--target", str(saved / "target"), "--draft", str(saved / "draft"), "--prompt", "w3"]
     with pytest.raises(SystemExit, match="not both"):
         main([*args, "--selector", str(selector), "--plan", "chain:2/block"])
-    with pytest.raises(SystemExit, match=r"no selector at .*selector-pipeline"):
+    with pytest.raises(SystemExit, match=r"no selector at .*selector pipeline"):
         main([*args, "--selector", str(tmp_path / "missing.onnx")])
     (tmp_path / "junk.onnx").write_bytes(b"not onnx")
     with pytest.raises(SystemExit, match="corrupt or truncated"):

@@ -63,14 +63,15 @@ def test_the_shipped_in_draft_file_is_stamped_for_the_built_in_pair():
     engine = SpecEngine.from_pretrained()
     half = SpecEngine.from_pretrained(dtype="bfloat16")
     assert half.fingerprints() == engine.fingerprints()  # the checkpoint, whatever the load dtype
-    in_draft = yaml.safe_load(Path(REPO, "configs/plans/in-draft.yaml").read_text())
-    best_static = yaml.safe_load(Path(REPO, "configs/plans/best-static.yaml").read_text())
+    in_draft_file = os.path.join(REPO, "adaptive_spec", "configs", "plans", "in-draft.yaml")
+    in_draft = yaml.safe_load(Path(in_draft_file).read_text())
+    best_static = yaml.safe_load(Path(REPO, "adaptive_spec/configs/plans/best-static.yaml").read_text())
     assert plan_file_matches(in_draft, engine.fingerprints())
     assert not plan_file_matches(best_static, engine.fingerprints())
     from adaptive_spec.planner.presets import load_in_draft
 
     for t in (0.0, 0.7, 1.0):
-        assert engine.default_plan(t) == load_in_draft(t, os.path.join(REPO, "configs/plans/in-draft.yaml"))
+        assert engine.default_plan(t) == load_in_draft(t, in_draft_file)
 
 
 # ----------------------------------------------------------------------------- the default plan
@@ -278,7 +279,8 @@ def test_cli_generate_plays_the_default_plan_and_fails_offline_in_one_line(pair_
 
     args = ["generate", "--target", str(pair_dir / "target"), "--draft", str(pair_dir / "draft"), "--prompt", "w3"]
     assert main([*args, "--max-new-tokens", "6", "--temperature", "0", "--json", "--device", "cpu"]) == 0
-    stats = json.loads(capsys.readouterr().out.split("\n", 1)[1])
+    stats = json.loads(capsys.readouterr().out)  # one JSON document, the text included
+    assert isinstance(stats["text"], str)
     assert stats["plan"] == DEFAULT_PLAN and stats["draft_forwards"] > 0  # the tiny pair matches no tuned file
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(SystemExit, match=r"^generate: target model 'nosuch-org/x' is not a local directory"):

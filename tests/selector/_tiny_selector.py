@@ -1,7 +1,7 @@
 """A small untrained selector exported to ONNX, for wiring tests (engine, CLI, bench, demo).
 
 Its standardisation is spread so that the argmax moves between actions along a generation, and
-its training summary can carry what ``export-selector`` records: the best static action per
+its training summary can carry what ``selector export`` records: the best static action per
 sampling group and the latency features' means.
 """
 

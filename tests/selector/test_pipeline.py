@@ -1,4 +1,4 @@
-"""`adaptive-spec selector-pipeline` end to end on a tiny pair: collect -> label -> train -> export -> bench."""
+"""`adaptive-spec selector pipeline` end to end on a tiny pair: collect -> label -> train -> export -> bench."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from tests.test_demo import tiny_pair  # noqa: F401  (fixture)
 
 
 @pytest.mark.slow
-def test_pipeline_runs_end_to_end(tiny_pair, tmp_path):  # noqa: F811
+def test_pipeline_runs_end_to_end(tiny_pair, tmp_path, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("ADAPTIVE_SPEC_HOME", str(tmp_path / "home"))
     prompts = tmp_path / "train.txt"
     prompts.write_text("\n".join(["w5 w6 w7", "w9 w3", "w10 w11 w2", "w12 w4", "w8 w13 w14", "w15 w16"]))
     greedy = tmp_path / "greedy.txt"
@@ -25,10 +26,10 @@ def test_pipeline_runs_end_to_end(tiny_pair, tmp_path):  # noqa: F811
     profile.write_text(json.dumps(synthetic_profile()))
     out = tmp_path / "sel"
     code = main([
-        "selector-pipeline", "--out", str(out), "--prompts", str(prompts), "--temperatures", "0,1",
+        "selector", "pipeline", "--out", str(out), "--prompts", str(prompts), "--temperatures", "0,1",
         "--max-new-tokens", "8", "--every", "1", "--samples", "1", "--epochs", "2", "--profile", str(profile),
         "--bench-plans", "adaptive,best-static,chain:2/block", "--bench-tokens", "6",
-        "--greedy-prompts-file", str(greedy), "--greedy-every", "1", "--train-seeds", "0,1",
+        "--greedy-prompts-file", str(greedy), "--greedy-every", "1", "--train-seeds", "0,1", "--install",
     ])  # fmt: skip
     assert code == 0
     labels = read_labels(out / "log" / "labels.parquet")
@@ -52,6 +53,10 @@ def test_pipeline_runs_end_to_end(tiny_pair, tmp_path):  # noqa: F811
     acceptance = AcceptanceModel(out / "acceptance" / "acceptance.onnx")
     assert acceptance.training["rows_train"] > 0
     assert (out / "acceptance" / "report" / "calibration.json").is_file()
+    # --install: both models into the user data folder, nothing into the package's pair folder
+    for name in ("selector.onnx", "acceptance.onnx"):
+        assert (tmp_path / "home" / "default" / name).is_file(), name
+        assert not (tiny_pair / name).exists(), name
     bench = json.loads((out / "bench_e2e.json").read_text())
     assert set(bench["runs"]) == {"0", "1"}
     for run in bench["runs"].values():

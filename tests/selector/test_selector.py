@@ -48,10 +48,10 @@ def labels_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def trained(labels_dir, tmp_path_factory):
-    """One short LightningCLI run through `adaptive-spec train-selector`; returns (report, run_dir)."""
+    """One short LightningCLI run through `adaptive-spec selector train`; returns (report, run_dir)."""
     root = tmp_path_factory.mktemp("run")
     rc = cli_main(
-        ["train-selector", "--config", "configs/selector/default.yaml", "--data.labels", str(labels_dir),
+        ["selector", "train", "--config", "configs/selector/default.yaml", "--data.labels", str(labels_dir),
          "--data.batch_size", "64", "--trainer.max_epochs", str(EPOCHS), "--trainer.default_root_dir", str(root),
          "--trainer.enable_progress_bar", "false", "--model.hidden_sizes", "[64, 32]", "--model.lr", "0.005",
          "--baseline_max_iter", "30"]
@@ -65,7 +65,7 @@ def trained(labels_dir, tmp_path_factory):
 def exported(trained, tmp_path_factory):
     report, _ = trained
     out = tmp_path_factory.mktemp("onnx") / "selector.onnx"
-    assert cli_main(["export-selector", report["checkpoint"], "--out", str(out)]) == 0
+    assert cli_main(["selector", "export", report["checkpoint"], "--out", str(out)]) == 0
     return out
 
 
@@ -279,12 +279,12 @@ def test_export_records_the_reports_static_groups(trained, tmp_path):
     path = tmp_path / "report.json"
     path.write_text(json.dumps(edited))
     out = tmp_path / "gated.onnx"
-    assert cli_main(["export-selector", report["checkpoint"], "--out", str(out), "--report", str(path),
+    assert cli_main(["selector", "export", report["checkpoint"], "--out", str(out), "--report", str(path),
                      "--latency-decisions", "0"]) == 0  # fmt: skip
     planner = AdaptivePlanner(str(out))
     assert str(planner.runtime.static_plan_for(1.0)) == report["best_static"]["T=1,top_p=1"]
     assert planner.runtime.static_plan_for(0.0) is None
-    assert cli_main(["export-selector", report["checkpoint"], "--out", str(out), "--report", str(path),
+    assert cli_main(["selector", "export", report["checkpoint"], "--out", str(out), "--report", str(path),
                      "--no-static-groups", "--latency-decisions", "0"]) == 0  # fmt: skip
     assert AdaptivePlanner(str(out)).runtime.static_groups == {}
     # The report records the bar it applied.
@@ -369,7 +369,7 @@ def _rewrite(src, dst, **changes):
 
 def test_runtime_load_errors_are_clear(exported, tmp_path):
     blob = exported.read_bytes()
-    with pytest.raises(FileNotFoundError, match="export-selector"):
+    with pytest.raises(FileNotFoundError, match="selector export"):
         SelectorRuntime(tmp_path / "missing.onnx")
     (tmp_path / "garbage.onnx").write_bytes(np.random.default_rng(0).bytes(2048))
     with pytest.raises(SelectorLoadError, match="not a readable ONNX model"):
@@ -422,7 +422,7 @@ def test_the_same_config_trains_with_ddp_on_two_cpu_processes(labels_dir, tmp_pa
     root = tmp_path / "ddp"
     for attempt in range(2):
         res = subprocess.run(
-            [sys.executable, "-m", "adaptive_spec", "train-selector", "--config", "configs/selector/default.yaml",
+            [sys.executable, "-m", "adaptive_spec", "selector", "train", "--config", "configs/selector/default.yaml",
              "--config", "configs/selector/ddp.yaml", "--data.labels", str(labels_dir), "--trainer.max_epochs", "2",
              "--data.batch_size", "64", "--trainer.default_root_dir", str(root / str(attempt)),
              "--trainer.enable_progress_bar", "false", "--baselines", "[]"],

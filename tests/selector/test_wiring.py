@@ -18,6 +18,7 @@ from adaptive_spec.selector.runtime import (
     AdaptivePlanner,
     SelectorLoadError,
     SelectorRuntime,
+    default_selector_paths,
     find_selector,
     latency_model_for,
 )
@@ -104,13 +105,19 @@ def test_find_selector_looks_next_to_the_pair_then_in_data(tmp_path, monkeypatch
     pair.mkdir()
     monkeypatch.setattr(files, "default_pair_path", lambda: pair)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(FileNotFoundError, match=r"make selector.*selector-pipeline"):
+    with pytest.raises(FileNotFoundError, match=r"make selector.*selector pipeline"):
         find_selector()
     (tmp_path / "data" / "selector").mkdir(parents=True)
     shutil.copyfile(selector, tmp_path / "data" / "selector" / "selector.onnx")
     assert find_selector().resolve() == (tmp_path / "data" / "selector" / "selector.onnx").resolve()
     shutil.copyfile(selector, pair / "selector.onnx")
-    assert find_selector() == pair / "selector.onnx"  # the installed one wins
+    assert find_selector() == pair / "selector.onnx"  # the one shipped next to the pair wins over data/
+    monkeypatch.setenv("ADAPTIVE_SPEC_HOME", str(tmp_path / "home"))
+    installed = tmp_path / "home" / "default" / "selector.onnx"
+    assert default_selector_paths()[0] == installed  # where --install writes
+    installed.parent.mkdir(parents=True)
+    shutil.copyfile(selector, installed)
+    assert find_selector() == installed  # the one installed in the user data folder wins
     assert find_selector(selector) == selector
     with pytest.raises(FileNotFoundError, match="no selector at"):
         find_selector(tmp_path / "nope.onnx")

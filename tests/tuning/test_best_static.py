@@ -43,13 +43,13 @@ def test_nearest_temperature_of_the_same_kind_is_a_warned_fallback(tmp_path):
         assert load_best_static(0.7, path) == Plan.parse("iid:2x3/specinfer")
     only_greedy = tmp_path / "greedy.yaml"
     write_best_static(0, {"plan": "chain:5/greedy"}, only_greedy)
-    with pytest.raises(LookupError, match=r"no plan for temperature 0\.7.*tune plans --temperature 0\.7"):
+    with pytest.raises(LookupError, match=r"no plan for temperature 0\.7.*tune plans --temperatures 0\.7"):
         load_best_static(0.7, only_greedy)
 
 
 def test_missing_file_says_where_it_looked_and_how_to_create_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(FileNotFoundError, match="adaptive-spec tune plans --temperature 1"):
+    with pytest.raises(FileNotFoundError, match="adaptive-spec tune plans --temperatures 1"):
         load_best_static(1.0, tmp_path / "nope.yaml")
     assert best_static_path() == tmp_path / "configs" / "plans" / "best-static.yaml"
     assert best_static_path(tmp_path / "cfg") == tmp_path / "cfg" / "plans" / "best-static.yaml"

@@ -18,7 +18,7 @@ from adaptive_spec.zoo.config import ZooConfig
 from adaptive_spec.zoo.corpus import extract_prompts, list_sources, split_corpus, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
-TINY_YAML = REPO / "configs" / "zoo" / "tiny.yaml"
+TINY_YAML = REPO / "adaptive_spec" / "configs" / "zoo" / "tiny.yaml"
 
 
 def _write_corpus(root: Path, n_files: int = 8) -> Path:

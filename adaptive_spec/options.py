@@ -1,0 +1,72 @@
+"""The options several verbs share, each defined once so that it is spelled and explained alike.
+
+- :func:`add_model_options`: ``--target``, ``--draft``, ``--device``, ``--dtype``;
+- :func:`add_temperatures_option`: ``--temperatures 0,0.7,1`` (parsed by
+  :func:`adaptive_spec.temperatures.parse_temperatures`);
+- :func:`add_progress_option`: ``--no-progress`` (``--quiet`` is a hidden alias);
+- :func:`add_json_option`: ``--json PATH``, a file the verb writes;
+- :func:`add_limit_option`: ``--limit N``, the first N prompts.
+
+Standard library only, so any command module may import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = [
+    "MODEL_OPTIONS",
+    "add_json_option",
+    "add_limit_option",
+    "add_model_options",
+    "add_progress_option",
+    "add_temperatures_option",
+]
+
+MODEL_OPTIONS = ("target", "draft", "device", "dtype")
+
+
+def add_model_options(
+    parser: argparse.ArgumentParser,
+    which: tuple[str, ...] = MODEL_OPTIONS,
+    *,
+    pair_default: str = "the built-in pair",
+    dtype_default: str = "the checkpoint's",
+) -> None:
+    """Add ``--target``, ``--draft``, ``--device`` and ``--dtype`` (or the subset named in ``which``)."""
+    unknown = set(which) - set(MODEL_OPTIONS)
+    if unknown:
+        raise ValueError(f"unknown model options {sorted(unknown)}; choose from {MODEL_OPTIONS}")
+    helps = {
+        "target": f"target model: local directory or hub id (default: {pair_default})",
+        "draft": f"draft model: local directory or hub id (default: {pair_default})",
+        "device": "cpu, cuda, cuda:1, ... (default: cuda if available, else cpu)",
+        "dtype": f"float32, bfloat16 or float16 (default: {dtype_default})",
+    }
+    for name in MODEL_OPTIONS:
+        if name in which:
+            parser.add_argument(f"--{name}", default=None, help=helps[name])
+
+
+def add_temperatures_option(parser: argparse.ArgumentParser, default: str | None = "0,0.7,1", note: str = "") -> None:
+    """Add ``--temperatures``: comma-separated sampling temperatures, 0 = greedy (``note`` adds to the help)."""
+    text = "comma-separated sampling temperatures, 0 = greedy, " + (note or "e.g. 0,0.7,1")
+    parser.add_argument("--temperatures", default=default, help=f"{text} (default: %(default)s)")
+
+
+def add_progress_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--no-progress`` (dest ``no_progress``); ``--quiet`` is accepted as a hidden alias."""
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument("--quiet", dest="no_progress", action="store_true", help=argparse.SUPPRESS)
+
+
+def add_json_option(parser: argparse.ArgumentParser, what: str = "the results") -> None:
+    """Add ``--json PATH``: write ``what`` as JSON to that file."""
+    parser.add_argument("--json", type=Path, default=None, metavar="PATH", help=f"write {what} as JSON to PATH")
+
+
+def add_limit_option(parser: argparse.ArgumentParser, default: int | None = None, what: str = "prompts") -> None:
+    """Add ``--limit N``: use only the first N ``what``."""
+    tail = " (default: %(default)s)" if default is not None else " (default: all)"
+    parser.add_argument("--limit", type=int, default=default, help=f"use only the first N {what}{tail}")
