@@ -29,8 +29,9 @@ bench-verifiers: setup  ## block efficiency vs the LP limit, and verifier speed
 	$(BIN)/adaptive-spec bench verifiers --json data/bench/verifiers.json
 	$(BIN)/adaptive-spec bench verifiers --speed --json data/bench/verifiers_speed.json
 
-test: setup  ## ruff, then the whole test suite (slow tests included)
+test: setup  ## ruff (lint and format check), then the whole test suite (slow tests included)
 	$(BIN)/ruff check adaptive_spec tests
+	$(BIN)/ruff format --check adaptive_spec tests
 	$(BIN)/python -m pytest -n $(JOBS) -q
 
 test-fast: setup  ## the test suite without the slow-marked tests

@@ -208,11 +208,10 @@ def _prompt_record(line: str, path: Path, line_no: int) -> str:
         raise ValueError(f"{path}:{line_no}: not valid JSON ({err.msg} at column {err.colno})") from None
     if not isinstance(record, dict):
         raise ValueError(
-            f"{path}:{line_no}: expected a JSON object like {{\"prompt\": \"...\"}}, got a {type(record).__name__}"
+            f'{path}:{line_no}: expected a JSON object like {{"prompt": "..."}}, got a {type(record).__name__}'
         )
     if isinstance(record.get("prompt"), str):
         return record["prompt"]
     if isinstance(record.get("turns"), list) and record["turns"]:
         return str(record["turns"][0])
     raise ValueError(f"{path}:{line_no}: a record needs a 'prompt' string or a non-empty 'turns' list")
-

@@ -133,8 +133,11 @@ def test_shared_options_are_spelled_and_explained_alike():
         for action in p._actions:
             if isinstance(action, argparse._SubParsersAction):
                 for name, sub in action.choices.items():
-                    yield from ([(name, sub)] if not any(isinstance(a, argparse._SubParsersAction)
-                                                         for a in sub._actions) else parsers(sub))
+                    yield from (
+                        [(name, sub)]
+                        if not any(isinstance(a, argparse._SubParsersAction) for a in sub._actions)
+                        else parsers(sub)
+                    )
 
     for name, sub in parsers(parser):
         for action in sub._actions:

@@ -58,7 +58,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``bench e2e`` options."""
     add_model_options(parser, ("target", "draft"))
     parser.add_argument(
-        "--prompts", default=None,
+        "--prompts",
+        default=None,
         help="JSON Lines file (.gz ok) with 'prompt' or 'turns', or .txt with one prompt per line "
         "(default: built-in prompts)",
     )
@@ -139,7 +140,8 @@ class _Tally:
             "phase_times_s": self.phase_times_s,
             # Accepted length per depth: the share of steps whose accepted path reached depth d.
             "accepted_by_depth": {str(d): c / self.steps for d, c in sorted(self.depth_reached.items())}
-            if self.steps else {},
+            if self.steps
+            else {},
             # The trees chosen during one generation (the first prompt): [tree nodes, accepted] per step.
             "timeline": self.timeline or [],
             **self._policy_cost(),

@@ -38,10 +38,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"latency profile for the selector's latency features (default: {default_profile_path()} if present)",
     )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=64, help="number of new tokens (default: %(default)s)")
-    parser.add_argument("--temperature", type=float, default=None,
-                        help="0 = greedy (default: the target's generation_config, else 1)")
-    parser.add_argument("--top-k", type=int, default=None,
-                        help="top-k filter, 0 = off (default: the target's generation_config, else off)")
+    parser.add_argument(
+        "--temperature", type=float, default=None, help="0 = greedy (default: the target's generation_config, else 1)"
+    )
+    parser.add_argument(
+        "--top-k",
+        type=int,
+        default=None,
+        help="top-k filter, 0 = off (default: the target's generation_config, else off)",
+    )
     parser.add_argument("--top-p", type=float, default=None,
                         help="nucleus filter, 1 = off (default: the target's generation_config, else off)")  # fmt: skip
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")

@@ -634,9 +634,9 @@ class SpecEngine:
             seed = _as_int(seed, "seed", 0)
             if seed >= 2**64:
                 raise ValueError(f"seed must be below 2**64 (a 64-bit generator seed), got {seed}")
-        if streamer is not None and not (callable(getattr(streamer, "put", None)) and callable(
-            getattr(streamer, "end", None)
-        )):
+        if streamer is not None and not (
+            callable(getattr(streamer, "put", None)) and callable(getattr(streamer, "end", None))
+        ):
             raise TypeError(
                 f"streamer must have put(token_ids) and end() methods, like transformers' TextStreamer; "
                 f"got {type(streamer).__name__}"
@@ -1047,9 +1047,7 @@ def _hub_offline() -> bool:
     from huggingface_hub import constants
 
     flags = (os.environ.get("HF_HUB_OFFLINE"), os.environ.get("TRANSFORMERS_OFFLINE"))
-    return constants.is_offline_mode() or any(
-        (f or "").strip().upper() in ("1", "ON", "YES", "TRUE") for f in flags
-    )
+    return constants.is_offline_mode() or any((f or "").strip().upper() in ("1", "ON", "YES", "TRUE") for f in flags)
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:

@@ -91,8 +91,10 @@ def write_labels(table: LabelTable, path: str | Path) -> Path:
         cols[name] = pa.array(table.features[:, j].astype(np.float32))
     for name in ("draft_hidden", "target_hidden"):
         h = getattr(table, name)
-        cols[name] = pa.array([None] * len(table), pa.list_(pa.float16())) if h is None else pa.array(
-            list(np.asarray(h, np.float16)), pa.list_(pa.float16())
+        cols[name] = (
+            pa.array([None] * len(table), pa.list_(pa.float16()))
+            if h is None
+            else pa.array(list(np.asarray(h, np.float16)), pa.list_(pa.float16()))
         )
     cols["block_efficiency"] = pa.array(list(table.block_efficiency.astype(np.float32)), pa.list_(pa.float32()))
     cols["step_time_s"] = pa.array(list(table.step_time_s.astype(np.float32)), pa.list_(pa.float32()))
@@ -137,7 +139,8 @@ def read_labels(path: str | Path) -> LabelTable:
     return LabelTable(
         actions=actions,
         features=np.stack([arrow.column(n).to_numpy() for n in SCHEMA.names], axis=1).astype(np.float32)
-        if len(arrow) else np.zeros((0, SCHEMA.num_scalar), np.float32),
+        if len(arrow)
+        else np.zeros((0, SCHEMA.num_scalar), np.float32),
         block_efficiency=per_action("block_efficiency"),
         step_time_s=per_action("step_time_s"),
         run_id=arrow.column("run_id").to_pylist(),

@@ -493,9 +493,7 @@ def _check_prob(name: str, value: float) -> None:
 
 
 _POLICY_RE = re.compile(r"\s*(conf-chain|cum-chain|conf-delayed|eagle|learned-chain):([^/]*)\s*")
-POLICY_GRAMMAR = (
-    "conf-chain:D:θ | cum-chain:D:m | conf-delayed:D:θ:K[:θb] | eagle:D:B:k:w[:wor] | learned-chain:D:ρ"
-)
+POLICY_GRAMMAR = "conf-chain:D:θ | cum-chain:D:m | conf-delayed:D:θ:K[:θb] | eagle:D:B:k:w[:wor] | learned-chain:D:ρ"
 
 
 def is_policy_text(text: str) -> bool:

@@ -35,8 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--n-trials", type=int, default=20, help="trials per temperature for this worker, "
                         "enqueued known-good plans included (default: %(default)s)")  # fmt: skip
     parser.add_argument("--timeout", type=float, default=None, help="seconds per temperature at most")
-    parser.add_argument("--temperatures", dest="temperature", type=parse_temperatures, default=[0.0, 1.0],
-                        help="comma-separated sampling temperatures to tune, one study each (default: 0,1)")
+    parser.add_argument(
+        "--temperatures",
+        dest="temperature",
+        type=parse_temperatures,
+        default=[0.0, 1.0],
+        help="comma-separated sampling temperatures to tune, one study each (default: 0,1)",
+    )
     # the older spelling, `--temperature 0 1`, still accepted
     parser.add_argument("--temperature", type=float, nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--objective", choices=("measured", "predicted"), default="measured",

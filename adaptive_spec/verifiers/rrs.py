@@ -39,4 +39,3 @@ def rrs_solve(
             q[x] = 0.0
             q = normalized_or(q, q)
     return sampler.categorical(p), not touched
-

@@ -103,8 +103,13 @@ def run_case(engine: SpecEngine, verifier: str, law: DraftLaw, runs: int) -> flo
 def test_autoregressive_baseline_is_the_target_law(engine: SpecEngine) -> None:
     counts = torch.zeros(V, V, V, dtype=torch.long)
     for seed in range(2000):
-        counts[tuple(engine.generate(PROMPT, max_new_tokens=3, temperature=0.9, top_k=6, seed=seed,
-                                    plan="autoregressive").token_ids)] += 1
+        counts[
+            tuple(
+                engine.generate(
+                    PROMPT, max_new_tokens=3, temperature=0.9, top_k=6, seed=seed, plan="autoregressive"
+                ).token_ids
+            )
+        ] += 1
     assert chi_square_pvalue(counts, exact_law(engine.target, SAMPLING)) > 1e-3
 
 

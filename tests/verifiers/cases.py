@@ -67,11 +67,7 @@ def cases_for(law: DraftLaw, n_random: int = N_RANDOM) -> list[tuple[Instance, T
 def lossless_pairs() -> list[tuple[str, DraftLaw]]:
     """Every (verifier, static drafting law) pair the registry declares lossless."""
     return [
-        (name, law)
-        for name, spec in REGISTRY.items()
-        if spec.lossless
-        for law in sorted(spec.laws)
-        if not law.dynamic
+        (name, law) for name, spec in REGISTRY.items() if spec.lossless for law in sorted(spec.laws) if not law.dynamic
     ]
 
 

@@ -28,9 +28,7 @@ TV_TOL = 1e-9
 
 
 def dynamic_pairs() -> list[tuple[str, DraftLaw]]:
-    return [
-        (name, law) for name, spec in REGISTRY.items() if spec.lossless for law in DYNAMIC_LAWS if law in spec.laws
-    ]
+    return [(name, law) for name, spec in REGISTRY.items() if spec.lossless for law in DYNAMIC_LAWS if law in spec.laws]
 
 
 @pytest.mark.parametrize(("name", "law"), dynamic_pairs(), ids=lambda x: getattr(x, "value", x))
@@ -207,6 +205,7 @@ def test_negative_control_verifier_chosen_after_drafting():
     assert worst > 1e-2, worst
     for name in ("traversal", "gbv"):  # each on its own is exact on the same instances
         assert _lossy_somewhere(REGISTRY[name].fn, TreeShape.iid(2, 2), n=4) < TV_TOL
+
     # Not every such mixture is lossy: picking between token-level and block verification by the
     # first drafted token of a chain happens to stay exact (each is exact given that token).
     def by_first_token(tree, probs, sampler):
