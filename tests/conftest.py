@@ -12,6 +12,8 @@ torch.set_num_threads(int(os.environ.get("ADAPTIVE_SPEC_TEST_THREADS", "1")))
 
 import pytest  # noqa: E402
 
+from tests.helpers.pairs import tiny_pair  # noqa: F401, E402  (a fixture for every test module)
+
 
 def pytest_collection_modifyitems(config, items):
     """``gpu``-marked tests need a CUDA device: skipped cleanly without one (CI has none)."""

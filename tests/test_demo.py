@@ -7,23 +7,13 @@ import shutil
 
 import pytest
 
-import adaptive_spec.files as files
 from adaptive_spec.cli import main
-from tests.engine._tiny import save_tiny_pair
-from tests.selector._tiny_selector import ACTIONS, BEST_STATIC, restamp, tiny_selector
+from tests.helpers.tiny_selector import ACTIONS, BEST_STATIC, restamp, tiny_selector
 
 
 @pytest.fixture(scope="module")
 def selector(tmp_path_factory):
     return tiny_selector(tmp_path_factory.mktemp("selector") / "selector.onnx")
-
-
-@pytest.fixture
-def tiny_pair(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)  # no data/selector, data/profile or configs/plans from the checkout
-    root = save_tiny_pair(tmp_path / "pair", eos=1)
-    monkeypatch.setattr(files, "default_pair_path", lambda: root)
-    return root
 
 
 def test_demo_prints_the_table_and_writes_the_report(tiny_pair, tmp_path, capsys):

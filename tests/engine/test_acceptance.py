@@ -7,14 +7,14 @@ import math
 import numpy as np
 import pytest
 import torch
-from _tiny import perturbed, tiny_model
 
 from adaptive_spec.engine import Plan, SpecEngine
 from adaptive_spec.formats.nodes import NodeLogger, node_rows, read_node_log
 from adaptive_spec.planner.acceptance import AcceptanceModel
 from adaptive_spec.trees import DraftTree, TreeShape
 from adaptive_spec.trees.policy import ACCEPTANCE_FEATURES, LearnedChain, NodeView, PolicyContext
-from tests.verifiers.dynamic_cases import TinyAcceptanceNet
+from tests.helpers.dynamic_cases import TinyAcceptanceNet
+from tests.helpers.tiny import perturbed, tiny_model
 
 
 def _chain_tree() -> tuple[DraftTree, torch.Tensor]:

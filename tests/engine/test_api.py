@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny import perturbed, tiny_model, tiny_tokenizer
+
+from tests.helpers.tiny import perturbed, tiny_model, tiny_tokenizer
 
 V = 48
 

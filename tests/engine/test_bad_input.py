@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from _tiny import perturbed, tiny_model, tiny_tokenizer
 
 from adaptive_spec import SpecEngine
 from adaptive_spec.analysis.exact import completed_tv, output_law
@@ -15,6 +14,7 @@ from adaptive_spec.analysis.instances import Instance, random_instance
 from adaptive_spec.planner import Plan
 from adaptive_spec.trees import TreeShape
 from adaptive_spec.verifiers import REGISTRY
+from tests.helpers.tiny import perturbed, tiny_model, tiny_tokenizer
 
 V = 48
 

@@ -6,9 +6,9 @@ import gzip
 import json
 
 import pytest
-from _tiny import perturbed, tiny_model, tiny_tokenizer
 
 from adaptive_spec.cli import main
+from tests.helpers.tiny import perturbed, tiny_model, tiny_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -58,14 +58,14 @@ def test_bench_e2e_command(saved, tmp_path, capsys) -> None:
 
 @pytest.fixture(scope="module")
 def selector(tmp_path_factory):
-    from tests.selector._tiny_selector import tiny_selector
+    from tests.helpers.tiny_selector import tiny_selector
 
     return tiny_selector(tmp_path_factory.mktemp("selector") / "selector.onnx")
 
 
 def test_generate_with_the_selector(saved, selector, tmp_path, monkeypatch, capsys) -> None:
-    from tests.planner.test_latency import synthetic_profile
-    from tests.selector._tiny_selector import ACTIONS, restamp
+    from tests.helpers.profiles import synthetic_profile
+    from tests.helpers.tiny_selector import ACTIONS, restamp
 
     monkeypatch.chdir(tmp_path)  # no data/profile/profile.json: latency features 0
     args = ["generate", "--target", str(saved / "target"), "--draft", str(saved / "draft"), "--prompt", "w3 w4"]

@@ -11,13 +11,13 @@ from collections import Counter
 
 import pytest
 import torch
-from _tiny import perturbed, tiny_model, tiny_tokenizer
 
 from adaptive_spec.analysis.exact import fixed_tree_law, target_rows
 from adaptive_spec.engine import SpecEngine
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.trees import DraftLaw, TreeShape, ancestor_matrix, sample_tree
 from adaptive_spec.verifiers import REGISTRY, verify
+from tests.helpers.tiny import perturbed, tiny_model, tiny_tokenizer
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda")

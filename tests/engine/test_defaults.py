@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from _tiny import perturbed, tiny_model, tiny_tokenizer
 from transformers import GenerationConfig
 
 from adaptive_spec import SpecEngine
 from adaptive_spec.engine.auto_plan import DEFAULT_PLAN, choose_default_plan
 from adaptive_spec.engine.fingerprint import model_fingerprint, plan_file_matches, stamp_plan_file
 from adaptive_spec.planner import Plan
+from tests.helpers.tiny import perturbed, tiny_model, tiny_tokenizer
 
 V = 48
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -6,13 +6,13 @@ from collections import Counter
 
 import pytest
 import torch
-from _tiny import tiny_model
 from scipy.stats import chi2_contingency
 
 from adaptive_spec.engine.drafting import draft_tree
 from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.trees import DraftTree, TreeShape, sample_tree
+from tests.helpers.tiny import tiny_model
 
 V = 3
 CONTEXT = [0, 2, 1]

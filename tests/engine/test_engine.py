@@ -6,10 +6,10 @@ import copy
 
 import pytest
 import torch
-from _tiny import perturbed, tiny_model, tiny_tokenizer
 
 from adaptive_spec.engine import Plan, SpecEngine, StepResult, StepState
 from adaptive_spec.trees import TreeShape
+from tests.helpers.tiny import perturbed, tiny_model, tiny_tokenizer
 
 V = 48
 

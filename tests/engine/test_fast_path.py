@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny import tiny_model
 
 from adaptive_spec.engine.runner import ModelRunner, fast_path_parts
+from tests.helpers.tiny import tiny_model
 
 
 def _run(model, fast: bool, keep_hidden: bool) -> list[torch.Tensor]:

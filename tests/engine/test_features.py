@@ -7,11 +7,11 @@ import math
 
 import pytest
 import torch
-from _tiny import perturbed, tiny_model
 
 from adaptive_spec.engine import SpecEngine, StepState
 from adaptive_spec.engine.features import LOG_CLAMP
 from adaptive_spec.formats.features import SCHEMA
+from tests.helpers.tiny import perturbed, tiny_model
 
 V = 48
 

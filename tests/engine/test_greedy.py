@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny import perturbed, tiny_model
 
 from adaptive_spec.engine import SpecEngine
 from adaptive_spec.planner import Plan
 from adaptive_spec.verifiers import REGISTRY
+from tests.helpers.tiny import perturbed, tiny_model
 
 SHAPES = ["chain:3", "iid:2x3", "delayed:1x2x2", "wor:2x2x1", "conf-chain:5:0.3", "cum-chain:6:0.2",
           "conf-delayed:4:0.6:2", "eagle:3:8:2:2", "eagle:3:8:2:2:wor"]  # fmt: skip

@@ -12,13 +12,13 @@ import itertools
 
 import pytest
 import torch
-from _tiny import perturbed, tiny_model
 from scipy.stats import chisquare
 
 from adaptive_spec.engine import SpecEngine
 from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
 from adaptive_spec.trees import DraftLaw
 from adaptive_spec.verifiers import REGISTRY
+from tests.helpers.tiny import perturbed, tiny_model
 
 V = 8
 PROMPT = [3]  # one token: no prefill, so each run is a few forwards
@@ -142,7 +142,7 @@ def test_lossless_learned_chain(engine: SpecEngine) -> None:
     """A chain grown by an acceptance model (a fixed random network here), block verification."""
     from adaptive_spec.engine import Plan
     from adaptive_spec.trees.policy import LearnedChain
-    from tests.verifiers.dynamic_cases import TinyAcceptanceNet
+    from tests.helpers.dynamic_cases import TinyAcceptanceNet
 
     plan = Plan(LearnedChain(depth=3, cost_ratio=0.1, predictor=TinyAcceptanceNet(3)), "block")
     counts = torch.zeros(V, V, V, dtype=torch.long)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny import ATTN, KINDS, tiny_model
 
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.trees import TreeShape, ancestor_matrix, sample_tree
+from tests.helpers.tiny import ATTN, KINDS, tiny_model
 
 
 def _sequential_logits(model, ids: list[int]) -> torch.Tensor:

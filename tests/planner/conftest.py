@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import adaptive_spec.files as files
-from tests.engine._tiny import save_tiny_pair as _save
+from tests.helpers.tiny import save_tiny_pair as _save
 
 
 def save_tiny_pair(root: Path) -> Path:

@@ -191,7 +191,7 @@ def test_engine_runs_one_draft_forward_per_level_as_the_structure_says():
     import torch
 
     from adaptive_spec.engine import SpecEngine
-    from tests.engine._tiny import perturbed, tiny_model
+    from tests.helpers.tiny import perturbed, tiny_model
 
     target = tiny_model("llama", vocab=48, seed=3)
     engine = SpecEngine(target, perturbed(target, 0.2, seed=4), device="cpu")

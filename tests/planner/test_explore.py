@@ -93,7 +93,7 @@ def test_explore_planner_drives_the_engine_reproducibly():
     import torch
 
     from adaptive_spec.engine import SpecEngine
-    from tests.engine._tiny import perturbed, tiny_model
+    from tests.helpers.tiny import perturbed, tiny_model
 
     target = tiny_model("llama", vocab=48, seed=3, eos=None)
     engine = SpecEngine(target, perturbed(target, 0.2, seed=4), device="cpu")

@@ -12,7 +12,7 @@ from adaptive_spec.planner import Plan
 from adaptive_spec.selector.export import export_net
 from adaptive_spec.selector.model import SelectorNet
 from adaptive_spec.selector.runtime import AdaptivePlanner
-from tests.engine._tiny import perturbed, tiny_model, tiny_tokenizer
+from tests.helpers.tiny import perturbed, tiny_model, tiny_tokenizer
 
 V = 48
 ACTIONS = ["chain:1/block", "chain:3/block", "iid:2x2/traversal", "delayed:1x2x2/traversal", "wor:2x1/rrsw"]

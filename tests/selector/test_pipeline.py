@@ -11,12 +11,11 @@ from adaptive_spec.formats.features import SCHEMA
 from adaptive_spec.formats.label_table import read_labels
 from adaptive_spec.selector.export import run_report_path
 from adaptive_spec.selector.runtime import SelectorRuntime
-from tests.planner.test_latency import synthetic_profile
-from tests.test_demo import tiny_pair  # noqa: F401  (fixture)
+from tests.helpers.profiles import synthetic_profile
 
 
 @pytest.mark.slow
-def test_pipeline_runs_end_to_end(tiny_pair, tmp_path, monkeypatch):  # noqa: F811
+def test_pipeline_runs_end_to_end(tiny_pair, tmp_path, monkeypatch):
     monkeypatch.setenv("ADAPTIVE_SPEC_HOME", str(tmp_path / "home"))
     prompts = tmp_path / "train.txt"
     prompts.write_text("\n".join(["w5 w6 w7", "w9 w3", "w10 w11 w2", "w12 w4", "w8 w13 w14", "w15 w16"]))

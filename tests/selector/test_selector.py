@@ -34,7 +34,7 @@ from adaptive_spec.selector.runtime import (
     SelectorRuntime,
     decision_latency_us,
 )
-from tests.selector._synthetic import ACTIONS, synthetic_labels
+from tests.helpers.synthetic_labels import ACTIONS, synthetic_labels
 
 EPOCHS = 12
 

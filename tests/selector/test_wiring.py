@@ -22,9 +22,9 @@ from adaptive_spec.selector.runtime import (
     find_selector,
     latency_model_for,
 )
-from tests.planner.test_latency import synthetic_profile
-from tests.selector._synthetic import synthetic_labels
-from tests.selector._tiny_selector import ACTIONS, BEST_STATIC, restamp, tiny_selector
+from tests.helpers.profiles import synthetic_profile
+from tests.helpers.synthetic_labels import synthetic_labels
+from tests.helpers.tiny_selector import ACTIONS, BEST_STATIC, restamp, tiny_selector
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 import adaptive_spec.files as files
-from tests.engine._tiny import save_tiny_pair
-from tests.tuning._labels import write_synthetic_labels
-from tests.tuning._postgres import postgres_url  # noqa: F401  (a fixture)
+from tests.helpers.postgres import postgres_url  # noqa: F401  (a fixture)
+from tests.helpers.tiny import save_tiny_pair
+from tests.helpers.tuning_labels import write_synthetic_labels
 
 
 @pytest.fixture

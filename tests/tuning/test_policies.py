@@ -12,7 +12,7 @@ from adaptive_spec.cli import main
 from adaptive_spec.planner import Plan
 from adaptive_spec.planner.presets import load_in_draft
 from adaptive_spec.tuning.policies import choose
-from tests.engine._tiny import save_tiny_pair
+from tests.helpers.tiny import save_tiny_pair
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from adaptive_spec.cli import main
 from adaptive_spec.formats.label_table import write_labels
 from adaptive_spec.tuning.space import SELECTOR_KNOWN_GOOD
 from adaptive_spec.tuning.storage import open_study
-from tests.selector._synthetic import synthetic_labels
+from tests.helpers.synthetic_labels import synthetic_labels
 
 
 @pytest.mark.slow

@@ -21,8 +21,8 @@ from adaptive_spec.trees.policy import ConfidenceChain, DraftPolicy, FixedShapeP
 from adaptive_spec.verifiers import REGISTRY
 from adaptive_spec.verifiers.registry import IncompatibleTreeError, check_compatible
 from adaptive_spec.verifiers.token import verify_token
-from tests.verifiers.cases import instance_for
-from tests.verifiers.dynamic_cases import DYNAMIC_LAWS, dynamic_cases
+from tests.helpers.dynamic_cases import DYNAMIC_LAWS, dynamic_cases
+from tests.helpers.verifier_cases import instance_for
 
 TV_TOL = 1e-9
 
@@ -65,7 +65,7 @@ def _lossy_somewhere(verifier, drafter, n: int = 12, depth: int = 2) -> float:
 
 def test_gbv_is_lossy_on_policy_trees():
     """Why GBV is refused for dynamic trees: its skewed law assumes K fixed i.i.d. paths."""
-    from tests.verifiers.dynamic_cases import RandomPolicy
+    from tests.helpers.dynamic_cases import RandomPolicy
 
     pol = RandomPolicy(depth=2, budget=3, kind=DraftLaw.DYNAMIC_IID)
 
@@ -227,7 +227,7 @@ def test_negative_control_child_count_decided_after_seeing_the_children():
 def test_policy_trees_respect_depth_budget_and_law():
     inst = random_instance(5, 3)
     gen = torch.Generator().manual_seed(0)
-    from tests.verifiers.dynamic_cases import policies_for
+    from tests.helpers.dynamic_cases import policies_for
 
     for law in DYNAMIC_LAWS:
         for pol in policies_for(law):

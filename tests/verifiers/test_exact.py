@@ -6,7 +6,7 @@ import pytest
 
 from adaptive_spec.analysis.exact import completed_tv, output_law
 from adaptive_spec.verifiers import REGISTRY
-from tests.verifiers.cases import cases_for, instance_for, lossless_pairs
+from tests.helpers.verifier_cases import cases_for, instance_for, lossless_pairs
 
 TV_TOL = 1e-9
 

@@ -9,7 +9,7 @@ from adaptive_spec.analysis.exact import fixed_tree_law, target_rows
 from adaptive_spec.analysis.expected import expected_block_efficiency, greedy_block_efficiency
 from adaptive_spec.trees import DraftLaw, TreeShape, sample_tree
 from adaptive_spec.verifiers import REGISTRY
-from tests.verifiers.cases import cases_for, instance_for, lossless_pairs
+from tests.helpers.verifier_cases import cases_for, instance_for, lossless_pairs
 
 
 def _full_expectation(name, tree, rows) -> float:

@@ -13,7 +13,7 @@ from adaptive_spec.analysis.instances import Instance, one_hot_target
 from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftLaw, TreeShape, sample_tree
 from adaptive_spec.verifiers import REGISTRY, verify
-from tests.verifiers.cases import lossless_pairs
+from tests.helpers.verifier_cases import lossless_pairs
 
 SHAPE_FOR = {
     DraftLaw.CHAIN: TreeShape.chain(4),

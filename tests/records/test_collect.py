@@ -15,11 +15,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from adaptive_spec.cli import main
-from adaptive_spec.formats.feature_log import read_manifest, read_shards
 from adaptive_spec.engine.features import LATENCY_NAMES
+from adaptive_spec.formats.feature_log import read_manifest, read_shards
 from adaptive_spec.formats.features import SCHEMA
-from tests.engine._tiny import perturbed, tiny_model, tiny_tokenizer
-from tests.planner.test_latency import synthetic_profile
+from tests.helpers.profiles import synthetic_profile
+from tests.helpers.tiny import perturbed, tiny_model, tiny_tokenizer
 
 V = 48
 

@@ -10,10 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from adaptive_spec.formats.feature_log import FeatureLogger, arrow_schema, prompt_key, read_manifest, read_shards
 from adaptive_spec.engine import SpecEngine, StepState
+from adaptive_spec.formats.feature_log import FeatureLogger, arrow_schema, prompt_key, read_manifest, read_shards
 from adaptive_spec.formats.features import SCHEMA
-from tests.engine._tiny import perturbed, tiny_model, tiny_tokenizer
+from tests.helpers.tiny import perturbed, tiny_model, tiny_tokenizer
 
 V = 48
 INFO = {"models": {"target": {"config": {"hidden_size": 8}}, "vocab_size": 7}, "run": {"device": "cpu"}}

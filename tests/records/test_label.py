@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from adaptive_spec.records.label import LabelConfig, Labeller, family_specs
+from adaptive_spec.analysis.exact import target_rows, tree_law
+from adaptive_spec.analysis.expected import expected_block_efficiency
 from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
 from adaptive_spec.planner.latency import LatencyModel
 from adaptive_spec.planner.plan import Plan
-from adaptive_spec.analysis.exact import target_rows, tree_law
-from adaptive_spec.analysis.expected import expected_block_efficiency
-from tests.engine._tiny import tiny_model
-from tests.planner.test_latency import synthetic_profile
+from adaptive_spec.records.label import LabelConfig, Labeller, family_specs
+from tests.helpers.profiles import synthetic_profile
+from tests.helpers.tiny import tiny_model
 
 V = 5
 CONTEXT = [0, 3, 2]
