@@ -33,12 +33,13 @@ class AcceptanceModel:
     """An exported acceptance model: ``model(features) -> probabilities`` (float32 [n, F] -> [n, 2]).
 
     The ``.onnx`` file is the artifact. It is loaded with onnxruntime, which serves as the
-    reference. Inside generation the network is evaluated by default with numpy, from the layer
-    weights stored in the same file's metadata (``backend="numpy"``), after a parity check
-    against onnxruntime on a probe batch at load. The reason is cost: a decision is made once
-    per draft level, and right after the model forwards an onnxruntime call costs 150-200 µs
-    (cold caches), several draft forwards' worth of a 5% budget, while the numpy MLP costs a
-    few µs (``bench overhead`` reports the measured decision cost per level).
+    reference. Inside generation the network is evaluated by default without it, from the layer
+    weights stored in the same file's metadata (``backend="numpy"``: numpy for batches, plain
+    Python for the one row a chain decides per level), after a parity check against
+    onnxruntime on a probe batch at load. The reason is cost: a decision is made once per draft
+    level, and right after the model forwards an onnxruntime call costs 150-200 µs (cold
+    caches), while the budget is 5% of a draft forward. ``bench e2e`` reports the measured
+    decision cost per level.
 
     Args:
         path: the ``.onnx`` file written by ``adaptive-spec selector acceptance``.
