@@ -93,21 +93,11 @@ class ModelRunner:
             tokens = tokens.clamp(max=self.input_limit - 1)
         n = tokens.numel()
         pos = torch.arange(self.cached, self.cached + n, device=tokens.device)
-        if self.fast_parts is not None:
-            mask = None
-            if n > 1:  # the causal mask after the cached rows, explicit (None means "attend to all")
-                mask = additive_mask(torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril_(),
-                                     self.cached, self.dtype)  # fmt: skip
-            logits = self._fast_forward(tokens, pos, mask, logits_to_keep)
-        else:
-            out = self._forward(
-                input_ids=tokens[None],
-                position_ids=pos[None],
-                past_key_values=self.cache,
-                use_cache=True,
-                logits_to_keep=logits_to_keep,
-            )
-            logits = out.logits[0]
+        mask = None  # the model's own causal mask
+        if self.fast_parts is not None and n > 1:  # the fast path needs it explicit (None: "attend to all")
+            mask = additive_mask(torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril_(),
+                                 self.cached, self.dtype)  # fmt: skip
+        logits = self._run_model(tokens, pos, mask, logits_to_keep)
         self.forwards += 1
         self.cached += n
         return logits
@@ -133,17 +123,20 @@ class ModelRunner:
             raise RuntimeError(f"cache holds {self.cache_length()} rows, expected {past + m - n}")
         mask = additive_mask(ancestors, past, self.dtype)  # [1, 1, n, past + m]
         self.forwards += 1
+        return self._run_model(input_ids, position_ids, mask, logits_to_keep)  # [logits_to_keep, V']
+
+    def _run_model(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, logits_to_keep: int
+    ) -> torch.Tensor:
+        """One forward against the cache, by the fast path or the model's own forward; logits [logits_to_keep, V']."""
         if self.fast_parts is not None:
             return self._fast_forward(input_ids, position_ids, mask, logits_to_keep)
+        kwargs = {"attention_mask": mask} if mask is not None else {}
         out = self._forward(
-            input_ids=input_ids[None],
-            attention_mask=mask,
-            position_ids=position_ids[None],
-            past_key_values=self.cache,
-            use_cache=True,
-            logits_to_keep=logits_to_keep,
-        )
-        return out.logits[0]  # [logits_to_keep, V']
+            input_ids=input_ids[None], position_ids=position_ids[None], past_key_values=self.cache, use_cache=True,
+            logits_to_keep=logits_to_keep, **kwargs,
+        )  # fmt: skip
+        return out.logits[0]
 
     def _fast_forward(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, logits_to_keep: int
