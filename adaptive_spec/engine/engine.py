@@ -145,7 +145,6 @@ class _StepOutput:
     """What one decoding step produced, before the emission rules."""
 
     context_length: int
-    remaining: int
     emitted: list[int] = field(default_factory=list)
     result: StepResult | None = None
     features: Any = None
@@ -719,7 +718,7 @@ class SpecEngine:
         """One decoding step: plan -> draft -> one target pass -> verify -> commit (or one autoregressive token)."""
         state, sampling = run.state, run.sampling
         remaining = run.budget - len(state.generated)
-        out = _StepOutput(context_length=len(state.context), remaining=remaining)
+        out = _StepOutput(context_length=len(state.context))
         if run.planner is None:
             out.emitted = self._autoregressive_step(state, run.target_probs_fn, sampling.greedy, run.timer)
         else:
