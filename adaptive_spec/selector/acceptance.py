@@ -362,7 +362,7 @@ def run(args: argparse.Namespace) -> int:
     training["plan"] = args.plan
     summary["training"] = training
     summary["export"] = export_acceptance(net, out / ACCEPTANCE_FILE, training)
-    _, val = _split(data["group"], 0.2, args.seed)
+    val = np.isin(data["group"], training["val_groups"])  # the validation rows of the training run
     report = calibration_report(net, data, val, out / "report")
     summary["calibration"] = {g: {h: r[h]["ece"] for h in r} for g, r in report.items()}
     if args.install:
