@@ -30,6 +30,7 @@ FORMAT = "adaptive-spec-selector/1"  # same string as adaptive_spec.selector.exp
 HIDDEN_INPUTS = ("draft_hidden", "target_hidden")
 LATENCY_FEATURES = ("draft_ms", "target_ms", "target_ms_per_token")  # 0 when the engine has no latency model
 SELECTOR_FILE = "selector.onnx"
+PROFILE_SUFFIX = ".profile.json"  # the selector's own latency profile: selector.profile.json
 PIPELINE_HINT = "build one with `make selector` (= `adaptive-spec selector pipeline --install`)"
 
 
@@ -306,12 +307,28 @@ def find_selector(path: str | Path | None = None) -> Path:
     )
 
 
+def selector_profile_path(selector: str | Path) -> Path:
+    """Where a selector's own latency profile sits: ``selector.onnx`` -> ``selector.profile.json`` beside it.
+
+    ``selector pipeline`` writes the profile its labels were computed with there, so the selector
+    runs with the latency features it was trained on.
+    """
+    selector = Path(selector)
+    return selector.with_name(selector.stem + PROFILE_SUFFIX)
+
+
 def latency_model_for(runtime: SelectorRuntime | None, profile: str | Path | None = None) -> tuple[Any, str | None]:
     """The latency model that feeds the selector's latency features, and a warning if there is none.
 
+    Looks, in order, at: ``profile`` if given; the selector's own profile beside its file
+    (:func:`selector_profile_path`, the one it was trained with); the default
+    ``data/profile/profile.json`` of ``adaptive-spec profile``.
+    :func:`adaptive_spec.bench.profile.latency_for_selector` goes one step further and measures
+    one on first use.
+
     Args:
-        runtime: the selector that will read the features (None: no check).
-        profile: a latency profile JSON; None looks at the default ``data/profile/profile.json``.
+        runtime: the selector that will read the features (None: no selector, no check).
+        profile: a latency profile JSON.
 
     Returns:
         ``(model, warning)``: a :class:`~adaptive_spec.planner.latency.LatencyModel` or None
@@ -325,14 +342,16 @@ def latency_model_for(runtime: SelectorRuntime | None, profile: str | Path | Non
 
     if profile is not None:
         return LatencyModel.load(profile), None
+    if runtime is not None and selector_profile_path(runtime.path).is_file():
+        return LatencyModel.load(selector_profile_path(runtime.path)), None
     if default_profile_path().is_file():
         return LatencyModel.load(None), None
     warning = None
     if runtime is not None and runtime.trained_with_latency_features:
         warning = (
             f"the selector {runtime.path} was trained with latency features but there is no latency profile "
-            f"(looked at {default_profile_path()}): they will be 0 and its choices may suffer; measure one with "
-            "`adaptive-spec profile` or pass --profile PATH"
+            f"(looked at {selector_profile_path(runtime.path)} and {default_profile_path()}): they will be 0 and "
+            "its choices may suffer; measure one with `adaptive-spec profile` or pass --profile PATH"
         )
     return None, warning
 

@@ -159,3 +159,42 @@ def test_export_checkpoint_records_the_best_static_actions_of_training(tmp_path)
     for t in (0.0, 1.0):
         assert rt.best_static(t) == Plan.parse(dm.spec["best_static"][f"T={t:g},top_p=1"])
     assert rt.trained_with_latency_features is True  # the synthetic labels carry draft_ms = 1.5 etc.
+
+
+def test_the_selector_runs_with_its_own_profile_or_one_measured_on_first_use(tmp_path, monkeypatch, selector):
+    from adaptive_spec.bench.profile import cached_profile_path, latency_for_selector
+    from adaptive_spec.engine import SpecEngine
+    from adaptive_spec.selector.runtime import selector_profile_path
+    from tests.helpers.tiny import perturbed, tiny_model
+
+    monkeypatch.chdir(tmp_path)  # no data/profile/profile.json here
+    monkeypatch.setenv("ADAPTIVE_SPEC_HOME", str(tmp_path / "home"))
+    means = {"draft_ms": 1.5, "target_ms": 8.0, "target_ms_per_token": 0.3}
+    (tmp_path / "sel").mkdir()
+    path = restamp(selector, tmp_path / "sel" / "selector.onnx", training={"latency_feature_mean": means})
+    rt = SelectorRuntime(path)
+    target = tiny_model(max_positions=160)
+    engine = SpecEngine(target, perturbed(target))
+
+    # 1. No profile anywhere: measured once for this pair and device, cached in the user data folder.
+    model, note = latency_for_selector(engine, rt, progress=False)
+    cached = cached_profile_path(engine)
+    assert cached.is_file() and cached.is_relative_to(tmp_path / "home")
+    assert "measured" in note and str(cached) in note
+    assert model.features(50)["target_ms"] > 0
+    assert max(json.loads(cached.read_text())["contexts"]) + 64 <= 160  # a grid that fits the window
+    mtime = cached.stat().st_mtime_ns
+    model, note = latency_for_selector(engine, rt, progress=False)  # 2. the cache, not a new measurement
+    assert cached.stat().st_mtime_ns == mtime and "from" in note and model is not None
+
+    # 3. The selector's own profile (the one it was trained with) comes before the cache.
+    own = synthetic_profile()
+    own["target_ms"] = [[123.0 for _ in row] for row in own["target_ms"]]
+    selector_profile_path(path).write_text(json.dumps(own))
+    assert selector_profile_path(path) == tmp_path / "sel" / "selector.profile.json"
+    model, note = latency_for_selector(engine, rt, progress=False)
+    assert note is None and model.features(50)["target_ms"] == pytest.approx(123.0)
+
+    # 4. A selector trained without latency features gets none, and nothing is measured.
+    bare = SelectorRuntime(restamp(selector, tmp_path / "bare.onnx", training={}))
+    assert latency_for_selector(engine, bare, progress=False) == (None, None)
