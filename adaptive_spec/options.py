@@ -5,7 +5,9 @@
   :func:`adaptive_spec.temperatures.parse_temperatures`);
 - :func:`add_progress_option`: ``--no-progress`` (``--quiet`` is a hidden alias);
 - :func:`add_json_option`: ``--json PATH``, a file the verb writes;
-- :func:`add_limit_option`: ``--limit N``, the first N prompts.
+- :func:`add_limit_option`: ``--limit N``, the first N prompts;
+- :func:`add_out_dir_option` and :func:`out_file`: ``--out DIR``, the folder a verb creates and
+  writes its files into, under fixed names (``--json PATH`` is the option that names one file).
 
 Standard library only, so any command module may import it.
 """
@@ -13,6 +15,7 @@ Standard library only, so any command module may import it.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 __all__ = [
@@ -20,8 +23,10 @@ __all__ = [
     "add_json_option",
     "add_limit_option",
     "add_model_options",
+    "add_out_dir_option",
     "add_progress_option",
     "add_temperatures_option",
+    "out_file",
 ]
 
 MODEL_OPTIONS = ("target", "draft", "device", "dtype")
@@ -70,3 +75,43 @@ def add_limit_option(parser: argparse.ArgumentParser, default: int | None = None
     """Add ``--limit N``: use only the first N ``what``."""
     tail = " (default: %(default)s)" if default is not None else " (default: all)"
     parser.add_argument("--limit", type=int, default=default, help=f"use only the first N {what}{tail}")
+
+
+def add_out_dir_option(
+    parser: argparse.ArgumentParser, files: str, default: str | Path | None = None, *, default_text: str | None = None
+) -> None:
+    """Add ``--out DIR``: the folder (created) the verb writes ``files`` into.
+
+    ``default_text`` describes a default that :func:`out_file` resolves later (when ``default`` is None).
+    """
+    shown = default_text if default_text is not None else str(default)
+    parser.add_argument(
+        "--out", type=Path, default=default, metavar="DIR",
+        help=f"folder to write {files} into, created if missing (default: {shown})",
+    )  # fmt: skip
+
+
+def out_file(out: str | Path, name: str, verb: str) -> Path:
+    """The file ``name`` that a verb writes into its ``--out`` folder ``out``, which is created.
+
+    For one release, an ``out`` whose suffix is ``name``'s (the file type ``--out`` took before it
+    meant a folder: ``.parquet``, ``.jsonl``, ``.onnx``, ``.json``) is still that exact file: it is
+    returned as given (its parent folder created), after one deprecation warning line on stderr.
+
+    Args:
+        out: the ``--out`` value.
+        name: the file's fixed name in the folder, e.g. ``labels.parquet``.
+        verb: the command, for the warning (``"selector export"``).
+    """
+    out = Path(out)
+    suffix = Path(name).suffix
+    if suffix and out.suffix == suffix:
+        print(
+            f"warning: `{verb} --out {out}`: --out is now a folder, the {suffix} file form goes in the next "
+            f"release; pass --out {out.parent} to write {out.parent / name}",
+            file=sys.stderr,
+        )
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    return out / name

@@ -111,14 +111,14 @@ def test_old_spellings_still_work_with_a_deprecation_note(capsys):
 def test_call_command_builds_typed_arguments_from_the_parser():
     from pathlib import Path
 
-    from adaptive_spec.commands.call import command_namespace
+    from adaptive_spec.cli.call import command_namespace
 
-    args = command_namespace("adaptive_spec.records.label_cli", log_dir=Path("log"), every=2)
+    args = command_namespace("adaptive_spec.cli.label", log_dir=Path("log"), every=2)
     assert args.log_dir == Path("log") and args.every == 2 and args.samples == 4  # the parser's default
     with pytest.raises(TypeError, match="has no option evrey"):
-        command_namespace("adaptive_spec.records.label_cli", log_dir=Path("log"), evrey=2)
+        command_namespace("adaptive_spec.cli.label", log_dir=Path("log"), evrey=2)
     with pytest.raises(TypeError, match="needs log_dir"):
-        command_namespace("adaptive_spec.records.label_cli")
+        command_namespace("adaptive_spec.cli.label")
 
 
 def test_shared_options_are_spelled_and_explained_alike():

@@ -30,8 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("records", "selector"),  # collect/label; the learned selector
     ("bench",),
     ("tuning",),
-    ("commands",),
-    ("cli",),
+    ("cli",),  # the command line: one module per verb, above every library package
     ("__main__",),
 ]
 # Known upward imports, each with the change that removes it; a test fails once one is gone, so

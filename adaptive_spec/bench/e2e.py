@@ -29,8 +29,6 @@ list, the first turn is used) or ``.txt`` (one prompt per line), read by
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from collections import Counter
@@ -38,59 +36,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from adaptive_spec.engine.load import load_engine
-from adaptive_spec.options import (
-    add_json_option,
-    add_limit_option,
-    add_model_options,
-    add_progress_option,
-    add_temperatures_option,
-)
-from adaptive_spec.planner.latency import default_profile_path
-from adaptive_spec.planner.presets import DEFAULT_PLANS
-from adaptive_spec.temperatures import parse_temperatures, temperature_key
+from adaptive_spec.temperatures import temperature_key
 
 ADAPTIVE, BEST_STATIC, IN_DRAFT = "adaptive", "best-static", "in-draft"
 TOP_ACTIONS = 10
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register the ``bench e2e`` options."""
-    add_model_options(parser, ("target", "draft"))
-    parser.add_argument(
-        "--prompts",
-        default=None,
-        help="JSON Lines file (.gz ok) with 'prompt' or 'turns', or .txt with one prompt per line "
-        "(default: built-in prompts)",
-    )
-    parser.add_argument(
-        "--plans", default=",".join(DEFAULT_PLANS),
-        help=f"comma-separated plans, '{IN_DRAFT}' (the tuned in-draft planner), '{ADAPTIVE}' (the selector) or "
-        f"'{BEST_STATIC}' (default: %(default)s)",
-    )  # fmt: skip
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
-    add_temperatures_option(parser, None, "measured in one interleaved run (overrides --temperature)")
-    parser.add_argument(
-        "--selector", default=None,
-        help=f"the '{ADAPTIVE}' plan's ONNX selector (default: the one installed in the user data folder, else "
-        "shipped with the built-in pair, else data/selector/selector.onnx)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--best-static-file", default=None,
-        help=f"'{BEST_STATIC}' plans when the selector records none (default: configs/plans/best-static.yaml)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--profile", default=None,
-        help=f"latency profile for the selector's latency features (default: {default_profile_path()} if present, "
-        "else the features are 0)",
-    )  # fmt: skip
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
-    add_limit_option(parser)
-    parser.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i (default: %(default)s)")
-    add_model_options(parser, ("device", "dtype"))
-    parser.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
-    add_json_option(parser)
-    add_progress_option(parser)
 
 
 class _Tally:
@@ -476,72 +425,6 @@ def _best_static(runtime, temperatures, keys, path) -> tuple[dict[str, Any], dic
             raise ValueError(str(err)) from None
         source = str(path) if path is not None else "configs/plans/best-static.yaml (adaptive-spec tune plans)"
     return chosen, {"source": source, "plans": {k: str(p) for k, p in chosen.items()}}
-
-
-def run(args: argparse.Namespace) -> int:
-    """Run the benchmark, print a table per temperature, optionally write JSON; return the exit status."""
-    from adaptive_spec.selector.runtime import latency_model_for
-
-    try:
-        temps = parse_temperatures(args.temperatures or str(args.temperature))
-        plans, info = resolve_plans(
-            args.plans.split(","), temps, selector=args.selector, best_static_file=args.best_static_file
-        )
-        runtime = info.pop("runtime")
-        latency, warning = (None, None)
-        if args.profile is not None or ADAPTIVE in plans:
-            latency, warning = latency_model_for(runtime if ADAPTIVE in plans else None, args.profile)
-    except (FileNotFoundError, LookupError, ValueError) as err:
-        raise SystemExit(f"bench e2e: {err}") from None
-    if not plans:
-        raise SystemExit("bench e2e: --plans names no plan")
-    if warning:
-        print(f"warning: {warning}", file=sys.stderr)
-    # Prompts first: a missing or malformed prompt file is reported before the models load.
-    try:
-        if args.prompts is None:
-            from adaptive_spec.files import default_prompts
-
-            prompts = default_prompts()[: args.limit] if args.limit else default_prompts()
-        else:
-            from adaptive_spec.files import read_prompts
-
-            prompts = read_prompts(args.prompts, args.limit)
-    except (FileNotFoundError, ValueError) as err:
-        raise SystemExit(f"bench e2e: {err}") from None
-    engine = load_engine(args.target, args.draft, args.device, args.dtype, latency_model=latency)
-    report = measure(
-        engine, prompts, plans, temps, args.max_new_tokens, args.seed, hf=not args.no_hf,
-        progress=not args.no_progress,
-    )  # fmt: skip
-    report["config"] = {
-        "target": args.target or "default pair",
-        "draft": args.draft or "default pair",
-        "prompts": str(args.prompts or "built-in prompts"),
-        "num_prompts": len(prompts),
-        "temperatures": temps,
-        "plans": list(plans),
-        "selector": info["selector"],
-        "best_static": info["best_static"],
-        "latency_profile": None if latency is None else str(args.profile or default_profile_path()),
-        "max_new_tokens": args.max_new_tokens,
-        "seed": args.seed,
-        "device": str(engine.device),
-        "dtype": str(engine.target.dtype),
-        "threads": __import__("torch").get_num_threads(),
-    }
-    report = {"config": report.pop("config"), **report}
-    for k, res in report["runs"].items():
-        print(f"\ntemperature {k}, {len(prompts)} prompts, {args.max_new_tokens} new tokens each")
-        print_table([*res["baselines"].values(), *res["results"]])
-        hf_row = res["baselines"].get("hf_assisted", {})
-        if hf_row.get("error"):
-            print(f"HF assisted generation failed: {hf_row['error']}")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.json}")
-    return 0
 
 
 def print_table(rows: list[dict]) -> None:

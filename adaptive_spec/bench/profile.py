@@ -25,7 +25,6 @@ Three measurements, all through the engine's own code paths, saved as one JSON p
 
 from __future__ import annotations
 
-import argparse
 import datetime as dt
 import platform
 import statistics
@@ -35,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from adaptive_spec.files import write_json_atomic
-from adaptive_spec.options import add_model_options, add_progress_option
 from adaptive_spec.planner import Planner, as_plan
 
 DEFAULT_CONTEXTS = (32, 128, 256, 512)
@@ -619,82 +617,6 @@ def plot_profile(profile: dict[str, Any], path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-
-
-# ---------------------------------------------------------------------- CLI
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values:
-        raise argparse.ArgumentTypeError("expected at least one integer")
-    return values
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from adaptive_spec.planner.latency import default_profile_path
-
-    add_model_options(parser, dtype_default="the engine's")
-    parser.add_argument("--out", type=Path, default=default_profile_path(), help="profile JSON (default: %(default)s)")
-    parser.add_argument(
-        "--contexts", type=_int_list, default=list(DEFAULT_CONTEXTS), help="KV-cache lengths (default: 32,128,256,512)"
-    )
-    parser.add_argument(
-        "--tokens", type=_int_list, default=list(DEFAULT_TOKENS), help="tokens per forward (default: 1,2,4,...,64)"
-    )
-    parser.add_argument("--warmup", type=int, default=3, help="untimed calls per grid point (default: %(default)s)")
-    parser.add_argument("--repeats", type=int, default=10, help="timed calls per grid point (default: %(default)s)")
-    parser.add_argument(
-        "--calibration-plans", default=CALIBRATION_PLANS, help="plans for the bookkeeping fit; '' skips it"
-    )
-    parser.add_argument(
-        "--calibration-tokens", type=int, default=48, help="new tokens per calibration run (default: %(default)s)"
-    )
-    parser.add_argument(
-        "--verify-trees", type=int, default=3, help="sampled trees per shape for the verifiers (default: %(default)s)"
-    )
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
-    parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
-    parser.add_argument("--no-plot", action="store_true", help="skip the PNG next to the JSON")
-    add_progress_option(parser)
-
-
-def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from adaptive_spec.engine.load import load_engine
-    from adaptive_spec.planner.actions import parse_plans
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.repeats < 1 or args.warmup < 0 or args.verify_trees < 1:
-        raise SystemExit("--repeats and --verify-trees must be >= 1, --warmup >= 0")
-    try:
-        plans = parse_plans(args.calibration_plans)
-    except ValueError as err:
-        raise SystemExit(f"--calibration-plans: {err}") from None
-    engine = load_engine(args.target, args.draft, args.device, args.dtype)
-    labels = {"target": args.target or "built-in pair (target)", "draft": args.draft or "built-in pair (draft)"}
-    try:
-        profile = measure_profile(
-            engine, args.contexts, args.tokens, args.warmup, args.repeats, plans,
-            calibration_tokens=args.calibration_tokens, seed=args.seed, progress=not args.no_progress, models=labels,
-            verify_trees=args.verify_trees,
-        )  # fmt: skip
-    except ValueError as err:
-        raise SystemExit(f"profile: {err}") from None
-    write_json_atomic(profile, args.out)
-    print(f"wrote {args.out}")
-    if not args.no_plot:
-        from adaptive_spec.extras import have, skipped
-
-        if have("matplotlib"):
-            print(f"wrote {plot_profile(profile, args.out.with_suffix('.png'))}")
-        else:
-            skipped("matplotlib", "the profile's plot")
-    print_summary(profile)
-    return 0
 
 
 def print_summary(profile: dict[str, Any]) -> None:

@@ -15,15 +15,12 @@ command line.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 from pathlib import Path
 from typing import Any
 
 import torch
-
-from adaptive_spec.options import add_model_options
 
 __all__ = ["model_fingerprint", "pair_fingerprints", "plan_file_matches", "stamp_plan_file"]
 
@@ -130,24 +127,3 @@ def stamp_plan_file(path: str | Path, fingerprints: dict[str, str]) -> Path:
     tmp.write_text(header + yaml.safe_dump(data, sort_keys=False), encoding="utf-8")
     tmp.replace(path)
     return path
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", type=Path, help="the plan file to stamp, e.g. configs/plans/in-draft.yaml")
-    add_model_options(parser, ("target", "draft"))
-
-
-def run(args: argparse.Namespace) -> int:
-    """``adaptive-spec tune stamp FILE``: write the pair's fingerprints into a tuned plan file."""
-    from adaptive_spec.engine.engine import SpecEngine
-
-    if not args.file.is_file():
-        raise SystemExit(f"tune stamp: no such file {args.file}")
-    engine = SpecEngine.from_pretrained(args.target, args.draft)
-    fps = engine.fingerprints()
-    try:
-        stamp_plan_file(args.file, fps)
-    except ValueError as err:
-        raise SystemExit(f"tune stamp: {err}") from None
-    print(f"{args.file}: models target={fps['target']} draft={fps['draft']}")
-    return 0

@@ -557,3 +557,65 @@ def write_report(table: LabelTable, out_dir: str | Path) -> dict[str, Any]:
     lines += ["", "![best actions](best_actions.png)", ""]
     (out_dir / "report.md").write_text("\n".join(lines))
     return rep
+
+
+def log_models(manifest: dict, target: str | None = None, draft: str | None = None) -> tuple[str | None, str | None]:
+    """The models to label a log with: explicit, else the log's last run's (if they are local folders), else built-in.
+
+    ``(None, None)`` means the built-in pair. Raises ``ValueError`` when only one of the two is given.
+    """
+    if target or draft:
+        if not (target and draft):
+            raise ValueError("give both --target and --draft, or neither")
+        return target, draft
+    runs = manifest.get("runs") or []
+    if runs:
+        logged_target, logged_draft = runs[-1].get("target"), runs[-1].get("draft")
+        if logged_target and logged_draft and Path(logged_target).is_dir() and Path(logged_draft).is_dir():
+            return logged_target, logged_draft
+    return None, None
+
+
+def label_log(
+    log_dir: str | Path,
+    config: LabelConfig,
+    *,
+    target: str | None = None,
+    draft: str | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
+    actions: str | Path | None = None,
+    profile: str | Path | None = None,
+    out: str | Path | None = None,
+    progress: bool = True,
+) -> tuple[LabelTable, Path]:
+    """Label a feature log with the models that logged it (see :func:`log_models`); write the label file.
+
+    The models are loaded in the logged dtype unless ``dtype`` is given; ``actions`` is an
+    action-space YAML (default: the built-in grid), ``profile`` a latency profile (default:
+    :func:`~adaptive_spec.planner.latency.default_profile_path`), ``out`` the label file (default
+    ``log_dir/labels.parquet``). Returns the table and the file written.
+
+    Raises:
+        ValueError: the loaded models are not the ones that produced the log.
+    """
+    from adaptive_spec.engine import SpecEngine
+    from adaptive_spec.formats.feature_log import _differences, _json_normal, read_manifest
+    from adaptive_spec.planner.actions import ActionSpace
+    from adaptive_spec.planner.latency import LatencyModel
+
+    manifest = read_manifest(log_dir)
+    target, draft = log_models(manifest, target, draft)
+    logged = manifest.get("models")
+    dtype = dtype or (logged or {}).get("target", {}).get("dtype")  # label in the dtype that was logged
+    engine = SpecEngine.from_pretrained(target, draft, device=device, dtype=dtype)
+    if logged is not None and _json_normal(engine.describe()["models"]) != logged:
+        diff = "; ".join(_differences(logged, _json_normal(engine.describe()["models"]))[:5])
+        raise ValueError(
+            f"{log_dir} was logged with other models than the ones loaded for labelling ({diff}); pass the "
+            "log's models with --target/--draft (labels must use the models that produced the features)"
+        )
+    space = ActionSpace.from_yaml(actions) if actions else ActionSpace.default()
+    latency = LatencyModel.load(profile)
+    labeller = Labeller(engine.target, engine.draft, list(space), latency, engine.vocab_size, config)
+    return label_directory(log_dir, labeller, out=out, progress=progress)

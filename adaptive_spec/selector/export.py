@@ -1,4 +1,4 @@
-"""Export a trained selector to ONNX (``adaptive-spec selector export CKPT --out selector.onnx``).
+"""Export a trained selector to ONNX (``adaptive-spec selector export CKPT --out DIR`` writes ``DIR/selector.onnx``).
 
 The graph is :class:`~adaptive_spec.selector.model.SelectorNet` in eval mode, traced with
 ``torch.onnx.export(..., dynamo=True)`` (the torch.export-based exporter, the default since torch
@@ -14,7 +14,6 @@ after onnxruntime reproduces the torch logits on a random batch (``max |Δ| <= t
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import warnings
@@ -224,35 +223,3 @@ def _cpu_copy(net: SelectorNet) -> SelectorNet:
     import copy
 
     return copy.deepcopy(net).to(device="cpu", dtype=torch.float32).eval()
-
-
-# ------------------------------------------------------------------ CLI: adaptive-spec selector export
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register the ``selector export`` options."""
-    parser.add_argument("checkpoint", type=Path, help="a SelectorModule checkpoint (.ckpt) from selector train")
-    parser.add_argument("--out", type=Path, default=Path("selector.onnx"), help="ONNX file (default: %(default)s)")
-    parser.add_argument("--check-batch", type=int, default=64, help="rows of the parity check (default: %(default)s)")
-    parser.add_argument(
-        "--report", type=Path, default=None,
-        help="training report giving the sampling settings played statically (default: the run's report/report.json)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--no-static-groups", action="store_true",
-        help="record no static fallback: the network decides at every sampling setting",
-    )  # fmt: skip
-    parser.add_argument(
-        "--latency-decisions", type=int, default=2000,
-        help="time this many AdaptivePlanner decisions on the written file (0: skip; default: %(default)s)",
-    )  # fmt: skip
-
-
-def run(args: argparse.Namespace) -> int:
-    """Export, print the parity and decision-latency figures; return the exit status."""
-    from adaptive_spec.selector.runtime import decision_latency_us
-
-    report = False if args.no_static_groups else args.report
-    info = export_checkpoint(args.checkpoint, args.out, check_batch=args.check_batch, report=report)
-    if args.latency_decisions > 0:
-        info["decision_latency_us"] = decision_latency_us(args.out, decisions=args.latency_decisions)
-    print(json.dumps(info, indent=2))
-    return 0

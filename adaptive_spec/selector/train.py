@@ -14,7 +14,6 @@ validation prompts. Under DDP only rank 0 writes the report.
 
 from __future__ import annotations
 
-import argparse
 import warnings
 from pathlib import Path
 from typing import Any
@@ -213,15 +212,6 @@ def bootstrap_quantiles(
     return out
 
 
-# ------------------------------------------------------------------ CLI: adaptive-spec selector train
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Forward everything after ``selector train`` to LightningCLI (``--help`` shows its options)."""
-    # No option of this parser starts with '\0', so every argument, '--config' and '--help' included,
-    # is a positional string collected by the REMAINDER below and handed to LightningCLI untouched.
-    parser.prefix_chars = "\0"
-    parser.add_argument("cli_args", nargs=argparse.REMAINDER, help="LightningCLI arguments, e.g. --config FILE")
-
-
 def shipped_configs(argv: list[str]) -> list[str]:
     """``argv`` with every ``--config configs/...`` that does not exist here pointing at the package's copy.
 
@@ -236,19 +226,3 @@ def shipped_configs(argv: list[str]) -> list[str]:
         elif arg.startswith("--config="):
             out[i] = "--config=" + str(resolve_config(arg.split("=", 1)[1]))
     return out
-
-
-def run(args: argparse.Namespace) -> int:
-    """Train and report; return the exit status."""
-    report = main(shipped_configs(list(args.cli_args)))
-    if report is not None:
-        shown = ", ".join(f"{k} {v['agg_rel_tps']:.4f}" for k, v in report["scores"].items())
-        print(f"val tokens/s relative to the best static action (ratio of sums): {shown}")
-        for g, sc in report["groups"].items():
-            play = "static" if g in report["static_groups"] else "network"
-            r2 = f", R² {sc['static_be_r2']:.2f}" if "static_be_r2" in sc else ""
-            q = sc["agg_rel_tps_quantile"]
-            print(f"  {g}: network {sc['agg_rel_tps']:.4f} (bootstrap q {q:.4f}), oracle {sc['oracle_agg_rel_tps']:.4f}"
-                  f"{r2} -> plays {play}")  # fmt: skip
-        print(f"report: {report['files']['markdown']}")
-    return 0

@@ -7,7 +7,9 @@ on a 2-core CPU; see ``build_info.json`` there for the figures they reached.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 
@@ -136,3 +138,30 @@ DEFAULT_MINUTES = 120.0
 
 # Special token: separates files in the training stream; also BOS and padding.
 EOS_TOKEN = "<|endoftext|>"
+
+
+def load_config(path: Path | None) -> ZooConfig:
+    """A :class:`ZooConfig` from a JSON/YAML file of overrides (nested keys merge into the defaults)."""
+    if path is None:
+        return ZooConfig()
+    from adaptive_spec.files import resolve_config
+
+    path = resolve_config(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no ZooConfig file {path}; pass an existing JSON or YAML file to --config")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        overrides = yaml.safe_load(text) or {}
+    else:
+        overrides = json.loads(text)
+    merged = ZooConfig().to_dict()
+    for key, value in overrides.items():
+        if key not in merged:
+            raise ValueError(f"{path}: unknown ZooConfig field {key!r}")
+        if isinstance(merged[key], dict) and isinstance(value, dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return ZooConfig.from_dict(merged)

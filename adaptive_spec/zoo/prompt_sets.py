@@ -12,11 +12,8 @@ fraction), so they never mix training and held-out code:
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
-
-from adaptive_spec.files import atomic_write
 
 SPLITS = ("train", "heldout2")
 
@@ -51,20 +48,3 @@ def prompt_set(split: str, count: int, seed: int = 1, pair_dir: str | Path | Non
     builtin = set(read_prompts(root))
     pool = extract_prompts(split_files.heldout, 10 * count, lo, hi, seed, per_file=6)
     return [p for p in pool if p not in builtin][:count]
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("split", choices=SPLITS, help="train: for tuning; heldout2: a second held-out set")
-    parser.add_argument("--count", type=int, default=40, help="number of prompts (default: %(default)s)")
-    parser.add_argument("--seed", type=int, default=1, help="which prompts (default: %(default)s)")
-    parser.add_argument("--out", type=Path, required=True, help="JSON Lines file to write")
-
-
-def run(args: argparse.Namespace) -> int:
-    try:
-        prompts = prompt_set(args.split, args.count, args.seed)
-    except (ValueError, FileNotFoundError) as err:
-        raise SystemExit(f"zoo prompts: {err}") from None
-    atomic_write(args.out, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-    print(f"wrote {len(prompts)} {args.split} prompts to {args.out}")
-    return 0

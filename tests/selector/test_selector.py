@@ -64,9 +64,9 @@ def trained(labels_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def exported(trained, tmp_path_factory):
     report, _ = trained
-    out = tmp_path_factory.mktemp("onnx") / "selector.onnx"
+    out = tmp_path_factory.mktemp("onnx")
     assert cli_main(["selector", "export", report["checkpoint"], "--out", str(out)]) == 0
-    return out
+    return out / "selector.onnx"  # --out is a folder
 
 
 def _states(features: np.ndarray, **hidden) -> list[StepState]:
@@ -278,13 +278,13 @@ def test_export_records_the_reports_static_groups(trained, tmp_path):
     edited["static_groups"] = {"T=1,top_p=1": report["best_static"]["T=1,top_p=1"]}
     path = tmp_path / "report.json"
     path.write_text(json.dumps(edited))
-    out = tmp_path / "gated.onnx"
-    assert cli_main(["selector", "export", report["checkpoint"], "--out", str(out), "--report", str(path),
+    out = tmp_path / "gated" / "selector.onnx"
+    assert cli_main(["selector", "export", report["checkpoint"], "--out", str(out.parent), "--report", str(path),
                      "--latency-decisions", "0"]) == 0  # fmt: skip
     planner = AdaptivePlanner(str(out))
     assert str(planner.runtime.static_plan_for(1.0)) == report["best_static"]["T=1,top_p=1"]
     assert planner.runtime.static_plan_for(0.0) is None
-    assert cli_main(["selector", "export", report["checkpoint"], "--out", str(out), "--report", str(path),
+    assert cli_main(["selector", "export", report["checkpoint"], "--out", str(out.parent), "--report", str(path),
                      "--no-static-groups", "--latency-decisions", "0"]) == 0  # fmt: skip
     assert AdaptivePlanner(str(out)).runtime.static_groups == {}
     # The report records the bar it applied.

@@ -38,10 +38,10 @@ def hang(url: str, study_name: str, marker: str) -> None:
 
 def tune(argv: list[str], ready: str | None = None, go: str | None = None) -> int:
     """Run ``tune plans``; with ``ready``/``go`` files, import everything, write ``ready``, wait for ``go``."""
-    from adaptive_spec.tuning import cli_plans
+    from adaptive_spec.cli import tune_plans
 
     parser = argparse.ArgumentParser(prog="tune plans")
-    cli_plans.add_arguments(parser)
+    tune_plans.add_arguments(parser)
     args = parser.parse_args(argv)
     if ready and go:  # start together with the other worker: imports done, then a common start signal
         import adaptive_spec.formats.label_table
@@ -55,7 +55,7 @@ def tune(argv: list[str], ready: str | None = None, go: str | None = None) -> in
             if time.monotonic() > deadline:
                 raise SystemExit("no start signal")
             time.sleep(0.01)
-    return cli_plans.run(args)
+    return tune_plans.run(args)
 
 
 if __name__ == "__main__":

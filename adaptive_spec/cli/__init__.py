@@ -1,7 +1,10 @@
 """The ``adaptive-spec`` command line: one dispatch table over ordinary typed functions.
 
-Each command module exposes ``add_arguments(parser)`` and ``run(args) -> int``; the table below
-maps command paths to those modules. Verbs are grouped as vLLM does (``selector train``, ``bench
+Each verb has one module in this package (``cli/<group>_<verb>.py`` for a grouped verb,
+``cli/<verb>.py`` for a top-level one) exposing ``add_arguments(parser)`` and ``run(args) -> int``:
+the options, the printing and the default paths; the work is done by library functions, which the
+module imports. The table below maps command paths to those modules; :mod:`adaptive_spec.cli.call`
+runs a verb from Python with typed options. Verbs are grouped as vLLM does (``selector train``, ``bench
 e2e``, ``tune plans``, ``zoo build``). Only the chosen verb's module is imported, so the top-level
 ``--help`` and ``--version`` answer without loading torch or transformers.
 
@@ -33,79 +36,79 @@ __all__ = [
 # command path -> (module, one-line help)
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("demo",): (
-        "adaptive_spec.bench.demo",
+        "adaptive_spec.cli.demo",
         "run the built-in pair on its held-out prompts: table of speedups and a report with plots",
     ),
     ("generate",): (
-        "adaptive_spec.commands.generate",
+        "adaptive_spec.cli.generate",
         "generate text with speculative decoding (a tree plan) or plain autoregressive decoding",
     ),
     ("collect",): (
-        "adaptive_spec.records.collect",
+        "adaptive_spec.cli.collect",
         "run the engine over prompts (static plan or --explore) and log each step's features as Parquet shards",
     ),
     ("label",): (
-        "adaptive_spec.records.label_cli",
+        "adaptive_spec.cli.label",
         "label a feature log: E[tau+1] and predicted step time of every action per root; oracle-gain report",
     ),
     ("profile",): (
-        "adaptive_spec.bench.profile",
+        "adaptive_spec.cli.profile",
         "measure the draft and target forward latency (context x tokens), verifier and bookkeeping times",
     ),
     ("bench", "e2e"): (
-        "adaptive_spec.bench.e2e",
+        "adaptive_spec.cli.bench_e2e",
         "end-to-end tokens/s of plans vs autoregressive and transformers' assisted generation",
     ),
     ("bench", "verifiers"): (
-        "adaptive_spec.bench.verifiers",
+        "adaptive_spec.cli.bench_verifiers",
         "exact block efficiency vs the LP limit per verifier, or (--speed) microseconds per verification",
     ),
     ("bench", "overhead"): (
-        "adaptive_spec.bench.overhead",
+        "adaptive_spec.cli.bench_overhead",
         "share of each step spent outside the two models' forward passes (16-node trees by default)",
     ),
     ("bench", "latency-model"): (
-        "adaptive_spec.bench.latency_fit",
+        "adaptive_spec.cli.bench_latency_model",
         "compare the latency model's predicted step times with measured engine steps (MAPE per plan)",
     ),
     ("selector", "train"): (
-        "adaptive_spec.selector.train",
+        "adaptive_spec.cli.selector_train",
         "train the plan selector with LightningCLI (--config configs/selector/default.yaml --data.labels DIR)",
     ),
     ("selector", "export"): (
-        "adaptive_spec.selector.export",
+        "adaptive_spec.cli.selector_export",
         "export a selector checkpoint to ONNX (features in, one logit per plan out; schema in the metadata)",
     ),
     ("selector", "pipeline"): (
-        "adaptive_spec.commands.selector_pipeline",
+        "adaptive_spec.cli.selector_pipeline",
         "collect -> label -> train -> export -> bench the plan selector on the built-in pair (--install for the demo)",
     ),
     ("selector", "acceptance"): (
-        "adaptive_spec.selector.acceptance",
+        "adaptive_spec.cli.selector_acceptance",
         "collect node logs -> train -> export -> calibrate the acceptance model of learned-chain policies",
     ),
     ("tune", "plans"): (
-        "adaptive_spec.tuning.cli_plans",
+        "adaptive_spec.cli.tune_plans",
         "search the static plan (shape, sizes, verifier) per temperature with Optuna; best to configs/plans",
     ),
     ("tune", "selector"): (
-        "adaptive_spec.tuning.cli_selector",
+        "adaptive_spec.cli.tune_selector",
         "search the selector's hyper-parameters with Optuna, pruning on val/agg_rel_tps; best to best-selector.yaml",
     ),
     ("tune", "policies"): (
-        "adaptive_spec.tuning.policies",
+        "adaptive_spec.cli.tune_policies",
         "choose the in-draft planner's drafting policy per temperature on measured speedup; to configs/plans",
     ),
     ("tune", "stamp"): (
-        "adaptive_spec.engine.fingerprint",
+        "adaptive_spec.cli.tune_stamp",
         "record a model pair's fingerprints in a tuned plan file (generate() then plays it by default for that pair)",
     ),
     ("zoo", "build"): (
-        "adaptive_spec.zoo.cli",
+        "adaptive_spec.cli.zoo_build",
         "train a draft/target pair (Llama-style, Python stdlib source) from a seed, into the user data folder",
     ),
     ("zoo", "prompts"): (
-        "adaptive_spec.zoo.prompt_sets",
+        "adaptive_spec.cli.zoo_prompts",
         "write prompt sets from the built-in pair's corpus split: training files (for tuning) or a second held-out set",
     ),
 }

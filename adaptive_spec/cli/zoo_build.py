@@ -1,17 +1,17 @@
-"""``adaptive-spec zoo build``: train the built-in draft/target pair from a seed."""
+"""``adaptive-spec zoo build``: train the built-in draft/target pair from a seed.
+
+The build is :func:`adaptive_spec.zoo.build.build_pair`; ``--config`` is read by
+:func:`adaptive_spec.zoo.config.load_config`.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from adaptive_spec.options import add_progress_option
-from adaptive_spec.zoo.config import DEFAULT_MINUTES
-
-if TYPE_CHECKING:
-    from adaptive_spec.zoo.config import ZooConfig
+from adaptive_spec.zoo.config import DEFAULT_MINUTES, load_config
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,35 +38,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="JSON or YAML file of ZooConfig overrides, e.g. configs/zoo/tiny.yaml (default: the built-in recipe)",
     )  # fmt: skip
     add_progress_option(parser)
-
-
-def load_config(path: Path | None) -> ZooConfig:
-    """A :class:`ZooConfig` from a JSON/YAML file of overrides (nested keys merge into the defaults)."""
-    from adaptive_spec.zoo.config import ZooConfig
-
-    if path is None:
-        return ZooConfig()
-    from adaptive_spec.files import resolve_config
-
-    path = resolve_config(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no ZooConfig file {path}; pass an existing JSON or YAML file to --config")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix in (".yaml", ".yml"):
-        import yaml
-
-        overrides = yaml.safe_load(text) or {}
-    else:
-        overrides = json.loads(text)
-    merged = ZooConfig().to_dict()
-    for key, value in overrides.items():
-        if key not in merged:
-            raise ValueError(f"{path}: unknown ZooConfig field {key!r}")
-        if isinstance(merged[key], dict) and isinstance(value, dict):
-            merged[key] = {**merged[key], **value}
-        else:
-            merged[key] = value
-    return ZooConfig.from_dict(merged)
 
 
 def run(args: argparse.Namespace) -> int:

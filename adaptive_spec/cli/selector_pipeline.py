@@ -1,7 +1,7 @@
 """``adaptive-spec selector pipeline``: collect -> label -> train -> export -> bench, on one pair.
 
 Stages (each one an ordinary command, called in this process with typed options through
-:func:`~adaptive_spec.commands.call.call_command`, in this order):
+:func:`~adaptive_spec.cli.call.call_command`, in this order):
 
 1. ``profile``: the latency profile of this machine (skipped if ``--profile`` exists, unless
    ``--reprofile``); its estimates are features and its step-time predictions are in the labels.
@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -141,14 +142,29 @@ def default_config() -> Path:
 
 
 def _stage(verb: str, module: str, **options: Any) -> None:
-    """Run one command in this process with typed options (see :func:`~adaptive_spec.commands.call.call_command`)."""
-    from adaptive_spec.commands.call import call_command
+    """Run one command in this process with typed options (see :func:`~adaptive_spec.cli.call.call_command`)."""
+    from adaptive_spec.cli.call import call_command
 
     shown = " ".join(f"{k}={' '.join(v) if k == 'cli_args' else v}" for k, v in options.items())
     print(f"\n== {verb}: {shown}", flush=True)
     code = call_command(module, **options)
     if code:
         raise SystemExit(f"stage `adaptive-spec {verb}` failed with exit status {code}")
+
+
+def _profile(path: Path) -> None:
+    """Measure the latency profile into ``path``: ``profile`` writes ``OUT/profile.json`` (and its plot)."""
+    name = default_profile_path().name
+    if path.name == name:
+        _stage("profile", "adaptive_spec.cli.profile", out=path.parent)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=path.parent) as tmp:  # another file name: measure, then move it there
+        _stage("profile", "adaptive_spec.cli.profile", out=Path(tmp))
+        measured = Path(tmp) / name
+        for src, dst in ((measured, path), (measured.with_suffix(".png"), path.with_suffix(".png"))):
+            if src.exists():
+                shutil.move(src, dst)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -167,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
 
     stage("profile")
     if args.reprofile or not args.profile.exists():
-        _stage("profile", "adaptive_spec.bench.profile", out=args.profile)
+        _profile(args.profile)
     done("profile")
 
     log_dir = out / "log"
@@ -188,7 +204,7 @@ def run(args: argparse.Namespace) -> int:
         for d in (log_dir, greedy_dir):
             if d.exists():
                 shutil.rmtree(d)  # a fresh log: features must come from this pair and profile
-        _stage("collect", "adaptive_spec.records.collect", out=str(log_dir), prompts=str(prompts_file),
+        _stage("collect", "adaptive_spec.cli.collect", out=str(log_dir), prompts=str(prompts_file),
                explore=args.explore, plan=args.plan, temperatures=args.temperatures,
                max_new_tokens=args.max_new_tokens, seed=args.seed, profile=str(args.profile))  # fmt: skip
         if greedy and args.greedy_prompts_file is not None:
@@ -197,16 +213,16 @@ def run(args: argparse.Namespace) -> int:
             extra = greedy_prompts(args.greedy_prompts, args.seed, prompts)
             greedy_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in extra))
         if greedy:
-            _stage("collect", "adaptive_spec.records.collect", out=str(greedy_dir), prompts=str(greedy_file),
+            _stage("collect", "adaptive_spec.cli.collect", out=str(greedy_dir), prompts=str(greedy_file),
                    explore=args.explore, plan=args.plan, temperatures="0", max_new_tokens=args.max_new_tokens,
                    seed=args.seed + 6, profile=str(args.profile))  # fmt: skip
         done("collect")
     if "label" not in skip:
         stage("label")
-        _stage("label", "adaptive_spec.records.label_cli", log_dir=log_dir, every=args.every, samples=args.samples,
+        _stage("label", "adaptive_spec.cli.label", log_dir=log_dir, every=args.every, samples=args.samples,
                profile=args.profile, seed=args.seed, max_contexts=args.max_contexts or None)  # fmt: skip
         if greedy:
-            _stage("label", "adaptive_spec.records.label_cli", log_dir=greedy_dir, every=args.greedy_every,
+            _stage("label", "adaptive_spec.cli.label", log_dir=greedy_dir, every=args.greedy_every,
                    samples=args.samples, max_contexts=args.greedy_max_contexts, profile=args.profile,
                    seed=args.seed + 6)  # fmt: skip
         done("label")
@@ -225,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
                     "--trainer.default_root_dir", str(runs), "--seed_everything", str(seed)]  # fmt: skip
             if args.epochs:
                 argv += ["--trainer.max_epochs", str(args.epochs)]
-            _stage("selector train", "adaptive_spec.selector.train", cli_args=argv)
+            _stage("selector train", "adaptive_spec.cli.selector_train", cli_args=argv)
             version = max(runs.glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
             ckpts = sorted((version / "checkpoints").glob("best-*.ckpt"))
             if not ckpts:
@@ -236,12 +252,12 @@ def run(args: argparse.Namespace) -> int:
         if len(candidates) > 1:
             shown = ", ".join(f"seed {s}: {v:.4f}" for v, s, _ in candidates)
             print(f"validation tokens/s vs best static (adaptive, ratio of sums): {shown}; keeping seed {seed}")
-        _stage("selector export", "adaptive_spec.selector.export", checkpoint=ckpt, out=onnx_path)
+        _stage("selector export", "adaptive_spec.cli.selector_export", checkpoint=ckpt, out=out)  # OUT/selector.onnx
         done("train")
     if "acceptance" not in skip:
         stage("acceptance")  # the in-draft acceptance model of learned-chain plans, deployed with --install
         extra = {"epochs": args.epochs} if args.epochs else {}
-        _stage("selector acceptance", "adaptive_spec.selector.acceptance", out=out / "acceptance",
+        _stage("selector acceptance", "adaptive_spec.cli.selector_acceptance", out=out / "acceptance",
                temperatures=args.temperatures, prompts=prompts_file, num_prompts=args.num_prompts,
                max_new_tokens=args.max_new_tokens, seed=args.seed, no_progress=True, install=args.install,
                **extra)  # fmt: skip
@@ -255,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"installed {onnx_path} -> {dest}")
     if "bench" not in skip:
         stage("bench")
-        _stage("bench e2e", "adaptive_spec.bench.e2e", plans=args.bench_plans, temperatures=args.temperatures,
+        _stage("bench e2e", "adaptive_spec.cli.bench_e2e", plans=args.bench_plans, temperatures=args.temperatures,
                selector=str(onnx_path), profile=str(args.profile), max_new_tokens=args.bench_tokens,
                json=str(out / "bench_e2e.json"))  # fmt: skip
         done("bench")
