@@ -4,6 +4,7 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -164,3 +165,105 @@ def test_a_bad_option_is_one_line_with_exit_status_2(capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("adaptive-spec label: error: argument --every: invalid int value")
     assert "see `adaptive-spec label --help`" in err[0]
+
+
+# ----------------------------------------------------------------------------- --out is a folder
+def test_out_file_is_a_file_in_the_folder_and_an_old_file_suffix_still_works(tmp_path, capsys):
+    from adaptive_spec.options import out_file
+
+    assert out_file(tmp_path / "new" / "dir", "labels.parquet", "label") == tmp_path / "new" / "dir" / "labels.parquet"
+    assert (tmp_path / "new" / "dir").is_dir() and capsys.readouterr().err == ""
+    old = tmp_path / "old" / "mine.parquet"
+    assert out_file(old, "labels.parquet", "label") == old  # the old file form: that exact file
+    assert old.parent.is_dir() and not old.exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: `label --out ") and "--out is now a folder" in err[0]
+    assert f"pass --out {old.parent}" in err[0]
+    assert out_file(tmp_path / "v1.0", "selector.onnx", "selector export") == tmp_path / "v1.0" / "selector.onnx"
+
+
+def test_zoo_prompts_out_is_a_folder_of_split_files(tmp_path, monkeypatch, capsys):
+    import adaptive_spec.cli.zoo_prompts as verb
+
+    monkeypatch.setattr(verb, "prompt_set", lambda split, count, seed: [f"def {split}_{i}():" for i in range(count)])
+    assert main(["zoo", "prompts", "train", "--count", "3", "--out", str(tmp_path / "sets")]) == 0
+    lines = (tmp_path / "sets" / "train.jsonl").read_text().splitlines()
+    assert [json.loads(line)["prompt"] for line in lines] == ["def train_0():", "def train_1():", "def train_2():"]
+    assert main(["zoo", "prompts", "heldout2", "--count", "1", "--out", str(tmp_path / "sets")]) == 0
+    assert sorted(p.name for p in (tmp_path / "sets").iterdir()) == ["heldout2.jsonl", "train.jsonl"]
+    assert "warning" not in capsys.readouterr().err
+    old = tmp_path / "old.jsonl"  # the old file form still works, with a warning
+    assert main(["zoo", "prompts", "train", "--count", "2", "--out", str(old)]) == 0
+    assert len(old.read_text().splitlines()) == 2 and not (tmp_path / "train.jsonl").exists()
+    assert "--out is now a folder" in capsys.readouterr().err
+
+
+def test_selector_export_out_is_a_folder(tmp_path, monkeypatch, capsys):
+    import adaptive_spec.cli.selector_export as verb
+
+    written = []
+
+    def export(ckpt, out, *, check_batch, report):
+        Path(out).write_bytes(b"onnx")
+        written.append(Path(out))
+        return {"path": str(out)}
+
+    monkeypatch.setattr(verb, "export_checkpoint", export)
+    ckpt = tmp_path / "best.ckpt"
+    assert main(["selector", "export", str(ckpt), "--out", str(tmp_path / "sel"), "--latency-decisions", "0"]) == 0
+    assert written == [tmp_path / "sel" / "selector.onnx"] and written[0].read_bytes() == b"onnx"
+    assert json.loads(capsys.readouterr().out)["path"] == str(tmp_path / "sel" / "selector.onnx")
+    assert main(["selector", "export", str(ckpt), "--out", str(tmp_path / "old.onnx"), "--latency-decisions", "0"]) == 0
+    assert written[-1] == tmp_path / "old.onnx" and (tmp_path / "old.onnx").read_bytes() == b"onnx"
+    assert "--out is now a folder" in capsys.readouterr().err
+    monkeypatch.chdir(tmp_path)  # the default folder: data/selector, where the demo and generate look
+    assert main(["selector", "export", str(ckpt), "--latency-decisions", "0"]) == 0
+    assert written[-1] == Path("data/selector/selector.onnx") and (tmp_path / "data/selector/selector.onnx").exists()
+
+
+def test_profile_out_is_a_folder_with_profile_json_and_its_plot(tmp_path, monkeypatch, capsys):
+    import adaptive_spec.cli.profile as verb
+    import adaptive_spec.engine.load
+    from tests.helpers.profiles import synthetic_profile
+
+    profile = {**synthetic_profile(), "device": {"type": "cpu", "name": "test", "torch_threads": 1}, "dtype": "float32"}
+    profile["overhead"] = None  # print_summary leaves the bookkeeping line out
+    monkeypatch.setattr(adaptive_spec.engine.load, "load_engine", lambda *a: None)
+    monkeypatch.setattr(verb, "measure_profile", lambda *a, **k: profile)
+    monkeypatch.chdir(tmp_path)
+    assert main(["profile", "--no-progress", "--no-plot"]) == 0  # default: data/profile/profile.json
+    assert json.loads((tmp_path / "data/profile/profile.json").read_text())["contexts"] == profile["contexts"]
+    assert main(["profile", "--no-progress", "--out", "p"]) == 0
+    assert json.loads((tmp_path / "p/profile.json").read_text()) == json.loads(json.dumps(profile))
+    assert (tmp_path / "p/profile.png").read_bytes()[:4] == b"\x89PNG"
+    assert "warning" not in capsys.readouterr().err
+    assert main(["profile", "--no-progress", "--no-plot", "--out", "mine.json"]) == 0
+    assert json.loads((tmp_path / "mine.json").read_text())["contexts"] == profile["contexts"]
+    assert "--out is now a folder" in capsys.readouterr().err
+
+
+def test_label_out_is_a_folder_with_the_labels_and_the_report(tmp_path, monkeypatch, capsys):
+    import adaptive_spec.records.label as label
+    from adaptive_spec.formats.label_table import read_labels, write_labels
+    from tests.helpers.tuning_labels import synthetic_labels
+
+    table = synthetic_labels()
+    calls = []
+
+    def fake_label_log(log_dir, config, *, out, **kw):
+        calls.append((Path(log_dir), Path(out)))
+        return table, write_labels(table, out)
+
+    monkeypatch.setattr(label, "label_log", fake_label_log)
+    log = tmp_path / "log"
+    log.mkdir()
+    assert main(["label", str(log), "--no-progress"]) == 0  # default: the log directory
+    assert len(read_labels(log / "labels.parquet")) == len(table) and (log / "label_report" / "report.md").is_file()
+    assert main(["label", str(log), "--no-progress", "--out", str(tmp_path / "labelled")]) == 0
+    assert calls[-1] == (log, tmp_path / "labelled" / "labels.parquet")
+    assert (tmp_path / "labelled" / "labels.parquet").is_file()
+    assert (tmp_path / "labelled" / "label_report" / "report.md").is_file()
+    assert "warning" not in capsys.readouterr().err
+    assert main(["label", str(log), "--no-progress", "--out", str(tmp_path / "old.parquet")]) == 0
+    assert len(read_labels(tmp_path / "old.parquet")) == len(table)
+    assert "--out is now a folder" in capsys.readouterr().err
