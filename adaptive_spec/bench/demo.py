@@ -21,10 +21,6 @@ from pathlib import Path
 DEMO_PLANS = "in-draft,chain:2/block,chain:4/block"
 
 
-def _indent(text: str, prefix: str = "  > ") -> str:
-    return "".join(prefix + line + "\n" for line in text.splitlines() or [""])
-
-
 def text_report(tokenizer, prompts: list[str], outputs: dict) -> dict:
     """Per temperature: a sample completion, the loop figures, and at T=0 the identity check.
 

@@ -149,13 +149,3 @@ def speed_rows(
                 }
             )
     return out
-
-
-def _print_table(rows: list[dict], columns: list[str]) -> None:
-    def fmt(v: object) -> str:
-        return f"{v:.4f}" if isinstance(v, float) else str(v)
-
-    widths = [max(len(c), *(len(fmt(r[c])) for r in rows)) for c in columns]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-    for r in rows:
-        print("  ".join(fmt(r[c]).ljust(w) for c, w in zip(columns, widths, strict=True)))

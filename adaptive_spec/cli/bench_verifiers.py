@@ -10,9 +10,19 @@ import json
 
 import torch
 
-from adaptive_spec.bench.verifiers import SPEED_SHAPES, _print_table, quality_rows, speed_rows
+from adaptive_spec.bench.verifiers import SPEED_SHAPES, quality_rows, speed_rows
 from adaptive_spec.options import add_json_option, add_model_options, add_progress_option
 from adaptive_spec.trees import TreeShape
+
+
+def _print_table(rows: list[dict], columns: list[str]) -> None:
+    def fmt(v: object) -> str:
+        return f"{v:.4f}" if isinstance(v, float) else str(v)
+
+    widths = [max(len(c), *(len(fmt(r[c])) for r in rows)) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
+    for r in rows:
+        print("  ".join(fmt(r[c]).ljust(w) for c, w in zip(columns, widths, strict=True)))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

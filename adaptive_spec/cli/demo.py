@@ -10,9 +10,13 @@ import json
 import time
 from pathlib import Path
 
-from adaptive_spec.bench.demo import DEMO_PLANS, _indent, summary_markdown, text_report, write_plots
+from adaptive_spec.bench.demo import DEMO_PLANS, summary_markdown, text_report, write_plots
 from adaptive_spec.options import add_limit_option, add_model_options, add_progress_option, add_temperatures_option
 from adaptive_spec.planner.latency import default_profile_path
+
+
+def _indent(text: str, prefix: str = "  > ") -> str:
+    return "".join(prefix + line + "\n" for line in text.splitlines() or [""])
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,18 +11,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from adaptive_spec.options import add_model_options, add_progress_option, add_temperatures_option
 from adaptive_spec.planner.acceptance import ACCEPTANCE_FILE, default_acceptance_paths
-from adaptive_spec.selector.acceptance import (
-    DEFAULT_OUT,
-    calibration_report,
-    collect_nodes,
-    export_acceptance,
-    load_node_arrays,
-    train_acceptance,
-)
+from adaptive_spec.selector.acceptance import DEFAULT_OUT, collect_nodes, fit_acceptance
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,14 +61,10 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )  # fmt: skip
         print(f"collected {summary['collect']['rows']} nodes in {summary['collect']['seconds']:.0f} s -> {nodes}")
-    data = load_node_arrays(nodes)
-    net, training = train_acceptance(data, out, epochs=args.epochs, seed=args.seed, progress=not args.no_progress)
-    training["plan"] = args.plan
-    summary["training"] = training
-    summary["export"] = export_acceptance(net, out / ACCEPTANCE_FILE, training)
-    val = np.isin(data["group"], training["val_groups"])  # the validation rows of the training run
-    report = calibration_report(net, data, val, out / "report")
-    summary["calibration"] = {g: {h: r[h]["ece"] for h in r} for g, r in report.items()}
+    summary.update(
+        fit_acceptance(nodes, out, epochs=args.epochs, seed=args.seed, plan=args.plan, progress=not args.no_progress)
+    )
+    training = summary["training"]
     if args.install:
         dest = default_acceptance_paths()[0]  # the user data folder, never the installed package
         dest.parent.mkdir(parents=True, exist_ok=True)

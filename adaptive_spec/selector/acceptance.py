@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from adaptive_spec.planner.acceptance import FORMAT
+from adaptive_spec.planner.acceptance import ACCEPTANCE_FILE, FORMAT
 from adaptive_spec.trees.policy import ACCEPTANCE_FEATURES
 
 __all__ = ["AcceptanceNet", "collect_nodes", "export_acceptance", "load_node_arrays", "train_acceptance"]
@@ -80,7 +80,7 @@ def collect_nodes(
     engine: Any,
     prompts: list[Any],
     temperatures: list[float],
-    out: Path,
+    out: str | os.PathLike,
     *,
     plan: str = "chain:8/block",
     max_new_tokens: int = 128,
@@ -167,7 +167,7 @@ def _lightning_module(net: AcceptanceNet, lr: float, weight_decay: float) -> Any
 
 def train_acceptance(
     data: dict[str, np.ndarray],
-    out: Path,
+    out: str | os.PathLike,
     *,
     epochs: int = 30,
     batch_size: int = 512,
@@ -306,3 +306,29 @@ def calibration_report(net: AcceptanceNet, data: dict[str, np.ndarray], val: np.
     fig.savefig(out / "calibration.png", dpi=110)
     plt.close(fig)
     return report
+
+
+def fit_acceptance(
+    nodes: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    epochs: int = 30,
+    seed: int = 0,
+    plan: str | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train the acceptance model on the node log ``nodes``, export it and report its calibration, in ``out``.
+
+    Writes ``out/<ACCEPTANCE_FILE>`` (ONNX, checked against torch) and ``out/report`` (reliability
+    diagram). Returns ``{"training", "export", "calibration"}``: the training summary (``plan``, the
+    collecting plan, recorded in it), the export's and the expected calibration error per group and head.
+    """
+    out = Path(out)
+    data = load_node_arrays(nodes)
+    net, training = train_acceptance(data, out, epochs=epochs, seed=seed, progress=progress)
+    training["plan"] = plan
+    exported = export_acceptance(net, out / ACCEPTANCE_FILE, training)
+    val = np.isin(data["group"], training["val_groups"])  # the validation rows of the training run
+    report = calibration_report(net, data, val, out / "report")
+    calibration = {g: {h: r[h]["ece"] for h in r} for g, r in report.items()}
+    return {"training": training, "export": exported, "calibration": calibration}

@@ -13,8 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from adaptive_spec.cli import build_parser
 from adaptive_spec.files import read_prompts
 from adaptive_spec.zoo import build_pair, load_pair
-from adaptive_spec.zoo.config import load_config
-from adaptive_spec.zoo.config import ZooConfig
+from adaptive_spec.zoo.config import ZooConfig, load_config
 from adaptive_spec.zoo.corpus import extract_prompts, list_sources, split_corpus, train_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
