@@ -61,3 +61,26 @@ def test_pipeline_runs_end_to_end(tiny_pair, tmp_path, monkeypatch):
     for run in bench["runs"].values():
         plans = [r["plan"] for r in run["results"]]
         assert "adaptive" in plans and any(p.startswith("best-static") for p in plans)
+
+
+def test_the_profile_stage_writes_the_profile_file_the_pipeline_was_given(tmp_path, monkeypatch):
+    """``profile --out`` is a folder; the pipeline's ``--profile`` is a file, of any name."""
+    import adaptive_spec.cli.call
+    from adaptive_spec.cli.selector_pipeline import _profile
+
+    calls = []
+
+    def fake_call(module, **options):
+        calls.append((module, options["out"]))
+        (options["out"] / "profile.json").write_text('{"measured": true}')
+        (options["out"] / "profile.png").write_bytes(b"png")
+        return 0
+
+    monkeypatch.setattr(adaptive_spec.cli.call, "call_command", fake_call)
+    (tmp_path / "data").mkdir()
+    _profile(tmp_path / "data" / "profile.json")  # the default name: profile into its folder
+    assert calls == [("adaptive_spec.cli.profile", tmp_path / "data")]
+    mine = tmp_path / "profiles" / "mine.json"
+    _profile(mine)  # another name: measured in a temporary folder beside it, then moved there
+    assert json.loads(mine.read_text()) == {"measured": True} and mine.with_suffix(".png").read_bytes() == b"png"
+    assert sorted(p.name for p in mine.parent.iterdir()) == ["mine.json", "mine.png"]
