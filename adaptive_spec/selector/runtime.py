@@ -295,8 +295,8 @@ def find_selector(path: str | Path | None = None) -> Path:
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"no selector at {path}; {PIPELINE_HINT}, or export one with "
-                                    "`adaptive-spec selector export CKPT --out PATH`")  # fmt: skip
+            raise FileNotFoundError(f"no selector at {path}; {PIPELINE_HINT}, or export one with `adaptive-spec "
+                                    "selector export CKPT --out DIR` (writes DIR/selector.onnx)")  # fmt: skip
         return path
     tried = default_selector_paths()
     for candidate in tried:
