@@ -551,11 +551,13 @@ def latency_for_selector(
     t0 = time.perf_counter()
     measured = measure_profile(engine, contexts, tokens, progress=progress)
     write_json_atomic(measured, path)
+    model = LatencyModel(measured)
+    model.source = str(path)
     note = (
         f"the selector {runtime.path} has no latency profile here: measured one for this pair on this device in "
         f"{time.perf_counter() - t0:.0f} s, cached at {path}"
     )
-    return LatencyModel(measured), note
+    return model, note
 
 
 def _calibration_prompts(engine: Any, seed: int, count: int = 2) -> list[Any]:

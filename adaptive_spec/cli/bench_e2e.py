@@ -51,8 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--profile", default=None,
-        help=f"latency profile for the selector's latency features (default: {default_profile_path()} if present, "
-        "else the features are 0)",
+        help="latency profile for the selector's latency features (default: the selector's own profile beside its "
+        f"file, else {default_profile_path()}, else one measured on first use and cached)",
     )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
     add_limit_option(parser)
@@ -80,8 +80,6 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"bench e2e: {err}") from None
     if not plans:
         raise SystemExit("bench e2e: --plans names no plan")
-    if warning:
-        print(f"warning: {warning}", file=sys.stderr)
     # Prompts first: a missing or malformed prompt file is reported before the models load.
     try:
         if args.prompts is None:
@@ -95,6 +93,11 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"bench e2e: {err}") from None
     engine = load_engine(args.target, args.draft, args.device, args.dtype, latency_model=latency)
+    if warning:  # the selector wants latency features and no profile was found: measure one once
+        from adaptive_spec.bench.profile import latency_for_selector
+
+        engine.latency_model, note = latency_for_selector(engine, runtime, progress=not args.no_progress)
+        print(note, file=sys.stderr)
     report = measure(
         engine, prompts, plans, temps, args.max_new_tokens, args.seed, hf=not args.no_hf,
         progress=not args.no_progress,
@@ -108,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
         "plans": list(plans),
         "selector": info["selector"],
         "best_static": info["best_static"],
-        "latency_profile": None if latency is None else str(args.profile or default_profile_path()),
+        "latency_profile": getattr(engine.latency_model, "source", None),
         "max_new_tokens": args.max_new_tokens,
         "seed": args.seed,
         "device": str(engine.device),

@@ -12,7 +12,6 @@ from pathlib import Path
 
 from adaptive_spec.bench.demo import DEMO_PLANS, summary_markdown, text_report, write_plots
 from adaptive_spec.options import add_limit_option, add_model_options, add_progress_option, add_temperatures_option
-from adaptive_spec.planner.latency import default_profile_path
 
 
 def _indent(text: str, prefix: str = "  > ") -> str:
@@ -90,13 +89,14 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as err:
         raise SystemExit(f"demo: {err}") from None
     plans, info, notes = selector_plans(args, args.plans.split(","), temps)
-    latency = None
-    if ADAPTIVE in plans:
-        latency, warning = latency_model_for(info["runtime"], None)
-        if warning:
-            print(f"warning: {warning}")
-            notes.append(f"Warning: {warning}.")
+    latency, warning = latency_model_for(info["runtime"], None) if ADAPTIVE in plans else (None, None)
     engine = load_engine(None, None, args.device, None, latency_model=latency)
+    if warning:  # the selector wants latency features and no profile was found: measure one once
+        from adaptive_spec.bench.profile import latency_for_selector
+
+        engine.latency_model, note = latency_for_selector(engine, info["runtime"], progress=not args.no_progress)
+        print(note)
+        notes.append(f"{note[0].upper()}{note[1:]}.")
     prompts = default_prompts()[: args.limit] if args.limit else default_prompts()
     info_path = default_pair_path() / "build_info.json"
     report = {
@@ -109,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             "threads": __import__("torch").get_num_threads(),
             "selector": info["selector"],
             "best_static": info["best_static"],
-            "latency_profile": None if latency is None else str(default_profile_path()),
+            "latency_profile": getattr(engine.latency_model, "source", None),
         },
         "notes": notes,
         "runs": {},

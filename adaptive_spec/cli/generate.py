@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--profile", default=None,
-        help=f"latency profile for the selector's latency features (default: {default_profile_path()} if present)",
+        help="latency profile for the selector's latency features (default: the selector's own profile beside "
+        f"its file, else {default_profile_path()}, else one measured on first use and cached)",
     )  # fmt: skip
     parser.add_argument("--max-new-tokens", type=int, default=64, help="number of new tokens (default: %(default)s)")
     parser.add_argument(
@@ -74,8 +75,6 @@ def run(args: argparse.Namespace) -> int:
             latency, warning = latency_model_for(plan.runtime, args.profile)
         except (FileNotFoundError, ValueError) as err:  # SelectorLoadError is a ValueError
             raise SystemExit(f"generate: {err}") from None
-        if warning:
-            print(f"warning: {warning}", file=sys.stderr)
     else:
         if args.profile is not None:
             raise SystemExit("generate: --profile feeds the selector's latency features; it needs --selector")
@@ -89,6 +88,11 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except ValueError as err:  # a missing directory, an offline hub name, mismatched tokenizers
         raise SystemExit(f"generate: {err}") from None
+    if args.selector is not None and warning:  # no profile for the selector's latency features: measure one once
+        from adaptive_spec.bench.profile import latency_for_selector
+
+        engine.latency_model, note = latency_for_selector(engine, plan.runtime)
+        print(note, file=sys.stderr)
     kwargs = {
         "max_new_tokens": args.max_new_tokens,
         "temperature": args.temperature,
@@ -110,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     if args.selector is not None:
         selector = {
             "selector": str(args.selector),
-            "latency_profile": None if latency is None else str(args.profile or default_profile_path()),
+            "latency_profile": getattr(engine.latency_model, "source", None),
             "chosen_actions": plan.action_counts(),
             "decision_latency_us": plan.latency_us(),
         }

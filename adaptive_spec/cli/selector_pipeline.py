@@ -24,7 +24,9 @@ Stages (each one an ordinary command, called in this process with typed options 
 8. ``bench e2e``: ``adaptive`` vs ``best-static`` and the reference plans on the built-in held-out
    prompts at each temperature, in one interleaved run.
 
-With ``--install`` the exported selector and acceptance model are copied into the user data
+The latency profile goes beside the selector as ``selector.profile.json``, so that it runs with
+the latency features it was trained with. With ``--install`` the exported selector (with its
+profile) and the acceptance model are copied into the user data
 folder (``$ADAPTIVE_SPEC_HOME/default``, default ``~/.local/share/adaptive-spec/default``; see
 :func:`adaptive_spec.files.installed_models_dir`), where ``make demo``, ``generate`` and
 ``bench e2e`` look first. Nothing is written into the installed package.
@@ -152,6 +154,15 @@ def _stage(verb: str, module: str, **options: Any) -> None:
         raise SystemExit(f"stage `adaptive-spec {verb}` failed with exit status {code}")
 
 
+def _copy_profile(profile: Path, selector: Path) -> None:
+    """Put the latency profile beside the selector (``selector.profile.json``), where the runtime looks first."""
+    from adaptive_spec.files import atomic_write
+    from adaptive_spec.selector.runtime import selector_profile_path
+
+    if profile.is_file():
+        atomic_write(selector_profile_path(selector), profile.read_bytes())
+
+
 def _profile(path: Path) -> None:
     """Measure the latency profile into ``path``: ``profile`` writes ``OUT/profile.json`` (and its plot)."""
     name = default_profile_path().name
@@ -253,6 +264,7 @@ def run(args: argparse.Namespace) -> int:
             shown = ", ".join(f"seed {s}: {v:.4f}" for v, s, _ in candidates)
             print(f"validation tokens/s vs best static (adaptive, ratio of sums): {shown}; keeping seed {seed}")
         _stage("selector export", "adaptive_spec.cli.selector_export", checkpoint=ckpt, out=out)  # OUT/selector.onnx
+        _copy_profile(args.profile, onnx_path)  # the selector runs with the profile its labels were made with
         done("train")
     if "acceptance" not in skip:
         stage("acceptance")  # the in-draft acceptance model of learned-chain plans, deployed with --install
@@ -269,6 +281,7 @@ def run(args: argparse.Namespace) -> int:
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(onnx_path, dest)
         print(f"installed {onnx_path} -> {dest}")
+        _copy_profile(args.profile, dest)
     if "bench" not in skip:
         stage("bench")
         _stage("bench e2e", "adaptive_spec.cli.bench_e2e", plans=args.bench_plans, temperatures=args.temperatures,

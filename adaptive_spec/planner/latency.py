@@ -219,6 +219,7 @@ class LatencyModel:
     def __init__(self, profile: Mapping[str, Any]) -> None:
         validate_profile(profile)
         self.profile = dict(profile)
+        self.source: str | None = None  # the file it was read from (from_profile), for reports
         self.contexts: list[int] = list(profile["contexts"])
         self.tokens: list[int] = list(profile["tokens"])
         self.draft_ms = _grid(profile, "draft_ms", len(self.contexts), len(self.tokens))
@@ -247,9 +248,11 @@ class LatencyModel:
         except json.JSONDecodeError as err:
             raise ValueError(f"latency profile {path} is not valid JSON: {err}") from None
         try:
-            return cls(data)
+            model = cls(data)
         except ValueError as err:
             raise ValueError(f"{path}: {err}") from None
+        model.source = str(path)
+        return model
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> LatencyModel:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import pytest
 
@@ -80,12 +81,23 @@ def test_generate_with_the_selector(saved, selector, tmp_path, monkeypatch, caps
     assert stats["decision_latency_us"]["median"] > 0
     assert "warning" not in captured.err  # the selector records no latency features
 
-    # A selector trained with latency features: warned once without a profile, silent with one.
+    # A selector trained with latency features and no profile anywhere: one is measured on first
+    # use and cached in the user data folder; the next run reads the cache; --profile wins.
+    monkeypatch.setenv("ADAPTIVE_SPEC_HOME", str(tmp_path / "home"))
     means = {"draft_ms": 1.5, "target_ms": 8.0, "target_ms_per_token": 0.3}
     latency_sel = restamp(selector, tmp_path / "lat.onnx", training={"latency_feature_mean": means})
     args[args.index(str(selector))] = str(latency_sel)
     assert main(args) == 0
-    assert capsys.readouterr().err.count("trained with latency features") == 1
+    captured = capsys.readouterr()
+    assert captured.err.count("measured one for this pair on this device") == 1
+    cached = json.loads(captured.out[captured.out.index("{") :])["latency_profile"]
+    assert cached.startswith(str(tmp_path / "home" / "profiles")) and Path(cached).is_file()
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    assert (
+        "measured" not in captured.err
+        and json.loads(captured.out[captured.out.index("{") :])["latency_profile"] == cached
+    )
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(synthetic_profile()))
     assert main([*args, "--profile", str(profile)]) == 0

@@ -53,6 +53,9 @@ def test_pipeline_runs_end_to_end(tiny_pair, tmp_path, monkeypatch):
     assert acceptance.training["rows_train"] > 0
     assert (out / "acceptance" / "report" / "calibration.json").is_file()
     # --install: both models into the user data folder, nothing into the package's pair folder
+    # The selector carries the latency profile its labels were made with, installed copy included.
+    assert (out / "selector.profile.json").read_bytes() == profile.read_bytes()
+    assert (tmp_path / "home" / "default" / "selector.profile.json").read_bytes() == profile.read_bytes()
     for name in ("selector.onnx", "acceptance.onnx"):
         assert (tmp_path / "home" / "default" / name).is_file(), name
         assert not (tiny_pair / name).exists(), name
