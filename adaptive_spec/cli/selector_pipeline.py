@@ -96,6 +96,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
              "bench e2e look first ($ADAPTIVE_SPEC_HOME/default, default ~/.local/share/adaptive-spec/default)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0, help="seeds the prompts, exploration and labels")
+    parser.add_argument("--actions", type=Path, default=None,
+                        help="action-space YAML for collect and label (default: the built-in grid, "
+                             "planner/default_actions.yaml)")  # fmt: skip
 
 
 def training_prompts(count: int, seed: int) -> list[str]:
@@ -202,6 +205,7 @@ def run(args: argparse.Namespace) -> int:
     prompts_file = out / "train_prompts.jsonl"
     greedy_file = out / "train_prompts_t0.jsonl"
     greedy = args.greedy_prompts_file is not None or (args.greedy_prompts > 0 and args.prompts is None)
+    actions = None if args.actions is None else str(args.actions)
     if "collect" not in skip:
         stage("collect")
         if args.prompts is not None:
@@ -216,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
             if d.exists():
                 shutil.rmtree(d)  # a fresh log: features must come from this pair and profile
         _stage("collect", "adaptive_spec.cli.collect", out=str(log_dir), prompts=str(prompts_file),
-               explore=args.explore, plan=args.plan, temperatures=args.temperatures,
+               explore=args.explore, plan=args.plan, temperatures=args.temperatures, actions=actions,
                max_new_tokens=args.max_new_tokens, seed=args.seed, profile=str(args.profile))  # fmt: skip
         if greedy and args.greedy_prompts_file is not None:
             greedy_file = args.greedy_prompts_file
@@ -226,16 +230,17 @@ def run(args: argparse.Namespace) -> int:
         if greedy:
             _stage("collect", "adaptive_spec.cli.collect", out=str(greedy_dir), prompts=str(greedy_file),
                    explore=args.explore, plan=args.plan, temperatures="0", max_new_tokens=args.max_new_tokens,
-                   seed=args.seed + 6, profile=str(args.profile))  # fmt: skip
+                   seed=args.seed + 6, profile=str(args.profile), actions=actions)  # fmt: skip
         done("collect")
     if "label" not in skip:
         stage("label")
         _stage("label", "adaptive_spec.cli.label", log_dir=log_dir, every=args.every, samples=args.samples,
-               profile=args.profile, seed=args.seed, max_contexts=args.max_contexts or None)  # fmt: skip
+               profile=args.profile, seed=args.seed, max_contexts=args.max_contexts or None,
+               actions=args.actions)  # fmt: skip
         if greedy:
             _stage("label", "adaptive_spec.cli.label", log_dir=greedy_dir, every=args.greedy_every,
                    samples=args.samples, max_contexts=args.greedy_max_contexts, profile=args.profile,
-                   seed=args.seed + 6)  # fmt: skip
+                   seed=args.seed + 6, actions=args.actions)  # fmt: skip
         done("label")
     runs = out / "runs"
     onnx_path = out / "selector.onnx"

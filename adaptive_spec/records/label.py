@@ -17,7 +17,13 @@ keeps each action's drafting law exact:
 * ``iid:KxL`` / ``delayed:TxKxB``: the trunk, then the first K of Kmax i.i.d. rollouts, each cut to
   B tokens (rollouts are i.i.d. and ordered; a rollout's prefix is a shorter rollout);
 * ``wor:w1x..``: the first w_d children of each node (a prefix of a Gumbel-top-k draw is a
-  Gumbel-top-w draw, Plackett-Luce).
+  Gumbel-top-w draw, Plackett-Luce);
+* a chain drafting policy (``conf-chain``, ``cum-chain``, ``learned-chain``: any
+  :class:`~adaptive_spec.trees.policy.ChainRule`): the policy is run along the drawn chain, on the
+  same draft-side facts the engine's drafter gives it, and the chain is cut after the first node
+  it does not feed (:func:`policy_chain_length`). Its predicted step time is the mean over the
+  samples of the static chain of the length it kept (the policy's own decisions, 8-40 µs per
+  level on a CPU, are not in the latency profile).
 
 All maximal trees of all samples of one context form one forest under one root (the last
 committed token): the draft model grows it level by level (one forward per depth for the whole
@@ -46,6 +52,7 @@ from adaptive_spec.formats.features import SCHEMA
 from adaptive_spec.formats.label_table import LABELS_FILE, LabelTable, write_labels
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
+from adaptive_spec.trees.policy import ChainRule, NodeView, PolicyContext, row_stats
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,11 @@ def family_specs(plans: list[Plan]) -> list[_FamilyTree]:
     """The maximal trees (one per family) from which every plan's tree is cut."""
     chain_len, rollouts, wor = 0, {}, []
     for plan in plans:
+        if plan.policy is not None:
+            if not isinstance(plan.policy, ChainRule):
+                raise ValueError(f"cannot label {plan}: the labeller takes static shapes and chain policies only")
+            chain_len = max(chain_len, plan.policy.depth)
+            continue
         s = plan.shape
         if s.law is DraftLaw.CHAIN:
             chain_len = max(chain_len, s.depth)
@@ -316,6 +328,46 @@ def cut_tree(forest: Forest, tree: _FamilyTree, shape: TreeShape, rows: dict[int
     return dtree, ids
 
 
+def policy_chain_length(
+    policy: ChainRule,
+    forest: Forest,
+    chain: list[int],
+    rows: dict[int, torch.Tensor],
+    temperature: float,
+    stats: dict[int, tuple[float, float]] | None = None,
+) -> int:
+    """How many tokens of a drawn chain a chain policy keeps.
+
+    The policy sees each drawn node as the engine's drafter shows it (depth, the token's draft
+    probability, the entropy and top-1 of the row it was drawn from, the path probability, the
+    parent's memo) and the chain ends after the first node it does not feed, or at its depth.
+    The chain's tokens are the policy's own draws: a dynamic chain draws each child from the
+    fed node's row exactly as a static chain does, so a prefix of the drawn chain has its law.
+
+    Args:
+        policy: the chain policy.
+        forest: the forest holding the chain.
+        chain: forest ids of the drawn chain's nodes, by depth (at least ``policy.depth`` long).
+        rows: draft rows of the forest's expanded nodes (0 = the root).
+        temperature: the step's temperature, as the policy sees it.
+        stats: a cache of ``(entropy, top-1)`` per forest id, shared across policies.
+    """
+    stats = {} if stats is None else stats
+    parent, parent_memo, path = 0, None, 1.0
+    for depth, node in enumerate(chain[: policy.depth], start=1):
+        if parent not in stats:
+            stats[parent] = row_stats(rows[parent])
+        ent, top1 = stats[parent]
+        q = float(rows[parent][forest.tokens[node]])
+        path *= q
+        view = NodeView(depth, depth - 1, forest.tokens[node], depth, q, path, ent, top1, parent_memo=parent_memo)
+        fed = policy.feed([view], PolicyContext(policy.depth - depth + 1, temperature), None)[0]
+        if not fed or depth == policy.depth:
+            return depth
+        parent, parent_memo = node, view.memo
+    return min(policy.depth, len(chain))
+
+
 # ---------------------------------------------------------------------------------------- labelling
 class Labeller:
     """Labels root contexts for every action of a space with one draft/target pair.
@@ -339,6 +391,8 @@ class Labeller:
 
     def _family_of(self, shape: TreeShape) -> int:
         for i, spec in enumerate(self.specs):
+            if shape.law is DraftLaw.DYNAMIC_CHAIN and spec.kind == "chain":
+                return i
             if shape.law is DraftLaw.CHAIN and spec.kind == "chain":
                 return i
             if shape.law is DraftLaw.WITHOUT_REPLACEMENT and spec.kind == "wor":
@@ -385,22 +439,32 @@ class Labeller:
         rows = {k: v.double() for k, v in rows.items()}
 
         be = np.zeros(len(self.plans), dtype=np.float64)
+        times = np.zeros(len(self.plans), dtype=np.float64)
         cut_cache: dict[tuple[str, int], tuple[DraftTree, torch.Tensor]] = {}
+        stats: dict[int, tuple[float, float]] = {}  # (entropy, top-1) per draft row, for the policies
         for a, plan in enumerate(self.plans):
             fam = self._family_of(plan.shape)
-            total = 0.0
+            total, seconds = 0.0, 0.0
             for s in range(self.config.samples):
-                key = (str(plan.shape), s)
+                tree = forest.trees[s * len(self.specs) + fam]
+                shape = plan.shape
+                if plan.policy is not None:  # the chain the policy keeps of this sample's chain
+                    length = policy_chain_length(plan.policy, forest, tree.trunk_nodes, rows, temperature, stats)
+                    shape = TreeShape.chain(length)
+                    seconds += self.latency.predict(Plan(shape, plan.verifier), n, temperature=temperature).total_s
+                key = (str(shape), s)
                 if key not in cut_cache:
-                    tree = forest.trees[s * len(self.specs) + fam]
-                    dtree, gids = cut_tree(forest, tree, plan.shape, rows, self.vocab_size)
+                    dtree, gids = cut_tree(forest, tree, shape, rows, self.vocab_size)
                     cut_cache[key] = (dtree, target_probs[torch.tensor(gids, device=self.device)])
                 dtree, trows = cut_cache[key]
                 verifier = "greedy" if sampling.greedy else plan.verifier
                 value, _ = expected_block_efficiency(verifier, dtree, trows, generator=generator)
                 total += value
             be[a] = total / self.config.samples
-        times = np.array(self.latency.predict_many(self.plans, n, temperature=temperature), dtype=np.float64)
+            if plan.policy is None:
+                times[a] = self.latency.predict(plan, n, temperature=temperature).total_s
+            else:
+                times[a] = seconds / self.config.samples
         return be, times
 
 

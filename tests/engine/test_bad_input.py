@@ -181,7 +181,7 @@ def test_prompt_files_name_the_file_and_line(tmp_path):
 
 
 def test_bench_reports_a_missing_prompt_file_before_loading_models(tmp_path, monkeypatch):
-    import adaptive_spec.bench.e2e as e2e
+    import adaptive_spec.cli.bench_e2e as e2e
     from adaptive_spec.cli import main
 
     def boom(*a, **k):

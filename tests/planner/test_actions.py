@@ -29,7 +29,11 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_default_space_has_a_few_hundred_actions_over_every_family_and_verifier():
     space = ActionSpace.default()
     assert 200 <= len(space) <= 400
-    assert set(space.laws) == {law for law in DraftLaw if not law.dynamic}  # the static families
+    # Every static family, and dynamic chains that decide while drafting (each kind of rule)
+    assert set(space.laws) == {law for law in DraftLaw if not law.dynamic} | {DraftLaw.DYNAMIC_CHAIN}
+    dynamic = [p for p in space if p.policy is not None]
+    assert {str(p.policy).split(":")[0] for p in dynamic} == {"conf-chain", "cum-chain"}
+    assert all(p.verifier == "block" and p.shape.law is DraftLaw.DYNAMIC_CHAIN for p in dynamic)
     assert set(space.verifiers) == ISSUE_VERIFIERS
     # Each family carries the verifiers the issue names for it.
     by_law: dict[DraftLaw, set[str]] = {}

@@ -49,7 +49,7 @@ def _probs_fn(model, temperature):
 def _exact_label(plan: Plan, target, draft, temperature: float) -> float:
     total = 0.0
     draft_fn, target_fn = _probs_fn(draft, temperature), _probs_fn(target, temperature)
-    for tree, prob in tree_law(plan.shape, draft_fn):
+    for tree, prob in tree_law(plan.policy or plan.shape, draft_fn):
         value, exact = expected_block_efficiency(plan.verifier, tree, target_rows(tree, target_fn))
         assert exact
         total += prob * value
@@ -108,3 +108,40 @@ def test_labels_are_reproducible(pair):
     a, _ = labeller.label(CONTEXT, 0.7, 0, 0.9, seed=5)
     b, _ = labeller.label(CONTEXT, 0.7, 0, 0.9, seed=5)
     assert np.array_equal(a, b) and (a >= 1).all()
+
+
+POLICIES = ["cum-chain:3:0.3/block", "conf-chain:3:0.45/block", "conf-chain:3:0.45/token"]
+
+
+def test_chain_policy_labels_match_the_policys_exact_law(pair):
+    """The labeller runs a chain policy along its drawn chain as the engine's drafter would:
+    its labels converge to the exact expectation under the policy's own drafting law."""
+    target, draft = pair
+    plans = [Plan.parse(p) for p in ["chain:1/block", "chain:3/block", *POLICIES]]
+    assert [s.length for s in family_specs(plans) if s.kind == "chain"] == [3]  # one chain family for all
+    samples = 300
+    latency = LatencyModel.from_profile(synthetic_profile())
+    labeller = Labeller(target, draft, plans, latency, V, LabelConfig(samples=samples))
+    be, times = labeller.label(CONTEXT, 1.0, 0, 1.0, seed=0)
+    for a, plan in enumerate(plans):
+        exact = _exact_label(plan, target, draft, 1.0)
+        assert be[a] == pytest.approx(exact, abs=4.5 * 1.5 / np.sqrt(samples)), str(plan)
+    # The policy's chains are between 1 and 3 tokens long, and so is their predicted time.
+    lo, hi = times[0], times[1]
+    assert all(lo <= t <= hi for t in times[2:]) and lo < hi
+
+
+def test_chain_policies_that_always_or_never_feed_label_as_static_chains(pair):
+    target, draft = pair
+    plans = [Plan.parse(p) for p in ("chain:1/block", "chain:3/block", "cum-chain:3:0/block", "cum-chain:3:1/block")]
+    labeller = Labeller(target, draft, plans, LatencyModel.from_profile(synthetic_profile()), V,
+                        LabelConfig(samples=4))  # fmt: skip
+    for temperature in (0.0, 1.0):
+        be, times = labeller.label(CONTEXT, temperature, 0, 1.0, seed=2)
+        assert be[2] == be[1] and times[2] == pytest.approx(times[1])  # always fed: the whole chain
+        assert be[3] == be[0] and times[3] == pytest.approx(times[0])  # never fed: one token
+
+
+def test_the_labeller_refuses_tree_policies():
+    with pytest.raises(ValueError, match="chain policies only"):
+        family_specs([Plan.parse("conf-delayed:4:0.5:2/traversal")])

@@ -32,7 +32,7 @@ def test_pipeline_runs_end_to_end(tiny_pair, tmp_path, monkeypatch):
     ])  # fmt: skip
     assert code == 0
     labels = read_labels(out / "log" / "labels.parquet")
-    assert len(labels) >= 6 and len(labels.actions) == 298 and (labels.block_efficiency >= 1).all()
+    assert len(labels) >= 6 and len(labels.actions) == 309 and (labels.block_efficiency >= 1).all()
     greedy_labels = read_labels(out / "log_t0" / "labels.parquet")
     assert len(greedy_labels) >= 3 and set(greedy_labels.features[:, SCHEMA.names.index("temperature")]) == {0.0}
     # Two seeds trained; the kept one (best validation) trained on both label sets, and its report
