@@ -71,6 +71,15 @@ def add_json_option(parser: argparse.ArgumentParser, what: str = "the results") 
     parser.add_argument("--json", type=Path, default=None, metavar="PATH", help=f"write {what} as JSON to PATH")
 
 
+def add_profile_option(parser: argparse.ArgumentParser) -> None:
+    """``--profile PATH``: the latency profile that feeds a selector's latency features."""
+    parser.add_argument(
+        "--profile", default=None, metavar="PATH",
+        help="latency profile for the selector's latency features (default: the selector's own profile beside its "
+        "file, else data/profile/profile.json, else one measured on first use and cached in the user data folder)",
+    )  # fmt: skip
+
+
 def add_limit_option(parser: argparse.ArgumentParser, default: int | None = None, what: str = "prompts") -> None:
     """Add ``--limit N``: use only the first N ``what``."""
     tail = " (default: %(default)s)" if default is not None else " (default: all)"

@@ -16,10 +16,10 @@ from adaptive_spec.options import (
     add_json_option,
     add_limit_option,
     add_model_options,
+    add_profile_option,
     add_progress_option,
     add_temperatures_option,
 )
-from adaptive_spec.planner.latency import default_profile_path
 from adaptive_spec.planner.presets import DEFAULT_PLANS
 from adaptive_spec.temperatures import parse_temperatures
 
@@ -49,11 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--best-static-file", default=None,
         help=f"'{BEST_STATIC}' plans when the selector records none (default: configs/plans/best-static.yaml)",
     )  # fmt: skip
-    parser.add_argument(
-        "--profile", default=None,
-        help="latency profile for the selector's latency features (default: the selector's own profile beside its "
-        f"file, else {default_profile_path()}, else one measured on first use and cached)",
-    )  # fmt: skip
+    add_profile_option(parser)
     parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
     add_limit_option(parser)
     parser.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i (default: %(default)s)")

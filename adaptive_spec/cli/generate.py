@@ -13,8 +13,7 @@ import argparse
 import json
 import sys
 
-from adaptive_spec.options import add_model_options
-from adaptive_spec.planner.latency import default_profile_path
+from adaptive_spec.options import add_model_options, add_profile_option
 
 DEFAULT_PLAN = "auto"  # the tuned plan for the loaded pair, else a default static plan (SpecEngine.default_plan)
 
@@ -33,11 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--selector", default=None, help="an ONNX selector (selector export) choosing the plan of every step"
     )
-    parser.add_argument(
-        "--profile", default=None,
-        help="latency profile for the selector's latency features (default: the selector's own profile beside "
-        f"its file, else {default_profile_path()}, else one measured on first use and cached)",
-    )  # fmt: skip
+    add_profile_option(parser)
     parser.add_argument("--max-new-tokens", type=int, default=64, help="number of new tokens (default: %(default)s)")
     parser.add_argument(
         "--temperature", type=float, default=None, help="0 = greedy (default: the target's generation_config, else 1)"
