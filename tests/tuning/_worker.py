@@ -8,8 +8,8 @@ so that two workers start their trials together.
 
 ``python -m tests.tuning._worker hang STORAGE_URL STUDY MARKER`` opens the study the way
 ``tune plans`` does (``make_storage`` + ``open_study``: heartbeats on), samples a plan through
-the real objective, writes ``MARKER`` once the trial is RUNNING in the storage, and then blocks,
-heartbeating, until the test kills it (SIGKILL).
+the real objective, writes ``MARKER`` once the trial is RUNNING and has a heartbeat in the
+storage, and then blocks, heartbeating, until the test kills it (SIGKILL).
 """
 
 from __future__ import annotations
@@ -29,6 +29,19 @@ def hang(url: str, study_name: str, marker: str) -> None:
     study = open_study(study_name, storage, seed=0, worker=7)
 
     def evaluate(plan):
+        # Write the marker only once the trial's first heartbeat is in the storage: the heartbeat
+        # thread starts with the trial, but on a loaded machine its first write can come after
+        # this call, and a trial killed before any heartbeat is never seen as stale.
+        import sqlalchemy
+
+        engine = sqlalchemy.create_engine(url)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with engine.connect() as conn:
+                if conn.execute(sqlalchemy.text("SELECT COUNT(*) FROM trial_heartbeats")).scalar():
+                    break
+            time.sleep(0.1)
+        engine.dispose()
         Path(marker).write_text(str(plan))
         while True:
             time.sleep(1)
