@@ -361,7 +361,8 @@ def policy_chain_length(
         q = float(rows[parent][forest.tokens[node]])
         path *= q
         view = NodeView(depth, depth - 1, forest.tokens[node], depth, q, path, ent, top1, parent_memo=parent_memo)
-        fed = policy.feed([view], PolicyContext(policy.depth - depth + 1, temperature), None)[0]
+        # the node budget left after `depth` draws, as the engine's drafter passes it
+        fed = policy.feed([view], PolicyContext(policy.depth - depth, temperature), None)[0]
         if not fed or depth == policy.depth:
             return depth
         parent, parent_memo = node, view.memo
