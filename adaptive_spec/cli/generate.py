@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
 
     from adaptive_spec.engine import SpecEngine
 
-    latency = None
+    latency, warning = None, None
     if args.selector is not None:
         if args.plan is not None:
             raise SystemExit("generate: give --plan or --selector, not both")
@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except ValueError as err:  # a missing directory, an offline hub name, mismatched tokenizers
         raise SystemExit(f"generate: {err}") from None
-    if args.selector is not None and warning:  # no profile for the selector's latency features: measure one once
+    if warning:  # the selector has no profile for its latency features: measure one once
         from adaptive_spec.bench.profile import latency_for_selector
 
         engine.latency_model, note = latency_for_selector(engine, plan.runtime)
