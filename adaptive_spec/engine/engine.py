@@ -44,6 +44,7 @@ from adaptive_spec.engine.drafting import (
     finite_flag,
     sample_categorical,
 )
+from adaptive_spec.engine.eagle import EagleRunner, is_eagle_head
 from adaptive_spec.engine.features import LatencyFeatures, RootFeatures, RootTracker
 from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor, check_logits_processors
 from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
@@ -128,6 +129,7 @@ class _Run:
     planner: Planner | None  # None: plain autoregressive decoding
     target_probs_fn: ProbsFn
     draft_probs_fn: ProbsFn
+    soft_probs_fn: ProbsFn  # the processed softmax of the target's rows (one-hot rows at T=0 are not)
     eos: set[int]
     stop_strings: list[str]
     criteria: Sequence[Any]
@@ -191,6 +193,8 @@ class SpecEngine:
         latency_model: LatencyFeatures | None = None,
     ) -> None:
         device = torch.device(device) if device is not None else target.device
+        if is_eagle_head(draft) and not draft.bound:
+            draft.bind(target)  # an EAGLE head reads the target's token embeddings
         self.target = _place(target, "target", device, dtype)
         self.draft = _place(draft, "draft", device, dtype)
         self.device = device
@@ -211,7 +215,7 @@ class SpecEngine:
         self.eos_token_ids = _eos_ids(self.target, tokenizer)
         # Check the attention implementations now rather than at the first call.
         ModelRunner(self.target)
-        ModelRunner(self.draft)
+        _draft_runner(self.draft)
         self.sync_timing = True  # CUDA: synchronise at phase boundaries so that phase times are real
         self.hidden_sizes = tuple(m.get_output_embeddings().weight.shape[1] for m in (self.draft, self.target))
         self.planner = planner
@@ -341,8 +345,18 @@ class SpecEngine:
             target, draft = str(root / "target"), str(root / "draft")
             if dtype is None and torch.device(device or "cpu").type == "cpu" and device_map is None:
                 dtype = torch.float32
-        elif target is None or draft is None:
-            raise ValueError("give both target and draft, or neither for the built-in default pair")
+        else:
+            from adaptive_spec.engine.models import SHORT_NAMES, resolve_pair
+
+            named = target in SHORT_NAMES or draft in SHORT_NAMES
+            target, draft = resolve_pair(target, draft)  # short names: builtin, smollm2, smollm2-eagle, ...
+            if named and dtype is None and torch.device(device or "cpu").type == "cpu" and device_map is None:
+                dtype = torch.float32
+        if target is None or draft is None:
+            raise ValueError(
+                "give both target and draft, a short-named target (builtin, smollm2) alone, or neither for the "
+                "built-in default pair"
+            )
         for role, path in (("target", target), ("draft", draft)):
             _check_model_path(role, str(path))
         if local_files_only is None:
@@ -666,7 +680,9 @@ class SpecEngine:
         processors.extend(extra_processors)
         target_probs_fn = ProbsFn(processors, self.vocab_size, one_hot=sampling.greedy)
         # At T=0 the draft drafts from its untempered softmax (any draft is fine for greedy verification).
-        draft_probs_fn = ProbsFn(processors, self.vocab_size, one_hot=False)
+        draft_ids = self.draft.token_ids if is_eagle_head(self.draft) else None  # a reduced draft vocabulary
+        draft_probs_fn = ProbsFn(processors, self.vocab_size, one_hot=False, token_ids=draft_ids)
+        soft_probs_fn = ProbsFn(processors, self.vocab_size, one_hot=False)  # the target's rows, for features
 
         generator = torch.Generator(device=self.device)
         if seed is None:
@@ -678,8 +694,10 @@ class SpecEngine:
         state = EngineState(
             context=list(prompt_ids),
             prompt_length=len(prompt_ids),
-            target=ModelRunner(self.target, keep_hidden=want_hidden),
-            draft=ModelRunner(self.draft, keep_hidden=want_hidden, input_limit=self.draft_input_limit)
+            target=ModelRunner(
+                self.target, keep_hidden=want_hidden, keep_features=planner is not None and is_eagle_head(self.draft)
+            ),
+            draft=_draft_runner(self.draft, keep_hidden=want_hidden, input_limit=self.draft_input_limit)
             if planner is not None
             else None,
             generator=generator,
@@ -689,7 +707,7 @@ class SpecEngine:
             state.root = RootTracker(temperature, top_p, self.latency_model, want_hidden, self.hidden_sizes)
         return _Run(
             state=state, sampling=sampling, top_k=top_k, planner=planner,
-            target_probs_fn=target_probs_fn, draft_probs_fn=draft_probs_fn, eos=eos, stop_strings=stop_strings,
+            target_probs_fn=target_probs_fn, draft_probs_fn=draft_probs_fn, soft_probs_fn=soft_probs_fn, eos=eos, stop_strings=stop_strings,
             criteria=criteria, max_new_tokens=max_new_tokens, budget=budget, log=log,
             key=_prompt_key(prompt_ids) if log is not None else "", streamer=streamer,
             timer=PhaseTimer(stats.phase_times_s, self.device, self.sync_timing), t_start=t_start,
@@ -706,13 +724,15 @@ class SpecEngine:
             run.timer.switch("target")
             logits_t = state.target.chain_forward(prompt_t[:-1], logits_to_keep=1)  # [1, V'] over the root, or None
             logits_d = None
+            if isinstance(state.draft, EagleRunner) and logits_t is not None:
+                state.draft.set_target_features(0, state.target.features)
             if state.draft is not None:
                 run.timer.switch("draft")
                 logits_d = state.draft.chain_forward(prompt_t[:-1], logits_to_keep=1)
             run.timer.switch("other")
             if state.root is not None and logits_t is not None:  # the previous rows of the first step
                 hidden = state.target.hidden[-1] if state.target.keep_hidden else None
-                state.root.set_previous(run.draft_probs_fn(logits_t)[0], run.draft_probs_fn(logits_d)[0], hidden)
+                state.root.set_previous(run.soft_probs_fn(logits_t)[0], run.draft_probs_fn(logits_d)[0], hidden)
 
     def _step(self, run: _Run) -> _StepOutput:
         """One decoding step: plan -> draft -> one target pass -> verify -> commit (or one autoregressive token)."""
@@ -737,8 +757,9 @@ class SpecEngine:
             out.propensity = run.planner.last_propensity
             # 2) draft, 3) one target pass, 4) verify, 5) commit
             out.result = self._speculative_step(
-                state, plan, sampling, run.target_probs_fn, run.draft_probs_fn, run.timer, root, step_state.features
-            )
+                state, plan, sampling, run.target_probs_fn, run.draft_probs_fn, run.timer, root, step_state.features,
+                run.soft_probs_fn,
+            )  # fmt: skip
             state.steps.append(out.result)
             out.emitted = list(out.result.tokens)
             run.planner.observe(out.result)
@@ -830,6 +851,7 @@ class SpecEngine:
         timer: PhaseTimer,
         root: DraftRoot | None = None,
         features: Mapping[str, float] | None = None,
+        soft_probs_fn: ProbsFn | None = None,
     ) -> StepResult:
         """Draft, score, verify and commit one tree (``root``: the first draft forward, if already run).
 
@@ -883,6 +905,9 @@ class SpecEngine:
         accepted = tree.path(result.node)[1:]  # accepted nodes, root excluded
         rows = torch.tensor([n_ctx - 1 + a for a in accepted], dtype=torch.long, device=device)
         target.commit(n_ctx, rows)
+        if isinstance(draft, EagleRunner):  # the target's features of the newly committed positions
+            keep = [*range(p - 1), *(p - 1 + a for a in [0, *accepted])]
+            draft.set_target_features(target_base, target.features[torch.tensor(keep, device=device)])
         if outcome.pending_fed:
             fed = [r for r in map(outcome.draft_row, accepted) if r is not None]  # a prefix of the path
             rows_d = torch.tensor([n_ctx - 1 + r for r in fed], dtype=torch.long, device=device)
@@ -890,7 +915,8 @@ class SpecEngine:
         if state.root is not None:  # the rows over the next root token: at the last accepted node
             node = result.node
             # At T=0 the target's rows are one-hot; features use its plain softmax.
-            target_row = draft_probs_fn(logits[node : node + 1])[0] if sampling.greedy else target_probs[node]
+            soft = soft_probs_fn if soft_probs_fn is not None else draft_probs_fn
+            target_row = soft(logits[node : node + 1])[0] if sampling.greedy else target_probs[node]
             fed_leaf = outcome.draft_row(node) is not None
             draft_row = outcome.tree.draft_probs[node] if fed_leaf else None  # None: a leaf never fed
             state.root.set_previous(target_row, draft_row, target.hidden[node] if target.keep_hidden else None)
@@ -992,6 +1018,13 @@ class SpecEngine:
 
 
 # ---------------------------------------------------------------------- module helpers
+def _draft_runner(draft: Any, keep_hidden: bool = False, input_limit: int | None = None) -> ModelRunner:
+    """The draft's runner: an :class:`EagleRunner` for an EAGLE head, else a :class:`ModelRunner`."""
+    if is_eagle_head(draft):
+        return EagleRunner(draft, keep_hidden=keep_hidden)
+    return ModelRunner(draft, keep_hidden=keep_hidden, input_limit=input_limit)
+
+
 def check_same_tokenizer(tokenizer: Any, other: Any, vocab_size: int) -> None:
     """Raise a ValueError unless both tokenizers map the same strings to the same ids below ``vocab_size``."""
     a = {k: v for k, v in tokenizer.get_vocab().items() if v < vocab_size}

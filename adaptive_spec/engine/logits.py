@@ -132,17 +132,25 @@ class ProbsFn:
 
     ``__call__(logits)`` maps Tensor[n, V'] (any float dtype) to float32 Tensor[n, vocab_size]:
     extra logits are cut, and missing ones (a draft with a smaller vocabulary than the target)
-    count as -inf, i.e. probability 0. With ``one_hot`` (the target at temperature 0) each row
+    count as -inf, i.e. probability 0; so do the ids outside a reduced draft vocabulary, whose
+    logits columns ``token_ids`` (LongTensor[V']) maps to target ids. With ``one_hot`` (the target at temperature 0) each row
     is one-hot at its argmax; otherwise the processors are applied and a softmax taken.
     """
 
-    def __init__(self, processors: LogitsProcessorList, vocab_size: int, one_hot: bool) -> None:
+    def __init__(
+        self, processors: LogitsProcessorList, vocab_size: int, one_hot: bool, token_ids: torch.Tensor | None = None
+    ) -> None:
         self.processors = processors
         self.vocab_size = vocab_size
         self.one_hot = one_hot
+        self.token_ids = token_ids
 
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
-        scores = logits[..., : self.vocab_size].float()  # [n, V]
+        if self.token_ids is not None:  # a reduced vocabulary: column j is token token_ids[j], the rest -inf
+            scores = torch.full((*logits.shape[:-1], self.vocab_size), -math.inf, device=logits.device)
+            scores[..., self.token_ids] = logits.float()
+        else:
+            scores = logits[..., : self.vocab_size].float()  # [n, V]
         if scores.shape[-1] < self.vocab_size:
             scores = torch.nn.functional.pad(scores, (0, self.vocab_size - scores.shape[-1]), value=-math.inf)
         if len(self.processors):

@@ -41,12 +41,21 @@ class ModelRunner:
         keep_hidden: whether forwards keep the model's last hidden states (the LM head's
             input) at the rows whose logits they return.
         hidden: with ``keep_hidden``, Tensor[logits_to_keep, H] of the latest forward, else None.
+        keep_features: whether forwards keep the last hidden states of *every* row fed (what an
+            EAGLE head reads, :mod:`adaptive_spec.engine.eagle`).
+        features: with ``keep_features``, Tensor[n, H] over the rows of the latest forward, else None.
     """
 
     #: Call the parts of known architectures directly (see :data:`FAST_PATH_TYPES`).
     fast_path = True
 
-    def __init__(self, model: PreTrainedModel, keep_hidden: bool = False, input_limit: int | None = None) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        keep_hidden: bool = False,
+        input_limit: int | None = None,
+        keep_features: bool = False,
+    ) -> None:
         impl = getattr(model.config, "_attn_implementation", None) or "eager"
         if impl not in SUPPORTED_ATTENTION:
             raise ValueError(
@@ -65,6 +74,8 @@ class ModelRunner:
         self.forwards = 0
         self.keep_hidden = keep_hidden
         self.hidden: torch.Tensor | None = None
+        self.keep_features = keep_features
+        self.features: torch.Tensor | None = None
         # Token ids >= input_limit (ids of the target's vocabulary this model has no embedding
         # for, e.g. a draft with a smaller vocabulary) are read as id input_limit - 1.
         self.input_limit = input_limit
@@ -151,12 +162,19 @@ class ModelRunner:
                       position_embeddings=pe)  # fmt: skip
             if isinstance(h, tuple):
                 h = h[0]
-        h = norm(h[:, -logits_to_keep:])
+        if self.keep_features:
+            full = norm(h)
+            self.features = full[0]
+            h = full[:, -logits_to_keep:]
+        else:
+            h = norm(h[:, -logits_to_keep:])
         if self.keep_hidden:
             self.hidden = h[0]
         return head(h)[0]
 
     def _forward(self, **kwargs):  # the model's own forward (architectures without a fast path)
+        if self.keep_features:
+            return self._forward_with_features(**kwargs)
         if not self.keep_hidden:
             return self.model(**kwargs)
         # The LM head's input is the last hidden state (after the final norm), already cut to
@@ -169,6 +187,22 @@ class ModelRunner:
         finally:
             handle.remove()
         self.hidden = seen[-1][0]  # [logits_to_keep, H]
+        return out
+
+    def _forward_with_features(self, **kwargs):
+        """The model's forward, keeping every row's last hidden state (the LM head's input) in ``features``."""
+        keep = kwargs.pop("logits_to_keep")
+        seen: list[torch.Tensor] = []
+        head = self.model.get_output_embeddings()
+        handle = head.register_forward_pre_hook(lambda _module, args: seen.append(args[0]))
+        try:
+            out = self.model(logits_to_keep=0, **kwargs)  # every row through the head: the hook sees them all
+        finally:
+            handle.remove()
+        self.features = seen[-1][0]  # [n, H]
+        if self.keep_hidden:
+            self.hidden = self.features[-keep:]
+        out.logits = out.logits[:, -keep:]
         return out
 
     def commit(self, committed: int, block_rows: torch.Tensor | None) -> None:

@@ -1,0 +1,265 @@
+"""EAGLE-style draft heads: one decoder layer over the target's own hidden states.
+
+An EAGLE head (Li et al., 2024) drafts from the target's features rather than from tokens alone.
+The input at position ``j`` is the fusion ``fc([embed(x_j); f_{j-1}])`` of the token's embedding
+(the target's own embedding table, shared, not stored) and the feature ``f_{j-1}`` of the position
+before it: the target's last hidden state (after its final norm, the LM head's input) where the
+target has computed it, else the head's own output there (drafted positions, and the root, which the
+target has not run yet). One Llama decoder layer maps it to ``h_j``, which approximates ``f_j`` and
+is fed on to the next drafted position; ``lm_head(h_j)`` gives logits over a *reduced draft
+vocabulary* (the most frequent target tokens, as in FR-Spec and EAGLE-3). Tokens outside it get
+draft probability 0, which every verifier handles losslessly (the residual reaches them).
+
+Checkpoint layout (``save_pretrained``): ``fc.weight`` [H, 2H], ``midlayer.*`` (one
+``LlamaDecoderLayer``), ``lm_head.weight`` [N, H], and EAGLE-3's vocabulary maps ``d2t`` (int64
+[N], draft id ``i`` is target id ``i + d2t[i]``) and ``t2d`` (bool [V], which target ids the draft
+has). A published EAGLE-3 head does not load as it is: its layer reads ``2H``-wide inputs and fuses
+three target layers, where this head fuses the embedding and the last layer through ``fc``.
+
+:class:`EagleRunner` is the engine's runner for a head: the same interface as
+:class:`~adaptive_spec.engine.runner.ModelRunner` (chain and block forwards under a tree mask,
+commit, rollback), plus :meth:`EagleRunner.set_target_features`, through which the engine hands it
+the target's hidden states of committed positions after each target pass.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import LlamaConfig, PreTrainedModel
+from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+from adaptive_spec.engine.runner import ModelRunner
+
+__all__ = ["EagleConfig", "EagleHead", "EagleRunner", "is_eagle_head"]
+
+
+class EagleConfig(LlamaConfig):
+    """A Llama config for one decoder layer plus the head's own fields.
+
+    Attributes:
+        draft_vocab_size: the size ``N`` of the reduced draft vocabulary.
+        target_vocab_size: the target's vocabulary size ``V`` (``vocab_size`` as well).
+    """
+
+    model_type = "adaptive-spec-eagle"
+
+    def __init__(self, draft_vocab_size: int = 8192, target_vocab_size: int | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("num_hidden_layers", 1)
+        super().__init__(**kwargs)
+        self.draft_vocab_size = int(draft_vocab_size)
+        self.target_vocab_size = int(target_vocab_size if target_vocab_size is not None else self.vocab_size)
+
+    @classmethod
+    def for_target(cls, target_config: Any, draft_vocab_size: int, **overrides: Any) -> EagleConfig:
+        """A head config matching a Llama-like target's width, heads, rotary settings and vocabulary."""
+        t = target_config.get_text_config().to_dict()
+        keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_parameters", "rope_theta",
+                "rope_scaling", "vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "attention_bias",
+                "mlp_bias")  # fmt: skip
+        kw = {k: t[k] for k in keep if k in t}
+        kw.update(overrides)
+        return cls(draft_vocab_size=draft_vocab_size, target_vocab_size=t["vocab_size"], num_hidden_layers=1, **kw)
+
+
+class EagleHead(PreTrainedModel):
+    """The head: ``fc`` fusion, one decoder layer, a reduced-vocabulary LM head and the vocabulary maps.
+
+    It reads token embeddings from the target (:meth:`bind`), so it runs only beside its target.
+    ``forward(input_ids, features, position_ids, attention_mask, cache)`` returns
+    ``(logits [1, n, N], hidden [1, n, H])``.
+    """
+
+    config_class = EagleConfig
+    base_model_prefix = "eagle"
+    _supports_sdpa = True
+    _no_split_modules = ["LlamaDecoderLayer"]
+
+    def __init__(self, config: EagleConfig) -> None:
+        super().__init__(config)
+        H = config.hidden_size
+        self.fc = nn.Linear(2 * H, H, bias=False)
+        self.midlayer = LlamaDecoderLayer(config, layer_idx=0)
+        self.lm_head = nn.Linear(H, config.draft_vocab_size, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(config.target_vocab_size, dtype=torch.bool))
+        self._embed: list[nn.Embedding] = []  # the target's embedding, bound, not a submodule (not saved)
+        self.post_init()
+
+    def _init_weights(self, module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            module.weight.data.normal_(0.0, self.config.initializer_range)
+
+    def set_vocabulary(self, token_ids: torch.Tensor) -> None:
+        """Set the draft vocabulary: ``token_ids`` (LongTensor[N], distinct target ids, in draft-id order)."""
+        ids = token_ids.to(torch.long).cpu()
+        if ids.numel() != self.config.draft_vocab_size or ids.unique().numel() != ids.numel():
+            raise ValueError(f"the draft vocabulary needs {self.config.draft_vocab_size} distinct target ids")
+        self.d2t.copy_(ids - torch.arange(ids.numel()))
+        self.t2d.zero_()
+        self.t2d[ids] = True
+
+    @property
+    def token_ids(self) -> torch.Tensor:
+        """LongTensor[N]: the target id of each draft id (``arange(N) + d2t``)."""
+        return torch.arange(self.d2t.numel(), device=self.d2t.device) + self.d2t
+
+    def bind(self, target: PreTrainedModel) -> EagleHead:
+        """Read token embeddings from ``target``'s input embedding table (shared, never copied)."""
+        emb = target.get_input_embeddings()
+        if emb.weight.shape != (self.config.target_vocab_size, self.config.hidden_size):
+            raise ValueError(
+                f"this EAGLE head was trained for a target with a {self.config.target_vocab_size} x "
+                f"{self.config.hidden_size} embedding; the target has {tuple(emb.weight.shape)}"
+            )
+        self._embed = [emb]
+        return self
+
+    @property
+    def bound(self) -> bool:
+        return bool(self._embed)
+
+    def get_input_embeddings(self) -> nn.Module:
+        if not self._embed:
+            raise ValueError("this EAGLE head is not bound to its target: call head.bind(target)")
+        return self._embed[0]
+
+    def get_output_embeddings(self) -> nn.Module:
+        return self.lm_head
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        features: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: Any = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``input_ids`` [B, n], ``features`` [B, n, H] (the previous position's), additive mask or None."""
+        emb = self.get_input_embeddings()(input_ids).to(self.fc.weight.dtype)
+        x = self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1))
+        pe = self.rotary_emb(x, position_ids)
+        h = self.midlayer(x, attention_mask=attention_mask, position_ids=position_ids, past_key_values=cache,
+                          use_cache=cache is not None, position_embeddings=pe)  # fmt: skip
+        if isinstance(h, tuple):
+            h = h[0]
+        return self.lm_head(h), h
+
+
+def is_eagle_head(model: Any) -> bool:
+    return isinstance(model, EagleHead)
+
+
+class EagleRunner(ModelRunner):
+    """The engine's runner for an :class:`EagleHead` (see the module docstring).
+
+    Block rows fed this step remember their position and the feature their children read: the
+    target's feature at that position when the engine has handed it over, else the head's output.
+    Committing keeps only context rows (the pending chain, fed with target features); accepted
+    drafted nodes were fed with the head's own features, so they are fed again, with the target's,
+    at the next step, as EAGLE does.
+    """
+
+    needs_target_features = True
+
+    def __init__(self, model: EagleHead, keep_hidden: bool = False, input_limit: int | None = None) -> None:
+        if not model.bound:
+            raise ValueError("this EAGLE head is not bound to its target: call head.bind(target)")
+        super().__init__(model, keep_hidden=keep_hidden, input_limit=None)
+        self.fast_parts = ()  # explicit masks for chains (the head has no causal mask of its own)
+        self.vocab_ids = model.token_ids  # [N] target id of each logit column
+        H = model.config.hidden_size
+        self._target = torch.zeros(0, H, dtype=model.dtype, device=model.device)  # [known, H] by position
+        self._block_pos: list[torch.Tensor] = []  # per forward this step: positions [n]
+        self._block_feat: list[torch.Tensor] = []  # per forward this step: the feature each row passes on [n, H]
+
+    def set_target_features(self, start: int, features: torch.Tensor) -> None:
+        """The target's hidden states of committed positions ``start .. start + k - 1`` (Tensor[k, H])."""
+        if start > self._target.shape[0]:
+            raise RuntimeError(f"target features from position {start}, but only {self._target.shape[0]} are known")
+        self._target = torch.cat([self._target[:start], features.to(self._target.dtype)])
+
+    @property
+    def known(self) -> int:
+        """Number of leading positions whose target feature is known."""
+        return int(self._target.shape[0])
+
+    def _run_model(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, logits_to_keep: int
+    ) -> torch.Tensor:
+        n, past = input_ids.numel(), self.cached
+        H = self._target.shape[1]
+        device = input_ids.device
+        m_before = sum(int(p.numel()) for p in self._block_pos)  # block rows fed earlier this step
+        # Candidate parents: the last committed row, then the block rows so far (table index 0, 1, ...).
+        last = self._target[past - 1 : past] if past > 0 else torch.zeros(1, H, dtype=self._target.dtype, device=device)
+        table = torch.cat([last, *self._block_feat]) if self._block_feat else last  # [1 + m_before, H]
+        if mask is None:  # a lone token attending to everything: its parent is the row before it
+            parent = torch.full((n,), m_before, dtype=torch.long, device=device)
+        else:
+            # allowed[i, j] over the columns past - 1 .. past + m_before - 1 (last committed row, earlier block rows),
+            # then the new rows themselves (a new row's parent may be an earlier new row of a chain).
+            allowed = mask[0, 0, :, past - 1 if past > 0 else 0 :] == 0
+            if past == 0:
+                allowed = torch.cat([torch.zeros(n, 1, dtype=torch.bool, device=device), allowed], dim=1)
+            cols = allowed.shape[1]
+            own = 1 + m_before + torch.arange(n, device=device)  # each new row's own column
+            idx = torch.arange(cols, device=device)
+            allowed = allowed & (idx[None, :] < own[:, None])
+            parent = torch.where(allowed, idx, -1).max(dim=1).values  # [n]; -1: none (position 0)
+        in_new = parent > m_before  # the parent is a row of this same forward (a chain)
+        if bool(in_new.any()):
+            # Chains fed in one forward are pending context tokens: their parents' features are the target's.
+            par_pos = position_ids - 1
+            if int(par_pos[in_new].max()) >= self.known:
+                raise RuntimeError("a chain was fed whose target features are unknown")
+        feats = torch.zeros(n, H, dtype=self._target.dtype, device=device)
+        old = (parent >= 0) & ~in_new
+        if bool(old.any()):
+            feats[old] = table[parent[old]]
+        if bool(in_new.any()):
+            feats[in_new] = self._target[position_ids[in_new] - 1]
+        if past == 0:  # position 0 has no previous feature
+            feats[position_ids == 0] = 0
+        logits, h = self.model(input_ids[None], feats[None], position_ids[None], mask, self.cache)
+        h = h[0]
+        # The feature each new row passes on: the target's where known, else the head's own output.
+        known = position_ids < self.known
+        passed = torch.where(known[:, None], self._target[position_ids.clamp(max=max(self.known - 1, 0))], h) if (
+            self.known > 0) else h  # fmt: skip
+        self._block_pos.append(position_ids)
+        self._block_feat.append(passed)
+        if self.keep_hidden:
+            self.hidden = h[-logits_to_keep:]
+        return logits[0, -logits_to_keep:]
+
+    def chain_forward(self, tokens: torch.Tensor, logits_to_keep: int) -> torch.Tensor | None:
+        logits = super().chain_forward(tokens, logits_to_keep)
+        self._block_pos, self._block_feat = [], []  # a chain is committed at once
+        return logits
+
+    def commit(self, committed: int, block_rows: torch.Tensor | None) -> None:
+        """Keep the ``committed`` context rows; drafted rows are dropped (fed again with target features)."""
+        self.rollback(committed)
+
+    def rollback(self, length: int) -> None:
+        super().rollback(length)
+        self._block_pos, self._block_feat = [], []
+
+
+def _register() -> None:
+    """Let ``AutoConfig``/``AutoModelForCausalLM.from_pretrained`` load a saved head folder."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        AutoConfig.register(EagleConfig.model_type, EagleConfig)
+        AutoModelForCausalLM.register(EagleConfig, EagleHead)
+    except ValueError:  # already registered (a module reload)
+        pass
+
+
+_register()

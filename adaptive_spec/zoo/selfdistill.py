@@ -1,0 +1,116 @@
+"""Self-distillation data for a target's drafts: the target writes requests, then answers them.
+
+Given only its chat template's opening up to the user turn, an instruction model writes a varied
+user request itself; the request is then put in a proper chat and the model answers it. The
+conversations (token ids, with the temperature of the answer) are the training text of its draft
+head and its standalone draft, as in EAGLE and Medusa: a draft learns the target's own
+distribution on the contexts the target itself produces. No benchmark's questions are used.
+
+:func:`generate_conversations` writes shards ``conv-00000.jsonl``, ``conv-00001.jsonl``, ... into a
+folder, each written atomically; it is resumable (an existing shard is skipped, and shard ``i``
+always uses seed ``seed + i``), so it can be stopped at any time and started again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from adaptive_spec.files import atomic_write
+
+__all__ = ["ANSWER_TEMPERATURES", "generate_conversations", "read_conversations"]
+
+# Shard i answers at ANSWER_TEMPERATURES[i % 3]: greedy text (what T=0 decoding sees) and samples.
+ANSWER_TEMPERATURES = (1.0, 0.0, 0.7)
+
+
+def _user_prefix(tokenizer: Any) -> list[int]:
+    """Token ids of the chat template up to the start of the first user turn's content."""
+    marker = "\u2063REQUEST\u2063"
+    text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False)
+    return tokenizer(text[: text.index(marker)], add_special_tokens=False)["input_ids"]
+
+
+def generate_conversations(
+    model: Any,
+    tokenizer: Any,
+    out: str | Path,
+    *,
+    shards: int,
+    batch: int = 96,
+    request_tokens: int = 64,
+    answer_tokens: int = 320,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Write ``shards`` shards of ``batch`` self-generated conversations each into ``out`` (resumable).
+
+    Returns totals: shards present, conversations and answer tokens in them, seconds spent here.
+    """
+    import torch
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    prefix = _user_prefix(tokenizer)
+    tokenizer.padding_side = "left"
+    t0, made = time.time(), 0
+    for i in range(shards):
+        path = out / f"conv-{i:05d}.jsonl"
+        if path.exists():
+            continue
+        ts = time.time()
+        torch.manual_seed(seed + i)
+        temperature = ANSWER_TEMPERATURES[i % len(ANSWER_TEMPERATURES)]
+        with torch.inference_mode():
+            ids = torch.tensor([prefix] * batch)
+            req = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
+                                 top_p=1.0, max_new_tokens=request_tokens, eos_token_id=eos, pad_token_id=eos)  # fmt: skip
+            requests = []
+            for row in req[:, len(prefix) :].tolist():
+                if eos not in row:
+                    continue  # an unfinished request
+                text = tokenizer.decode(row[: row.index(eos)], skip_special_tokens=True).strip()
+                if 8 <= len(text):
+                    requests.append(text)
+            chats = [[{"role": "user", "content": r}] for r in requests]
+            rendered = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+            enc = tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False)
+            sample = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {
+                "do_sample": False}  # fmt: skip
+            ans = model.generate(**enc, max_new_tokens=answer_tokens, eos_token_id=eos, pad_token_id=eos, **sample)
+        lines, n_tok = [], 0
+        width = enc["input_ids"].shape[1]
+        for j, request in enumerate(requests):
+            prompt = enc["input_ids"][j][enc["attention_mask"][j].bool()].tolist()
+            answer = ans[j, width:].tolist()
+            if eos in answer:
+                answer = answer[: answer.index(eos) + 1]
+            n_tok += len(answer)
+            lines.append(json.dumps({"request": request, "prompt_ids": prompt, "answer_ids": answer,
+                                     "temperature": temperature, "seed": seed + i}))  # fmt: skip
+        atomic_write(path, "\n".join(lines) + "\n")
+        made += n_tok
+        if progress:
+            dt = time.time() - ts
+            print(f"shard {i}: {len(requests)} conversations, {n_tok} answer tokens, {dt:.0f} s, "
+                  f"{n_tok / dt:.0f} tok/s, T={temperature}", flush=True)  # fmt: skip
+    convs = read_conversations(out)
+    return {"shards": len(list(out.glob("conv-*.jsonl"))), "conversations": len(convs),
+            "answer_tokens": sum(len(c["answer_ids"]) for c in convs), "seconds": round(time.time() - t0, 1),
+            "new_answer_tokens": made}  # fmt: skip
+
+
+def read_conversations(folder: str | Path, shards: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """Every conversation in the shards of ``folder`` (all shards, or those numbered in ``shards``)."""
+    paths = sorted(Path(folder).glob("conv-*.jsonl"))
+    if shards is not None:
+        keep = set(shards)
+        paths = [p for p in paths if int(p.stem.split("-")[1]) in keep]
+    convs = []
+    for p in paths:
+        convs.extend(json.loads(line) for line in p.read_text().splitlines() if line.strip())
+    return convs
