@@ -30,6 +30,7 @@ __all__ = [
     "CONFIGS",
     "HOME_ENV",
     "PROMPTS",
+    "ChatPrompt",
     "atomic_write",
     "built_pairs_dir",
     "config_path",
@@ -37,6 +38,7 @@ __all__ = [
     "default_prompts",
     "installed_models_dir",
     "read_prompts",
+    "render_prompt",
     "resolve_config",
     "user_data_dir",
     "write_json_atomic",
@@ -184,7 +186,7 @@ def read_prompts(path: str | Path, limit: int | None = None) -> list[str]:
     plain_text = path.name.removesuffix(".gz").endswith(".txt")
     prompts: list[str] = []
     try:
-        with opener(path, "rt", encoding="utf-8") as f:
+        with opener(path, "rt", encoding="utf-8-sig") as f:
             for line_no, line in enumerate(f, 1):
                 if not line.strip():
                     continue
@@ -213,5 +215,36 @@ def _prompt_record(line: str, path: Path, line_no: int) -> str:
     if isinstance(record.get("prompt"), str):
         return record["prompt"]
     if isinstance(record.get("turns"), list) and record["turns"]:
-        return str(record["turns"][0])
-    raise ValueError(f"{path}:{line_no}: a record needs a 'prompt' string or a non-empty 'turns' list")
+        return ChatPrompt(str(record["turns"][0]), [{"role": "user", "content": str(record["turns"][0])}])
+    messages = record.get("messages")
+    if isinstance(messages, list) and messages and all(isinstance(m, dict) and "content" in m for m in messages):
+        return ChatPrompt(str(messages[-1]["content"]), [dict(m) for m in messages])
+    raise ValueError(
+        f"{path}:{line_no}: a record needs a 'prompt' string, a non-empty 'turns' list or a 'messages' list"
+    )
+
+
+class ChatPrompt(str):
+    """A prompt read from a chat record (``turns`` or ``messages``): the text of its last user turn,
+    with the whole chat in ``messages``, for a model's chat template to render
+    (:func:`render_prompt`). Used as a plain string, it is that turn's text.
+    """
+
+    messages: list[dict[str, Any]]
+
+    def __new__(cls, text: str, messages: list[dict[str, Any]]) -> ChatPrompt:
+        out = super().__new__(cls, text)
+        out.messages = messages
+        return out
+
+
+def render_prompt(tokenizer: Any, prompt: str) -> str | list[int]:
+    """``prompt`` as a model takes it: a :class:`ChatPrompt` rendered by the tokenizer's chat template (token
+    ids, the assistant's turn opened) when the tokenizer has one; anything else unchanged.
+    """
+    if isinstance(prompt, ChatPrompt) and getattr(tokenizer, "chat_template", None):
+        out = tokenizer.apply_chat_template(prompt.messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(out, dict) or hasattr(out, "keys"):
+            out = out["input_ids"]
+        return list(out)
+    return prompt

@@ -18,7 +18,7 @@ def selector(tmp_path_factory):
 
 def test_demo_prints_the_table_and_writes_the_report(tiny_pair, tmp_path, capsys):
     out = tmp_path / "report"
-    rc = main(["demo", "--out", str(out), "--max-new-tokens", "8", "--plans", "chain:3/block,iid:2x2/traversal",
+    rc = main(["demo", "--pair", "builtin", "--out", str(out), "--max-new-tokens", "8", "--plans", "chain:3/block,iid:2x2/traversal",
                "--no-progress"])  # fmt: skip
     assert rc == 0
     printed = capsys.readouterr().out
@@ -54,7 +54,7 @@ def test_demo_prints_the_table_and_writes_the_report(tiny_pair, tmp_path, capsys
 def test_demo_adds_the_installed_selector(tiny_pair, selector, tmp_path, capsys):
     shutil.copyfile(selector, tiny_pair / "selector.onnx")  # what `make selector` installs
     out = tmp_path / "report"
-    rc = main(["demo", "--out", str(out), "--max-new-tokens", "8", "--plans", "chain:3/block", "--no-hf",
+    rc = main(["demo", "--pair", "builtin", "--out", str(out), "--max-new-tokens", "8", "--plans", "chain:3/block", "--no-hf",
                "--no-progress"])  # fmt: skip
     assert rc == 0
     printed = capsys.readouterr().out

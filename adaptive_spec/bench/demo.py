@@ -19,6 +19,9 @@ from pathlib import Path
 # Static plans shown by the demo, one per tree family; measured on the default pair
 # (see README) until the tuned best-static plans of `adaptive-spec tune plans` replace them.
 DEMO_PLANS = "in-draft,chain:2/block,chain:4/block"
+# The real pair (SmolLM2 + its EAGLE-style head): a static chain, the EAGLE-2-style dynamic tree, and a
+# confidence-stopped chain.
+SMOLLM2_PLANS = "chain:4/block,eagle:5:12:3:2:wor/traversal,conf-chain:8:0.3/block"
 
 
 def text_report(tokenizer, prompts: list[str], outputs: dict) -> dict:
@@ -28,15 +31,21 @@ def text_report(tokenizer, prompts: list[str], outputs: dict) -> dict:
     token; ``identical[plan] = (prompts identical, prompts)``.
     """
     from adaptive_spec.bench.text_quality import quality_summary
+    from adaptive_spec.files import render_prompt
 
-    prompt_ids = [tokenizer(p)["input_ids"] for p in prompts]
+    rendered = [render_prompt(tokenizer, p) for p in prompts]
+    prompt_ids = [r if isinstance(r, list) else tokenizer(r)["input_ids"] for r in rendered]
     out = {}
     for temp, rows in outputs.items():
         ar = rows["autoregressive"]
         entry = {
-            "prompt": prompts[0],
+            "prompt": str(prompts[0]),
             "sample": tokenizer.decode(ar[0], skip_special_tokens=True) if ar else "",
             "quality": quality_summary(tokenizer, prompt_ids, ar),
+            "answers": [
+                {"prompt": str(p), "answer": tokenizer.decode(a, skip_special_tokens=True)}
+                for p, a in zip(prompts[:3], ar[:3], strict=False)
+            ],
         }
         if float(temp) == 0:
             entry["identical"] = {

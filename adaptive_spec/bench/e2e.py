@@ -158,10 +158,19 @@ class _PlannerProbe:
         tally.decision_s += self.times
 
 
-def _hf_assisted(engine, prompt: str, temperature: float, max_new_tokens: int, seed: int) -> tuple[int, float]:
+def _hf_generate(
+    engine, prompt: str | list[int], temperature: float, max_new_tokens: int, seed: int, **how: Any
+) -> tuple[int, float]:
+    """Transformers' own ``generate`` of the target with ``how``.
+
+    ``how`` is ``assistant_model=`` (assisted generation) or ``prompt_lookup_num_tokens=`` (prompt lookup).
+    """
     import torch
 
-    ids = engine.tokenizer(prompt, return_tensors="pt").input_ids.to(engine.device)
+    if isinstance(prompt, str):
+        ids = engine.tokenizer(prompt, return_tensors="pt").input_ids.to(engine.device)
+    else:
+        ids = torch.tensor([list(prompt)], device=engine.device)
     sampling = {"do_sample": False}
     if temperature > 0:
         sampling = {"do_sample": True, "temperature": temperature, "top_k": None, "top_p": None}
@@ -171,8 +180,8 @@ def _hf_assisted(engine, prompt: str, temperature: float, max_new_tokens: int, s
         out = engine.target.generate(
             ids,
             attention_mask=torch.ones_like(ids),
-            assistant_model=engine.draft,
             max_new_tokens=max_new_tokens,
+            **how,
             pad_token_id=engine.tokenizer.pad_token_id or engine.tokenizer.eos_token_id,
             **sampling,
         )
@@ -207,6 +216,9 @@ def measure(
     progress: bool = True,
     keep_outputs: bool = False,
     long_prompts: str = "skip",
+    hf_draft: Any = None,
+    lookup: bool = False,
+    lookup_tokens: int = 10,
 ) -> dict:
     """Run the baseline, every plan and (optionally) HF assisted generation, interleaved per prompt.
 
@@ -224,7 +236,10 @@ def measure(
         temperatures: one temperature or several.
         max_new_tokens: new tokens per generation.
         seed: base seed.
-        hf: also run transformers' assisted generation.
+        hf: also run transformers' assisted generation (``assistant_model=``): with ``hf_draft`` (a
+            transformers causal LM with the target's tokenizer), else with the engine's draft when it is
+            a plain causal LM (not an EAGLE head).
+        lookup: also run transformers' prompt lookup decoding (``prompt_lookup_num_tokens=lookup_tokens``).
         progress: show a tqdm bar.
         long_prompts: ``"skip"`` (with a warning) or ``"error"``: a prompt that does not fit the
             context window with ``max_new_tokens`` more tokens; checked before the run.
@@ -246,9 +261,18 @@ def measure(
     table = _per_temperature(plans, keys)
     ar = {k: _Tally() for k in keys}
     hf_tally = {k: _Tally() for k in keys}
+    lookup_tally = {k: _Tally() for k in keys}
+    from adaptive_spec.engine.eagle import is_eagle_head
+
+    assistant = hf_draft if hf_draft is not None else (None if is_eagle_head(engine.draft) else engine.draft)
+    if assistant is None:
+        hf = False
     tallies = {k: {name: _Tally() for name in table} for k in keys}
-    hf_error: dict[str, str] = {}
+    hf_error: dict[tuple[str, str], str] = {}
     outputs: dict[str, dict[str, list[list[int]]]] = {k: {} for k in keys}
+    from adaptive_spec.files import render_prompt
+
+    prompts = [render_prompt(engine.tokenizer, p) for p in prompts]  # chat records through the chat template
     prompts, skipped = _fitting_prompts(engine, prompts, max_new_tokens, long_prompts)
     # Warm-up: first calls pay for lazy initialisation (per method and temperature; 4 tokens each).
     first = prompts[0][1]
@@ -268,13 +292,15 @@ def measure(
                     probe = _PlannerProbe(plan) if hasattr(plan, "choice_counts") else None
                     r = engine.generate(prompt, max_new_tokens=max_new_tokens, temperature=t, plan=plan, seed=seed + i)
                     done.append((k, name, r, probe.delta() if probe is not None else None))
-                hf_res = None
-                if hf and k not in hf_error:
-                    try:
-                        hf_res = _hf_assisted(engine, prompt, t, max_new_tokens, seed + i)
-                    except (RuntimeError, ValueError, TypeError) as err:  # report, keep benchmarking the rest
-                        hf_error[k] = f"{type(err).__name__}: {err}"
-                done.append((k, "__hf__", hf_res, None))
+                for key, on, how in (("__hf__", hf, {"assistant_model": assistant}),
+                                     ("__lookup__", lookup, {"prompt_lookup_num_tokens": lookup_tokens})):  # fmt: skip
+                    res = None
+                    if on and (key, k) not in hf_error:
+                        try:
+                            res = _hf_generate(engine, prompt, t, max_new_tokens, seed + i, **how)
+                        except (RuntimeError, ValueError, TypeError) as err:  # report, keep benchmarking the rest
+                            hf_error[(key, k)] = f"{type(err).__name__}: {err}"
+                    done.append((k, key, res, None))
                 bar.update()
         except (RuntimeError, ValueError, TypeError, IndexError) as err:
             errors.append({"prompt": i, "error": f"{type(err).__name__}: {err}"})
@@ -282,10 +308,11 @@ def measure(
                   file=sys.stderr)  # fmt: skip
             continue
         for k, name, r, delta in done:
-            if name == "__hf__":
+            if name in ("__hf__", "__lookup__"):
                 if r is not None:
-                    hf_tally[k].tokens += r[0]
-                    hf_tally[k].seconds += r[1]
+                    t_ = hf_tally[k] if name == "__hf__" else lookup_tally[k]
+                    t_.tokens += r[0]
+                    t_.seconds += r[1]
                 continue
             tally = ar[k] if name is None else tallies[k][name]
             tally.add(r.stats)
@@ -297,7 +324,9 @@ def measure(
     runs = {}
     for k in keys:
         ar_tps = ar[k].tokens / ar[k].seconds if ar[k].seconds else None
-        hf_tps = hf_tally[k].tokens / hf_tally[k].seconds if hf_tally[k].seconds and k not in hf_error else None
+        hf_tps = (
+            hf_tally[k].tokens / hf_tally[k].seconds if hf_tally[k].seconds and ("__hf__", k) not in hf_error else None
+        )
         results = []
         for name, tally in tallies[k].items():
             row = {"plan": name, **tally.summary(ar_tps, hf_tps)}
@@ -310,9 +339,14 @@ def measure(
         baselines = {"autoregressive": {"plan": "autoregressive", **ar[k].summary(ar_tps, hf_tps)}}
         if hf:
             hf_row = {"plan": "hf_assisted", **hf_tally[k].summary(ar_tps, hf_tps), "block_efficiency": None}
-            if k in hf_error:
-                hf_row["error"] = hf_error[k]
+            if ("__hf__", k) in hf_error:
+                hf_row["error"] = hf_error[("__hf__", k)]
             baselines["hf_assisted"] = hf_row
+        if lookup:
+            row = {"plan": "hf_prompt_lookup", **lookup_tally[k].summary(ar_tps, hf_tps), "block_efficiency": None}
+            if ("__lookup__", k) in hf_error:
+                row["error"] = hf_error[("__lookup__", k)]
+            baselines["hf_prompt_lookup"] = row
         runs[k] = {"results": results, "baselines": baselines}
     out: dict[str, Any] = {"runs": runs, "skipped_prompts": skipped, "failed_prompts": errors}
     if keep_outputs:

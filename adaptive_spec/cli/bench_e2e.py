@@ -55,6 +55,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i (default: %(default)s)")
     add_model_options(parser, ("device", "dtype"))
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
+    parser.add_argument(
+        "--hf-draft", default=None,
+        help="the draft of transformers' assisted generation (default: --draft when it is a plain causal LM; for "
+        "--target smollm2, smollm2-draft)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--no-lookup", action="store_true", help="skip transformers' prompt lookup decoding (prompt_lookup_num_tokens)"
+    )
     add_json_option(parser)
     add_progress_option(parser)
 
@@ -94,13 +102,17 @@ def run(args: argparse.Namespace) -> int:
 
         engine.latency_model, note = latency_for_selector(engine, runtime, progress=not args.no_progress)
         print(note, file=sys.stderr)
+    from adaptive_spec.engine.load import load_hf_draft
+
+    hf_draft = None if args.no_hf else load_hf_draft(engine, args.hf_draft, args.target)
     report = measure(
         engine, prompts, plans, temps, args.max_new_tokens, args.seed, hf=not args.no_hf,
-        progress=not args.no_progress,
+        progress=not args.no_progress, hf_draft=hf_draft, lookup=not args.no_lookup,
     )  # fmt: skip
     report["config"] = {
         "target": args.target or "default pair",
-        "draft": args.draft or "default pair",
+        "draft": args.draft or ("default pair" if args.target is None else "paired draft"),
+        "hf_draft": getattr(hf_draft, "name_or_path", None),
         "prompts": str(args.prompts or "built-in prompts"),
         "num_prompts": len(prompts),
         "temperatures": temps,
@@ -121,6 +133,9 @@ def run(args: argparse.Namespace) -> int:
         hf_row = res["baselines"].get("hf_assisted", {})
         if hf_row.get("error"):
             print(f"HF assisted generation failed: {hf_row['error']}")
+        lookup_row = res["baselines"].get("hf_prompt_lookup", {})
+        if lookup_row.get("error"):
+            print(f"HF prompt lookup failed: {lookup_row['error']}")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))

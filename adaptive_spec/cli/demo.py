@@ -1,4 +1,9 @@
-"""``adaptive-spec demo``: the built-in pair on its held-out prompts, a table of speedups and a report folder.
+"""``adaptive-spec demo``: a model pair on its prompts, a table of speedups and a report folder.
+
+``--pair smollm2`` (the default): SmolLM2-135M-Instruct (fetched on first use) with its EAGLE-style
+head, on a dozen chat prompts rendered by its chat template, against transformers' assisted
+generation (with the standalone draft) and prompt lookup. ``--pair builtin``: the built-in toy
+pair on its held-out prompts, with the learned selector when one is installed.
 
 The report's pieces are in :mod:`adaptive_spec.bench.demo`.
 """
@@ -10,7 +15,7 @@ import json
 import time
 from pathlib import Path
 
-from adaptive_spec.bench.demo import DEMO_PLANS, summary_markdown, text_report, write_plots
+from adaptive_spec.bench.demo import DEMO_PLANS, SMOLLM2_PLANS, summary_markdown, text_report, write_plots
 from adaptive_spec.options import add_limit_option, add_model_options, add_progress_option, add_temperatures_option
 
 
@@ -21,7 +26,15 @@ def _indent(text: str, prefix: str = "  > ") -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``demo`` options."""
     parser.add_argument("--out", type=Path, default=Path("data/demo"), help="report folder (default: %(default)s)")
-    parser.add_argument("--plans", default=DEMO_PLANS, help="comma-separated plans (default: %(default)s)")
+    parser.add_argument(
+        "--pair", choices=("smollm2", "builtin"), default="smollm2",
+        help="smollm2: the real instruction model and its EAGLE-style head (fetched on first use); builtin: the "
+        "toy pair (default: %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--plans", default=None,
+        help=f"comma-separated plans (default: {SMOLLM2_PLANS} for smollm2, {DEMO_PLANS} for builtin)",
+    )  # fmt: skip
     add_temperatures_option(parser, "0,1")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
     add_limit_option(parser, what="built-in prompts")
@@ -88,17 +101,31 @@ def run(args: argparse.Namespace) -> int:
         temps = parse_temperatures(args.temperatures)
     except ValueError as err:
         raise SystemExit(f"demo: {err}") from None
-    plans, info, notes = selector_plans(args, args.plans.split(","), temps)
+    real = args.pair == "smollm2"
+    if real:
+        args.no_selector = True  # no selector is trained for this pair
+    plans, info, notes = selector_plans(args, (args.plans or (SMOLLM2_PLANS if real else DEMO_PLANS)).split(","),
+                                        temps)  # fmt: skip
     latency, warning = latency_model_for(info["runtime"], None) if ADAPTIVE in plans else (None, None)
-    engine = load_engine(None, None, args.device, None, latency_model=latency)
+    engine = load_engine("smollm2" if real else None, None, args.device, None, latency_model=latency)
     if warning:  # the selector wants latency features and no profile was found: measure one once
         from adaptive_spec.bench.profile import latency_for_selector
 
         engine.latency_model, note = latency_for_selector(engine, info["runtime"], progress=not args.no_progress)
         print(note)
         notes.append(f"{note[0].upper()}{note[1:]}.")
-    prompts = default_prompts()[: args.limit] if args.limit else default_prompts()
-    info_path = default_pair_path() / "build_info.json"
+    if real:
+        from adaptive_spec.engine.load import load_hf_draft
+        from adaptive_spec.engine.models import shipped_drafts_dir
+        from adaptive_spec.files import read_prompts
+
+        prompts = read_prompts(shipped_drafts_dir() / "prompts.jsonl", args.limit)
+        info_path = shipped_drafts_dir() / "build_info.json"
+        hf_draft = None if args.no_hf else load_hf_draft(engine, None, "smollm2")
+    else:
+        prompts = default_prompts()[: args.limit] if args.limit else default_prompts()
+        info_path = default_pair_path() / "build_info.json"
+        hf_draft = None
     report = {
         "pair": json.loads(info_path.read_text()) if info_path.exists() else {},
         "config": {
@@ -115,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         "runs": {},
     }
     res = measure(engine, prompts, plans, temps, args.max_new_tokens, args.seed, hf=not args.no_hf,
-                  progress=not args.no_progress, keep_outputs=True)  # fmt: skip
+                  progress=not args.no_progress, keep_outputs=True, hf_draft=hf_draft, lookup=real)  # fmt: skip
     report["runs"] = res["runs"]
     left_out = {e["prompt"] for e in res["skipped_prompts"] + res["failed_prompts"]}
     report["text"] = text_report(engine.tokenizer, [p for i, p in enumerate(prompts) if i not in left_out],
@@ -124,6 +151,8 @@ def run(args: argparse.Namespace) -> int:
         text = report["text"][temp]
         print(f"\ntemperature {temp}, {len(prompts)} prompts, {args.max_new_tokens} new tokens each")
         print(f"sample completion (autoregressive):\n{_indent(text['prompt'])}{_indent(text['sample'], '  | ')}")
+        for extra in text.get("answers", [])[1:]:
+            print(f"{_indent(extra['prompt'])}{_indent(extra['answer'], '  | ')}")
         print_table([*run_["baselines"].values(), *run_["results"]])
         q = text["quality"]
         print(

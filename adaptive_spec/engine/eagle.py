@@ -76,7 +76,7 @@ class EagleHead(PreTrainedModel):
     config_class = EagleConfig
     base_model_prefix = "eagle"
     _supports_sdpa = True
-    _no_split_modules = ["LlamaDecoderLayer"]
+    _no_split_modules = ("LlamaDecoderLayer",)
 
     def __init__(self, config: EagleConfig) -> None:
         super().__init__(config)
@@ -140,6 +140,18 @@ class EagleHead(PreTrainedModel):
         cache: Any = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``input_ids`` [B, n], ``features`` [B, n, H] (the previous position's), additive mask or None."""
+        h = self.hidden_states(input_ids, features, position_ids, attention_mask, cache)
+        return self.lm_head(h), h
+
+    def hidden_states(
+        self,
+        input_ids: torch.Tensor,
+        features: torch.Tensor,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: Any = None,
+    ) -> torch.Tensor:
+        """The layer's output ``h`` [B, n, H] (what :meth:`forward` feeds to ``lm_head``)."""
         emb = self.get_input_embeddings()(input_ids).to(self.fc.weight.dtype)
         x = self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1))
         pe = self.rotary_emb(x, position_ids)
@@ -147,7 +159,7 @@ class EagleHead(PreTrainedModel):
                           use_cache=cache is not None, position_embeddings=pe)  # fmt: skip
         if isinstance(h, tuple):
             h = h[0]
-        return self.lm_head(h), h
+        return h
 
 
 def is_eagle_head(model: Any) -> bool:
@@ -166,7 +178,7 @@ class EagleRunner(ModelRunner):
 
     needs_target_features = True
 
-    def __init__(self, model: EagleHead, keep_hidden: bool = False, input_limit: int | None = None) -> None:
+    def __init__(self, model: EagleHead, keep_hidden: bool = False) -> None:
         if not model.bound:
             raise ValueError("this EAGLE head is not bound to its target: call head.bind(target)")
         super().__init__(model, keep_hidden=keep_hidden, input_limit=None)
@@ -242,7 +254,7 @@ class EagleRunner(ModelRunner):
         self._block_pos, self._block_feat = [], []  # a chain is committed at once
         return logits
 
-    def commit(self, committed: int, block_rows: torch.Tensor | None) -> None:
+    def commit(self, committed: int, block_rows: torch.Tensor | None) -> None:  # noqa: ARG002
         """Keep the ``committed`` context rows; drafted rows are dropped (fed again with target features)."""
         self.rollback(committed)
 

@@ -707,7 +707,8 @@ class SpecEngine:
             state.root = RootTracker(temperature, top_p, self.latency_model, want_hidden, self.hidden_sizes)
         return _Run(
             state=state, sampling=sampling, top_k=top_k, planner=planner,
-            target_probs_fn=target_probs_fn, draft_probs_fn=draft_probs_fn, soft_probs_fn=soft_probs_fn, eos=eos, stop_strings=stop_strings,
+            target_probs_fn=target_probs_fn, draft_probs_fn=draft_probs_fn, soft_probs_fn=soft_probs_fn, eos=eos,
+            stop_strings=stop_strings,
             criteria=criteria, max_new_tokens=max_new_tokens, budget=budget, log=log,
             key=_prompt_key(prompt_ids) if log is not None else "", streamer=streamer,
             timer=PhaseTimer(stats.phase_times_s, self.device, self.sync_timing), t_start=t_start,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["load_engine"]
+__all__ = ["load_engine", "load_hf_draft"]
 
 
 def load_engine(target: str | None, draft: str | None, device: str | None, dtype: str | None, **engine_kwargs):
@@ -13,8 +13,31 @@ def load_engine(target: str | None, draft: str | None, device: str | None, dtype
     import torch
 
     from adaptive_spec.engine import SpecEngine
+    from adaptive_spec.engine.models import PAIRED_DRAFT
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if (target is None) != (draft is None):
-        raise SystemExit("give both --target and --draft, or neither (the built-in default pair)")
+    if target is None and draft is not None:
+        raise ValueError("--draft needs a --target")
+    if target is not None and draft is None and target not in PAIRED_DRAFT:
+        raise ValueError(
+            f"give --draft for --target {target} (only the short names {', '.join(PAIRED_DRAFT)} have a paired draft)"
+        )
     return SpecEngine.from_pretrained(target, draft, device=device, dtype=dtype, **engine_kwargs)
+
+
+def load_hf_draft(engine, name: str | None, target: str | None):
+    """The draft for transformers' assisted generation: ``name`` (a short name or folder); else the paired
+    standalone draft of a short-named target (``smollm2`` -> ``smollm2-draft``); else None (the engine's draft
+    is used when it is a plain causal LM).
+    """
+    from transformers import AutoModelForCausalLM
+
+    from adaptive_spec.engine.models import SHORT_NAMES, resolve_pair
+
+    if name is None and target is not None and f"{target}-draft" in SHORT_NAMES:
+        name = f"{target}-draft"
+    if name is None:
+        return None
+    _, path = resolve_pair("builtin", name)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=engine.target.dtype, attn_implementation="sdpa")
+    return model.to(engine.device).eval()

@@ -133,8 +133,9 @@ class ProbsFn:
     ``__call__(logits)`` maps Tensor[n, V'] (any float dtype) to float32 Tensor[n, vocab_size]:
     extra logits are cut, and missing ones (a draft with a smaller vocabulary than the target)
     count as -inf, i.e. probability 0; so do the ids outside a reduced draft vocabulary, whose
-    logits columns ``token_ids`` (LongTensor[V']) maps to target ids. With ``one_hot`` (the target at temperature 0) each row
-    is one-hot at its argmax; otherwise the processors are applied and a softmax taken.
+    logits columns ``token_ids`` (LongTensor[V']) maps to target ids. With ``one_hot`` (the target at
+    temperature 0) each row is one-hot at its argmax; otherwise the processors are applied and a
+    softmax taken.
     """
 
     def __init__(

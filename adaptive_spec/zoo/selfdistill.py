@@ -67,14 +67,16 @@ def generate_conversations(
         temperature = ANSWER_TEMPERATURES[i % len(ANSWER_TEMPERATURES)]
         with torch.inference_mode():
             ids = torch.tensor([prefix] * batch)
-            req = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0,
-                                 top_p=1.0, max_new_tokens=request_tokens, eos_token_id=eos, pad_token_id=eos)  # fmt: skip
+            req = model.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                max_new_tokens=request_tokens, eos_token_id=eos, pad_token_id=eos,
+            )  # fmt: skip
             requests = []
             for row in req[:, len(prefix) :].tolist():
                 if eos not in row:
                     continue  # an unfinished request
                 text = tokenizer.decode(row[: row.index(eos)], skip_special_tokens=True).strip()
-                if 8 <= len(text):
+                if len(text) >= 8:
                     requests.append(text)
             chats = [[{"role": "user", "content": r}] for r in requests]
             rendered = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]

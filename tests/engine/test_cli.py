@@ -51,9 +51,11 @@ def test_bench_e2e_command(saved, tmp_path, capsys) -> None:
         assert set(row) >= {"plan", "tokens_per_s", "speedup_vs_ar", "block_efficiency", "new_tokens"}
         assert row["block_efficiency"] >= 1.0
         assert "chosen_actions" not in row and "static_plan" not in row
-    assert set(run["baselines"]) == {"autoregressive", "hf_assisted"}
+    assert set(run["baselines"]) == {"autoregressive", "hf_assisted", "hf_prompt_lookup"}
     assert run["baselines"]["autoregressive"]["block_efficiency"] == 1.0
-    assert "error" not in run["baselines"]["hf_assisted"], run["baselines"]["hf_assisted"]
+    for name in ("hf_assisted", "hf_prompt_lookup"):
+        assert "error" not in run["baselines"][name], run["baselines"][name]
+        assert run["baselines"][name]["new_tokens"] == 16  # 2 prompts x 8 tokens
     assert "chain:3/block" in capsys.readouterr().out
 
 

@@ -1,0 +1,450 @@
+"""Training a real target's drafts: an EAGLE-style head and a small standalone draft.
+
+The pipeline (``adaptive-spec zoo drafts``), each stage resumable:
+
+1. **conversations** (:mod:`adaptive_spec.zoo.selfdistill`): the target writes requests and answers them;
+2. **features**: one teacher-forced target pass over every conversation keeps, per position, the
+   target's last hidden state (fp16, the head's input) and its top-``K`` next-token probabilities
+   (the soft labels); chunk files ``feat-00000.pt`` ... written atomically;
+3. **vocabulary**: the ``N`` most frequent target tokens of the training answers (FR-Spec / EAGLE-3);
+4. **head**: the :class:`~adaptive_spec.engine.eagle.EagleHead` trained on soft cross-entropy
+   over the draft vocabulary plus EAGLE's feature regression (smooth L1), with noise on the input
+   features; checkpointed every few minutes and resumable;
+5. **standalone draft**: a small Llama with the target's tokenizer, trained on the same soft labels
+   (its embedding initialised from the target's by SVD);
+6. **evaluation** on held-out conversations against the target's full distributions:
+   ``sum(min(p, q))`` at T = 1 and top-1 agreement (T = 0), per draft.
+
+Training loss on answer positions only (the request and chat template are inputs, not labels).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from adaptive_spec.files import atomic_write, write_json_atomic
+from adaptive_spec.zoo.selfdistill import read_conversations
+
+__all__ = [
+    "HELD_OUT",
+    "choose_vocabulary",
+    "evaluate_drafts",
+    "extract_features",
+    "held_out",
+    "load_features",
+    "standalone_config",
+    "train_head",
+    "train_standalone",
+]
+
+TOP_K = 32  # soft labels kept per position
+HELD_OUT = 10  # shard i is held out when i % HELD_OUT == HELD_OUT - 1
+
+
+def held_out(shard: int) -> bool:
+    return shard % HELD_OUT == HELD_OUT - 1
+
+
+def _shards(conv_dir: Path) -> list[int]:
+    return sorted(int(p.stem.split("-")[1]) for p in conv_dir.glob("conv-*.jsonl"))
+
+
+# ---------------------------------------------------------------------- features
+@torch.inference_mode()
+def extract_features(
+    target: Any, conv_dir: str | Path, out_dir: str | Path, *, batch: int = 16, progress: bool = True
+) -> int:
+    """Teacher-forced target pass over each conversation shard not yet done; returns tokens processed now.
+
+    One file ``feat-SSSSS.pt`` per conversation shard: ``ids`` (int32 [T]), ``starts`` (int64 [n + 1],
+    sequence offsets), ``answer`` (int64 [n], where each answer starts), ``feat`` (fp16 [T, H]),
+    ``top_ids`` (int32 [T, K]) and ``top_p`` (fp16 [T, K]) of the target's next-token law at T = 1.
+    """
+    conv_dir, out_dir = Path(conv_dir), Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    done = 0
+    for shard in _shards(conv_dir):
+        path = out_dir / f"feat-{shard:05d}.pt"
+        if path.exists():
+            continue
+        t0 = time.time()
+        convs = read_conversations(conv_dir, [shard])
+        seqs = [c["prompt_ids"] + c["answer_ids"] for c in convs]
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+        rows: dict[int, tuple] = {}
+        for b in range(0, len(order), batch):
+            idx = order[b : b + batch]
+            L = max(len(seqs[i]) for i in idx)
+            ids = torch.zeros(len(idx), L, dtype=torch.long)
+            mask = torch.zeros(len(idx), L, dtype=torch.long)
+            for r, i in enumerate(idx):
+                ids[r, : len(seqs[i])] = torch.tensor(seqs[i])
+                mask[r, : len(seqs[i])] = 1
+            h = target.model(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, L, H], after the norm
+            probs = torch.softmax(target.lm_head(h).float(), dim=-1)
+            top = probs.topk(TOP_K, dim=-1)
+            for r, i in enumerate(idx):
+                n = len(seqs[i])
+                rows[i] = (h[r, :n].half(), top.indices[r, :n].int(), top.values[r, :n].half())
+        starts = [0]
+        for s in seqs:
+            starts.append(starts[-1] + len(s))
+        data = {
+            "ids": torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
+            "starts": torch.tensor(starts),
+            "answer": torch.tensor([len(c["prompt_ids"]) for c in convs]),
+            "feat": torch.cat([rows[i][0] for i in range(len(seqs))]),
+            "top_ids": torch.cat([rows[i][1] for i in range(len(seqs))]),
+            "top_p": torch.cat([rows[i][2] for i in range(len(seqs))]),
+        }
+        atomic_write(path, lambda f, data=data: torch.save(data, f))
+        done += starts[-1]
+        if progress:
+            dt = time.time() - t0
+            print(f"features shard {shard}: {starts[-1]} tokens, {dt:.0f} s, {starts[-1] / dt:.0f} tok/s", flush=True)
+    return done
+
+
+def load_features(feat_dir: str | Path, *, held: bool) -> list[dict[str, torch.Tensor]]:
+    """The feature shards, training (``held=False``) or held-out (``held=True``)."""
+    out = []
+    for p in sorted(Path(feat_dir).glob("feat-*.pt")):
+        if held_out(int(p.stem.split("-")[1])) == held:
+            out.append(torch.load(p))
+    return out
+
+
+def _sequences(shards: Sequence[dict[str, torch.Tensor]]) -> list[tuple[dict[str, torch.Tensor], int, int, int]]:
+    """(shard, start, end, answer start) of every sequence."""
+    out = []
+    for d in shards:
+        st = d["starts"].tolist()
+        for k in range(len(st) - 1):
+            out.append((d, st[k], st[k + 1], st[k] + int(d["answer"][k])))
+    return out
+
+
+# ---------------------------------------------------------------------- vocabulary
+def choose_vocabulary(shards: Sequence[dict[str, torch.Tensor]], size: int, vocab: int) -> tuple[torch.Tensor, float]:
+    """The ``size`` most frequent answer tokens (sorted by id), and the share of answer tokens they cover."""
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for d, _, e, a in _sequences(shards):
+        counts += torch.bincount(d["ids"][a:e].long(), minlength=vocab)
+    top = counts.topk(size).indices
+    return top.sort().values, float(counts[top].sum() / counts.sum())
+
+
+# ---------------------------------------------------------------------- batches
+def _batches(seqs: list, batch_tokens: int, generator: torch.Generator, max_len: int = 512):
+    """Endless shuffled batches of whole sequences (cut at ``max_len``), about ``batch_tokens`` each."""
+    while True:
+        perm = torch.randperm(len(seqs), generator=generator).tolist()
+        cur, n = [], 0
+        for i in perm:
+            cur.append(seqs[i])
+            n += min(seqs[i][2] - seqs[i][1], max_len)
+            if n >= batch_tokens:
+                yield cur
+                cur, n = [], 0
+
+
+def _collate(batch: list, max_len: int = 512) -> dict[str, torch.Tensor]:
+    L = max(min(e - s, max_len) for _, s, e, _ in batch)
+    B = len(batch)
+    H = batch[0][0]["feat"].shape[1]
+    ids = torch.zeros(B, L, dtype=torch.long)
+    feat = torch.zeros(B, L, H)
+    top_ids = torch.zeros(B, L, TOP_K, dtype=torch.long)
+    top_p = torch.zeros(B, L, TOP_K)
+    loss_mask = torch.zeros(B, L, dtype=torch.bool)
+    for r, (d, s, e, a) in enumerate(batch):
+        e = min(e, s + L)
+        n = e - s
+        ids[r, :n] = d["ids"][s:e].long()
+        feat[r, :n] = d["feat"][s:e].float()
+        top_ids[r, :n] = d["top_ids"][s:e].long()
+        top_p[r, :n] = d["top_p"][s:e].float()
+        loss_mask[r, max(a - 1 - s, 0) : n - 1] = True  # positions predicting an answer token
+    return {"ids": ids, "feat": feat, "top_ids": top_ids, "top_p": top_p, "mask": loss_mask}
+
+
+def _soft_ce(head: nn.Module, h: torch.Tensor, top_ids: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Mean of ``-sum_k p_k log q(top_ids_k)`` over rows, ``q = softmax(head(h))``; ids < 0 are outside the
+    draft vocabulary (no term). The LM head runs on the selected rows only, and no log-softmax is materialised.
+    """
+    z = head(h).float()  # [M, V']
+    lse = torch.logsumexp(z, dim=-1)  # [M]
+    valid = top_ids >= 0
+    p = top_p * valid
+    picked = z.gather(-1, top_ids.clamp(min=0))  # [M, K]
+    return (lse * p.sum(-1) - (p * picked).sum(-1)).mean()
+
+
+class _Checkpointed:
+    """Save/restore a model, its optimizer and the step count to one file, atomically."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def load(self, model: nn.Module, opt: torch.optim.Optimizer) -> tuple[int, float]:
+        if not self.path.exists():
+            return 0, 0.0
+        state = torch.load(self.path)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        return int(state["step"]), float(state["seconds"])
+
+    def save(self, model: nn.Module, opt: torch.optim.Optimizer, step: int, seconds: float) -> None:
+        state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "seconds": seconds}
+        atomic_write(self.path, lambda f: torch.save(state, f))
+
+
+def _lr(step: int, total: int, peak: float, warmup: int = 100) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+
+
+def _train_loop(
+    model: nn.Module, loss_fn, seqs: list, *, minutes: float, steps: int, lr: float, batch_tokens: int,
+    ckpt: Path, seed: int, progress: bool, label: str,
+) -> dict[str, Any]:  # fmt: skip
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    saver = _Checkpointed(ckpt)
+    step, spent = saver.load(model, opt)
+    gen = torch.Generator().manual_seed(seed + step)
+    batches = _batches(seqs, batch_tokens, gen)
+    t0, last_save, tokens, ema = time.time(), time.time(), 0, None
+    model.train()
+    while step < steps and spent + (time.time() - t0) < minutes * 60:
+        batch = _collate(next(batches))
+        for g in opt.param_groups:
+            g["lr"] = _lr(step, steps, lr)
+        loss = loss_fn(model, batch)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        step += 1
+        tokens += int(batch["mask"].sum())
+        ema = loss.item() if ema is None else 0.98 * ema + 0.02 * loss.item()
+        if progress and step % 50 == 0:
+            el = time.time() - t0
+            print(
+                f"{label} step {step}/{steps}: loss {ema:.3f}, {tokens / el:.0f} tok/s, {el / 60:.1f} min", flush=True
+            )
+        if time.time() - last_save > 180:
+            saver.save(model, opt, step, spent + time.time() - t0)
+            last_save = time.time()
+    spent += time.time() - t0
+    saver.save(model, opt, step, spent)
+    model.eval()
+    return {"steps": step, "seconds": round(spent, 1), "tokens_this_run": tokens, "final_loss": ema}
+
+
+# ---------------------------------------------------------------------- the head
+def train_head(
+    head: Any, shards: Sequence[dict[str, torch.Tensor]], work: str | Path, *, minutes: float, steps: int = 6000,
+    lr: float = 1e-3, batch_tokens: int = 4096, feature_weight: float = 0.1, noise: float = 0.1, seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:  # fmt: skip
+    """Train a bound :class:`EagleHead` (soft CE over its vocabulary + smooth-L1 feature regression)."""
+    t2d = torch.full((head.config.target_vocab_size,), -1, dtype=torch.long)
+    t2d[head.token_ids] = torch.arange(head.token_ids.numel())
+    scale = float(torch.cat([d["feat"][:4096].float() for d in shards]).abs().mean())
+
+    def loss_fn(model, b):
+        feat = b["feat"]
+        prev = torch.cat([torch.zeros_like(feat[:, :1]), feat[:, :-1]], dim=1)  # position j reads f_{j-1}
+        prev = prev + (torch.rand_like(prev) * 2 - 1) * noise * scale
+        pos = torch.arange(feat.shape[1])[None].expand(feat.shape[0], -1)
+        h = model.hidden_states(b["ids"], prev, pos, None, None)
+        m = b["mask"]
+        ce = _soft_ce(model.lm_head, h[m], t2d[b["top_ids"][m]], b["top_p"][m])
+        reg = nn.functional.smooth_l1_loss(h[m], feat[m])
+        return ce + feature_weight * reg
+
+    return _train_loop(head, loss_fn, _sequences(shards), minutes=minutes, steps=steps, lr=lr,
+                       batch_tokens=batch_tokens, ckpt=Path(work) / "head.ckpt", seed=seed, progress=progress,
+                       label="head")  # fmt: skip
+
+
+# ---------------------------------------------------------------------- the standalone draft
+def standalone_config(target_config: Any, hidden: int = 256, layers: int = 2) -> Any:
+    """A small Llama config sharing the target's vocabulary, special tokens and rotary settings."""
+    from transformers import LlamaConfig
+
+    t = target_config
+    return LlamaConfig(
+        vocab_size=t.vocab_size, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+        num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 128), head_dim=64,
+        max_position_embeddings=t.max_position_embeddings, rms_norm_eps=t.rms_norm_eps,
+        rope_parameters=getattr(t, "rope_parameters", None), tie_word_embeddings=True,
+        bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id, pad_token_id=t.pad_token_id,
+    )  # fmt: skip
+
+
+def init_standalone(target: Any, hidden: int = 256, layers: int = 2, seed: int = 0) -> Any:
+    """The standalone draft, its tied embedding set to the target's projected on its top principal directions."""
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = standalone_config(target.config, hidden, layers)
+    cfg._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(cfg)
+    E = target.get_input_embeddings().weight.detach().float()
+    U, S, _ = torch.linalg.svd(E - E.mean(0), full_matrices=False)
+    init = U[:, :hidden] * S[:hidden]
+    model.get_input_embeddings().weight.data.copy_(init / init.std() * 0.05)
+    model.tie_weights()
+    return model
+
+
+def train_standalone(
+    model: Any, shards: Sequence[dict[str, torch.Tensor]], work: str | Path, *, minutes: float, steps: int = 6000,
+    lr: float = 2e-3, batch_tokens: int = 4096, seed: int = 0, progress: bool = True,
+) -> dict[str, Any]:  # fmt: skip
+    """Train the standalone draft on the target's soft labels (soft cross-entropy over the whole vocabulary)."""
+
+    def loss_fn(m, b):
+        h = m.model(input_ids=b["ids"]).last_hidden_state
+        k = b["mask"]
+        return _soft_ce(m.lm_head, h[k], b["top_ids"][k], b["top_p"][k])
+
+    return _train_loop(model, loss_fn, _sequences(shards), minutes=minutes, steps=steps, lr=lr,
+                       batch_tokens=batch_tokens, ckpt=Path(work) / "standalone.ckpt", seed=seed, progress=progress,
+                       label="standalone")  # fmt: skip
+
+
+# ---------------------------------------------------------------------- evaluation
+@torch.inference_mode()
+def evaluate_drafts(
+    target: Any, drafts: dict[str, Any], shards: Sequence[dict[str, torch.Tensor]], max_tokens: int = 20000
+) -> dict[str, dict[str, float]]:
+    """Per draft, over held-out answer positions: ``sum(min(p, q))`` at T=1 and top-1 agreement.
+
+    ``p`` is the target's full next-token law (recomputed here, not the stored top-K), ``q`` the
+    draft's, teacher-forced on the target's own text: an EAGLE head reads the target's features.
+    """
+    from adaptive_spec.engine.eagle import is_eagle_head
+
+    sums = {k: [0.0, 0.0, 0] for k in drafts}
+    seen = 0
+    for d, s, e, a in _sequences(shards):
+        if seen >= max_tokens:
+            break
+        ids = d["ids"][s:e].long()[None]
+        h = target.model(input_ids=ids).last_hidden_state
+        p = torch.softmax(target.lm_head(h).float(), -1)[0]  # [n, V]
+        rows = slice(max(a - 1 - s, 0), e - s - 1)
+        for name, m in drafts.items():
+            if is_eagle_head(m):
+                prev = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)
+                logits, _ = m(ids, prev, torch.arange(ids.shape[1])[None], None, None)
+                q = torch.zeros_like(p)
+                q[:, m.token_ids] = torch.softmax(logits[0].float(), -1)
+            else:
+                q = torch.softmax(m(input_ids=ids).logits[0].float(), -1)
+            pr, qr = p[rows], q[rows]
+            sums[name][0] += float(torch.minimum(pr, qr).sum())
+            sums[name][1] += float((pr.argmax(-1) == qr.argmax(-1)).sum())
+            sums[name][2] += pr.shape[0]
+        seen += e - a
+    return {k: {"sum_min_pq_T1": v[0] / max(v[2], 1), "top1_agreement_T0": v[1] / max(v[2], 1), "positions": v[2]}
+            for k, v in sums.items()}  # fmt: skip
+
+
+def machine_load() -> dict[str, float]:
+    """The 1, 5 and 15 minute load averages and the core count, for build_info.json."""
+    try:
+        one, five, fifteen = os.getloadavg()
+    except OSError:
+        one = five = fifteen = float("nan")
+    return {"load_1m": one, "load_5m": five, "load_15m": fifteen, "cores": os.cpu_count() or 0}
+
+
+def write_info(path: Path, info: dict[str, Any]) -> None:
+    write_json_atomic(json.loads(json.dumps(info, default=str)), path)
+
+
+# ---------------------------------------------------------------------- the whole build
+def build_drafts(
+    name: str = "smollm2",
+    *,
+    work: str | Path | None = None,
+    out: str | Path | None = None,
+    shards: int = 40,
+    head_minutes: float = 20.0,
+    draft_minutes: float = 12.0,
+    vocab_size: int = 8192,
+    seed: int = 0,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Every stage of the module docstring for model ``name``; each resumes where it stopped.
+
+    ``work`` holds the data and checkpoints (default ``<user data>/distill/<name>``); ``out`` gets
+    ``eagle/`` and ``draft/`` (fp16 safetensors) and ``build_info.json`` (default: the package's
+    ``zoo/<name>`` folder, the committed copy).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from adaptive_spec.engine.eagle import EagleConfig, EagleHead
+    from adaptive_spec.engine.models import MODELS, fetch_model, shipped_drafts_dir
+    from adaptive_spec.files import user_data_dir
+    from adaptive_spec.zoo.selfdistill import generate_conversations
+
+    torch.manual_seed(seed)
+    work = Path(work) if work is not None else user_data_dir() / "distill" / name
+    out = Path(out) if out is not None else shipped_drafts_dir(name)
+    info: dict[str, Any] = {"target": name, "source": MODELS[name].description, "load_before": machine_load(),
+                            "threads": torch.get_num_threads(), "seed": seed}  # fmt: skip
+    t_all = time.time()
+    target_dir = fetch_model(name)
+    tok = AutoTokenizer.from_pretrained(target_dir)
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    for p in target.parameters():
+        p.requires_grad_(False)
+
+    t = time.time()
+    conv = generate_conversations(target, tok, work / "conv", shards=shards, seed=seed, progress=progress)
+    info["conversations"] = {**conv, "seconds_this_run": round(time.time() - t, 1),
+                             "data": "the target's own requests and answers (self-distillation); no benchmark text",
+                             "licence": f"generated by {name} ({MODELS[name].licence})"}  # fmt: skip
+    t = time.time()
+    n = extract_features(target, work / "conv", work / "feat", progress=progress)
+    info["features"] = {"tokens_this_run": n, "seconds_this_run": round(time.time() - t, 1), "top_k": TOP_K}
+    train, held = load_features(work / "feat", held=False), load_features(work / "feat", held=True)
+    info["tokens"] = {"train": sum(int(d["starts"][-1]) for d in train),
+                      "held_out": sum(int(d["starts"][-1]) for d in held)}  # fmt: skip
+
+    vocab, coverage = choose_vocabulary(train, vocab_size, target.config.vocab_size)
+    cfg = EagleConfig.for_target(target.config, draft_vocab_size=vocab_size)
+    cfg._attn_implementation = "sdpa"
+    head = EagleHead(cfg)
+    head.set_vocabulary(vocab)
+    head.bind(target)
+    with torch.no_grad():  # start the LM head from the target's rows of the draft vocabulary
+        head.lm_head.weight.copy_(target.get_output_embeddings().weight[vocab])
+    info["draft_vocabulary"] = {"size": vocab_size, "answer_token_coverage": round(coverage, 4)}
+    info["head"] = train_head(head, train, work, minutes=head_minutes, seed=seed, progress=progress)
+    standalone = init_standalone(target, seed=seed)
+    info["standalone"] = train_standalone(standalone, train, work, minutes=draft_minutes, seed=seed,
+                                          progress=progress)  # fmt: skip
+    info["held_out"] = evaluate_drafts(target, {"eagle": head, "draft": standalone}, held)
+    info["load_after"] = machine_load()
+    info["seconds_this_run"] = round(time.time() - t_all, 1)
+    head.half().save_pretrained(out / "eagle")
+    standalone.half().save_pretrained(out / "draft")
+    tok.save_pretrained(out / "draft")
+    write_info(out / "build_info.json", info)
+    return info
