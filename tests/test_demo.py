@@ -18,8 +18,8 @@ def selector(tmp_path_factory):
 
 def test_demo_prints_the_table_and_writes_the_report(tiny_pair, tmp_path, capsys):
     out = tmp_path / "report"
-    rc = main(["demo", "--pair", "builtin", "--out", str(out), "--max-new-tokens", "8", "--plans", "chain:3/block,iid:2x2/traversal",
-               "--no-progress"])  # fmt: skip
+    rc = main(["demo", "--pair", "builtin", "--out", str(out), "--max-new-tokens", "8", "--plans",
+               "chain:3/block,iid:2x2/traversal", "--no-progress"])  # fmt: skip
     assert rc == 0
     printed = capsys.readouterr().out
     assert "temperature 0" in printed and "temperature 1" in printed and "chain:3/block" in printed
@@ -54,8 +54,8 @@ def test_demo_prints_the_table_and_writes_the_report(tiny_pair, tmp_path, capsys
 def test_demo_adds_the_installed_selector(tiny_pair, selector, tmp_path, capsys):
     shutil.copyfile(selector, tiny_pair / "selector.onnx")  # what `make selector` installs
     out = tmp_path / "report"
-    rc = main(["demo", "--pair", "builtin", "--out", str(out), "--max-new-tokens", "8", "--plans", "chain:3/block", "--no-hf",
-               "--no-progress"])  # fmt: skip
+    rc = main(["demo", "--pair", "builtin", "--out", str(out), "--max-new-tokens", "8", "--plans", "chain:3/block",
+               "--no-hf", "--no-progress"])  # fmt: skip
     assert rc == 0
     printed = capsys.readouterr().out
     report = json.loads((out / "results.json").read_text())

