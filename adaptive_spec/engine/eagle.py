@@ -24,6 +24,7 @@ the target's hidden states of committed positions after each target pass.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -34,6 +35,9 @@ from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRot
 from adaptive_spec.engine.runner import ModelRunner
 
 __all__ = ["EagleConfig", "EagleHead", "EagleRunner", "is_eagle_head"]
+
+# transformers 5.x renamed the decoder layers' ``past_key_values`` argument to ``cache``.
+_CACHE_KW = "cache" if "cache" in inspect.signature(LlamaDecoderLayer.forward).parameters else "past_key_values"
 
 
 class EagleConfig(LlamaConfig):
@@ -155,8 +159,8 @@ class EagleHead(PreTrainedModel):
         emb = self.get_input_embeddings()(input_ids).to(self.fc.weight.dtype)
         x = self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1))
         pe = self.rotary_emb(x, position_ids)
-        h = self.midlayer(x, attention_mask=attention_mask, position_ids=position_ids, past_key_values=cache,
-                          use_cache=cache is not None, position_embeddings=pe)  # fmt: skip
+        h = self.midlayer(x, attention_mask=attention_mask, position_ids=position_ids, use_cache=cache is not None,
+                          position_embeddings=pe, **{_CACHE_KW: cache})  # fmt: skip
         if isinstance(h, tuple):
             h = h[0]
         return h
@@ -185,20 +189,32 @@ class EagleRunner(ModelRunner):
         self.fast_parts = ()  # explicit masks for chains (the head has no causal mask of its own)
         self.vocab_ids = model.token_ids  # [N] target id of each logit column
         H = model.config.hidden_size
-        self._target = torch.zeros(0, H, dtype=model.dtype, device=model.device)  # [known, H] by position
+        self._buf = torch.zeros(256, H, dtype=model.dtype, device=model.device)  # target features by position
+        self._known = 0
         self._block_pos: list[torch.Tensor] = []  # per forward this step: positions [n]
         self._block_feat: list[torch.Tensor] = []  # per forward this step: the feature each row passes on [n, H]
 
     def set_target_features(self, start: int, features: torch.Tensor) -> None:
         """The target's hidden states of committed positions ``start .. start + k - 1`` (Tensor[k, H])."""
-        if start > self._target.shape[0]:
-            raise RuntimeError(f"target features from position {start}, but only {self._target.shape[0]} are known")
-        self._target = torch.cat([self._target[:start], features.to(self._target.dtype)])
+        if start > self._known:
+            raise RuntimeError(f"target features from position {start}, but only {self._known} are known")
+        end = start + features.shape[0]
+        if end > self._buf.shape[0]:  # grow by doubling: amortised O(1) per position
+            grown = self._buf.new_zeros(max(end, 2 * self._buf.shape[0]), self._buf.shape[1])
+            grown[: self._known] = self._buf[: self._known]
+            self._buf = grown
+        self._buf[start:end] = features.to(self._buf.dtype)
+        self._known = end
+
+    @property
+    def _target(self) -> torch.Tensor:
+        """Tensor[known, H]: the target's features of positions ``0 .. known - 1``."""
+        return self._buf[: self._known]
 
     @property
     def known(self) -> int:
         """Number of leading positions whose target feature is known."""
-        return int(self._target.shape[0])
+        return self._known
 
     def _run_model(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, logits_to_keep: int

@@ -15,6 +15,9 @@ count of tokens to remove).
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
@@ -157,9 +160,9 @@ class ModelRunner:
         ids, pos = input_ids[None], position_ids[None]
         h = embed(ids)
         pe = rotary(h, pos)
+        cache = {_cache_kw(type(layers[0])): self.cache}
         for layer in layers:
-            h = layer(h, attention_mask=mask, position_ids=pos, past_key_values=self.cache, use_cache=True,
-                      position_embeddings=pe)  # fmt: skip
+            h = layer(h, attention_mask=mask, position_ids=pos, use_cache=True, position_embeddings=pe, **cache)
             if isinstance(h, tuple):
                 h = h[0]
         if self.keep_features:
@@ -229,6 +232,12 @@ class ModelRunner:
         if extra:
             self.cache.crop(-extra)
         self.cached = length
+
+
+@functools.cache
+def _cache_kw(layer_type: type) -> str:
+    """The decoder layer's cache argument: ``cache`` in newer transformers 5.x, ``past_key_values`` before."""
+    return "cache" if "cache" in inspect.signature(layer_type.forward).parameters else "past_key_values"
 
 
 def fast_path_parts(model: PreTrainedModel) -> tuple | None:

@@ -208,10 +208,11 @@ class _Checkpointed:
         atomic_write(self.path, lambda f: torch.save(state, f))
 
 
-def _lr(step: int, total: int, peak: float, warmup: int = 100) -> float:
+def _lr(step: int, done: float, peak: float, warmup: int = 50) -> float:
+    """Linear warm-up over ``warmup`` steps, then a cosine over the share ``done`` of the time budget spent."""
     if step < warmup:
         return peak * (step + 1) / warmup
-    return peak * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
+    return peak * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, done))))
 
 
 def _train_loop(
@@ -229,7 +230,7 @@ def _train_loop(
     while step < steps and spent + (time.time() - t0) < minutes * 60:
         batch = _collate(next(batches))
         for g in opt.param_groups:
-            g["lr"] = _lr(step, steps, lr)
+            g["lr"] = _lr(step, (spent + time.time() - t0) / (minutes * 60), lr)
         loss = loss_fn(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -254,11 +255,16 @@ def _train_loop(
 
 # ---------------------------------------------------------------------- the head
 def train_head(
-    head: Any, shards: Sequence[dict[str, torch.Tensor]], work: str | Path, *, minutes: float, steps: int = 6000,
-    lr: float = 1e-3, batch_tokens: int = 4096, feature_weight: float = 0.1, noise: float = 0.1, seed: int = 0,
+    head: Any, shards: Sequence[dict[str, torch.Tensor]], work: str | Path, *, minutes: float, steps: int = 100_000,
+    lr: float = 1e-3, batch_tokens: int = 2048, feature_weight: float = 0.1, noise: float = 0.1, seed: int = 0,
     progress: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
-    """Train a bound :class:`EagleHead` (soft CE over its vocabulary + smooth-L1 feature regression)."""
+    """Train a bound :class:`EagleHead` (soft CE over its vocabulary + smooth-L1 feature regression).
+
+    As in EAGLE, the LM head stays the target's own (its rows of the draft vocabulary, frozen): the
+    head learns to predict the target's next feature, which it also feeds back as a feature.
+    """
+    head.lm_head.weight.requires_grad_(False)
     t2d = torch.full((head.config.target_vocab_size,), -1, dtype=torch.long)
     t2d[head.token_ids] = torch.arange(head.token_ids.numel())
     scale = float(torch.cat([d["feat"][:4096].float() for d in shards]).abs().mean())
@@ -311,8 +317,8 @@ def init_standalone(target: Any, hidden: int = 256, layers: int = 2, seed: int =
 
 
 def train_standalone(
-    model: Any, shards: Sequence[dict[str, torch.Tensor]], work: str | Path, *, minutes: float, steps: int = 6000,
-    lr: float = 2e-3, batch_tokens: int = 4096, seed: int = 0, progress: bool = True,
+    model: Any, shards: Sequence[dict[str, torch.Tensor]], work: str | Path, *, minutes: float, steps: int = 100_000,
+    lr: float = 2e-3, batch_tokens: int = 2048, seed: int = 0, progress: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """Train the standalone draft on the target's soft labels (soft cross-entropy over the whole vocabulary)."""
 
