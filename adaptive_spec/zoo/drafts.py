@@ -123,13 +123,18 @@ def load_features(feat_dir: str | Path, *, held: bool) -> list[dict[str, torch.T
     return out
 
 
-def _sequences(shards: Sequence[dict[str, torch.Tensor]]) -> list[tuple[dict[str, torch.Tensor], int, int, int]]:
-    """(shard, start, end, answer start) of every sequence."""
+def _sequences(
+    shards: Sequence[dict[str, torch.Tensor]], labels_from: int | None = None
+) -> list[tuple[dict[str, torch.Tensor], int, int, int]]:
+    """(shard, start, end, first labelled token) of every sequence: the answer's start, or position
+    ``labels_from`` (e.g. the start of the self-written request) when given.
+    """
     out = []
     for d in shards:
         st = d["starts"].tolist()
         for k in range(len(st) - 1):
-            out.append((d, st[k], st[k + 1], st[k] + int(d["answer"][k])))
+            first = labels_from if labels_from is not None else int(d["answer"][k])
+            out.append((d, st[k], st[k + 1], st[k] + first))
     return out
 
 
@@ -257,7 +262,7 @@ def _train_loop(
 def train_head(
     head: Any, shards: Sequence[dict[str, torch.Tensor]], work: str | Path, *, minutes: float, steps: int = 100_000,
     lr: float = 1e-3, batch_tokens: int = 2048, feature_weight: float = 0.1, noise: float = 0.1, seed: int = 0,
-    progress: bool = True,
+    labels_from: int | None = None, progress: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """Train a bound :class:`EagleHead` (soft CE over its vocabulary + smooth-L1 feature regression).
 
@@ -280,7 +285,7 @@ def train_head(
         reg = nn.functional.smooth_l1_loss(h[m], feat[m])
         return ce + feature_weight * reg
 
-    return _train_loop(head, loss_fn, _sequences(shards), minutes=minutes, steps=steps, lr=lr,
+    return _train_loop(head, loss_fn, _sequences(shards, labels_from), minutes=minutes, steps=steps, lr=lr,
                        batch_tokens=batch_tokens, ckpt=Path(work) / "head.ckpt", seed=seed, progress=progress,
                        label="head")  # fmt: skip
 
@@ -318,7 +323,8 @@ def init_standalone(target: Any, hidden: int = 256, layers: int = 2, seed: int =
 
 def train_standalone(
     model: Any, shards: Sequence[dict[str, torch.Tensor]], work: str | Path, *, minutes: float, steps: int = 100_000,
-    lr: float = 2e-3, batch_tokens: int = 2048, seed: int = 0, progress: bool = True,
+    lr: float = 2e-3, batch_tokens: int = 2048, seed: int = 0, labels_from: int | None = None,
+    progress: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """Train the standalone draft on the target's soft labels (soft cross-entropy over the whole vocabulary)."""
 
@@ -327,7 +333,7 @@ def train_standalone(
         k = b["mask"]
         return _soft_ce(m.lm_head, h[k], b["top_ids"][k], b["top_p"][k])
 
-    return _train_loop(model, loss_fn, _sequences(shards), minutes=minutes, steps=steps, lr=lr,
+    return _train_loop(model, loss_fn, _sequences(shards, labels_from), minutes=minutes, steps=steps, lr=lr,
                        batch_tokens=batch_tokens, ckpt=Path(work) / "standalone.ckpt", seed=seed, progress=progress,
                        label="standalone")  # fmt: skip
 
@@ -442,15 +448,19 @@ def build_drafts(
     with torch.no_grad():  # start the LM head from the target's rows of the draft vocabulary
         head.lm_head.weight.copy_(target.get_output_embeddings().weight[vocab])
     info["draft_vocabulary"] = {"size": vocab_size, "answer_token_coverage": round(coverage, 4)}
-    info["head"] = train_head(head, train, work, minutes=head_minutes, seed=seed, progress=progress)
+    # Labels: the target's own text, its self-written request included (the fixed system prompt is not).
+    from adaptive_spec.zoo.selfdistill import user_prefix
+
+    first = len(user_prefix(tok))
+    info["labels"] = "every position after the chat template's fixed opening: the request and the answer"
+    info["head"] = train_head(head, train, work, minutes=head_minutes, seed=seed, labels_from=first, progress=progress)
     standalone = init_standalone(target, seed=seed)
-    info["standalone"] = train_standalone(standalone, train, work, minutes=draft_minutes, seed=seed,
+    info["standalone"] = train_standalone(standalone, train, work, minutes=draft_minutes, seed=seed, labels_from=first,
                                           progress=progress)  # fmt: skip
     info["held_out"] = evaluate_drafts(target, {"eagle": head, "draft": standalone}, held)
     info["load_after"] = machine_load()
     info["seconds_this_run"] = round(time.time() - t_all, 1)
     head.half().save_pretrained(out / "eagle")
     standalone.half().save_pretrained(out / "draft")
-    tok.save_pretrained(out / "draft")
     write_info(out / "build_info.json", info)
     return info

@@ -27,7 +27,7 @@ __all__ = ["ANSWER_TEMPERATURES", "generate_conversations", "read_conversations"
 ANSWER_TEMPERATURES = (1.0, 0.0, 0.7)
 
 
-def _user_prefix(tokenizer: Any) -> list[int]:
+def user_prefix(tokenizer: Any) -> list[int]:
     """Token ids of the chat template up to the start of the first user turn's content."""
     marker = "\u2063REQUEST\u2063"
     text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False)
@@ -55,7 +55,7 @@ def generate_conversations(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    prefix = _user_prefix(tokenizer)
+    prefix = user_prefix(tokenizer)
     tokenizer.padding_side = "left"
     t0, made = time.time(), 0
     for i in range(shards):
