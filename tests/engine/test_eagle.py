@@ -16,10 +16,12 @@ import torch
 
 from adaptive_spec.engine import SpecEngine
 from adaptive_spec.engine.eagle import EagleConfig, EagleHead, EagleRunner
-from adaptive_spec.engine.logits import ProbsFn
-from tests.engine.test_lossless import PROMPT, SAMPLING, V, chi_square_pvalue, exact_law
+from adaptive_spec.engine.logits import ProbsFn, SamplingConfig
+from tests.helpers.laws import chi_square_pvalue, exact_law
 from tests.helpers.tiny import tiny_model, tiny_tokenizer
 
+V = 8
+SAMPLING = SamplingConfig(temperature=0.9, top_k=6, top_p=1.0)
 PLANS = ["chain:4/block", "wor:2x3/traversal", "iid:2x2/specinfer", "delayed:1x2x2/gbv", "conf-chain:5:0.3/block",
          "eagle:2:4:1:2:wor/traversal"]  # fmt: skip
 
@@ -126,21 +128,14 @@ def small_engine():
 
 
 @pytest.mark.parametrize("plan", ["chain:2/block", "wor:2x2/traversal", "conf-chain:3:0.35/block"])
-@pytest.mark.parametrize("prompt", [PROMPT, [3, 5, 2]], ids=["one-token", "prefill"])
+@pytest.mark.parametrize("prompt", [[3], [3, 5, 2]], ids=["one-token", "prefill"])
 def test_lossless_with_an_eagle_head(small_engine, plan, prompt) -> None:
     counts = torch.zeros(V, V, V, dtype=torch.long)
     for seed in range(1500):
         out = small_engine.generate(prompt, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k,
                                     plan=plan, seed=seed)  # fmt: skip
         counts[tuple(out.token_ids)] += 1
-    import tests.engine.test_lossless as tl
-
-    saved = tl.PROMPT
-    tl.PROMPT = list(prompt)
-    try:
-        law = exact_law(small_engine.target, SAMPLING)
-    finally:
-        tl.PROMPT = saved
+    law = exact_law(small_engine.target, SAMPLING, list(prompt), V)
     assert chi_square_pvalue(counts, law) > 1e-3
 
 
