@@ -376,6 +376,31 @@ def evaluate_drafts(
             for k, v in sums.items()}  # fmt: skip
 
 
+@torch.inference_mode()
+def draft_ms_per_token(model: Any, context: int = 256, repeats: int = 50) -> float:
+    """Median ms of one drafted token through the engine's runner (a one-token block forward after ``context``)."""
+    from adaptive_spec.engine.eagle import EagleRunner, is_eagle_head
+    from adaptive_spec.engine.runner import ModelRunner
+
+    runner = EagleRunner(model) if is_eagle_head(model) else ModelRunner(model)
+    device = next(model.parameters()).device
+    ids = torch.randint(0, 1000, (context + 1,), device=device)
+    if isinstance(runner, EagleRunner):
+        runner.set_target_features(0, torch.randn(context, model.config.hidden_size, device=device))
+    runner.chain_forward(ids[:context], logits_to_keep=1)
+    one = torch.ones(1, 1, dtype=torch.bool, device=device)
+    pos = torch.tensor([context], device=device)
+    times = []
+    for _ in range(repeats + 5):
+        t0 = time.perf_counter()
+        runner.block_forward(ids[context:], pos, one, logits_to_keep=1)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+        runner.rollback(context)
+    return 1e3 * sorted(times[5:])[repeats // 2]
+
+
 def machine_load() -> dict[str, float]:
     """The 1, 5 and 15 minute load averages and the core count, for build_info.json."""
     try:
@@ -458,6 +483,9 @@ def build_drafts(
     info["standalone"] = train_standalone(standalone, train, work, minutes=draft_minutes, seed=seed, labels_from=first,
                                           progress=progress)  # fmt: skip
     info["held_out"] = evaluate_drafts(target, {"eagle": head, "draft": standalone}, held)
+    info["ms_per_draft_token"] = {"eagle": draft_ms_per_token(head), "draft": draft_ms_per_token(standalone),
+                                  "target": draft_ms_per_token(target), "context": 256,
+                                  "threads": torch.get_num_threads()}  # fmt: skip
     info["load_after"] = machine_load()
     info["seconds_this_run"] = round(time.time() - t_all, 1)
     head.half().save_pretrained(out / "eagle")
