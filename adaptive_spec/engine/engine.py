@@ -481,7 +481,9 @@ class SpecEngine:
                 is lossless: the verifier registry refuses a verifier that is not for the law.
             seed: seeds the ``torch.Generator`` every random draw comes from (None: random).
             stop: extra stop conditions: strings (generation stops once the decoded output
-                contains one; it is kept in the output) and/or token ids (treated as EOS).
+                contains one; ``text`` ends with it, cut right after its first occurrence, as vLLM and
+                OpenAI-style servers do, while ``token_ids`` keep the whole token that completed it,
+                whose text may run past it) and/or token ids (treated as EOS).
             streamer: a transformers-style streamer (``put(tensor)``/``end()``), e.g.
                 ``TextStreamer``; it first receives the prompt ids, then each step's tokens.
             keep_state: attach the final :class:`EngineState` (with both KV caches) to the
@@ -821,6 +823,8 @@ class SpecEngine:
         stats.draft_forwards = state.draft.forwards if state.draft is not None else 0
         stats.wall_time_s = time.perf_counter() - run.t_start
         text = self.tokenizer.decode(state.generated, skip_special_tokens=True) if self.tokenizer is not None else None
+        if text is not None and stats.stop_reason == "stop" and run.stop_strings:
+            text = _cut_at_stop(text, run.stop_strings)
         return GenerationResult(list(state.generated), text, stats, state.steps, state)
 
     @torch.inference_mode()
@@ -1019,6 +1023,12 @@ class SpecEngine:
 
 
 # ---------------------------------------------------------------------- module helpers
+def _cut_at_stop(text: str, stop_strings: Sequence[str]) -> str:
+    """``text`` cut right after the earliest-ending occurrence of any stop string (unchanged if none occurs)."""
+    ends = [text.find(s) + len(s) for s in stop_strings if s in text]
+    return text[: min(ends)] if ends else text
+
+
 def _draft_runner(draft: Any, keep_hidden: bool = False, input_limit: int | None = None) -> ModelRunner:
     """The draft's runner: an :class:`EagleRunner` for an EAGLE head, else a :class:`ModelRunner`."""
     if is_eagle_head(draft):

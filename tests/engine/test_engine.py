@@ -126,6 +126,17 @@ def test_stop_string(engine: SpecEngine) -> None:
     assert out.token_ids == full.token_ids[: first + 1] and out.stats.stop_reason == "stop"
 
 
+def test_stop_string_cuts_the_text_mid_token(engine: SpecEngine) -> None:
+    """A stop string ending inside a token's text: ``text`` ends with it, ``token_ids`` keep that token."""
+    full = engine.generate([0, 3], max_new_tokens=30, temperature=0, plan="chain:3/token")
+    word = engine.tokenizer.decode(full.token_ids[5:6])  # e.g. "w17": stop at "w1"
+    stop = word[:-1]
+    out = engine.generate([0, 3], max_new_tokens=30, temperature=0, plan="chain:3/token", stop=[stop])
+    assert out.stats.stop_reason == "stop" and out.text.endswith(stop)
+    assert engine.tokenizer.decode(out.token_ids).startswith(out.text)  # the whole token is kept in the ids
+    assert out.text.count(stop) == 1 and not engine.tokenizer.decode(out.token_ids[:-1]).count(stop)
+
+
 def test_planner_protocol(engine: SpecEngine) -> None:
     class Alternating:
         def __init__(self) -> None:
