@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 JOBS ?= 2
 
-.PHONY: help setup demo test test-fast lint bench-verifiers zoo selector clean
+.PHONY: help setup demo test test-fast lint bench-verifiers zoo drafts selector clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e ".[all,dev]"
 	touch $(STAMP)
 
-demo: setup  ## the built-in pair on its held-out prompts: speedup table and report in data/demo
+demo: setup  ## SmolLM2 and its EAGLE-style head (fetched on first use) on a dozen chat prompts: table, report in data/demo
 	$(BIN)/adaptive-spec demo --out data/demo
 
 bench-verifiers: setup  ## block efficiency vs the LP limit, and verifier speed
@@ -41,6 +41,9 @@ test-fast: setup  ## the test suite without the slow-marked tests
 # into the user data folder ($$ADAPTIVE_SPEC_HOME, default ~/.local/share/adaptive-spec).
 selector: setup  ## train the plan selector and install it for make demo (user data folder)
 	$(BIN)/adaptive-spec selector pipeline --seed 1 --install
+
+drafts: setup  ## retrain SmolLM2's committed EAGLE-style head and standalone draft (resumable; hours on 2 cores)
+	$(BIN)/adaptive-spec zoo drafts smollm2
 
 zoo: setup  ## rebuild the committed built-in pair (60 minutes)
 	$(BIN)/adaptive-spec zoo build --out adaptive_spec/zoo/default --minutes 60

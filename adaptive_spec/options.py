@@ -44,8 +44,9 @@ def add_model_options(
     if unknown:
         raise ValueError(f"unknown model options {sorted(unknown)}; choose from {MODEL_OPTIONS}")
     helps = {
-        "target": f"target model: local directory or hub id (default: {pair_default})",
-        "draft": f"draft model: local directory or hub id (default: {pair_default})",
+        "target": f"target model: local directory, hub id or short name (builtin, smollm2) (default: {pair_default})",
+        "draft": "draft model: local directory, hub id or short name (smollm2-eagle, smollm2-draft) (default: "
+        f"{pair_default}; with --target smollm2, smollm2-eagle)",
         "device": "cpu, cuda, cuda:1, ... (default: cuda if available, else cpu)",
         "dtype": f"float32, bfloat16 or float16 (default: {dtype_default})",
     }

@@ -59,8 +59,11 @@ def run(args: argparse.Namespace) -> int:
     for name in ("max_new_tokens", "repeats", "shard_size"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
-    if (args.target is None) != (args.draft is None):
-        raise SystemExit("give both --target and --draft, or neither (the built-in default pair)")
+    from adaptive_spec.engine.models import PAIRED_DRAFT
+
+    lone_target = args.draft is None and args.target not in (None, *PAIRED_DRAFT)
+    if (args.target is None and args.draft is not None) or lone_target:
+        raise SystemExit("give both --target and --draft, a short-named --target alone (smollm2), or neither")
     try:
         temperatures = parse_temperatures(args.temperatures)
         planner = make_planner(args.plan, args.explore, args.actions, args.seed)

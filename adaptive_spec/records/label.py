@@ -630,8 +630,10 @@ def log_models(manifest: dict, target: str | None = None, draft: str | None = No
     ``(None, None)`` means the built-in pair. Raises ``ValueError`` when only one of the two is given.
     """
     if target or draft:
-        if not (target and draft):
-            raise ValueError("give both --target and --draft, or neither")
+        from adaptive_spec.engine.models import PAIRED_DRAFT
+
+        if not (target and (draft or target in PAIRED_DRAFT)):
+            raise ValueError("give both --target and --draft, a short-named --target alone (smollm2), or neither")
         return target, draft
     runs = manifest.get("runs") or []
     if runs:
