@@ -259,31 +259,85 @@ def _train_loop(
 
 
 # ---------------------------------------------------------------------- the head
+def unroll_masks(L: int, passes: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    """Additive masks of the training-time unroll (EAGLE-3's "training-time test"), one per pass.
+
+    Pass ``k`` (1-based) at position ``j`` stands for the token drafted at depth ``k - 1`` below the
+    root ``r = j - k + 1``: it reads the head's own output of pass ``k - 1`` at ``j - 1`` as its feature
+    and attends, as in the engine, to the rows fed with the target's features up to ``r`` (pass 1)
+    and to the drafted rows above it (pass ``m`` at ``j - k + m``, ``2 <= m < k``), then itself. The
+    key/value rows of the passes sit one after another in one cache: pass ``m``'s row ``i`` at
+    column ``(m - 1) * L + i``. Returns Tensor[1, 1, L, k * L] for each pass ``k``.
+    """
+    from adaptive_spec.trees.masks import additive_mask
+
+    out = []
+    j = torch.arange(L)
+    for k in range(1, passes + 1):
+        allowed = torch.zeros(L, k * L, dtype=torch.bool)
+        allowed[:, :L] = j[None, :] <= (j[:, None] - k + 1)  # pass-1 rows up to the root
+        for m in range(2, k + 1):
+            i = j - k + m  # the pass-m row on this path (m == k: the row itself)
+            ok = i >= 0
+            allowed[j[ok], (m - 1) * L + i[ok]] = True
+        out.append(additive_mask(allowed, 0, dtype))
+    return out
+
+
+def unrolled_hidden(
+    head: Any, ids: torch.Tensor, prev: torch.Tensor, pos: torch.Tensor, masks: Sequence[torch.Tensor]
+) -> list[torch.Tensor]:
+    """The head's outputs ``[B, L, H]`` of each unrolled pass (``masks`` from :func:`unroll_masks`).
+
+    Pass 1 reads ``prev`` (the target's features, shifted by one); pass ``k`` reads pass ``k - 1``'s outputs,
+    shifted by one, against one shared cache of every pass's keys and values.
+    """
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=head.config) if len(masks) > 1 else None
+    out = []
+    for k, mask in enumerate(masks):
+        h = head.hidden_states(ids, prev, pos, mask if cache is not None else None, cache)
+        out.append(h)
+        if k + 1 < len(masks):
+            prev = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)  # the next pass reads these
+    return out
+
+
 def train_head(
     head: Any, shards: Sequence[dict[str, torch.Tensor]], work: str | Path, *, minutes: float, steps: int = 100_000,
     lr: float = 1e-3, batch_tokens: int = 2048, feature_weight: float = 0.1, noise: float = 0.1, seed: int = 0,
-    labels_from: int | None = None, progress: bool = True,
+    labels_from: int | None = None, passes: int = 2, progress: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """Train a bound :class:`EagleHead` (soft CE over its vocabulary + smooth-L1 feature regression).
 
     As in EAGLE, the LM head stays the target's own (its rows of the draft vocabulary, frozen): the
-    head learns to predict the target's next feature, which it also feeds back as a feature.
+    head learns to predict the target's next feature, which it also feeds back as a feature. With
+    ``passes > 1`` the head is unrolled as it drafts (:func:`unroll_masks`): pass ``k`` trains the
+    token at depth ``k`` of a chain on the head's own features, weighted ``0.8 ** (k - 1)``.
     """
     head.lm_head.weight.requires_grad_(False)
     t2d = torch.full((head.config.target_vocab_size,), -1, dtype=torch.long)
     t2d[head.token_ids] = torch.arange(head.token_ids.numel())
     scale = float(torch.cat([d["feat"][:4096].float() for d in shards]).abs().mean())
+    masks: dict[int, list[torch.Tensor]] = {}
 
     def loss_fn(model, b):
-        feat = b["feat"]
+        feat, m = b["feat"], b["mask"]
+        B, L = feat.shape[:2]
         prev = torch.cat([torch.zeros_like(feat[:, :1]), feat[:, :-1]], dim=1)  # position j reads f_{j-1}
         prev = prev + (torch.rand_like(prev) * 2 - 1) * noise * scale
-        pos = torch.arange(feat.shape[1])[None].expand(feat.shape[0], -1)
-        h = model.hidden_states(b["ids"], prev, pos, None, None)
-        m = b["mask"]
-        ce = _soft_ce(model.lm_head, h[m], t2d[b["top_ids"][m]], b["top_p"][m])
-        reg = nn.functional.smooth_l1_loss(h[m], feat[m])
-        return ce + feature_weight * reg
+        pos = torch.arange(L)[None].expand(B, -1)
+        if L not in masks:
+            masks.clear()
+            masks[L] = unroll_masks(L, passes)
+        total, weight = 0.0, 1.0
+        for h in unrolled_hidden(model, b["ids"], prev, pos, masks[L]):
+            ce = _soft_ce(model.lm_head, h[m], t2d[b["top_ids"][m]], b["top_p"][m])
+            reg = nn.functional.smooth_l1_loss(h[m], feat[m])
+            total = total + weight * (ce + feature_weight * reg)
+            weight *= 0.8
+        return total
 
     return _train_loop(head, loss_fn, _sequences(shards, labels_from), minutes=minutes, steps=steps, lr=lr,
                        batch_tokens=batch_tokens, ckpt=Path(work) / "head.ckpt", seed=seed, progress=progress,

@@ -1,0 +1,45 @@
+"""The drafts' training pieces: the unrolled head is the head as the engine drafts with it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaptive_spec.engine.eagle import EagleConfig, EagleHead, EagleRunner
+from adaptive_spec.zoo.drafts import unroll_masks, unrolled_hidden
+from tests.helpers.tiny import tiny_model
+
+
+@pytest.mark.parametrize("depth", [1, 2, 3])
+def test_unrolled_pass_k_is_the_engines_depth_k_draft(depth) -> None:
+    """Pass k of the training unroll at position j gives the row the engine drafts at depth k below root j - k + 1."""
+    target = tiny_model("llama", vocab=48, hidden=32, seed=3, eos=None)
+    cfg = EagleConfig.for_target(target.config, draft_vocab_size=40, initializer_range=0.3)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    head = EagleHead(cfg).eval()
+    head.set_vocabulary(torch.arange(8, 48))
+    head.bind(target)
+    ids = torch.tensor([[5, 9, 11, 4, 30, 7, 21, 13, 40, 6]])
+    L = ids.shape[1]
+    seen = []
+    hook = target.lm_head.register_forward_pre_hook(lambda _m, a: seen.append(a[0]))
+    with torch.inference_mode():
+        target(input_ids=ids)
+    hook.remove()
+    f = seen[0][0]  # [L, H] target features
+    prev = torch.cat([torch.zeros(1, f.shape[1]), f[:-1]])[None]
+    with torch.inference_mode():
+        hs = unrolled_hidden(head, ids, prev, torch.arange(L)[None], unroll_masks(L, depth))
+        want = head.lm_head(hs[-1][0])  # [L, N]
+    for j in range(depth + 1, L):
+        r = j - depth + 1  # the root: the last committed token
+        runner = EagleRunner(head)
+        with torch.inference_mode():
+            runner.set_target_features(0, f[:r])
+            runner.chain_forward(ids[0, :r], logits_to_keep=1)
+            logits = runner.block_forward(ids[0, r : r + 1], torch.tensor([r]), torch.ones(1, 1, dtype=torch.bool), 1)
+            for d in range(1, depth):  # the drafted chain below the root: the sequence's own tokens
+                anc = torch.ones(1, d + 1, dtype=torch.bool)
+                logits = runner.block_forward(ids[0, r + d : r + d + 1], torch.tensor([r + d]), anc, 1)
+        assert torch.allclose(logits[0], want[j], atol=1e-4), (j, depth)
