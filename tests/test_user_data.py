@@ -55,6 +55,9 @@ def test_the_default_plan_files_fall_back_to_the_package(monkeypatch, tmp_path):
     from adaptive_spec.planner.presets import in_draft_path, load_best_static
 
     monkeypatch.chdir(tmp_path)  # no configs/ here
-    assert tuned_plan_files() == [CONFIGS / "plans" / "in-draft.yaml", CONFIGS / "plans" / "best-static.yaml"]
+    files = tuned_plan_files()
+    assert files[:2] == [CONFIGS / "plans" / "in-draft.yaml", CONFIGS / "plans" / "best-static.yaml"]
+    # then the in-draft plans shipped beside a fetched model's drafts, for that pair only (fingerprints)
+    assert all(p.name == "in-draft.yaml" and p.parent.parent.name == "zoo" and p.is_file() for p in files[2:])
     assert in_draft_path() == CONFIGS / "plans" / "in-draft.yaml"
     load_best_static(0.0)  # read from the shipped file: no FileNotFoundError

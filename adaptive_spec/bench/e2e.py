@@ -384,6 +384,7 @@ def resolve_plans(
     *,
     selector: str | Path | None = None,
     best_static_file: str | Path | None = None,
+    in_draft_file: str | Path | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Turn plan names into what :func:`measure` takes, resolving ``adaptive`` and ``best-static``.
 
@@ -393,6 +394,8 @@ def resolve_plans(
         selector: the selector file (default: :func:`~adaptive_spec.selector.runtime.find_selector`'s lookup).
         best_static_file: the ``best-static.yaml`` used when the selector records no best static
             action (default: :func:`~adaptive_spec.planner.presets.load_best_static`'s lookup).
+        in_draft_file: the in-draft planner's plan file (default: ``configs/plans/in-draft.yaml``, the
+            built-in pair's; a shipped pair has its own, :func:`~adaptive_spec.engine.models.in_draft_file`).
 
     Returns:
         ``(plans, info)``: the name -> plan/planner mapping, and ``info`` with the selector's path
@@ -430,8 +433,9 @@ def resolve_plans(
         elif name == IN_DRAFT:
             from adaptive_spec.planner.presets import in_draft_path, load_in_draft
 
-            plans[name] = {k: load_in_draft(t) for t, k in zip(temperatures, keys, strict=True)}
-            info["in_draft"] = {"source": str(in_draft_path()), "plans": {k: str(p) for k, p in plans[name].items()}}
+            source = in_draft_file if in_draft_file is not None else in_draft_path()
+            plans[name] = {k: load_in_draft(t, source) for t, k in zip(temperatures, keys, strict=True)}
+            info["in_draft"] = {"source": str(source), "plans": {k: str(p) for k, p in plans[name].items()}}
         else:
             plans[str(Plan.parse(name))] = Plan.parse(name)
     return plans, info

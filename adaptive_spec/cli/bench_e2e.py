@@ -73,9 +73,12 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         temps = parse_temperatures(args.temperatures or str(args.temperature))
+        from adaptive_spec.engine.models import in_draft_file
+
         plans, info = resolve_plans(
-            args.plans.split(","), temps, selector=args.selector, best_static_file=args.best_static_file
-        )
+            args.plans.split(","), temps, selector=args.selector, best_static_file=args.best_static_file,
+            in_draft_file=in_draft_file(args.target) if args.draft is None else None,
+        )  # fmt: skip
         runtime = info.pop("runtime")
         latency, warning = (None, None)
         if args.profile is not None or ADAPTIVE in plans:

@@ -58,18 +58,21 @@ def selector_plans(args: argparse.Namespace, names: list[str], temps: list[float
         selector's information (path, runtime, best static source) and lines for the summary.
     """
     from adaptive_spec.bench.e2e import ADAPTIVE, BEST_STATIC, IN_DRAFT, resolve_plans
+    from adaptive_spec.engine.models import in_draft_file
     from adaptive_spec.selector.runtime import PIPELINE_HINT, find_selector
 
     notes: list[str] = []
     statics = [n for n in names if n not in (ADAPTIVE, BEST_STATIC)]
+    file = in_draft_file("smollm2") if args.pair == "smollm2" else None
     if IN_DRAFT in statics:
         try:
-            resolve_plans([IN_DRAFT], temps)
+            resolve_plans([IN_DRAFT], temps, in_draft_file=file)
         except (FileNotFoundError, LookupError) as err:
             statics.remove(IN_DRAFT)
             notes.append(f"The in-draft planner is not shown: {err}.")
     if args.no_selector:
-        return resolve_plans(statics, temps)[0], {"selector": None, "runtime": None, "best_static": None}, notes
+        plans = resolve_plans(statics, temps, in_draft_file=file)[0]
+        return plans, {"selector": None, "runtime": None, "best_static": None}, notes
     try:
         path = find_selector(args.selector)
     except FileNotFoundError as err:

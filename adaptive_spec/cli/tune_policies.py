@@ -10,7 +10,7 @@ import datetime as _dt
 import json
 from pathlib import Path
 
-from adaptive_spec.options import add_json_option, add_progress_option, add_temperatures_option
+from adaptive_spec.options import add_json_option, add_model_options, add_progress_option, add_temperatures_option
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.planner.presets import IN_DRAFT_RELPATH, in_draft_path, write_in_draft
 from adaptive_spec.tuning.policies import choose, default_grid, optuna_search
@@ -28,6 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96, help="(default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     parser.add_argument("--config-out", default=None, help="write configs/plans/in-draft.yaml under this folder")
+    add_model_options(parser, ("target", "draft"))
+    parser.add_argument(
+        "--out-file", type=Path, default=None,
+        help="write the plan file here instead (e.g. adaptive_spec/zoo/smollm2/in-draft.yaml for --target smollm2)",
+    )  # fmt: skip
     add_json_option(parser, "the whole measurement")
     add_progress_option(parser)
     parser.add_argument("--optuna", type=int, default=0, metavar="N",
@@ -51,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         plans = {str(p): p for p in parsed}
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"tune policies: {err}") from None
-    engine = load_engine(None, None, None, None)
+    engine = load_engine(args.target, args.draft, None, None)
     if args.optuna:
         res = {"runs": optuna_search(engine, prompts, temps, args)}
     else:
@@ -62,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     for entry in choices.values():
         entry.update({"prompts": str(args.prompts), "num_prompts": len(prompts), "search": "optuna" if args.optuna
                       else "grid", "max_new_tokens": args.max_new_tokens, "date": stamp})  # fmt: skip
-    path = in_draft_path(args.config_out) if args.config_out else Path.cwd() / IN_DRAFT_RELPATH
+    path = args.out_file or (in_draft_path(args.config_out) if args.config_out else Path.cwd() / IN_DRAFT_RELPATH)
     write_in_draft(choices, path)
     from adaptive_spec.engine.fingerprint import stamp_plan_file
 

@@ -6,7 +6,9 @@ In order:
    policies``), if its ``models`` fingerprints are those of the loaded pair: its plan for the
    nearest tuned temperature of the same kind (greedy 0, or sampling > 0);
 2. ``configs/plans/best-static.yaml`` (``adaptive-spec tune plans``), on the same condition;
-3. otherwise :data:`DEFAULT_PLAN` (``chain:2/block``, the best static plan measured on a CPU for
+3. the in-draft plan files shipped for a fetched model's pair (``adaptive_spec/zoo/smollm2/in-draft.yaml``),
+   on the same condition;
+4. otherwise :data:`DEFAULT_PLAN` (``chain:2/block``, the best static plan measured on a CPU for
    the built-in pair; at temperature 0 the engine verifies it greedily).
 
 A plan file written for another pair, or without fingerprints, is never used by default: a
@@ -32,10 +34,12 @@ DEFAULT_PLAN = "chain:2/block"
 
 def tuned_plan_files() -> list[Path]:
     """Where the tuned plan files are looked for, in order: the in-draft planner, then the best static plan."""
+    from adaptive_spec.engine.models import MODELS, in_draft_file
     from adaptive_spec.files import config_path
     from adaptive_spec.planner.presets import BEST_STATIC_RELPATH, in_draft_path
 
-    return [in_draft_path(), config_path(BEST_STATIC_RELPATH.relative_to("configs"))]
+    shipped = [p for p in map(in_draft_file, MODELS) if p is not None and p.is_file()]  # a fetched model's pair
+    return [in_draft_path(), config_path(BEST_STATIC_RELPATH.relative_to("configs")), *shipped]
 
 
 def _read(path: Path) -> Any:

@@ -41,6 +41,7 @@ __all__ = [
     "FetchError",
     "RemoteModel",
     "fetch_model",
+    "in_draft_file",
     "model_dir",
     "models_dir",
     "resolve_pair",
@@ -273,3 +274,12 @@ def resolve_pair(target: str | None, draft: str | None) -> tuple[str | None, str
         draft = PAIRED_DRAFT[target]
     return (None if target is None else _resolve(target, "target"),
             None if draft is None else _resolve(draft, "draft"))  # fmt: skip
+
+
+def in_draft_file(name: str | None) -> Path | None:
+    """Where the in-draft planner's plans tuned for model ``name`` and its paired draft are shipped
+    (``adaptive_spec/zoo/<name>/in-draft.yaml``, which may not exist yet); None for other names.
+    """
+    if name is None or name not in MODELS:
+        return None
+    return shipped_drafts_dir(name) / "in-draft.yaml"
