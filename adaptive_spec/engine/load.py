@@ -32,12 +32,13 @@ def load_hf_draft(engine, name: str | None, target: str | None):
     """
     from transformers import AutoModelForCausalLM
 
-    from adaptive_spec.engine.models import SHORT_NAMES, resolve_pair
+    from adaptive_spec.engine.models import SHORT_NAMES, resolve_model
 
     if name is None and target is not None and f"{target}-draft" in SHORT_NAMES:
         name = f"{target}-draft"
     if name is None:
         return None
-    _, path = resolve_pair("builtin", name)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=engine.target.dtype, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve_model(name, "draft"), dtype=engine.target.dtype, attn_implementation="sdpa"
+    )
     return model.to(engine.device).eval()

@@ -44,6 +44,7 @@ __all__ = [
     "in_draft_file",
     "model_dir",
     "models_dir",
+    "resolve_model",
     "resolve_pair",
     "shipped_drafts_dir",
 ]
@@ -248,7 +249,11 @@ def shipped_drafts_dir(name: str = "smollm2") -> Path:
     return Path(__file__).resolve().parents[1] / "zoo" / name
 
 
-def _resolve(name: str, role: str) -> str:
+def resolve_model(name: str, role: str = "draft") -> str:
+    """The folder of a short-named model (fetching it on first use); other names unchanged.
+
+    ``role`` picks the built-in pair's target or draft for ``builtin``.
+    """
     from adaptive_spec.files import default_pair_path
 
     if name == "builtin":
@@ -272,8 +277,8 @@ def resolve_pair(target: str | None, draft: str | None) -> tuple[str | None, str
     """
     if draft is None and target in PAIRED_DRAFT:
         draft = PAIRED_DRAFT[target]
-    return (None if target is None else _resolve(target, "target"),
-            None if draft is None else _resolve(draft, "draft"))  # fmt: skip
+    return (None if target is None else resolve_model(target, "target"),
+            None if draft is None else resolve_model(draft, "draft"))  # fmt: skip
 
 
 def in_draft_file(name: str | None) -> Path | None:
