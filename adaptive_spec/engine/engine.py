@@ -36,6 +36,7 @@ import torch
 from transformers import PreTrainedModel
 
 from adaptive_spec.engine.drafting import (
+    DraftOutcome,
     DraftRoot,
     check_finite,
     draft_policy_tree,
@@ -51,6 +52,7 @@ from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.planner.plan import Plan, Planner, StepResult, StepState, as_plan, as_planner
 from adaptive_spec.trees import TreeShape, block_ancestors, block_positions
+from adaptive_spec.trees.lookup import lookup_tree, ngram_lookup
 from adaptive_spec.verifiers import REGISTRY, verify
 
 if TYPE_CHECKING:
@@ -877,7 +879,9 @@ class SpecEngine:
         pending = root  # the first draft forward, if already run; else the pending tokens (root last)
         if pending is None:
             pending = torch.tensor(state.context[draft.cached :], dtype=torch.long, device=device)
-        if plan.policy is not None and plan.shape.depth > 0:
+        if plan.source == "lookup":  # found in the context: one-hot rows, no draft forward
+            outcome = _lookup_outcome(state.context, plan.shape.depth, self.vocab_size, device, root)
+        elif plan.policy is not None and plan.shape.depth > 0:
             outcome = draft_policy_tree(
                 draft, pending, plan.policy, draft_probs_fn, state.generator, sampling.greedy,
                 temperature=sampling.temperature, features=features,
@@ -1027,6 +1031,21 @@ def _cut_at_stop(text: str, stop_strings: Sequence[str]) -> str:
     """``text`` cut right after the earliest-ending occurrence of any stop string (unchanged if none occurs)."""
     ends = [text.find(s) + len(s) for s in stop_strings if s in text]
     return text[: min(ends)] if ends else text
+
+
+def _lookup_outcome(
+    context: list[int], depth: int, vocab_size: int, device: torch.device, root: DraftRoot | None
+) -> DraftOutcome:
+    """A lookup step's chain (:mod:`adaptive_spec.trees.lookup`).
+
+    ``root``: the step's first draft forward, when it was run for the root features (else None).
+    """
+    tree = lookup_tree(ngram_lookup(context, depth), vocab_size, device)
+    n = tree.num_nodes
+    ancestors = torch.ones(n, n, dtype=torch.bool, device=device).tril_()
+    if root is None:  # the draft model was not run: its pending tokens wait for the next model step
+        return DraftOutcome(tree, ancestors, pending_fed=0, fed_nodes=0)
+    return DraftOutcome(tree, ancestors, pending_fed=root.pending, fed_nodes=1)  # only the root has a draft row
 
 
 def _draft_runner(draft: Any, keep_hidden: bool = False, input_limit: int | None = None) -> ModelRunner:

@@ -3,6 +3,7 @@
 A :class:`Plan` says how one speculative step drafts and verifies. Text form::
 
     <tree shape>/<verifier>        e.g.  "delayed:2x3x3/traversal", "chain:4/block", "wor:3x2x1/rrsw"
+    lookup:L/<verifier>            e.g.  "lookup:8/block": a chain of up to L tokens found in the context
 
 where ``<tree shape>`` is anything :meth:`TreeShape.parse` accepts (``chain:L``, ``iid:KxL``,
 ``delayed:TxKxB``, ``wor:W1xW2x...``) and ``<verifier>`` a name in
@@ -27,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from adaptive_spec.trees import DraftPolicy, TreeShape
+from adaptive_spec.trees import DraftLaw, DraftPolicy, TreeShape
 from adaptive_spec.trees.policy import POLICY_GRAMMAR, LearnedChain, is_policy_text, parse_policy
 from adaptive_spec.verifiers import check_compatible, get_verifier
 
@@ -45,6 +46,7 @@ __all__ = [
 ]
 
 DEFAULT_VERIFIER = "traversal"
+SOURCES = ("model", "lookup")  # where a plan's draft comes from
 # The most nodes a plan's tree may have (root included): the target scores every node in one
 # pass with an N x N attention mask, so a larger tree is refused before anything is allocated.
 MAX_TREE_NODES = 4096
@@ -61,6 +63,9 @@ class Plan:
             before drafting, also when a policy grows the tree.
         allow_lossy: permit a verifier registered as lossy (``hsd``); off by default.
         policy: the drafting policy that grows the tree level by level, or None for a static shape.
+        source: where the draft comes from: ``"model"`` (the draft model or head) or ``"lookup"``
+            (an n-gram match in the context, :mod:`adaptive_spec.trees.lookup`: a chain of up to
+            ``shape.depth`` tokens with one-hot rows, no draft forward).
 
     Raises:
         ValueError: unknown verifier, or a verifier that cannot verify the shape's law
@@ -71,8 +76,13 @@ class Plan:
     verifier: str = DEFAULT_VERIFIER
     allow_lossy: bool = False
     policy: DraftPolicy | None = None
+    source: str = "model"
 
     def __post_init__(self) -> None:
+        if self.source not in SOURCES:
+            raise ValueError(f"Plan.source must be one of {SOURCES}, got {self.source!r}")
+        if self.source == "lookup" and (self.policy is not None or self.shape.law is not DraftLaw.CHAIN):
+            raise ValueError("a lookup plan drafts a chain: lookup:L/<verifier>")
         if isinstance(self.shape, DraftPolicy) and self.policy is None:  # Plan(policy, verifier)
             object.__setattr__(self, "policy", self.shape)
             object.__setattr__(self, "shape", self.shape.shape)
@@ -100,6 +110,11 @@ class Plan:
         verifier = verifier.strip() if sep else DEFAULT_VERIFIER
         if sep and not verifier:
             raise ValueError(f"plan {text!r}: missing verifier name after '/'")
+        kind, colon, size = shape_text.strip().partition(":")
+        if kind == "lookup":
+            if not (colon and size.isdigit() and int(size) >= 1):
+                raise ValueError(f"plan {text!r}: a lookup plan is lookup:L with L >= 1 tokens, e.g. 'lookup:8/block'")
+            return cls(TreeShape.chain(int(size)), verifier, source="lookup")
         if is_policy_text(shape_text):
             policy = parse_policy(shape_text)
             if isinstance(policy, LearnedChain) and policy.predictor is None:  # the installed acceptance model
@@ -119,6 +134,8 @@ class Plan:
         return self.policy is not None
 
     def __str__(self) -> str:
+        if self.source == "lookup":
+            return f"lookup:{self.shape.depth}/{self.verifier}"
         return f"{self.policy if self.policy is not None else self.shape}/{self.verifier}"
 
     def truncated(self, max_depth: int) -> Plan:
@@ -127,7 +144,7 @@ class Plan:
             return self
         if self.policy is not None:
             return Plan(self.shape, self.verifier, self.allow_lossy, policy=self.policy.truncated(max_depth))
-        return Plan(truncate_shape(self.shape, max_depth), self.verifier, self.allow_lossy)
+        return Plan(truncate_shape(self.shape, max_depth), self.verifier, self.allow_lossy, source=self.source)
 
 
 def truncate_shape(shape: TreeShape, max_depth: int) -> TreeShape:

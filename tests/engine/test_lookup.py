@@ -1,0 +1,82 @@
+"""Lookup plans through the engine (``lookup:L/<verifier>``): greedy equality, the exact law, mixing with model steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaptive_spec.engine import SpecEngine
+from adaptive_spec.engine.eagle import EagleConfig, EagleHead
+from adaptive_spec.engine.logits import SamplingConfig
+from adaptive_spec.planner.plan import Plan
+from tests.helpers.laws import chi_square_pvalue, exact_law
+from tests.helpers.tiny import perturbed, tiny_model
+
+V = 8
+SAMPLING = SamplingConfig(temperature=0.9, top_k=6, top_p=1.0)
+
+
+class Alternate:
+    """Lookup on even steps, the draft model on odd ones: pending tokens pile up in the draft's cache."""
+
+    def __init__(self, model_plan: str, lookup_plan: str = "lookup:4/block") -> None:
+        self.plans = [Plan.parse(lookup_plan), Plan.parse(model_plan)]
+
+    def choose(self, state):
+        return self.plans[state.step % 2]
+
+
+def _eagle(target):
+    cfg = EagleConfig.for_target(target.config, draft_vocab_size=target.config.vocab_size - 2, initializer_range=0.5)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(2)
+    head = EagleHead(cfg).eval()
+    head.set_vocabulary(torch.arange(2, target.config.vocab_size))
+    return head
+
+
+@pytest.mark.parametrize("draft", ["model", "eagle"])
+@pytest.mark.parametrize("plan", ["lookup:6/block", "lookup:3/token", "alternate"])
+def test_greedy_equals_transformers(plan, draft) -> None:
+    target = tiny_model("llama", vocab=8, hidden=16, eos=None, init_range=0.5, seed=11, layers=1)
+    engine = SpecEngine(target, perturbed(target, 0.3, 12) if draft == "model" else _eagle(target))
+    prompt = [3, 5, 2, 3, 5, 2, 3, 5]
+    ref = target.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)[0, len(prompt) :].tolist()
+    out = engine.generate(prompt, max_new_tokens=40, temperature=0,
+                          plan=Alternate("chain:3/block") if plan == "alternate" else plan)  # fmt: skip
+    assert out.token_ids == ref
+    assert sum(out.stats.accept_lengths) > 0  # looked-up tokens were accepted
+
+
+@pytest.fixture(scope="module")
+def engine():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    target = tiny_model("llama", vocab=V, hidden=16, eos=None, init_range=0.5, seed=11, layers=1)
+    yield SpecEngine(target, perturbed(target, scale=0.3, seed=12))
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("plan", ["lookup:2/block", "alternate"])
+def test_lossless_lookup(engine, plan) -> None:
+    prompt = [3, 5, 3, 5]  # a repeat, so that the lookup proposes something
+    counts = torch.zeros(V, V, V, dtype=torch.long)
+    proposed = 0
+    for seed in range(1500):
+        p = Alternate("wor:2x1/traversal", "lookup:2/block") if plan == "alternate" else plan
+        out = engine.generate(prompt, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k,
+                              plan=p, seed=seed)  # fmt: skip
+        counts[tuple(out.token_ids)] += 1
+        proposed += out.stats.tree_sizes[0] > 1
+    assert proposed == 1500  # the first step always found "3 5 -> 3 5"
+    assert chi_square_pvalue(counts, exact_law(engine.target, SAMPLING, prompt, V)) > 1e-3
+
+
+def test_lookup_plan_strings() -> None:
+    plan = Plan.parse("lookup:8/block")
+    assert plan.source == "lookup" and plan.shape.depth == 8 and str(plan) == "lookup:8/block"
+    assert str(plan.truncated(3)) == "lookup:3/block"
+    with pytest.raises(ValueError, match="lookup:L with L >= 1"):
+        Plan.parse("lookup:x/block")
+    with pytest.raises(ValueError, match="is not lossless"):
+        Plan.parse("lookup:4/hsd")
