@@ -1,4 +1,4 @@
-"""Lookup plans through the engine (``lookup:L/<verifier>``): greedy equality, the exact law, mixing with model steps."""
+"""Lookup plans through the engine (``lookup:L/<verifier>``): greedy equality, the exact law, mixed with model steps."""
 
 from __future__ import annotations
 
