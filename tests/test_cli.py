@@ -145,7 +145,7 @@ def test_shared_options_are_spelled_and_explained_alike():
             opts = set(action.option_strings)
             if "--target" in opts:
                 seen["--target"] += 1
-                assert action.help.startswith("target model: local directory or hub id"), name
+                assert action.help.startswith("target model: local directory, hub id or short name"), name
             if "--no-progress" in opts or "--quiet" in opts:
                 seen["--no-progress"] += 1
                 assert action.dest == "no_progress", name
