@@ -5,6 +5,10 @@ import torch
 
 # Installs (selector pipeline --install, selector acceptance --install) and built pairs go to the
 # user data folder: a fresh one per test process, so no test reads or writes the real one.
+# The real folder is remembered first: a test of a fetched model (smollm2) reads it, and only reads.
+from adaptive_spec.files import user_data_dir
+
+os.environ.setdefault("ADAPTIVE_SPEC_REAL_HOME", str(user_data_dir()))
 os.environ["ADAPTIVE_SPEC_HOME"] = tempfile.mkdtemp(prefix="adaptive-spec-home-")
 
 # Two threads is what these machines have; more only adds contention under xdist.

@@ -8,8 +8,10 @@ the wheel with ``wheel=`` (as ``zoo fetch --wheel``), so nothing is downloaded. 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -123,12 +125,18 @@ def test_the_cli_says_one_line(wheel, tmp_path, capsys) -> None:
     assert "SHA-256" in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.mark.skipif(not (model_dir("smollm2") / "build_info.json").is_file(), reason="smollm2 is not fetched")
-def test_the_real_pair_is_greedy_exact() -> None:
-    """SmolLM2 with its EAGLE-style head: greedy output equals transformers' greedy generate."""
-    from adaptive_spec.engine import SpecEngine
+REAL_SMOLLM2 = Path(os.environ["ADAPTIVE_SPEC_REAL_HOME"]) / "models" / "smollm2"
 
-    engine = SpecEngine.from_pretrained("smollm2")
+
+@pytest.mark.skipif(not (REAL_SMOLLM2 / "build_info.json").is_file(), reason="smollm2 is not fetched (make demo does)")
+def test_the_real_pair_is_greedy_exact() -> None:
+    """SmolLM2 with its committed EAGLE-style head: greedy output equals transformers' greedy generate."""
+    from adaptive_spec.engine import SpecEngine
+    from adaptive_spec.engine.models import shipped_drafts_dir
+
+    engine = SpecEngine.from_pretrained(
+        str(REAL_SMOLLM2), str(shipped_drafts_dir("smollm2") / "eagle"), dtype="float32"
+    )
     messages = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
     ids = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
                                                return_dict=True)["input_ids"]  # fmt: skip
