@@ -19,9 +19,8 @@ from pathlib import Path
 # Static plans shown by the demo, one per tree family; measured on the default pair
 # (see README) until the tuned best-static plans of `adaptive-spec tune plans` replace them.
 DEMO_PLANS = "in-draft,chain:2/block,chain:4/block"
-# The real pair (SmolLM2 + its EAGLE-style head): a static chain, the EAGLE-2-style dynamic tree, and a
-# confidence-stopped chain.
-SMOLLM2_PLANS = "chain:4/block,eagle:5:12:3:2:wor/traversal,conf-chain:8:0.3/block"
+# The real pair (SmolLM2 + its EAGLE-style head): its tuned in-draft planner and two static chains.
+SMOLLM2_PLANS = "in-draft,chain:2/block,chain:4/block"
 
 
 def text_report(tokenizer, prompts: list[str], outputs: dict) -> dict:

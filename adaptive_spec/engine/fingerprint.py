@@ -45,7 +45,7 @@ def _tensor_bytes(t: torch.Tensor) -> bytes:
     flat = t.detach().reshape(-1)
     n = flat.numel()
     if n > _SAMPLE:
-        idx = torch.linspace(0, n - 1, _SAMPLE, device=flat.device).long()
+        idx = torch.linspace(0, n - 1, _SAMPLE, device=flat.device).long().clamp_(max=n - 1)  # float rounding
         flat = flat[idx]
     if flat.is_floating_point():
         flat = flat.to(torch.bfloat16).float()  # dtype-independent: the checkpoint's values at bf16 precision
