@@ -94,10 +94,6 @@ class EagleHead(PreTrainedModel):
         self._embed: list[nn.Embedding] = []  # the target's embedding, bound, not a submodule (not saved)
         self.post_init()
 
-    def _init_weights(self, module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
-            module.weight.data.normal_(0.0, self.config.initializer_range)
-
     def set_vocabulary(self, token_ids: torch.Tensor) -> None:
         """Set the draft vocabulary: ``token_ids`` (LongTensor[N], distinct target ids, in draft-id order)."""
         ids = token_ids.to(torch.long).cpu()
