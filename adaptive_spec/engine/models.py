@@ -174,9 +174,8 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     folder, name = str(gguf.parent), gguf.name
     loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    for attr in ("quantization_config",):
-        if hasattr(config, attr):
-            delattr(config, attr)
+    if hasattr(config, "quantization_config"):
+        delattr(config, "quantization_config")
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
     missing = [k for k in missing if k != "lm_head.weight" or not config.tie_word_embeddings]

@@ -259,6 +259,11 @@ def _train_loop(
 
 
 # ---------------------------------------------------------------------- the head
+def shift_right(x: torch.Tensor) -> torch.Tensor:
+    """``x`` moved one position along dim 1, zeros first: position j reads row j-1 (EAGLE's feature shift)."""
+    return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1)
+
+
 def unroll_masks(L: int, passes: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
     """Additive masks of the training-time unroll (EAGLE-3's "training-time test"), one per pass.
 
@@ -300,7 +305,7 @@ def unrolled_hidden(
         h = head.hidden_states(ids, prev, pos, mask if cache is not None else None, cache)
         out.append(h)
         if k + 1 < len(masks):
-            prev = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)  # the next pass reads these
+            prev = shift_right(h)  # the next pass reads these
     return out
 
 
@@ -325,7 +330,7 @@ def train_head(
     def loss_fn(model, b):
         feat, m = b["feat"], b["mask"]
         B, L = feat.shape[:2]
-        prev = torch.cat([torch.zeros_like(feat[:, :1]), feat[:, :-1]], dim=1)  # position j reads f_{j-1}
+        prev = shift_right(feat)  # position j reads f_{j-1}
         prev = prev + (torch.rand_like(prev) * 2 - 1) * noise * scale
         pos = torch.arange(L)[None].expand(B, -1)
         if L not in masks:
@@ -415,7 +420,7 @@ def evaluate_drafts(
         rows = slice(max(a - 1 - s, 0), e - s - 1)
         for name, m in drafts.items():
             if is_eagle_head(m):
-                prev = torch.cat([torch.zeros_like(h[:, :1]), h[:, :-1]], dim=1)
+                prev = shift_right(h)
                 logits, _ = m(ids, prev, torch.arange(ids.shape[1])[None], None, None)
                 q = torch.zeros_like(p)
                 q[:, m.token_ids] = torch.softmax(logits[0].float(), -1)
