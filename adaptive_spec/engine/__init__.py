@@ -5,9 +5,10 @@ without a plan it plays the plan tuned for the loaded pair (checked by model fin
 ``chain:2/block``; ``plan="autoregressive"`` (or None) is plain decoding with the target (the baseline).
 """
 
-from adaptive_spec.engine.engine import EngineState, GenerationResult, SpecEngine
+from adaptive_spec.engine.engine import SpecEngine
 from adaptive_spec.engine.logits import SamplingConfig, build_logits_processor
 from adaptive_spec.engine.metrics import GenerationStats
+from adaptive_spec.engine.outputs import EngineState, GenerationResult
 from adaptive_spec.planner.plan import Plan, Planner, StaticPlanner, StepResult, StepState
 
 __all__ = [

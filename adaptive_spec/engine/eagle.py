@@ -287,3 +287,10 @@ def _register() -> None:
 
 
 _register()
+
+
+def draft_runner(draft: Any, keep_hidden: bool = False, input_limit: int | None = None) -> ModelRunner:
+    """The draft's runner: an :class:`EagleRunner` for an EAGLE head, else a :class:`ModelRunner`."""
+    if is_eagle_head(draft):
+        return EagleRunner(draft, keep_hidden=keep_hidden)
+    return ModelRunner(draft, keep_hidden=keep_hidden, input_limit=input_limit)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -107,6 +109,15 @@ class PhaseTimer:
             self.totals[self._phase] += dt
             self.step[self._phase] += dt
         self._phase, self._t0 = phase, now
+
+    @contextmanager
+    def phase(self, phase: str) -> Iterator[None]:
+        """Time the block as ``phase``; the time after it counts as ``"other"`` until the next switch."""
+        self.switch(phase)
+        try:
+            yield
+        finally:
+            self.switch("other")
 
     def take_step(self) -> dict[str, float]:
         """This step's per-phase times, and reset them."""

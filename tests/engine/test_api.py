@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from adaptive_spec.engine.prompts import prompt_ids
 from tests.helpers.tiny import perturbed, tiny_model, tiny_tokenizer
 
 V = 48
@@ -57,14 +58,11 @@ class _BosTokenizer:
         return {"input_ids": [0] + [0 if w == "<bos>" else int(w[1:]) for w in words]}
 
 
-def test_no_double_bos(engine):
-    saved, engine.tokenizer = engine.tokenizer, _BosTokenizer()
-    try:
-        assert engine._prompt_ids("<bos> w5 w6") == [0, 5, 6]  # the text began with BOS: one BOS kept
-        assert engine._prompt_ids("w5 w6") == [0, 5, 6]
-    finally:
-        engine.tokenizer = saved
-    assert engine._prompt_ids({"input_ids": [0, 0, 5]}) == [0, 0, 5]  # explicit ids are taken as given
+def test_no_double_bos():
+    tok = _BosTokenizer()
+    assert prompt_ids("<bos> w5 w6", tok, 10) == [0, 5, 6]  # the text began with BOS: one BOS kept
+    assert prompt_ids("w5 w6", tok, 10) == [0, 5, 6]
+    assert prompt_ids({"input_ids": [0, 0, 5]}, tok, 10) == [0, 0, 5]  # explicit ids are taken as given
 
 
 def test_finish_reason(engine):
