@@ -75,10 +75,12 @@ def add_json_option(parser: argparse.ArgumentParser, what: str = "the results") 
 def add_profile_option(parser: argparse.ArgumentParser) -> None:
     """``--profile PATH``: the latency profile that feeds a selector's latency features."""
     parser.add_argument(
-        "--profile", default=None, metavar="PATH",
+        "--profile",
+        default=None,
+        metavar="PATH",
         help="latency profile for the selector's latency features (default: the selector's own profile beside its "
         "file, else data/profile/profile.json, else one measured on first use and cached in the user data folder)",
-    )  # fmt: skip
+    )
 
 
 def add_limit_option(parser: argparse.ArgumentParser, default: int | None = None, what: str = "prompts") -> None:
@@ -96,9 +98,12 @@ def add_out_dir_option(
     """
     shown = default_text if default_text is not None else str(default)
     parser.add_argument(
-        "--out", type=Path, default=default, metavar="DIR",
+        "--out",
+        type=Path,
+        default=default,
+        metavar="DIR",
         help=f"folder to write {files} into, created if missing (default: {shown})",
-    )  # fmt: skip
+    )
 
 
 def out_file(out: str | Path, name: str, verb: str) -> Path:

@@ -24,11 +24,31 @@ REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
 # Distribution names of the modules that only the extras install.
 EXTRA_DISTRIBUTIONS = (
-    "lightning", "jsonargparse", "onnx", "onnxscript", "scikit-learn", "optuna", "optuna-integration",
-    "matplotlib", "pyarrow", "psycopg2-binary",
-)  # fmt: skip
-GENERATE = ["generate", "--prompt", "def add(a, b):", "--max-new-tokens", "6", "--temperature", "0",
-            "--seed", "0", "--device", "cpu", "--json"]  # fmt: skip
+    "lightning",
+    "jsonargparse",
+    "onnx",
+    "onnxscript",
+    "scikit-learn",
+    "optuna",
+    "optuna-integration",
+    "matplotlib",
+    "pyarrow",
+    "psycopg2-binary",
+)
+GENERATE = [
+    "generate",
+    "--prompt",
+    "def add(a, b):",
+    "--max-new-tokens",
+    "6",
+    "--temperature",
+    "0",
+    "--seed",
+    "0",
+    "--device",
+    "cpu",
+    "--json",
+]
 
 
 def _name(requirement: str) -> str:
@@ -100,14 +120,19 @@ def test_a_built_wheel_ships_configs_and_runs_generate_without_extras(tmp_path):
     """Build the wheel, unpack it alone on the path, run `generate` from an unrelated folder."""
     src = tmp_path / "src"
     shutil.copytree(
-        REPO, src, ignore=shutil.ignore_patterns(".git", ".venv", "data", "build", "*.egg-info", "__pycache__",
-                                                 ".pytest_cache", ".ruff_cache"),
-    )  # fmt: skip
+        REPO,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", ".venv", "data", "build", "*.egg-info", "__pycache__", ".pytest_cache", ".ruff_cache"
+        ),
+    )
     dist = tmp_path / "dist"
     build = subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist), str(src)],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     (wheel,) = dist.glob("adaptive_spec-*.whl")
     with zipfile.ZipFile(wheel) as zf:
@@ -116,15 +141,22 @@ def test_a_built_wheel_ships_configs_and_runs_generate_without_extras(tmp_path):
         metadata = zf.read(meta_name).decode()
         zf.extractall(tmp_path / "site")
     shipped_files = (
-        "configs/plans/in-draft.yaml", "configs/selector/default.yaml", "configs/zoo/tiny.yaml",
-        "zoo/default/build_info.json", "zoo/default/target/model.safetensors", "planner/default_actions.yaml",
-    )  # fmt: skip
+        "configs/plans/in-draft.yaml",
+        "configs/selector/default.yaml",
+        "configs/zoo/tiny.yaml",
+        "zoo/default/build_info.json",
+        "zoo/default/target/model.safetensors",
+        "planner/default_actions.yaml",
+    )
     for shipped in shipped_files:
         assert f"adaptive_spec/{shipped}" in names, shipped
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     assert "License-Expression: Apache-2.0" in metadata
-    core = [line.split(":", 1)[1].strip() for line in metadata.splitlines()
-            if line.startswith("Requires-Dist:") and "extra ==" not in line]  # fmt: skip
+    core = [
+        line.split(":", 1)[1].strip()
+        for line in metadata.splitlines()
+        if line.startswith("Requires-Dist:") and "extra ==" not in line
+    ]
     assert core and not {_name(r) for r in core} & set(EXTRA_DISTRIBUTIONS), core
 
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}

@@ -70,10 +70,17 @@ class LabelTable:
         rows = np.asarray(rows, dtype=np.int64)
         pick = lambda x: None if x is None else x[rows]  # noqa: E731
         return LabelTable(
-            list(self.actions), self.features[rows], self.block_efficiency[rows], self.step_time_s[rows],
-            [self.run_id[i] for i in rows], [self.prompt_key[i] for i in rows], self.step[rows],
-            pick(self.draft_hidden), pick(self.target_hidden), dict(self.manifest),
-        )  # fmt: skip
+            list(self.actions),
+            self.features[rows],
+            self.block_efficiency[rows],
+            self.step_time_s[rows],
+            [self.run_id[i] for i in rows],
+            [self.prompt_key[i] for i in rows],
+            self.step[rows],
+            pick(self.draft_hidden),
+            pick(self.target_hidden),
+            dict(self.manifest),
+        )
 
 
 def write_labels(table: LabelTable, path: str | Path) -> Path:

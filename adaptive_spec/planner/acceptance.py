@@ -37,9 +37,9 @@ class AcceptanceModel:
     weights stored in the same file's metadata (``backend="numpy"``: numpy for batches, plain
     Python for the one row a chain decides per level), after a parity check against
     onnxruntime on a probe batch at load. The reason is cost: a decision is made once per draft
-    level, and right after the model forwards an onnxruntime call costs 150-200 µs (cold
-    caches), while the budget is 5% of a draft forward. ``bench e2e`` reports the measured
-    decision cost per level.
+    level, and right after the model forwards an onnxruntime call runs on cold caches and costs
+    a sizeable part of a small draft's forward, against a budget of 5%. ``bench e2e`` reports the
+    measured decision cost per level.
 
     Args:
         path: the ``.onnx`` file written by ``adaptive-spec selector acceptance``.
@@ -75,8 +75,9 @@ class AcceptanceModel:
             w = json.loads(meta["adaptive_spec.weights"])
             self._mean = np.asarray(w["mean"], dtype=np.float32)
             self._inv_std = (1.0 / np.asarray(w["std"], dtype=np.float32)).astype(np.float32)
-            self._layers = [(np.asarray(W, dtype=np.float32).T.copy(), np.asarray(b, dtype=np.float32))
-                            for W, b in w["layers"]]  # fmt: skip
+            self._layers = [
+                (np.asarray(W, dtype=np.float32).T.copy(), np.asarray(b, dtype=np.float32)) for W, b in w["layers"]
+            ]
             # The same network as Python floats, for single rows (a chain decides one node per
             # level), with the standardisation folded into the first layer.
             layers = [([list(r) for r in W], list(b)) for W, b in w["layers"]]

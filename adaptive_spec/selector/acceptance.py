@@ -70,9 +70,10 @@ class AcceptanceNet(nn.Module):
         """The network as plain lists (standardisation, then ``[W, b]`` per linear layer, ReLU between)."""
         linears = [m for m in self.mlp if isinstance(m, nn.Linear)]
         return {
-            "mean": self.mean.tolist(), "std": self.std.tolist(),
+            "mean": self.mean.tolist(),
+            "std": self.std.tolist(),
             "layers": [[m.weight.detach().cpu().tolist(), m.bias.detach().cpu().tolist()] for m in linears],
-        }  # fmt: skip
+        }
 
 
 # ---------------------------------------------------------------------------- collect
@@ -197,10 +198,16 @@ def train_acceptance(
     module = _lightning_module(net, lr, weight_decay)
     ckpt = ModelCheckpoint(dirpath=out / "checkpoints", monitor="val/loss", mode="min", save_top_k=1)
     trainer = L.Trainer(
-        max_epochs=epochs, accelerator="cpu", devices=1, deterministic=True, callbacks=[ckpt],
-        logger=L.pytorch.loggers.CSVLogger(out, name="lightning_logs"), enable_progress_bar=progress,
-        enable_model_summary=False, log_every_n_steps=10,
-    )  # fmt: skip
+        max_epochs=epochs,
+        accelerator="cpu",
+        devices=1,
+        deterministic=True,
+        callbacks=[ckpt],
+        logger=L.pytorch.loggers.CSVLogger(out, name="lightning_logs"),
+        enable_progress_bar=progress,
+        enable_model_summary=False,
+        log_every_n_steps=10,
+    )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*does not have many workers.*")
         trainer.fit(module, loader(tr, True), loader(va, False))
@@ -208,10 +215,15 @@ def train_acceptance(
     module.load_state_dict(best)
     net.eval()
     summary = {
-        "rows_train": int(tr.sum()), "rows_val": int(va.sum()), "epochs": epochs,
-        "best_val_loss": float(ckpt.best_model_score), "seed": seed, "hidden": hidden,
-        "split": "by generation", "val_groups": sorted(int(g) for g in np.unique(data["group"][va])),
-    }  # fmt: skip
+        "rows_train": int(tr.sum()),
+        "rows_val": int(va.sum()),
+        "epochs": epochs,
+        "best_val_loss": float(ckpt.best_model_score),
+        "seed": seed,
+        "hidden": hidden,
+        "split": "by generation",
+        "val_groups": sorted(int(g) for g in np.unique(data["group"][va])),
+    }
     return net, summary
 
 
@@ -228,9 +240,14 @@ def export_acceptance(net: AcceptanceNet, path: Path, training: dict[str, Any]) 
         warnings.simplefilter("ignore")
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
         program = torch.onnx.export(
-            net, (example,), input_names=["features"], output_names=["probs"],
-            dynamic_shapes={"x": {0: torch.export.Dim("batch")}}, dynamo=True, verbose=False,
-        )  # fmt: skip
+            net,
+            (example,),
+            input_names=["features"],
+            output_names=["probs"],
+            dynamic_shapes={"x": {0: torch.export.Dim("batch")}},
+            dynamo=True,
+            verbose=False,
+        )
     proto = program.model_proto
     meta = {
         "adaptive_spec.format": FORMAT,
@@ -266,8 +283,13 @@ def calibration(pred: np.ndarray, label: np.ndarray, bins: int = 10) -> dict[str
         if m.any():
             rows.append({"bin": k, "pred": float(pred[m].mean()), "label": float(label[m].mean()), "n": int(m.sum())})
             ece += m.mean() * abs(pred[m].mean() - label[m].mean())
-    return {"bins": rows, "ece": float(ece), "n": len(pred), "mean_pred": float(pred.mean()) if len(pred) else None,
-            "mean_label": float(label.mean()) if len(label) else None}  # fmt: skip
+    return {
+        "bins": rows,
+        "ece": float(ece),
+        "n": len(pred),
+        "mean_pred": float(pred.mean()) if len(pred) else None,
+        "mean_label": float(label.mean()) if len(label) else None,
+    }
 
 
 def calibration_report(net: AcceptanceNet, data: dict[str, np.ndarray], val: np.ndarray, out: Path) -> dict[str, Any]:
@@ -297,8 +319,12 @@ def calibration_report(net: AcceptanceNet, data: dict[str, np.ndarray], val: np.
         ax.plot([0, 1], [0, 1], color="grey", linestyle=":", label="perfect")
         for group, heads in report.items():
             b = heads[head]["bins"]
-            ax.plot([r["pred"] for r in b], [r["label"] for r in b], marker="o",
-                    label=f"{group} (ECE {heads[head]['ece']:.3f})")  # fmt: skip
+            ax.plot(
+                [r["pred"] for r in b],
+                [r["label"] for r in b],
+                marker="o",
+                label=f"{group} (ECE {heads[head]['ece']:.3f})",
+            )
         ax.set(xlabel="predicted probability", ylabel="mean soft label", title=title, xlim=(0, 1), ylim=(0, 1))
         ax.legend(fontsize=8)
     fig.suptitle("acceptance model calibration (validation generations)")

@@ -95,9 +95,15 @@ def export_net(
         warnings.simplefilter("ignore")  # exporter chatter about axis names and deprecated pytree classes
         logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
         program = torch.onnx.export(
-            model, (), kwargs=inputs, input_names=names, output_names=["logits"],
-            dynamic_shapes={k: {0: batch} for k in names}, dynamo=True, verbose=False,
-        )  # fmt: skip
+            model,
+            (),
+            kwargs=inputs,
+            input_names=names,
+            output_names=["logits"],
+            dynamic_shapes={k: {0: batch} for k in names},
+            dynamo=True,
+            verbose=False,
+        )
     proto = program.model_proto
     hidden_dims = {
         "draft_hidden": model.draft_hidden_dim if "draft_hidden" in names else 0,
@@ -181,8 +187,9 @@ def export_checkpoint(
         try:
             info = json.loads(Path(report_path).read_text())
         except (OSError, ValueError) as err:
-            raise ValueError(f"cannot read the training report {report_path} ({err}); pass --no-static-groups "
-                             "to export without it") from err  # fmt: skip
+            raise ValueError(
+                f"cannot read the training report {report_path} ({err}); pass --no-static-groups to export without it"
+            ) from err
         scored = info.get("checkpoint")
         if report is None and scored and Path(scored).name != ckpt.name:
             warnings.warn(f"{report_path} scored {scored}, not {ckpt}; its static groups are not used", stacklevel=2)
@@ -204,9 +211,13 @@ def export_checkpoint(
         "hparams": hparams,
     }
     info = export_net(
-        module.net, out, actions=list(spec["actions"]), manifest=spec.get("manifest"), training=training,
+        module.net,
+        out,
+        actions=list(spec["actions"]),
+        manifest=spec.get("manifest"),
+        training=training,
         check_batch=check_batch,
-    )  # fmt: skip
+    )
     return {**info, "static_groups": static_groups}
 
 

@@ -90,15 +90,22 @@ class SelectorDataModule(L.LightningDataModule):
         self.labels = Path(labels) if isinstance(labels, (str, Path)) else [Path(p) for p in labels]
         self.batch_size, self.num_workers = batch_size, num_workers
         self.train_split, self.val_split, self.spec = prepare(
-            read_label_sets(self.labels), val_fraction=val_fraction, seed=split_seed, labels=self.labels,
+            read_label_sets(self.labels),
+            val_fraction=val_fraction,
+            seed=split_seed,
+            labels=self.labels,
             max_actions=max_actions,
-        )  # fmt: skip
+        )
 
     def _loader(self, data: SelectorSplit, shuffle: bool) -> DataLoader:
         return DataLoader(
-            _SplitDataset(data), batch_size=self.batch_size, shuffle=shuffle, num_workers=self.num_workers,
-            collate_fn=_batched, persistent_workers=self.num_workers > 0,
-        )  # fmt: skip
+            _SplitDataset(data),
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            num_workers=self.num_workers,
+            collate_fn=_batched,
+            persistent_workers=self.num_workers > 0,
+        )
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_split, shuffle=True)
@@ -161,15 +168,24 @@ class SelectorModule(L.LightningModule):
             raise ValueError("use_hidden=True but the label table has no hidden states; relabel with them or set false")
         self.use_hidden = use_hidden
         self.net = SelectorNet(
-            int(data_spec["num_features"]), len(data_spec["actions"]), hd if use_hidden else 0, ht if use_hidden else 0,
-            proj_dim=proj_dim, hidden_sizes=tuple(hidden_sizes), dropout=dropout, clip=clip,
-        )  # fmt: skip
+            int(data_spec["num_features"]),
+            len(data_spec["actions"]),
+            hd if use_hidden else 0,
+            ht if use_hidden else 0,
+            proj_dim=proj_dim,
+            hidden_sizes=tuple(hidden_sizes),
+            dropout=dropout,
+            clip=clip,
+        )
         self.net.set_standardisation(data_spec["feature_mean"], data_spec["feature_std"])
         self.net.set_candidates(data_spec.get("candidates"))
         self.loss_args = {
-            "objective": objective, "tail_weight": tail_weight, "tail_fraction": tail_fraction,
-            "ce_weight": ce_weight, "ce_temperature": ce_temperature,
-        }  # fmt: skip
+            "objective": objective,
+            "tail_weight": tail_weight,
+            "tail_fraction": tail_fraction,
+            "ce_weight": ce_weight,
+            "ce_temperature": ce_temperature,
+        }
 
     @property
     def actions(self) -> list[str]:
@@ -194,8 +210,9 @@ class SelectorModule(L.LightningModule):
         oracle = value.argmax(dim=-1)  # the per-context best net value (the aggregate-optimal choice)
         # Sums for the aggregate ratio (tokens over time, as measured tokens/s is), logged at epoch end.
         static = batch["base_action"]
-        sums = torch.stack([be[rows, choice].sum(), st[rows, choice].sum(), be[rows, static].sum(),
-                            st[rows, static].sum()]).double()  # fmt: skip
+        sums = torch.stack(
+            [be[rows, choice].sum(), st[rows, choice].sum(), be[rows, static].sum(), st[rows, static].sum()]
+        ).double()
         self._val_sums = sums if getattr(self, "_val_sums", None) is None else self._val_sums + sums
         metrics = {
             "val/loss": loss,

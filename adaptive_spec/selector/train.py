@@ -38,20 +38,26 @@ class SelectorCLI(LightningCLI):
         parser.link_arguments("data.spec", "model.data_spec", apply_on="instantiate")
         parser.add_argument("--report", type=bool, default=True, help="write the training report after fitting")
         parser.add_argument(
-            "--baselines", type=list[str], default=list(BASELINES),
+            "--baselines",
+            type=list[str],
+            default=list(BASELINES),
             help=f"scikit-learn baselines in the report, from {list(BASELINES)} (empty: none)",
-        )  # fmt: skip
+        )
         parser.add_argument("--baseline_max_iter", type=int, default=100, help="boosting rounds / solver iterations")
         parser.add_argument(
-            "--min_gain", type=float, default=0.0,
+            "--min_gain",
+            type=float,
+            default=0.0,
             help="the exported selector plays the best static action in a sampling group unless the network's "
-                 "validation tokens/s, at the --gain_quantile of a bootstrap over validation prompts, is at least "
-                 "(1 + min_gain) x the static action's (report: static_groups); -1 disables the fallback",
-        )  # fmt: skip
+            "validation tokens/s, at the --gain_quantile of a bootstrap over validation prompts, is at least "
+            "(1 + min_gain) x the static action's (report: static_groups); -1 disables the fallback",
+        )
         parser.add_argument(
-            "--gain_quantile", type=float, default=0.1,
+            "--gain_quantile",
+            type=float,
+            default=0.1,
             help="quantile of the bootstrap that must clear 1 + min_gain (0.5: the median; default 0.1)",
-        )  # fmt: skip
+        )
 
     def instantiate_trainer(self, **kwargs: Any) -> L.Trainer:
         trainer = self.config.trainer
@@ -66,9 +72,14 @@ def main(args: list[str] | None = None) -> dict[str, Any] | None:
     # (sys.argv must stay as it is: DDP's launcher starts the other ranks with it.)
     warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
     cli = SelectorCLI(
-        SelectorModule, SelectorDataModule, run=False, args=args, save_config_kwargs={"overwrite": True},
-        trainer_defaults={"callbacks": [HistoryCallback()]}, parser_kwargs={"prog": "adaptive-spec selector train"},
-    )  # fmt: skip
+        SelectorModule,
+        SelectorDataModule,
+        run=False,
+        args=args,
+        save_config_kwargs={"overwrite": True},
+        trainer_defaults={"callbacks": [HistoryCallback()]},
+        parser_kwargs={"prog": "adaptive-spec selector train"},
+    )
     trainer, model, dm = cli.trainer, cli.model, cli.datamodule
     trainer.fit(model, datamodule=dm)
     run_dir = Path(trainer.log_dir or trainer.default_root_dir)  # a collective under DDP: every rank calls it
@@ -87,11 +98,18 @@ def main(args: list[str] | None = None) -> dict[str, Any] | None:
     if best:  # score the checkpoint the export will use
         model = SelectorModule.load_from_checkpoint(best, map_location="cpu")
     return build_report(
-        model, dm, run_dir / "report", history=history, checkpoint=best, trainer_info=trainer_info,
+        model,
+        dm,
+        run_dir / "report",
+        history=history,
+        checkpoint=best,
+        trainer_info=trainer_info,
         baselines=cli.config.baselines,
-        baseline_max_iter=cli.config.baseline_max_iter, seed=int(cli.config.seed_everything or 0),
-        min_gain=cli.config.min_gain, gain_quantile=cli.config.gain_quantile,
-    )  # fmt: skip
+        baseline_max_iter=cli.config.baseline_max_iter,
+        seed=int(cli.config.seed_everything or 0),
+        min_gain=cli.config.min_gain,
+        gain_quantile=cli.config.gain_quantile,
+    )
 
 
 @torch.no_grad()
@@ -155,9 +173,10 @@ def build_report(
     for g, q in bootstrap_quantiles(choices, val, gain_quantile, bootstrap, seed).items():
         groups[g]["agg_rel_tps_quantile"] = q
     static_groups = {
-        g: a for g, a in spec["best_static"].items()
+        g: a
+        for g, a in spec["best_static"].items()
         if min_gain >= 0 and (g not in groups or groups[g]["agg_rel_tps_quantile"] < 1 + min_gain)
-    }  # fmt: skip
+    }
     static_rows = np.isin(val.groups, list(static_groups)) if static_groups else np.zeros(len(val), bool)
     adaptive = np.where(static_rows, val.base_action, choices)
     scores = {"adaptive": score_choices(adaptive, val), **scores}

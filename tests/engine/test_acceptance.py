@@ -111,10 +111,17 @@ def test_engine_node_log_and_greedy_equality(tiny_engine: SpecEngine, tmp_path) 
 
 def _synthetic(n: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
-    x = np.stack([
-        rng.integers(1, 8, n), np.log(rng.uniform(0.01, 1, n)), rng.uniform(0.1, 1, n), rng.uniform(0, 4, n),
-        np.log(rng.uniform(0.001, 1, n)), rng.choice([0.0, 0.7, 1.0], n),
-    ], axis=1).astype(np.float32)  # fmt: skip
+    x = np.stack(
+        [
+            rng.integers(1, 8, n),
+            np.log(rng.uniform(0.01, 1, n)),
+            rng.uniform(0.1, 1, n),
+            rng.uniform(0, 4, n),
+            np.log(rng.uniform(0.001, 1, n)),
+            rng.choice([0.0, 0.7, 1.0], n),
+        ],
+        axis=1,
+    ).astype(np.float32)
     a = 1 / (1 + np.exp(-(3 * x[:, 2] + 0.8 * x[:, 1] - 1)))
     b = 1 / (1 + np.exp(-(2 * x[:, 2] - 0.5 * x[:, 3])))
     b[rng.uniform(size=n) < 0.2] = np.nan
@@ -155,10 +162,11 @@ def test_runtime_refuses_foreign_and_corrupt_files(tmp_path) -> None:
     from onnx import TensorProto, helper
 
     graph = helper.make_graph(
-        [helper.make_node("Identity", ["x"], ["y"])], "g",
+        [helper.make_node("Identity", ["x"], ["y"])],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 6])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 6])],
-    )  # fmt: skip
+    )
     onnx.save(helper.make_model(graph), tmp_path / "other.onnx")
     with pytest.raises(ValueError, match="not an acceptance model"):
         AcceptanceModel(tmp_path / "other.onnx")

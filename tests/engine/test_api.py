@@ -68,8 +68,7 @@ def test_no_double_bos():
 def test_finish_reason(engine):
     out = engine.generate([0, 5], max_new_tokens=3, temperature=0, plan="chain:2/block")
     assert out.finish_reason in ("length", "stop")
-    stopped = engine.generate([0, 5], max_new_tokens=20, temperature=0, plan="chain:2/block",
-                              stop=[out.token_ids[0]])  # fmt: skip
+    stopped = engine.generate([0, 5], max_new_tokens=20, temperature=0, plan="chain:2/block", stop=[out.token_ids[0]])
     assert stopped.finish_reason == "stop" and stopped.token_ids == out.token_ids[:1]
     full = engine.generate([0, 5], max_new_tokens=2, temperature=1.0, plan="chain:2/block", seed=0, stop=[])
     assert full.finish_reason == ("stop" if 1 in full.token_ids else "length")
@@ -82,15 +81,22 @@ def test_row_wise_logits_processors_are_applied_to_both_models(engine):
     procs = LogitsProcessorList([SuppressTokensLogitsProcessor(banned), MinPLogitsWarper(0.05)])
     for plan in ("autoregressive", "chain:3/block", "conf-chain:4:0.3/block", "iid:2x2/traversal"):
         for seed in range(3):
-            out = engine.generate([0, 5], max_new_tokens=12, temperature=1.0, plan=plan, seed=seed,
-                                  logits_processor=procs)  # fmt: skip
+            out = engine.generate(
+                [0, 5], max_new_tokens=12, temperature=1.0, plan=plan, seed=seed, logits_processor=procs
+            )
             assert not set(out.token_ids) & set(banned), plan
     # Greedy: the processed argmax, as transformers' generate computes it.
     ids = torch.tensor([[0, 5]])
-    ref = engine.target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8,
-                                 suppress_tokens=banned)[0, 2:].tolist()  # fmt: skip
-    got = engine.generate([0, 5], max_new_tokens=8, temperature=0, plan="chain:3/block",
-                          logits_processor=[SuppressTokensLogitsProcessor(banned)])  # fmt: skip
+    ref = engine.target.generate(
+        ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8, suppress_tokens=banned
+    )[0, 2:].tolist()
+    got = engine.generate(
+        [0, 5],
+        max_new_tokens=8,
+        temperature=0,
+        plan="chain:3/block",
+        logits_processor=[SuppressTokensLogitsProcessor(banned)],
+    )
     assert got.token_ids[: len(ref)] == ref
 
 
@@ -107,8 +113,13 @@ def test_history_dependent_processors_and_criteria_are_refused(engine):
 def test_stopping_criteria_cut_like_generate(engine):
     from transformers import MaxLengthCriteria, StoppingCriteriaList
 
-    out = engine.generate([0, 5], max_new_tokens=10, temperature=0, plan="chain:4/block",
-                          stopping_criteria=StoppingCriteriaList([MaxLengthCriteria(max_length=5)]))  # fmt: skip
+    out = engine.generate(
+        [0, 5],
+        max_new_tokens=10,
+        temperature=0,
+        plan="chain:4/block",
+        stopping_criteria=StoppingCriteriaList([MaxLengthCriteria(max_length=5)]),
+    )
     assert len(out.token_ids) == 3 and out.finish_reason == "stop"
     full = engine.generate([0, 5], max_new_tokens=10, temperature=0, plan="chain:4/block")
     assert out.token_ids == full.token_ids[:3]
@@ -117,8 +128,9 @@ def test_stopping_criteria_cut_like_generate(engine):
 def test_generation_config(engine):
     from transformers import GenerationConfig
 
-    greedy = engine.generate([0, 5], generation_config=GenerationConfig(do_sample=False, max_new_tokens=5),
-                             plan="chain:2/block")  # fmt: skip
+    greedy = engine.generate(
+        [0, 5], generation_config=GenerationConfig(do_sample=False, max_new_tokens=5), plan="chain:2/block"
+    )
     assert greedy.token_ids == engine.generate([0, 5], max_new_tokens=5, temperature=0, plan="chain:2/block").token_ids
     cfg = GenerationConfig(do_sample=True, temperature=0.7, top_k=10, top_p=0.9, max_new_tokens=6)
     a = engine.generate([0, 5], generation_config=cfg, seed=4, plan="chain:2/block")

@@ -86,8 +86,15 @@ def test_tiny_temperatures_are_refused_with_a_fix(engine):
 
 
 def test_numpy_scalars_are_accepted(engine):
-    out = engine.generate([0, 5], max_new_tokens=np.int64(4), temperature=np.float32(0.7), top_k=np.int64(10),
-                          top_p=np.float64(0.9), seed=np.int64(3), plan="chain:2/block")  # fmt: skip
+    out = engine.generate(
+        [0, 5],
+        max_new_tokens=np.int64(4),
+        temperature=np.float32(0.7),
+        top_k=np.int64(10),
+        top_p=np.float64(0.9),
+        seed=np.int64(3),
+        plan="chain:2/block",
+    )
     ref = engine.generate([0, 5], max_new_tokens=4, temperature=0.7, top_k=10, top_p=0.9, seed=3, plan="chain:2/block")
     assert out.token_ids == ref.token_ids
     assert engine.generate(np.array([0, 5]).tolist(), max_new_tokens=2, temperature=0).token_ids
@@ -201,8 +208,9 @@ def test_one_prompt_never_loses_the_benchmark(engine, capsys):
     assert "prompt 2 has 300 tokens" in capsys.readouterr().err
     assert res["runs"]["0"]["results"][0]["new_tokens"] == 16  # the two prompts that fit
     with pytest.raises(ValueError, match="exceeds the 256-token context window"):
-        measure(engine, ["w5", long_prompt], ["chain:2/block"], [0.0], 8, hf=False, progress=False,
-                long_prompts="error")  # fmt: skip
+        measure(
+            engine, ["w5", long_prompt], ["chain:2/block"], [0.0], 8, hf=False, progress=False, long_prompts="error"
+        )
 
     original = engine.generate
 

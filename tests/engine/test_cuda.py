@@ -98,8 +98,9 @@ def test_verifier_laws_on_cuda_tensors_with_a_cuda_generator(name):
     exact = Counter()
     for (node, _), prob in fixed_tree_law(REGISTRY[name].fn, tree, rows).items():
         exact[node] += prob
-    cuda_tree = type(tree)(tree.tokens, tree.parents, tree.depths, tree.draft_probs.float().to(CUDA),
-                           tree.child_draws, tree.shape)  # fmt: skip
+    cuda_tree = type(tree)(
+        tree.tokens, tree.parents, tree.depths, tree.draft_probs.float().to(CUDA), tree.child_draws, tree.shape
+    )
     cuda_rows = rows.float().to(CUDA)
     gen = torch.Generator(device=CUDA).manual_seed(7)
     n = 4000

@@ -139,8 +139,9 @@ def configured(models):
 
 def test_the_targets_generation_config_gives_the_defaults(configured):
     engine = configured
-    engine.target.generation_config = GenerationConfig(do_sample=True, temperature=0.7, top_k=10, top_p=0.9,
-                                                       max_new_tokens=7, eos_token_id=[V - 1])  # fmt: skip
+    engine.target.generation_config = GenerationConfig(
+        do_sample=True, temperature=0.7, top_k=10, top_p=0.9, max_new_tokens=7, eos_token_id=[V - 1]
+    )
     for seed in range(3):
         a = engine.generate([0, 5], seed=seed)
         b = engine.generate([0, 5], max_new_tokens=7, temperature=0.7, top_k=10, top_p=0.9, seed=seed, stop=[V - 1])
@@ -216,8 +217,14 @@ def test_device_map_loads_through_accelerate_and_decodes_the_same(pair_dir, tmp_
     plain = SpecEngine.from_pretrained(t, d)
     mapped = SpecEngine.from_pretrained(t, d, device_map="auto")
     assert mapped.target.device.type == "cpu" and mapped.draft.device == mapped.target.device
-    split = {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk", "model.norm": "cpu",
-             "model.rotary_emb": "cpu", "lm_head": "cpu"}  # fmt: skip
+    split = {
+        "model.embed_tokens": "cpu",
+        "model.layers.0": "cpu",
+        "model.layers.1": "disk",
+        "model.norm": "cpu",
+        "model.rotary_emb": "cpu",
+        "lm_head": "cpu",
+    }
     by_module = SpecEngine.from_pretrained(t, d, device_map=split, offload_folder=tmp_path / "offload")
     assert by_module.target.hf_device_map == split  # dispatched by accelerate, layer 1 read from disk
     assert by_module.target.model.layers[1].self_attn.q_proj.weight.device.type == "meta"
@@ -234,8 +241,11 @@ def test_device_map_loads_through_accelerate_and_decodes_the_same(pair_dir, tmp_
 def test_an_uncached_hub_name_fails_at_once_offline(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     start = time.perf_counter()
-    with pytest.raises(ValueError, match=r"target model 'nosuch-org/nosuch-model' is not a local directory nor in "
-                                         r"the Hugging Face cache, and the hub is offline"):  # fmt: skip
+    with pytest.raises(
+        ValueError,
+        match=r"target model 'nosuch-org/nosuch-model' is not a local directory nor in "
+        r"the Hugging Face cache, and the hub is offline",
+    ):
         SpecEngine.from_pretrained("nosuch-org/nosuch-model", "nosuch-org/nosuch-draft")
     assert time.perf_counter() - start < 30  # a generous guard: no retries, no downloads
 
@@ -248,13 +258,25 @@ def test_custom_generate_runs_the_engine_from_model_generate(models):
     ids = torch.tensor([[0, 5, 6]])
     mask = torch.ones_like(ids)
     ref = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10)
-    out = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10, assistant_model=draft,
-                          custom_generate=adaptive_spec.custom_generate_dir(), trust_remote_code=True,
-                          plan="chain:3/block")  # fmt: skip
+    out = target.generate(
+        ids,
+        attention_mask=mask,
+        do_sample=False,
+        max_new_tokens=10,
+        assistant_model=draft,
+        custom_generate=adaptive_spec.custom_generate_dir(),
+        trust_remote_code=True,
+        plan="chain:3/block",
+    )
     assert out.shape == ref.shape and torch.equal(out, ref)
     # transformers' own defaults apply (greedy unless do_sample=True, max_length 20) and the default plan runs.
-    out = target.generate(ids, attention_mask=mask, assistant_model=draft,
-                          custom_generate=adaptive_spec.custom_generate_dir(), trust_remote_code=True)  # fmt: skip
+    out = target.generate(
+        ids,
+        attention_mask=mask,
+        assistant_model=draft,
+        custom_generate=adaptive_spec.custom_generate_dir(),
+        trust_remote_code=True,
+    )
     assert torch.equal(out, target.generate(ids, attention_mask=mask))
     from adaptive_spec.hf import speculative_generate
 
@@ -268,8 +290,9 @@ def test_custom_generate_runs_the_engine_from_model_generate(models):
     with pytest.raises(ValueError, match="batches are not supported yet"):
         speculative_generate(target, torch.tensor([[0, 5], [0, 6]]), assistant_model=draft)
     with pytest.raises(ValueError, match="trust_remote_code"):
-        target.generate(ids, attention_mask=mask, assistant_model=draft,
-                        custom_generate=adaptive_spec.custom_generate_dir())  # fmt: skip
+        target.generate(
+            ids, attention_mask=mask, assistant_model=draft, custom_generate=adaptive_spec.custom_generate_dir()
+        )
 
 
 def test_cli_generate_plays_the_default_plan_and_fails_offline_in_one_line(pair_dir, monkeypatch, capsys):

@@ -22,8 +22,14 @@ from tests.helpers.tiny import tiny_model, tiny_tokenizer
 
 V = 8
 SAMPLING = SamplingConfig(temperature=0.9, top_k=6, top_p=1.0)
-PLANS = ["chain:4/block", "wor:2x3/traversal", "iid:2x2/specinfer", "delayed:1x2x2/gbv", "conf-chain:5:0.3/block",
-         "eagle:2:4:1:2:wor/traversal"]  # fmt: skip
+PLANS = [
+    "chain:4/block",
+    "wor:2x3/traversal",
+    "iid:2x2/specinfer",
+    "delayed:1x2x2/gbv",
+    "conf-chain:5:0.3/block",
+    "eagle:2:4:1:2:wor/traversal",
+]
 
 
 def make_head(target, draft_vocab: int, vocab_ids, seed: int = 0, init: float = 0.3) -> EagleHead:
@@ -132,8 +138,9 @@ def small_engine():
 def test_lossless_with_an_eagle_head(small_engine, plan, prompt) -> None:
     counts = torch.zeros(V, V, V, dtype=torch.long)
     for seed in range(1500):
-        out = small_engine.generate(prompt, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k,
-                                    plan=plan, seed=seed)  # fmt: skip
+        out = small_engine.generate(
+            prompt, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k, plan=plan, seed=seed
+        )
         counts[tuple(out.token_ids)] += 1
     law = exact_law(small_engine.target, SAMPLING, list(prompt), V)
     assert chi_square_pvalue(counts, law) > 1e-3

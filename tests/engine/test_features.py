@@ -73,23 +73,39 @@ def expected_features(target, draft, context, temperature, top_k, steps_before) 
         t = processed(t_logits[n - 2], temperature, top_k)
         d = processed(d_logits[n - 2], temperature, top_k)
         out.update(
-            target_entropy=entropy(t), draft_entropy=entropy(d), target_top1=float(t.max()),
-            kl_target_draft=float((t * (log(t) - log(d))).sum()), kl_draft_target=float((d * (log(d) - log(t))).sum()),
+            target_entropy=entropy(t),
+            draft_entropy=entropy(d),
+            target_top1=float(t.max()),
+            kl_target_draft=float((t * (log(t) - log(d))).sum()),
+            kl_draft_target=float((d * (log(d) - log(t))).sum()),
             l1_target_draft=float((t - d).abs().sum()),
-        )  # fmt: skip
+        )
     else:
-        out.update(dict.fromkeys(
-            ("target_entropy", "draft_entropy", "target_top1", "kl_target_draft", "kl_draft_target", "l1_target_draft"),
-            0.0,
-        ))  # fmt: skip
+        out.update(
+            dict.fromkeys(
+                (
+                    "target_entropy",
+                    "draft_entropy",
+                    "target_top1",
+                    "kl_target_draft",
+                    "kl_draft_target",
+                    "l1_target_draft",
+                ),
+                0.0,
+            )
+        )
     taus = [s.num_accepted for s in steps_before]
     ema = 0.0
     for i, tau in enumerate(taus):
         ema = tau if i == 0 else 0.3 * tau + 0.7 * ema
     out.update(
-        last_accepted=float(taus[-1]) if taus else 0.0, accepted_ema=ema, is_first_step=float(not taus),
-        context_length=float(n), temperature=float(temperature), top_p=1.0,
-    )  # fmt: skip
+        last_accepted=float(taus[-1]) if taus else 0.0,
+        accepted_ema=ema,
+        is_first_step=float(not taus),
+        context_length=float(n),
+        temperature=float(temperature),
+        top_p=1.0,
+    )
     return out
 
 
@@ -136,9 +152,13 @@ def test_features_match_full_forward_passes(models, plan: str, temperature: floa
 
 def test_features_with_top_k_hidden_states_latency_and_depth_zero_steps(models) -> None:
     out, cases = check_run(
-        models, ["chain:2/block", "chain:0", "delayed:1x2x1/traversal"], 0.7, top_k=5, hidden=True,
+        models,
+        ["chain:2/block", "chain:0", "delayed:1x2x1/traversal"],
+        0.7,
+        top_k=5,
+        hidden=True,
         latency=FakeLatency(),
-    )  # fmt: skip
+    )
     assert {s.plan.shape.depth for s in out.steps} >= {0, 2}
     assert cases["leaf"] > 0 and cases["expanded"] > 0
 

@@ -10,8 +10,17 @@ from adaptive_spec.planner import Plan
 from adaptive_spec.verifiers import REGISTRY
 from tests.helpers.tiny import perturbed, tiny_model
 
-SHAPES = ["chain:3", "iid:2x3", "delayed:1x2x2", "wor:2x2x1", "conf-chain:5:0.3", "cum-chain:6:0.2",
-          "conf-delayed:4:0.6:2", "eagle:3:8:2:2", "eagle:3:8:2:2:wor"]  # fmt: skip
+SHAPES = [
+    "chain:3",
+    "iid:2x3",
+    "delayed:1x2x2",
+    "wor:2x2x1",
+    "conf-chain:5:0.3",
+    "cum-chain:6:0.2",
+    "conf-delayed:4:0.6:2",
+    "eagle:3:8:2:2",
+    "eagle:3:8:2:2:wor",
+]
 NEW_TOKENS = 12
 
 
@@ -29,8 +38,10 @@ def _hf_greedy(model, prompt: list[int], n: int) -> list[int]:
 
 def _prompts(count: int, vocab: int, seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [[0, *torch.randint(3, vocab, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist()]
-            for _ in range(count)]  # fmt: skip
+    return [
+        [0, *torch.randint(3, vocab, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist()]
+        for _ in range(count)
+    ]
 
 
 @pytest.mark.parametrize(("kind", "num_prompts"), [("llama", 20), ("qwen2", 6), ("gpt2", 6)])

@@ -42,8 +42,9 @@ def test_greedy_equals_transformers(plan, draft) -> None:
     engine = SpecEngine(target, perturbed(target, 0.3, 12) if draft == "model" else _eagle(target))
     prompt = [3, 5, 2, 3, 5, 2, 3, 5]
     ref = target.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)[0, len(prompt) :].tolist()
-    out = engine.generate(prompt, max_new_tokens=40, temperature=0,
-                          plan=Alternate("chain:3/block") if plan == "alternate" else plan)  # fmt: skip
+    out = engine.generate(
+        prompt, max_new_tokens=40, temperature=0, plan=Alternate("chain:3/block") if plan == "alternate" else plan
+    )
     assert out.token_ids == ref
     assert sum(out.stats.accept_lengths) > 0  # looked-up tokens were accepted
 
@@ -64,8 +65,9 @@ def test_lossless_lookup(engine, plan) -> None:
     proposed = 0
     for seed in range(1500):
         p = Alternate("wor:2x1/traversal", "lookup:2/block") if plan == "alternate" else plan
-        out = engine.generate(prompt, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k,
-                              plan=p, seed=seed)  # fmt: skip
+        out = engine.generate(
+            prompt, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k, plan=p, seed=seed
+        )
         counts[tuple(out.token_ids)] += 1
         proposed += out.stats.tree_sizes[0] > 1
     assert proposed == 1500  # the first step always found "3 5 -> 3 5"

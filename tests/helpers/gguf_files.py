@@ -40,9 +40,15 @@ def write_llama_gguf(model, path: Path, tokens=TOKENS) -> Path:
     w.add_eos_token_id(1)
     sd = {k: v.float().numpy() for k, v in model.state_dict().items()}
     w.add_tensor("token_embd.weight", sd["model.embed_tokens.weight"])
-    names = {"input_layernorm": "attn_norm", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-             "post_attention_layernorm": "ffn_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down"}  # fmt: skip
+    names = {
+        "input_layernorm": "attn_norm",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "post_attention_layernorm": "ffn_norm",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}."
         w.add_tensor(f"blk.{i}.attn_q.weight", _permute(sd[p + "self_attn.q_proj.weight"], cfg.num_attention_heads))

@@ -35,10 +35,15 @@ def synthetic_labels(num_prompts: int = 24, steps: int = 16, seed: int = 0, hidd
     alpha = np.clip(base_alpha + 0.05 * rng.standard_normal(n), 0.02, 0.98) * np.where(temperature > 0, 0.9, 1.0)
     feats = {name: rng.standard_normal(n) for name in SCHEMA.names}  # noise columns
     feats.update(
-        l1_target_draft=2 * (1 - alpha), temperature=temperature, top_p=np.ones(n), context_length=20.0 + 5 * step,
-        is_first_step=(step == 0).astype(float), draft_ms=np.full(n, 1.5), target_ms=np.full(n, 8.0),
+        l1_target_draft=2 * (1 - alpha),
+        temperature=temperature,
+        top_p=np.ones(n),
+        context_length=20.0 + 5 * step,
+        is_first_step=(step == 0).astype(float),
+        draft_ms=np.full(n, 1.5),
+        target_ms=np.full(n, 8.0),
         target_ms_per_token=np.full(n, 0.3),
-    )  # fmt: skip
+    )
     features = np.stack([feats[name] for name in SCHEMA.names], axis=1).astype(np.float32)
     be = np.stack([block_efficiency(alpha, k, d) for k, d in _SHAPES], axis=1)
     be *= 1 + 0.01 * rng.standard_normal(be.shape)
@@ -50,8 +55,13 @@ def synthetic_labels(num_prompts: int = 24, steps: int = 16, seed: int = 0, hidd
         draft_hidden = rng.standard_normal((n, 8)).astype(np.float16)
         draft_hidden[:, 0] = (alpha * 4 - 2).astype(np.float16)
     return LabelTable(
-        actions=list(ACTIONS), features=features, block_efficiency=be.astype(np.float32),
-        step_time_s=step_time.astype(np.float32), run_id=["synthetic"] * n, prompt_key=[f"p{p:03d}" for p in prompt],
-        step=step.astype(np.int32), draft_hidden=draft_hidden, manifest={"source": "tests/selector/_synthetic.py",
-        "seed": seed},
-    )  # fmt: skip
+        actions=list(ACTIONS),
+        features=features,
+        block_efficiency=be.astype(np.float32),
+        step_time_s=step_time.astype(np.float32),
+        run_id=["synthetic"] * n,
+        prompt_key=[f"p{p:03d}" for p in prompt],
+        step=step.astype(np.int32),
+        draft_hidden=draft_hidden,
+        manifest={"source": "tests/selector/_synthetic.py", "seed": seed},
+    )

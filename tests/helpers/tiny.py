@@ -24,23 +24,40 @@ def tiny_model(
     common = {"vocab_size": vocab, "bos_token_id": 0, "eos_token_id": eos, "pad_token_id": 0}
     if kind == "llama":
         cfg = LlamaConfig(
-            hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=max_positions, initializer_range=init_range,
-            tie_word_embeddings=False, **common,
-        )  # fmt: skip
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=max_positions,
+            initializer_range=init_range,
+            tie_word_embeddings=False,
+            **common,
+        )
         cls = LlamaForCausalLM
     elif kind == "qwen2":
         cfg = Qwen2Config(
-            hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=max_positions, initializer_range=init_range,
-            tie_word_embeddings=False, use_sliding_window=False, **common,
-        )  # fmt: skip
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=layers,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=max_positions,
+            initializer_range=init_range,
+            tie_word_embeddings=False,
+            use_sliding_window=False,
+            **common,
+        )
         cls = Qwen2ForCausalLM
     elif kind == "gpt2":
         cfg = GPT2Config(
-            n_embd=hidden, n_layer=layers, n_head=4, n_positions=max_positions, initializer_range=init_range,
+            n_embd=hidden,
+            n_layer=layers,
+            n_head=4,
+            n_positions=max_positions,
+            initializer_range=init_range,
             **common,
-        )  # fmt: skip
+        )
         cls = GPT2LMHeadModel
     else:
         raise ValueError(kind)

@@ -96,9 +96,15 @@ actions: ["chain:1/token", "iid:2x2/gbv"]
     space = ActionSpace.from_yaml(path)
     assert space.name == "small"
     assert space.names == (
-        "chain:1/token", "chain:1/block", "chain:2/token", "chain:2/block",
-        "chain:2/traversal", "delayed:2x3x1/traversal", "wor:2x1/traversal", "iid:2x2/gbv",
-    )  # fmt: skip
+        "chain:1/token",
+        "chain:1/block",
+        "chain:2/token",
+        "chain:2/block",
+        "chain:2/traversal",
+        "delayed:2x3x1/traversal",
+        "wor:2x1/traversal",
+        "iid:2x2/gbv",
+    )
     assert space.index("delayed:2x3x0/traversal") == space.index("chain:2/traversal")
     assert "wor:1x1/traversal" in space and "chain:9/token" not in space and "not a plan" not in space
 
