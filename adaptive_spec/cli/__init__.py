@@ -59,6 +59,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.cli.bench_e2e",
         "end-to-end tokens/s of plans vs autoregressive and transformers' assisted generation",
     ),
+    ("bench", "spec-bench"): (
+        "adaptive_spec.cli.bench_spec_bench",
+        "Spec-Bench's six categories: every plan against autoregressive decoding and transformers' baselines",
+    ),
     ("bench", "verifiers"): (
         "adaptive_spec.cli.bench_verifiers",
         "exact block efficiency vs the LP limit per verifier, or (--speed) microseconds per verification",
