@@ -63,13 +63,14 @@ from adaptive_spec.engine.stopping import cut_at_stop, emit
 from adaptive_spec.formats.feature_log import prompt_key
 from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
 from adaptive_spec.trees import TreeShape, block_ancestors, block_positions
-from adaptive_spec.trees.lookup import lookup_tree, ngram_lookup
+from adaptive_spec.trees.lookup import lookup_tree, ngram_lookup, ngram_match
 from adaptive_spec.verifiers import REGISTRY, verify
 
 if TYPE_CHECKING:
     from adaptive_spec.formats.feature_log import FeatureLogger
 
 _log = logging.getLogger("adaptive_spec.engine")
+MAX_LOOKUP = 64  # the most looked-up tokens a planner is shown
 
 
 @dataclass
@@ -519,6 +520,9 @@ class SpecEngine:
     def _step_state(self, run: _Run, out: _StepOutput) -> StepState:
         """What the planner sees before a step: position, budget, the last step and the root features."""
         state, sampling, f = run.state, run.request.sampling, out.features
+        lookup, ngram = None, 0
+        if run.request.planner.needs_lookup:  # what a lookup step would draft now (cheap: no forward)
+            lookup, ngram = ngram_match(state.context, MAX_LOOKUP)
         return StepState(
             step=out.step,
             context_length=out.context_length,
@@ -530,6 +534,8 @@ class SpecEngine:
             draft_hidden=f.draft_hidden if f is not None else None,
             target_hidden=f.target_hidden if f is not None else None,
             top_p=float(sampling.top_p),
+            lookup=lookup,
+            lookup_ngram=ngram,
         )
 
     def _plan(self, run: _Run, step_state: StepState) -> Plan:

@@ -24,7 +24,7 @@ states also gets the models' last hidden states. :func:`as_planner` turns what
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -184,6 +184,9 @@ class StepState:
         draft_hidden: the draft's last hidden state at the root (1-D float tensor), or None.
         target_hidden: the target's last hidden state over the root token (1-D float tensor), or None.
         top_p: the nucleus mass of the sampling settings (1.0 = off).
+        lookup: what an n-gram lookup in the context proposes now (:mod:`adaptive_spec.trees.lookup`),
+            when the planner sets ``needs_lookup``; else None.
+        lookup_ngram: the length of the n-gram that matched (0: none).
     """
 
     step: int
@@ -196,6 +199,8 @@ class StepState:
     draft_hidden: Any = None
     target_hidden: Any = None
     top_p: float = 1.0
+    lookup: Sequence[int] | None = None
+    lookup_ngram: int = 0
 
 
 @dataclass(frozen=True)
@@ -225,11 +230,13 @@ class Planner:
     Attributes:
         needs_features: the engine computes the step's root features for :meth:`choose`.
         needs_hidden: it also passes the models' last hidden states.
+        needs_lookup: it also passes what an n-gram lookup in the context proposes.
         last_propensity: the probability with which the latest plan was chosen (None: not random).
     """
 
     needs_features: bool = False
     needs_hidden: bool = False
+    needs_lookup: bool = False
     last_propensity: float | None = None
 
     def choose(self, state: StepState) -> Plan | str:
@@ -264,6 +271,7 @@ class _DuckPlanner(Planner):
         self.observe = getattr(obj, "observe", None) or super().observe
         self.needs_features = bool(getattr(obj, "needs_features", False))
         self.needs_hidden = bool(getattr(obj, "needs_hidden", False))
+        self.needs_lookup = bool(getattr(obj, "needs_lookup", False))
         per_setting = getattr(obj, "needs_features_for", None)
         if per_setting is not None:
             self.needs_features_for = per_setting
@@ -285,6 +293,10 @@ def as_planner(plan: Any) -> Planner | None:
     """
     if plan is None or (isinstance(plan, str) and plan.strip() == AUTOREGRESSIVE):
         return None
+    if isinstance(plan, str) and plan.strip().startswith("source:"):  # the per-step source rule
+        from adaptive_spec.planner.sources import parse_source_rule
+
+        return parse_source_rule(plan.strip())
     if isinstance(plan, Planner):
         return plan
     if hasattr(plan, "choose"):

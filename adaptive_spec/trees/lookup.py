@@ -22,7 +22,7 @@ import torch
 from adaptive_spec.trees.shapes import TreeShape
 from adaptive_spec.trees.tree import DraftTree
 
-__all__ = ["lookup_tree", "ngram_lookup"]
+__all__ = ["lookup_tree", "ngram_lookup", "ngram_match"]
 
 
 def ngram_lookup(context: Sequence[int], max_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
@@ -32,8 +32,15 @@ def ngram_lookup(context: Sequence[int], max_tokens: int, max_ngram: int = 3, mi
     (an empty list when none does). The match may overlap the end of the context, but the
     continuation never reaches past it.
     """
+    return ngram_match(context, max_tokens, max_ngram, min_ngram)[0]
+
+
+def ngram_match(
+    context: Sequence[int], max_tokens: int, max_ngram: int = 3, min_ngram: int = 1
+) -> tuple[list[int], int]:
+    """``(continuation, n)``: :func:`ngram_lookup`'s tokens and the length of the n-gram that matched (0: none)."""
     if max_tokens <= 0 or len(context) < min_ngram + 1:
-        return []
+        return [], 0
     arr = np.asarray(context, dtype=np.int64)
     L = arr.shape[0]
     for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
@@ -42,8 +49,8 @@ def ngram_lookup(context: Sequence[int], max_tokens: int, max_ngram: int = 3, mi
         hits = np.flatnonzero((windows == tail).all(axis=1))
         if hits.size:
             start = int(hits[-1]) + n  # the most recent match
-            return arr[start : start + max_tokens].tolist()
-    return []
+            return arr[start : start + max_tokens].tolist(), n
+    return [], 0
 
 
 def lookup_tree(tokens: Sequence[int], vocab_size: int, device: torch.device | str | None = None) -> DraftTree:

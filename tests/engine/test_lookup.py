@@ -8,7 +8,8 @@ import torch
 from adaptive_spec.engine import SpecEngine
 from adaptive_spec.engine.eagle import EagleConfig, EagleHead
 from adaptive_spec.engine.logits import SamplingConfig
-from adaptive_spec.planner.plan import Plan
+from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_planner
+from adaptive_spec.planner.sources import SourceRule, parse_source_rule
 from tests.helpers.laws import chi_square_pvalue, exact_law
 from tests.helpers.tiny import perturbed, tiny_model
 
@@ -36,7 +37,7 @@ def _eagle(target):
 
 
 @pytest.mark.parametrize("draft", ["model", "eagle"])
-@pytest.mark.parametrize("plan", ["lookup:6/block", "lookup:3/token", "alternate"])
+@pytest.mark.parametrize("plan", ["lookup:6/block", "lookup:3/token", "alternate", "source:chain:3/block"])
 def test_greedy_equals_transformers(plan, draft) -> None:
     target = tiny_model("llama", vocab=8, hidden=16, eos=None, init_range=0.5, seed=11, layers=1)
     engine = SpecEngine(target, perturbed(target, 0.3, 12) if draft == "model" else _eagle(target))
@@ -58,13 +59,14 @@ def engine():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("plan", ["lookup:2/block", "alternate"])
+@pytest.mark.parametrize("plan", ["lookup:2/block", "alternate", "source"])
 def test_lossless_lookup(engine, plan) -> None:
     prompt = [3, 5, 3, 5]  # a repeat, so that the lookup proposes something
     counts = torch.zeros(V, V, V, dtype=torch.long)
     proposed = 0
     for seed in range(1500):
         p = Alternate("wor:2x1/traversal", "lookup:2/block") if plan == "alternate" else plan
+        p = SourceRule("wor:2x1/traversal", lookup_depth=2, min_ngram=1) if plan == "source" else p
         out = engine.generate(
             prompt, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k, plan=p, seed=seed
         )
@@ -82,3 +84,40 @@ def test_lookup_plan_strings() -> None:
         Plan.parse("lookup:x/block")
     with pytest.raises(ValueError, match="is not lossless"):
         Plan.parse("lookup:4/hsd")
+
+
+def _state(step: int, lookup: list[int], ngram: int) -> StepState:
+    return StepState(step, 10, step, 50, 1.0, lookup=lookup, lookup_ngram=ngram)
+
+
+def test_source_rule_choices() -> None:
+    rule = as_planner("source:chain:2/block")
+    assert isinstance(rule, SourceRule) and rule.needs_lookup and str(rule) == "source:chain:2/block"
+    assert str(rule.choose(_state(0, [4, 5, 6], 2))) == "lookup:3/block"  # a recurring bigram: look it up
+    assert str(rule.choose(_state(1, [4, 5, 6], 1))) == "chain:2/block"  # a repeated token only: the model
+    assert str(rule.choose(_state(1, [], 0))) == "chain:2/block"
+    long = [1] * 20
+    assert str(rule.choose(_state(1, long, 3))) == "lookup:8/block"  # at most lookup_depth tokens
+    # Looked-up tokens rejected twice: the running rate (1 -> 0.5 -> 0.25) falls below 0.3, so the model drafts.
+    for _ in range(2):
+        rule.observe(StepResult(Plan.parse("lookup:4/block"), 5, 0, (7,), False))
+    assert rule.rate == pytest.approx(0.25)
+    assert str(rule.choose(_state(2, [4, 5, 6], 3))) == "chain:2/block"
+    assert str(rule.choose(_state(0, [4, 5, 6], 3))) == "lookup:3/block"  # a new generation starts afresh
+    with pytest.raises(ValueError, match="must draft from the model"):
+        as_planner("source:lookup:4/block")
+    with pytest.raises(ValueError, match="not a source rule"):
+        parse_source_rule("chain:2/block")
+
+
+def test_the_engine_shows_the_planner_the_lookup(engine) -> None:
+    seen = []
+
+    class Spy(SourceRule):
+        def choose(self, state):
+            seen.append((list(state.lookup or ()), state.lookup_ngram))
+            return super().choose(state)
+
+    out = engine.generate([3, 5, 2, 3, 5], max_new_tokens=4, temperature=0, plan=Spy("chain:2/block"))
+    assert seen[0] == ([2, 3, 5], 2)  # "3 5" recurs: what followed it, to the end of the context
+    assert str(out.steps[0].plan) == "lookup:3/block"

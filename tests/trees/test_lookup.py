@@ -14,7 +14,7 @@ import torch
 from adaptive_spec.analysis.exact import completed_tv, output_law
 from adaptive_spec.analysis.instances import random_instance
 from adaptive_spec.trees import DraftLaw, DraftTree
-from adaptive_spec.trees.lookup import lookup_tree, ngram_lookup
+from adaptive_spec.trees.lookup import lookup_tree, ngram_lookup, ngram_match
 from adaptive_spec.verifiers import REGISTRY
 
 
@@ -25,6 +25,8 @@ def test_the_longest_most_recent_match_wins() -> None:
     assert ngram_lookup([4, 5, 6], 3) == []  # no earlier occurrence
     assert ngram_lookup([5, 5, 5, 5], 8) == [5]  # continuations stop at the end of the context
     assert ngram_lookup(ctx, 0) == [] and ngram_lookup([1], 4) == []
+    assert ngram_match(ctx, 2) == ([9, 9], 3) and ngram_match(ctx, 2, max_ngram=2) == ([7, 8], 2)
+    assert ngram_match([4, 5, 6], 3) == ([], 0)
 
 
 def test_lookup_tree_is_a_one_hot_chain() -> None:

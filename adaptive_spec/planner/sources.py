@@ -1,0 +1,97 @@
+"""Choosing the draft source per step: a looked-up run from the context, or the draft model.
+
+A lookup step (:mod:`adaptive_spec.trees.lookup`) costs no draft forward, and pays off where the
+text copies its context (summaries, answers from retrieved passages, code edits); elsewhere it
+proposes nothing the target accepts. :class:`SourceRule` is the rule-based baseline of the
+per-step choice: look up when the context's last n-gram recurs (with at least ``min_ngram``
+tokens) and looked-up tokens have recently been accepted; else play the model plan.
+
+The choice reads only the context and past steps (draft-side information), and each plan is
+verified by its own exact verifier, so every mix of sources is lossless
+(docs/algorithms.md §8).
+
+Plan strings: ``source:<model plan>``, e.g. ``source:chain:2/block`` or
+``source:conf-chain:6:0.3/block``; :func:`parse_source_rule` reads them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adaptive_spec.planner.plan import Plan, Planner, StepResult, StepState, as_plan
+
+SOURCE_PREFIX = "source:"
+
+
+class SourceRule(Planner):
+    """Lookup when the context's last n-gram recurs and lookups have been accepted lately, else the model plan.
+
+    Args:
+        model: the plan (or planner) of model steps.
+        lookup_depth: the most tokens a lookup step drafts.
+        min_ngram: the shortest recurring n-gram that triggers a lookup (1 looks up after any repeated token).
+        min_rate: a lookup step is tried while the running acceptance rate of looked-up tokens is at least this.
+        decay: weight of the past in that running rate (it starts at 1 with every generation).
+        verifier: the lookup steps' chain verifier.
+
+    Attributes:
+        needs_lookup: the engine fills :attr:`StepState.lookup` and :attr:`StepState.lookup_ngram`.
+    """
+
+    needs_lookup = True
+
+    def __init__(
+        self,
+        model: Plan | str | Planner,
+        lookup_depth: int = 8,
+        min_ngram: int = 2,
+        min_rate: float = 0.3,
+        decay: float = 0.5,
+        verifier: str = "block",
+    ) -> None:
+        self.model = model if isinstance(model, Planner) else as_plan(model)
+        self.lookup_depth, self.min_ngram, self.min_rate, self.decay = lookup_depth, min_ngram, min_rate, decay
+        self.verifier = verifier
+        self.rate = 1.0
+        self.needs_features = getattr(self.model, "needs_features", False)
+        self.needs_hidden = getattr(self.model, "needs_hidden", False)
+
+    def choose(self, state: StepState) -> Plan:
+        """The lookup plan when the rule says so, else the model's."""
+        if state.step == 0:
+            self.rate = 1.0  # a new generation
+        found = len(state.lookup or ())
+        if found and state.lookup_ngram >= self.min_ngram and self.rate >= self.min_rate:
+            return Plan.parse(f"lookup:{min(found, self.lookup_depth)}/{self.verifier}")
+        return as_plan(self.model.choose(state)) if isinstance(self.model, Planner) else self.model
+
+    def observe(self, result: StepResult) -> None:
+        """Update the running acceptance rate of looked-up tokens; pass model steps on to a model planner."""
+        if result.plan.source == "lookup":
+            drafted = max(result.num_nodes - 1, 1)
+            self.rate = self.decay * self.rate + (1 - self.decay) * result.num_accepted / drafted
+        elif isinstance(self.model, Planner):
+            self.model.observe(result)
+
+    def needs_features_for(self, temperature: float, top_p: float = 1.0) -> bool:
+        """The model planner's need for features at these settings."""
+        if isinstance(self.model, Planner):
+            return self.model.needs_features_for(temperature, top_p)
+        return False
+
+    def __str__(self) -> str:
+        return f"{SOURCE_PREFIX}{self.model}"
+
+
+def parse_source_rule(text: str, **kwargs: Any) -> SourceRule:
+    """``source:<model plan>`` as a :class:`SourceRule` (``kwargs`` go to it).
+
+    Raises:
+        ValueError: not a ``source:`` string, or a malformed model plan.
+    """
+    if not text.startswith(SOURCE_PREFIX):
+        raise ValueError(f"{text!r} is not a source rule; write source:<model plan>, e.g. source:chain:2/block")
+    model = as_plan(text[len(SOURCE_PREFIX) :])
+    if model.source != "model":
+        raise ValueError(f"{text!r}: the rule's model plan must draft from the model, not {model.source}")
+    return SourceRule(model, **kwargs)
