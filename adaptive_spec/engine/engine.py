@@ -44,7 +44,7 @@ from adaptive_spec.engine.drafting import (
     sample_categorical,
 )
 from adaptive_spec.engine.eagle import EagleRunner, draft_runner, is_eagle_head
-from adaptive_spec.engine.features import LatencyFeatures, RootFeatures, RootTracker
+from adaptive_spec.engine.features import LatencyFeatures, RootFeatures, RootTracker, planner_view
 from adaptive_spec.engine.logits import ProbsFn, build_logits_processor
 from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
 from adaptive_spec.engine.outputs import EngineState, GenerationResult
@@ -63,14 +63,13 @@ from adaptive_spec.engine.stopping import cut_at_stop, emit
 from adaptive_spec.formats.feature_log import prompt_key
 from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
 from adaptive_spec.trees import TreeShape, block_ancestors, block_positions
-from adaptive_spec.trees.lookup import lookup_tree, ngram_lookup, ngram_match
+from adaptive_spec.trees.lookup import lookup_tree, ngram_lookup
 from adaptive_spec.verifiers import REGISTRY, verify
 
 if TYPE_CHECKING:
     from adaptive_spec.formats.feature_log import FeatureLogger
 
 _log = logging.getLogger("adaptive_spec.engine")
-MAX_LOOKUP = 64  # the most looked-up tokens a planner is shown
 
 
 @dataclass
@@ -507,7 +506,7 @@ class SpecEngine:
             root = None
             if state.root is not None:  # the first draft forward runs before the planner chooses
                 root, out.features = self._root_features(run)
-            step_state = self._step_state(run, out)
+            step_state = planner_view(run.request, state, out.step, out.features)
             plan = self._plan(run, step_state)  # 1) plan
             out.propensity = planner.last_propensity
             out.result = self._speculative_step(run, plan, root, step_state.features)  # 2) draft ... 5) commit
@@ -516,27 +515,6 @@ class SpecEngine:
             planner.observe(out.result)
         state.stats.steps += 1
         return out
-
-    def _step_state(self, run: _Run, out: _StepOutput) -> StepState:
-        """What the planner sees before a step: position, budget, the last step and the root features."""
-        state, sampling, f = run.state, run.request.sampling, out.features
-        lookup, ngram = None, 0
-        if run.request.planner.needs_lookup:  # what a lookup step would draft now (cheap: no forward)
-            lookup, ngram = ngram_match(state.context, MAX_LOOKUP)
-        return StepState(
-            step=out.step,
-            context_length=out.context_length,
-            generated=len(state.generated),
-            remaining=run.request.budget - len(state.generated),
-            temperature=float(sampling.temperature),
-            last=state.steps[-1] if state.steps else None,
-            features=f.values if f is not None else None,
-            draft_hidden=f.draft_hidden if f is not None else None,
-            target_hidden=f.target_hidden if f is not None else None,
-            top_p=float(sampling.top_p),
-            lookup=lookup,
-            lookup_ngram=ngram,
-        )
 
     def _plan(self, run: _Run, step_state: StepState) -> Plan:
         """The planner's plan for this step, cut to the budget (the bonus token counts) and checked."""

@@ -32,12 +32,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from adaptive_spec.engine.drafting import check_finite
 from adaptive_spec.formats.features import SCHEMA
+from adaptive_spec.planner.plan import StepState
+from adaptive_spec.trees.lookup import ngram_match
+
+if TYPE_CHECKING:
+    from adaptive_spec.engine.outputs import EngineState
+    from adaptive_spec.engine.request import GenerationRequest
 
 DIST_NAMES = (
     "target_entropy",
@@ -225,3 +231,30 @@ class RootTracker:
             rest = host[n + 1 :].numpy().astype("float16")
             out.draft_hidden_host, out.target_hidden_host = rest[:hd], rest[hd:]
         return out
+
+
+MAX_LOOKUP = 64  # the most looked-up tokens a planner is shown
+
+
+def planner_view(request: GenerationRequest, state: EngineState, step: int, features: RootFeatures | None) -> StepState:
+    """What the planner sees before step ``step``: position, budget, the last step, the root features, and
+    (when the planner sets ``needs_lookup``) what a lookup in the context would draft now (no forward).
+    """
+    lookup, ngram = None, 0
+    if request.planner is not None and request.planner.needs_lookup:
+        lookup, ngram = ngram_match(state.context, MAX_LOOKUP)
+    f = features
+    return StepState(
+        step=step,
+        context_length=len(state.context),
+        generated=len(state.generated),
+        remaining=request.budget - len(state.generated),
+        temperature=float(request.sampling.temperature),
+        last=state.steps[-1] if state.steps else None,
+        features=f.values if f is not None else None,
+        draft_hidden=f.draft_hidden if f is not None else None,
+        target_hidden=f.target_hidden if f is not None else None,
+        top_p=float(request.sampling.top_p),
+        lookup=lookup,
+        lookup_ngram=ngram,
+    )
