@@ -7,7 +7,8 @@ autoregressive target baseline, each plan, and transformers' own assisted genera
 the autoregressive baseline, block efficiency (tokens per target decoding pass) and the ratio
 to HF assisted generation.
 
-Plans are plan strings (``chain:4/block``) or two names:
+Plans are plan strings (``chain:4/block``, ``lookup:8/block``, ``source:chain:2/block`` for the
+per-step choice between lookup and the model, :mod:`adaptive_spec.planner.sources`) or names:
 
 * ``adaptive``: the learned selector (:class:`~adaptive_spec.selector.runtime.AdaptivePlanner`)
   from ``--selector``, else the first of
@@ -408,6 +409,7 @@ def resolve_plans(
             ``best-static`` has no plan for a temperature.
     """
     from adaptive_spec.planner.plan import Plan
+    from adaptive_spec.planner.sources import SOURCE_PREFIX, parse_source_rule
     from adaptive_spec.selector.runtime import AdaptivePlanner, SelectorRuntime, find_selector
 
     names = list(dict.fromkeys(n.strip() for n in names if n.strip()))
@@ -436,6 +438,8 @@ def resolve_plans(
             source = in_draft_file if in_draft_file is not None else in_draft_path()
             plans[name] = {k: load_in_draft(t, source) for t, k in zip(temperatures, keys, strict=True)}
             info["in_draft"] = {"source": str(source), "plans": {k: str(p) for k, p in plans[name].items()}}
+        elif name.startswith(SOURCE_PREFIX):  # the per-step source rule over a model plan (a planner)
+            plans[name] = parse_source_rule(name)
         else:
             plans[str(Plan.parse(name))] = Plan.parse(name)
     return plans, info

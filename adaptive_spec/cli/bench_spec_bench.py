@@ -11,7 +11,7 @@ from pathlib import Path
 
 from adaptive_spec.options import add_model_options, add_profile_option, add_progress_option, add_temperatures_option
 
-DEFAULT_PLANS = "in-draft,lookup:8/block,chain:2/block,chain:4/block"
+DEFAULT_PLANS = "in-draft,chain:2/block,lookup:8/block,source:chain:2/block"
 DEFAULT_OUT = Path("data/bench/spec_bench")
 
 
