@@ -7,7 +7,7 @@ methods: a Bernoulli ``flip`` and a ``categorical`` draw. Two implementations ex
   the engine and the public ``verify`` use.
 * ``adaptive_spec.analysis.exact.Chooser`` enumerates every outcome of both choices with
   its exact probability. Running the *same* verifier code under it gives the exact law of
-  the verifier's output (reference §14, "probabilistic-program enumeration").
+  the verifier's output (docs/algorithms.md §9, "probabilistic-program enumeration").
 
 So the code that is exact-tested is the code that ships.
 """

@@ -1,4 +1,4 @@
-"""Exact laws by probabilistic-program enumeration (reference §14).
+"""Exact laws by probabilistic-program enumeration (docs/algorithms.md §9).
 
 A program is any function of a :class:`~adaptive_spec.rng.Sampler`; drafting
 (``sample_tree``) and every verifier are written against that interface. :func:`enumerate_law`
@@ -179,7 +179,7 @@ def target_joint(target_fn: ProbsFn, vocab: int, length: int) -> dict[tuple[int,
 def completed_tv(law: dict[tuple[int, ...], float], target_fn: ProbsFn, vocab: int, length: int) -> tuple[float, float]:
     """Complete each output to ``length`` tokens with target samples; return (TV, total mass).
 
-    TV = ½ Σ_s |P_completed(s) − p^n(s)| over all s in V^length (reference §14 item 3).
+    TV = ½ Σ_s |P_completed(s) − p^n(s)| over all s in V^length (docs/algorithms.md §9).
     """
     cache: dict[tuple[int, ...], list[float]] = {}
 

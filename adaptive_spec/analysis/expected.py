@@ -4,12 +4,13 @@ Used to label logged contexts offline (``adaptive-spec label``): the verifier's 
 integrated out exactly by running the shipped verifier under a collapsing enumerator, and by
 Monte Carlo only when the enumeration would be too long.
 
-The collapsing enumerator is the §14 :class:`~adaptive_spec.analysis.exact.Chooser` with one
+The collapsing enumerator is the exact test's :class:`~adaptive_spec.analysis.exact.Chooser`
+(docs/algorithms.md §9) with one
 change: a categorical draw branches only over the tokens that appear in the tree, plus one
 representative of all other tokens carrying their total mass. τ depends on a drawn token only
 through which tree node (if any) carries it, so the law of τ is unchanged, while the number of
 runs drops from O(V) per draw to O(tree size). For the top-down walks (SpecInfer, SpecTr, RRSw,
-NSS, naive) this gives exactly DDTE's Σ_nodes Π B(f, children, t) (reference §10); for
+NSS, naive) this gives exactly DDTE's Σ_nodes Π B(f, children, t) (docs/algorithms.md §8); for
 token-level, block, traversal and GBV verification the final draw never changes τ.
 """
 
@@ -199,7 +200,7 @@ def expected_block_efficiency(
         return greedy_block_efficiency(tree, target_probs), True
     if verifier == "token":
         return _token_be(tree, target_probs), True
-    if verifier in ("traversal", "block"):  # block = traversal on a chain (same law, reference §4)
+    if verifier in ("traversal", "block"):  # block = traversal on a chain (same law, docs/algorithms.md §4)
         if verifier == "block" and any(len(c) > 1 for c in tree.children):
             raise ValueError("block verification needs a chain")
         return _traversal_be(tree, target_probs), True

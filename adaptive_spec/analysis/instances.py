@@ -1,7 +1,7 @@
 """Small context-dependent (target, draft) instances for exact tests and benchmarks.
 
 Each context gets its own distributions, drawn from a generator seeded by a hash of
-(seed, model, context) (reference §14 item 2), so an instance is a pure function of its
+(seed, model, context) (docs/algorithms.md §9), so an instance is a pure function of its
 seed and needs no stored tables.
 """
 
@@ -28,7 +28,7 @@ class Instance:
 
 
 def toy_instance() -> Instance:
-    """The context-free toy of reference §3: p = (1/3, 2/3), q = (2/3, 1/3)."""
+    """A context-free toy instance: p = (1/3, 2/3) and q = (2/3, 1/3) at every position."""
     p = torch.tensor([1 / 3, 2 / 3], dtype=torch.float64)
     q = torch.tensor([2 / 3, 1 / 3], dtype=torch.float64)
     return Instance("toy", 2, lambda _c: p, lambda _c: q)

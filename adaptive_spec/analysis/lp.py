@@ -1,4 +1,4 @@
-"""The physical limit: the exact LP for the best lossless verifier (reference §11).
+"""The physical limit: the exact LP for the best lossless verifier (docs/algorithms.md §10).
 
 For every draft outcome ω (the ordered sequence of draws, which gives a verifier at least
 as much information as the merged tree) with probability π(ω), and every output

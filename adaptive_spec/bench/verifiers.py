@@ -4,7 +4,7 @@ Quality mode (default): for a fixed, seeded set of instance families (the toy; r
 Dirichlet instances at low, medium and high draft/target divergence with V in {2, 3}) and
 shapes (chains of length 2 and 3, i.i.d. trees with K in {2, 3}, delayed trees), every
 verifier's exact expected block efficiency (tokens per target call, by enumeration), the
-LP limit (reference §11) and their ratio.
+LP limit (docs/algorithms.md §10) and their ratio.
 
 Speed mode (``--speed``): microseconds per verification at V = 32,000 and 128,000 for trees
 of 8, 32 and 64 nodes, per verifier, on the chosen device.

@@ -22,7 +22,7 @@ the same order. Only the node numbering differs (here breadth first). Leaves (de
 
 At temperature 0 (``deterministic=True``) single-walker draws take the argmax and
 without-replacement draws the top-w tokens (deterministic top-k, fine for greedy
-verification, reference §2), while i.i.d. rollouts are still sampled so that they differ.
+verification, docs/algorithms.md §2), while i.i.d. rollouts are still sampled so that they differ.
 
 The first draft forward of a step, over the *pending* context tokens (those not yet in the
 draft cache, the root last), does not depend on the tree shape: :func:`draft_root` runs it on

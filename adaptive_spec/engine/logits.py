@@ -1,6 +1,6 @@
 """Sampling settings at the model boundary: ``GenerationConfig`` -> ``LogitsProcessorList`` -> probabilities.
 
-The same processors are applied to the draft's and the target's logits (reference §2: the
+The same processors are applied to the draft's and the target's logits (docs/algorithms.md §2: the
 distributions used for drafting and verification must be the ones actually sampled from).
 """
 

@@ -1,6 +1,6 @@
 """The selector network: a plain ``nn.Module`` (no Lightning), the one that is exported to ONNX.
 
-After DDTE's neural selector (Thomas et al., arXiv 2602.16994, App. E; see §10 of the verifier
+After DDTE's neural selector (Thomas et al., arXiv 2602.16994, App. E; see docs/algorithms.md §8 and the
 reference): each hidden-state block is projected to ``proj_dim`` and layer-normalised, the scalar
 features are standardised, everything is concatenated and an MLP gives one logit per action.
 Departures from the paper: two hidden blocks (draft and target at the root, the columns of

@@ -2,7 +2,7 @@
 
 A :class:`TreeShape` says *how* a draft tree is drawn from the draft model. Its
 :class:`DraftLaw` is the part of that description a verifier's losslessness depends on
-(reference §1: "the drafting law is part of the verifier's contract").
+(docs/algorithms.md §1: "the drafting law is part of the verifier's contract").
 
 Shapes are canonical: a shape that is, as a law, a single chain (``iid(1, L)``,
 ``delayed(t, 1, L)``, ``delayed(t, K, 0)``, ``without_replacement((1, 1))``) is built as
@@ -25,7 +25,7 @@ class DraftLaw(str, enum.Enum):
     IID = "iid"
     """K i.i.d. rollouts from the root; child draws kept with multiplicity."""
     DELAYED = "delayed"
-    """A single trunk path, then K i.i.d. rollouts from the trunk's end (DDTE, reference §10)."""
+    """A single trunk path, then K i.i.d. rollouts from the trunk's end (DDTE, docs/algorithms.md §8)."""
     WITHOUT_REPLACEMENT = "without_replacement"
     """k distinct children per node, drawn one after another without replacement."""
     # Dynamic laws: the tree grows level by level and a drafting policy

@@ -63,7 +63,7 @@ def positive_part(x: torch.Tensor) -> torch.Tensor:
 def normalized_or(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
     """``weights / sum(weights)``, or ``fallback`` when the weights are all zero.
 
-    The reference (§2) notes that an all-zero residual is never sampled by a correct
+    docs/algorithms.md §2 notes that an all-zero residual is never sampled by a correct
     verifier (it only arises with probability 0); the fallback keeps the code total.
     """
     total = float(weights.sum())
@@ -73,7 +73,7 @@ def normalized_or(weights: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor
 
 
 def accept_prob(target: float, draft: float) -> float:
-    """``min(1, target / draft)``, 0 when the draft probability is 0 (reference §2)."""
+    """``min(1, target / draft)``, 0 when the draft probability is 0 (docs/algorithms.md §2)."""
     if draft <= 0.0:
         return 0.0
     return min(1.0, target / draft)

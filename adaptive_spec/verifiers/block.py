@@ -1,4 +1,4 @@
-"""Block verification, BV (Sun et al., arXiv 2403.10444), reference §3.
+"""Block verification, BV (Sun et al., arXiv 2403.10444), docs/algorithms.md §3.
 
 Weights w_0 = 1, w_i = min(1, w_{i-1} p(x_i)/q(x_i)); block acceptance probabilities
 h_γ = w_γ and h_i = S_i / (S_i + 1 - w_i) with S_i = Σ_y (w_i p(y|x_≤i) - q(y|x_≤i))_+.
@@ -60,7 +60,7 @@ def block_verify_path(
         residuals[i] = residual
         s = float(residual.sum())
         denom = s + (1.0 - w[i])
-        return s / denom if denom > 0 else 0.0  # S = 0 and w = 1: p == q, h undefined, set 0 (§3)
+        return s / denom if denom > 0 else 0.0  # S = 0 and w = 1: p == q, h undefined, set 0 (docs/algorithms.md §3)
 
     for i in range(gamma - 1, 0, -1):
         # h_i <= w_i (S_i <= w_i), so the row pass is skipped whenever the uniform exceeds w_i.

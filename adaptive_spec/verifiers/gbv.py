@@ -1,4 +1,4 @@
-"""Greedy multi-path block verification, GBV (Thomas & Pal, arXiv 2602.16961), reference §8.
+"""Greedy multi-path block verification, GBV (Thomas & Pal, arXiv 2602.16961), docs/algorithms.md §6.
 
 Rank the tokens at a context c by the key (min(1, p(t|c)/q(t|c)), t), ascending, ties by
 token id. Among the K drafted paths take the best one in the lexicographic order of ranks
@@ -11,7 +11,7 @@ where F is the rank CDF of q(·|c), A the q-mass of paths ranked strictly below 
 prefix and x the q-mass of the prefix. BV on the chosen path with q replaced by q_skew is
 lossless, because BV is lossless for any chain drawn from a known autoregressive law.
 
-Departures from the authors' code (all exact, see reference §8): the difference of K-th
+Departures from the authors' code (all exact, see docs/algorithms.md §6): the difference of K-th
 powers is evaluated as z · Σ_j a^j b^(K−1−j), with no 1e-8 floor; one total order serves
 both the CDF and the choice of the best child; and tokens whose draft probability is below
 ``GBV_TAIL_PROB`` rank below all others by token id, so only the head of the vocabulary is

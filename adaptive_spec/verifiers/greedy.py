@@ -1,4 +1,4 @@
-"""Greedy verification (temperature 0), reference §2.
+"""Greedy verification (temperature 0), docs/algorithms.md §2.
 
 The target at temperature 0 is one-hot at argmax p. Take the longest root path whose every
 token equals the target's argmax at its parent, then emit the argmax at its end. Ties are

@@ -1,4 +1,4 @@
-"""Hierarchical Speculative Decoding, HSD (Zhou et al., arXiv 2601.05724), reference §9.
+"""Hierarchical Speculative Decoding, HSD (Zhou et al., arXiv 2601.05724), docs/algorithms.md §7.
 
 This is the single-draft "clever" rule as the official code implements it
 (``_speculative_sampling(..., backward=True, clever=True)`` in the authors' repository),
@@ -12,7 +12,7 @@ and draft joint probabilities of the prefix x_<k::
         s_k = Σ plus_k / max(Σ plus_k, Σ minus_k)  (s_0 = 1)
     k* = the largest k with U_k < s_k (backward scan); emit x_<k*, then Y ~ norm(plus_k*)
 
-**It is not lossless.** The exact test of reference §14 measures a completed-output total
+**It is not lossless.** The exact test of docs/algorithms.md §9 measures a completed-output total
 variation of about 0.04–0.11 from the target law (1/9 on the toy instance), so the registry
 marks it lossy and ``verify`` refuses it unless ``allow_lossy=True``.
 """

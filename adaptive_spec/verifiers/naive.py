@@ -1,6 +1,6 @@
-"""NaiveTree, reference §7 (DDTE App. B).
+"""NaiveTree, docs/algorithms.md §5 (DDTE App. B).
 
-Run the token-level test (§2) on the first drawn candidate only. If it is rejected, draw
+Run the token-level test (docs/algorithms.md §2) on the first drawn candidate only. If it is rejected, draw
 from norm((p − q)_+); that token may still be another child, and the walk continues there.
 Lossless whenever the first candidate is a draw from q: i.i.d., delayed and
 without-replacement trees.

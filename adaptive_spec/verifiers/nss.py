@@ -1,4 +1,4 @@
-"""Naive speculative sampling, NSS (SpecInfer), reference §7.
+"""Naive speculative sampling, NSS (SpecInfer), docs/algorithms.md §5.
 
 Ignore the draft: draw Y ~ p at the node and move to the child holding Y, if any. Lossless
 for any tree, deterministic ones included.

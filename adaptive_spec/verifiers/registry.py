@@ -45,7 +45,7 @@ class VerifierSpec:
         laws: drafting laws the verifier is lossless for (the exact tests check each one).
         lossless: False for verifiers that the exact test shows to be lossy.
         greedy_only: lossless only for a one-hot (temperature 0) target.
-        reference: section of ../shared/docs/verifiers.md.
+        reference: the section that derives it, e.g. ``"docs/algorithms.md §3"``.
     """
 
     name: str
@@ -59,17 +59,17 @@ class VerifierSpec:
 REGISTRY: dict[str, VerifierSpec] = {
     s.name: s
     for s in [
-        VerifierSpec("token", verify_token, _CHAIN, reference="§2"),
-        VerifierSpec("greedy", verify_greedy, _ALL, greedy_only=True, reference="§2"),
-        VerifierSpec("block", verify_block, _CHAIN, reference="§3"),
-        VerifierSpec("traversal", verify_traversal, _ALL, reference="§4"),
-        VerifierSpec("specinfer", verify_specinfer, _IID, reference="§5"),
-        VerifierSpec("rrsw", verify_rrsw, _ALL, reference="§5"),
-        VerifierSpec("spectr", verify_spectr, _IID, reference="§6"),
-        VerifierSpec("nss", verify_nss, _ALL, reference="§7"),
-        VerifierSpec("naive", verify_naive, _ALL, reference="§7"),
-        VerifierSpec("gbv", verify_gbv, _GBV, reference="§8"),
-        VerifierSpec("hsd", verify_hsd, frozenset({DraftLaw.CHAIN}), lossless=False, reference="§9"),
+        VerifierSpec("token", verify_token, _CHAIN, reference="docs/algorithms.md §2"),
+        VerifierSpec("greedy", verify_greedy, _ALL, greedy_only=True, reference="docs/algorithms.md §2"),
+        VerifierSpec("block", verify_block, _CHAIN, reference="docs/algorithms.md §3"),
+        VerifierSpec("traversal", verify_traversal, _ALL, reference="docs/algorithms.md §4"),
+        VerifierSpec("specinfer", verify_specinfer, _IID, reference="docs/algorithms.md §5"),
+        VerifierSpec("rrsw", verify_rrsw, _ALL, reference="docs/algorithms.md §5"),
+        VerifierSpec("spectr", verify_spectr, _IID, reference="docs/algorithms.md §5"),
+        VerifierSpec("nss", verify_nss, _ALL, reference="docs/algorithms.md §5"),
+        VerifierSpec("naive", verify_naive, _ALL, reference="docs/algorithms.md §5"),
+        VerifierSpec("gbv", verify_gbv, _GBV, reference="docs/algorithms.md §6"),
+        VerifierSpec("hsd", verify_hsd, frozenset({DraftLaw.CHAIN}), lossless=False, reference="docs/algorithms.md §7"),
     ]
 }
 
@@ -93,7 +93,7 @@ def check_compatible(name: str, law: DraftLaw, *, allow_lossy: bool = False) -> 
     spec = get_verifier(name)
     if not spec.lossless and not allow_lossy:
         raise IncompatibleTreeError(
-            f"verifier {name!r} is not lossless (its exact test fails, see reference {spec.reference}); "
+            f"verifier {name!r} is not lossless (its exact test fails, see {spec.reference}); "
             "pass allow_lossy=True to use it anyway"
         )
     if law not in spec.laws:

@@ -1,6 +1,6 @@
 """The node solver of recursive rejection sampling, shared by SpecInfer's multi-step speculative
 sampling (with replacement, :mod:`~adaptive_spec.verifiers.specinfer`) and RRSw / RSD (without
-replacement, :mod:`~adaptive_spec.verifiers.rrsw`). Reference §5.
+replacement, :mod:`~adaptive_spec.verifiers.rrsw`). docs/algorithms.md §5.
 
 Node solver, for candidates x_1..x_k at a node with target p and draft q::
 

@@ -1,5 +1,5 @@
 """RRSw / RSD: recursive rejection sampling over distinct candidates drawn one after another
-without replacement. Reference §5; the node solver is :func:`~adaptive_spec.verifiers.rrs.rrs_solve`.
+without replacement. docs/algorithms.md §5; the node solver is :func:`~adaptive_spec.verifiers.rrs.rrs_solve`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """SpecInfer's multi-step speculative sampling: recursive rejection sampling over i.i.d.
-candidates, taken with multiplicity (with replacement). Reference §5; the node solver is
+candidates, taken with multiplicity (with replacement). docs/algorithms.md §5; the node solver is
 :func:`~adaptive_spec.verifiers.rrs.rrs_solve`.
 """
 

@@ -1,4 +1,4 @@
-"""SpecTr K-SEQ with ρ* (Sun et al., arXiv 2310.15141), reference §6.
+"""SpecTr K-SEQ with ρ* (Sun et al., arXiv 2310.15141), docs/algorithms.md §5.
 
 Node solver for k i.i.d. candidates::
 

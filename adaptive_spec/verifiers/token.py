@@ -1,6 +1,6 @@
 """Token-level speculative sampling on a chain (Leviathan et al. 2023; Chen et al. 2023).
 
-Reference §2. Each drafted token x_i is accepted with probability min(1, p(x_i)/q(x_i));
+docs/algorithms.md §2. Each drafted token x_i is accepted with probability min(1, p(x_i)/q(x_i));
 at the first rejection a recovered token is drawn from norm((p - q)_+) at that node; if all
 γ tokens are accepted, a bonus token is drawn from p at the leaf.
 """

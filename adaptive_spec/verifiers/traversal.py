@@ -1,4 +1,4 @@
-"""Traversal verification, TV (Weng et al., arXiv 2505.12398), reference §4.
+"""Traversal verification, TV (Weng et al., arXiv 2505.12398), docs/algorithms.md §4.
 
 Post-order traversal of the tree, bottom-up. Each surviving node n carries a target row
 Mb[n] (initially p(·|n)), a draft row Ms[n] (initially q(·|n)) and a weight
@@ -16,7 +16,7 @@ touched, a recovered token otherwise).
 Lossless for chains (where it equals BV), for trees drawn without replacement, and for
 i.i.d. trees with duplicates merged (children in order of first appearance).
 
-w is never clamped with an epsilon (reference §4). Speed at large vocabularies (§4 "Complexity"):
+w is never clamped with an epsilon (docs/algorithms.md §4). Speed at large vocabularies:
 rows are never copied up front. A node's Mb row is the target's own row until its first
 rejection, then the residual vector; its Ms row is the draft's own row plus the set of tokens
 zeroed so far and a scale. A rejection costs three passes over the vocabulary in the rows'
@@ -53,7 +53,7 @@ def traversal_impl(
 
     Only the defaults are lossless. ``zero_rejected=False`` (not removing the rejected token
     from the parent's draft row) and ``parent_rule="remaining_mass"`` (w ← min(1, S / the
-    remaining draft mass)) are the lossy variants of reference §14 item 5, kept so the
+    remaining draft mass)) are the lossy variants the exact test (docs/algorithms.md §9) rejects, kept so the
     exact tests can show that they are caught.
     """
     n_nodes = tree.num_nodes

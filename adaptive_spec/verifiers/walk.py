@@ -1,4 +1,4 @@
-"""The top-down tree walk shared by the OT-based verifiers (reference §5, "Tree walk").
+"""The top-down tree walk shared by the OT-based verifiers (docs/algorithms.md §5).
 
 Start at the root and call the node-level solver on the node's candidates. If the token it
 returns is a child, move there and repeat; otherwise stop and emit it. At a leaf, emit a

@@ -1,4 +1,4 @@
-"""Instance and shape grids shared by the verifier tests (reference §14 item 2 and 4)."""
+"""Instance and shape grids shared by the verifier tests (docs/algorithms.md §9)."""
 
 from __future__ import annotations
 

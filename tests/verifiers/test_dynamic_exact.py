@@ -1,7 +1,7 @@
 """Exact losslessness on trees grown by a drafting policy, and the negative controls that must fail.
 
 The enumerator runs the reference drafter (``sample_policy_tree``) under its chooser, so every
-random decision of a policy is enumerated together with the draws (reference §14 item 1).
+random decision of a policy is enumerated together with the draws (docs/algorithms.md §9).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Exact losslessness: the completed output law equals the target law (reference §14)."""
+"""Exact losslessness: the completed output law equals the target law (docs/algorithms.md §9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""E[τ+1] on a fixed tree by the collapsing enumerator equals the full §14 enumeration."""
+"""E[τ+1] on a fixed tree by the collapsing enumerator equals the full enumeration (docs/algorithms.md §9)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
-"""Block-efficiency identities, closed forms and LP cross-checks (reference §11, §14)."""
+"""Block-efficiency identities, closed forms and LP cross-checks.
+
+The LP limit: docs/algorithms.md §10; the exact test: docs/algorithms.md §9.
+"""
 
 from __future__ import annotations
 
@@ -72,7 +75,7 @@ def test_node_solvers_with_one_child_equal_token_level(name, inst):
 
 def test_toy_block_efficiencies_match_the_reference():
     toy = toy_instance()
-    expected = {  # reference §13, exact enumeration rows
+    expected = {  # exact enumeration rows (the enumerator of docs/algorithms.md §9)
         ("token", 1): 19 / 9,
         ("block", 1): 20 / 9,
         ("specinfer", 2): 2.3333,
@@ -113,7 +116,7 @@ def _acceptance(name, k, inst):
     return sum(prob for out, prob in law.items() if len(out) == 2)
 
 
-def _specinfer_closed_form(p, q, k):  # DDTE App. C Alg. 9, restated in reference §5
+def _specinfer_closed_form(p, q, k):  # DDTE App. C Alg. 9, restated in docs/algorithms.md §5
     rej, m = 1.0, torch.ones_like(p)
     for _ in range(k):
         r = float(torch.minimum(p, q).sum())
@@ -124,7 +127,7 @@ def _specinfer_closed_form(p, q, k):  # DDTE App. C Alg. 9, restated in referenc
     return (1 - rej) + rej * float((p * (1 - m)).sum())
 
 
-def _spectr_closed_form(p, q, k):  # DDTE App. C Alg. 8, restated in reference §6
+def _spectr_closed_form(p, q, k):  # DDTE App. C Alg. 8, restated in docs/algorithms.md §5
     rho = spectr_rho(p, q, k)
     mins = torch.minimum(p / rho, q)
     beta = float(mins.sum())

@@ -1,4 +1,4 @@
-"""The exact harness must catch the lossy variants of reference §14 item 5."""
+"""The exact harness must catch the lossy variants of docs/algorithms.md §9."""
 
 from __future__ import annotations
 
@@ -50,6 +50,6 @@ def test_hsd_clever_is_lossy_as_the_reference_measures():
     toy = toy_instance()
     law = output_law(REGISTRY["hsd"].fn, TreeShape.chain(2), toy.draft_fn, toy.target_fn)
     tv, _ = completed_tv(law, toy.target_fn, 2, 3)
-    assert tv == pytest.approx(1 / 9, abs=1e-12)  # reference §9: TV = 1/9 on the toy
+    assert tv == pytest.approx(1 / 9, abs=1e-12)  # docs/algorithms.md §7: TV = 1/9 on the toy
     assert _max_tv(REGISTRY["hsd"].fn, TreeShape.chain(2), INSTANCES) > CAUGHT
     assert _max_tv(REGISTRY["hsd"].fn, TreeShape.chain(3), INSTANCES[:3]) > CAUGHT

@@ -1,4 +1,4 @@
-"""Property tests over degenerate rows (reference §14, "edge-case rows")."""
+"""Property tests over degenerate rows (docs/algorithms.md §9)."""
 
 from __future__ import annotations
 
