@@ -15,7 +15,6 @@ Standard library only, so any command module may import it.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 __all__ = [
@@ -106,27 +105,22 @@ def add_out_dir_option(
     )
 
 
-def out_file(out: str | Path, name: str, verb: str) -> Path:
+def out_file(out: str | Path, name: str) -> Path:
     """The file ``name`` that a verb writes into its ``--out`` folder ``out``, which is created.
-
-    For one release, an ``out`` whose suffix is ``name``'s (the file type ``--out`` took before it
-    meant a folder: ``.parquet``, ``.jsonl``, ``.onnx``, ``.json``) is still that exact file: it is
-    returned as given (its parent folder created), after one deprecation warning line on stderr.
 
     Args:
         out: the ``--out`` value.
         name: the file's fixed name in the folder, e.g. ``labels.parquet``.
-        verb: the command, for the warning (``"selector export"``).
+
+    Raises:
+        ValueError: ``out`` ends with ``name``'s suffix (``.parquet``, ``.jsonl``, ``.onnx``, ``.json``):
+            ``--out`` names a folder, and the message says which to pass.
     """
     out = Path(out)
     suffix = Path(name).suffix
     if suffix and out.suffix == suffix:
-        print(
-            f"warning: `{verb} --out {out}`: --out is now a folder, the {suffix} file form goes in the next "
-            f"release; pass --out {out.parent} to write {out.parent / name}",
-            file=sys.stderr,
+        raise ValueError(
+            f"--out is a folder, not a {suffix} file: pass --out {out.parent} to write {out.parent / name}"
         )
-        out.parent.mkdir(parents=True, exist_ok=True)
-        return out
     out.mkdir(parents=True, exist_ok=True)
     return out / name

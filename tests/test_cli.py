@@ -99,13 +99,9 @@ def test_user_errors_inside_a_verb_become_one_line(tmp_path):
         main(["zoo", "build", "--config", str(tmp_path / "missing.yaml"), "--out", str(tmp_path / "pair")])
 
 
-def test_old_spellings_still_work_with_a_deprecation_note(capsys):
-    with pytest.raises(SystemExit) as exc:
+def test_old_spellings_are_gone(capsys):
+    with pytest.raises(SystemExit, match=r"unknown command 'export-selector'; run `adaptive-spec --help`"):
         main(["export-selector", "--help"])
-    assert exc.value.code == 0
-    captured = capsys.readouterr()
-    assert "usage: adaptive-spec selector export" in captured.out
-    assert "`adaptive-spec export-selector` is deprecated" in captured.err and "selector export" in captured.err
 
 
 # ----------------------------------------------------------------------------- commands called from Python
@@ -168,18 +164,16 @@ def test_a_bad_option_is_one_line_with_exit_status_2(capsys):
 
 
 # ----------------------------------------------------------------------------- --out is a folder
-def test_out_file_is_a_file_in_the_folder_and_an_old_file_suffix_still_works(tmp_path, capsys):
+def test_out_file_is_a_file_in_the_folder_and_a_file_suffix_is_refused(tmp_path, capsys):
     from adaptive_spec.options import out_file
 
-    assert out_file(tmp_path / "new" / "dir", "labels.parquet", "label") == tmp_path / "new" / "dir" / "labels.parquet"
+    assert out_file(tmp_path / "new" / "dir", "labels.parquet") == tmp_path / "new" / "dir" / "labels.parquet"
     assert (tmp_path / "new" / "dir").is_dir() and capsys.readouterr().err == ""
     old = tmp_path / "old" / "mine.parquet"
-    assert out_file(old, "labels.parquet", "label") == old  # the old file form: that exact file
-    assert old.parent.is_dir() and not old.exists()
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("warning: `label --out ") and "--out is now a folder" in err[0]
-    assert f"pass --out {old.parent}" in err[0]
-    assert out_file(tmp_path / "v1.0", "selector.onnx", "selector export") == tmp_path / "v1.0" / "selector.onnx"
+    with pytest.raises(ValueError, match=rf"--out is a folder, not a .parquet file: pass --out {old.parent} to"):
+        out_file(old, "labels.parquet")
+    assert not old.parent.exists()  # nothing created
+    assert out_file(tmp_path / "v1.0", "selector.onnx") == tmp_path / "v1.0" / "selector.onnx"
 
 
 def test_zoo_prompts_out_is_a_folder_of_split_files(tmp_path, monkeypatch, capsys):
@@ -192,10 +186,10 @@ def test_zoo_prompts_out_is_a_folder_of_split_files(tmp_path, monkeypatch, capsy
     assert main(["zoo", "prompts", "heldout2", "--count", "1", "--out", str(tmp_path / "sets")]) == 0
     assert sorted(p.name for p in (tmp_path / "sets").iterdir()) == ["heldout2.jsonl", "train.jsonl"]
     assert "warning" not in capsys.readouterr().err
-    old = tmp_path / "old.jsonl"  # the old file form still works, with a warning
-    assert main(["zoo", "prompts", "train", "--count", "2", "--out", str(old)]) == 0
-    assert len(old.read_text().splitlines()) == 2 and not (tmp_path / "train.jsonl").exists()
-    assert "--out is now a folder" in capsys.readouterr().err
+    old = tmp_path / "old.jsonl"  # the old file form: one line saying what to pass
+    with pytest.raises(SystemExit, match=r"^adaptive-spec zoo prompts: error: --out is a folder, not a .jsonl file"):
+        main(["zoo", "prompts", "train", "--count", "2", "--out", str(old)])
+    assert not old.exists() and not (tmp_path / "train.jsonl").exists()
 
 
 def test_selector_export_out_is_a_folder(tmp_path, monkeypatch, capsys):
@@ -213,9 +207,9 @@ def test_selector_export_out_is_a_folder(tmp_path, monkeypatch, capsys):
     assert main(["selector", "export", str(ckpt), "--out", str(tmp_path / "sel"), "--latency-decisions", "0"]) == 0
     assert written == [tmp_path / "sel" / "selector.onnx"] and written[0].read_bytes() == b"onnx"
     assert json.loads(capsys.readouterr().out)["path"] == str(tmp_path / "sel" / "selector.onnx")
-    assert main(["selector", "export", str(ckpt), "--out", str(tmp_path / "old.onnx"), "--latency-decisions", "0"]) == 0
-    assert written[-1] == tmp_path / "old.onnx" and (tmp_path / "old.onnx").read_bytes() == b"onnx"
-    assert "--out is now a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"--out is a folder, not a \.onnx file"):
+        main(["selector", "export", str(ckpt), "--out", str(tmp_path / "old.onnx"), "--latency-decisions", "0"])
+    assert len(written) == 1 and not (tmp_path / "old.onnx").exists()
     monkeypatch.chdir(tmp_path)  # the default folder: data/selector, where the demo and generate look
     assert main(["selector", "export", str(ckpt), "--latency-decisions", "0"]) == 0
     assert written[-1] == Path("data/selector/selector.onnx") and (tmp_path / "data/selector/selector.onnx").exists()
@@ -237,9 +231,10 @@ def test_profile_out_is_a_folder_with_profile_json_and_its_plot(tmp_path, monkey
     assert json.loads((tmp_path / "p/profile.json").read_text()) == json.loads(json.dumps(profile))
     assert (tmp_path / "p/profile.png").read_bytes()[:4] == b"\x89PNG"
     assert "warning" not in capsys.readouterr().err
-    assert main(["profile", "--no-progress", "--no-plot", "--out", "mine.json"]) == 0
-    assert json.loads((tmp_path / "mine.json").read_text())["contexts"] == profile["contexts"]
-    assert "--out is now a folder" in capsys.readouterr().err
+    monkeypatch.setattr(verb, "measure_profile", lambda *a, **k: pytest.fail("measured before checking --out"))
+    with pytest.raises(SystemExit, match=r"--out is a folder, not a \.json file: pass --out \. to write profile\.json"):
+        main(["profile", "--no-progress", "--no-plot", "--out", "mine.json"])
+    assert not (tmp_path / "mine.json").exists()
 
 
 def test_label_out_is_a_folder_with_the_labels_and_the_report(tmp_path, monkeypatch, capsys):
@@ -264,6 +259,6 @@ def test_label_out_is_a_folder_with_the_labels_and_the_report(tmp_path, monkeypa
     assert (tmp_path / "labelled" / "labels.parquet").is_file()
     assert (tmp_path / "labelled" / "label_report" / "report.md").is_file()
     assert "warning" not in capsys.readouterr().err
-    assert main(["label", str(log), "--no-progress", "--out", str(tmp_path / "old.parquet")]) == 0
-    assert len(read_labels(tmp_path / "old.parquet")) == len(table)
-    assert "--out is now a folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"--out is a folder, not a \.parquet file"):
+        main(["label", str(log), "--no-progress", "--out", str(tmp_path / "old.parquet")])
+    assert len(calls) == 2 and not (tmp_path / "old.parquet").exists()  # refused before labelling

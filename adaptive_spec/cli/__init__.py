@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from adaptive_spec.extras import EXTRA_OF, missing_extra_message
 
 __all__ = [
-    "ALIASES",
     "COMMANDS",
     "EXTRA_OF",
     "GROUPS",
@@ -132,13 +131,6 @@ GROUPS: dict[str, str] = {
     "zoo": "models: build the built-in pair, fetch a real model, train its drafts, write prompt sets",
 }
 
-# Old spellings, kept for one release as hidden aliases: old path -> new path.
-ALIASES: dict[tuple[str, ...], tuple[str, ...]] = {
-    ("train-selector",): ("selector", "train"),
-    ("export-selector",): ("selector", "export"),
-    ("selector-pipeline",): ("selector", "pipeline"),
-}
-
 DEBUG_ENV = "ADAPTIVE_SPEC_DEBUG"
 DESCRIPTION = "Lossless speculative decoding with per-step adaptive tree shapes and verifiers."
 PROG = "adaptive-spec"
@@ -188,20 +180,16 @@ class _UsageError(Exception):
     """An unknown command: printed as one line with the fix."""
 
 
-def _resolve(argv: list[str]) -> tuple[tuple[str, ...], list[str], str | None]:
-    """``(command path, remaining arguments, deprecation note or None)``; raises _UsageError."""
+def _resolve(argv: list[str]) -> tuple[tuple[str, ...], list[str]]:
+    """``(command path, remaining arguments)``; raises _UsageError."""
     if not argv:
         raise _UsageError(f"no command given; run `{PROG} --help` for the list")
-    for old, new in ALIASES.items():
-        if tuple(argv[: len(old)]) == old:
-            note = f"`{PROG} {' '.join(old)}` is deprecated and goes in the next release: use `{PROG} {' '.join(new)}`"
-            return new, argv[len(old) :], note
     if (argv[0],) in COMMANDS:
-        return (argv[0],), argv[1:], None
+        return (argv[0],), argv[1:]
     if argv[0] in GROUPS:
         names = [p[1] for p in COMMANDS if p[0] == argv[0]]
         if len(argv) > 1 and (argv[0], argv[1]) in COMMANDS:
-            return (argv[0], argv[1]), argv[2:], None
+            return (argv[0], argv[1]), argv[2:]
         if len(argv) == 1 or argv[1] in ("-h", "--help"):
             raise _UsageError(_group_help(argv[0]))
         raise _UsageError(f"unknown command `{PROG} {argv[0]} {argv[1]}`; choose one of: {', '.join(names)}")
@@ -272,19 +260,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args[0] == "--version":
         print(f"{PROG} {version()}")
         return 0
-    if "--debug" in args and not (args[:1] == ["train-selector"] or args[:2] == ["selector", "train"]):
+    if "--debug" in args and args[:2] != ["selector", "train"]:
         debug = True  # also accepted after the command (LightningCLI's arguments are left alone)
         args.remove("--debug")
     try:
-        path, rest, note = _resolve(args)
+        path, rest = _resolve(args)
     except _UsageError as err:
         text = str(err)
         if "\n" in text:  # a group's help
             sys.stdout.write(text)
             return 0 if len(args) > 1 else 2
         raise SystemExit(f"{PROG}: error: {text}") from None
-    if note:
-        print(f"warning: {note}", file=sys.stderr)
     verb = " ".join(path)
     try:
         parser = _command_parser(path)

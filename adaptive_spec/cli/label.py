@@ -38,14 +38,13 @@ def run(args: argparse.Namespace) -> int:
     from adaptive_spec.records.label import LabelConfig, label_log, write_report
 
     out = Path(args.log_dir if args.out is None else args.out)
-    label_path = out_file(out, LABELS_NAME, "label")
-    folder = args.log_dir if label_path == out else out  # an old-style --out FILE.parquet: the report as before
+    label_path = out_file(out, LABELS_NAME)
     config = LabelConfig(every=args.every, samples=args.samples, seed=args.seed, max_contexts=args.max_contexts)
     table, path = label_log(
         args.log_dir, config, target=args.target, draft=args.draft, device=args.device, dtype=args.dtype,
         actions=args.actions, profile=args.profile, out=label_path, progress=not args.no_progress,
     )  # fmt: skip
-    report_dir = args.report or folder / "label_report"
+    report_dir = args.report or out / "label_report"
     rep = write_report(table, report_dir)
     print(f"labelled {len(table)} roots x {len(table.actions)} actions -> {path}")
     for t, d in rep["per_temperature"].items():

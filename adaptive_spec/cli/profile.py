@@ -74,6 +74,7 @@ def run(args: argparse.Namespace) -> int:
         plans = parse_plans(args.calibration_plans)
     except ValueError as err:
         raise SystemExit(f"--calibration-plans: {err}") from None
+    path = out_file(args.out, PROFILE_NAME)  # a wrong --out fails before the measurement, not after
     engine = load_engine(args.target, args.draft, args.device, args.dtype)
     labels = {"target": args.target or "built-in pair (target)", "draft": args.draft or "built-in pair (draft)"}
     try:
@@ -84,7 +85,6 @@ def run(args: argparse.Namespace) -> int:
         )  # fmt: skip
     except ValueError as err:
         raise SystemExit(f"profile: {err}") from None
-    path = out_file(args.out, PROFILE_NAME, "profile")
     write_json_atomic(profile, path)
     print(f"wrote {path}")
     if not args.no_plot:

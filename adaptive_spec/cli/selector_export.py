@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from adaptive_spec.selector.runtime import decision_latency_us
 
     report = False if args.no_static_groups else args.report
-    path = out_file(args.out, ONNX_NAME, "selector export")
+    path = out_file(args.out, ONNX_NAME)
     info = export_checkpoint(args.checkpoint, path, check_batch=args.check_batch, report=report)
     if args.latency_decisions > 0:
         info["decision_latency_us"] = decision_latency_us(path, decisions=args.latency_decisions)

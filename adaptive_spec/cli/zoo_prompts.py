@@ -1,7 +1,6 @@
 """``adaptive-spec zoo prompts SPLIT --out DIR``: a prompt set of the pair's corpus split, as ``DIR/SPLIT.jsonl``.
 
-The file is named after the split (``train.jsonl`` or ``heldout2.jsonl``); for one release, an ``--out``
-ending in ``.jsonl`` is still the file itself (with a deprecation warning).
+The file is named after the split (``train.jsonl`` or ``heldout2.jsonl``).
 
 The prompts are :func:`adaptive_spec.zoo.prompt_sets.prompt_set`.
 """
@@ -34,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
         prompts = prompt_set(args.split, args.count, args.seed)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"zoo prompts: {err}") from None
-    path = out_file(args.out, f"{args.split}.jsonl", "zoo prompts")
+    path = out_file(args.out, f"{args.split}.jsonl")
     atomic_write(path, "".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     print(f"wrote {len(prompts)} {args.split} prompts to {path}")
     return 0

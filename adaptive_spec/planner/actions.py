@@ -71,7 +71,6 @@ _FAMILIES: dict[str, tuple[tuple[str, ...], Any]] = {
     "delayed": (("trunk", "paths", "branch"), lambda s: TreeShape.delayed(s["trunk"], s["paths"], s["branch"])),
     "wor": (("widths",), lambda s: TreeShape.without_replacement(s["widths"])),
 }
-_LAW_ALIASES = {"without_replacement": "wor"}
 _TOP_KEYS = {"name", "description", "max_nodes", "families", "actions"}
 
 
@@ -328,7 +327,6 @@ def _expand_family(fam: Any, max_nodes: int | None, where: str) -> list[Plan]:
     if not isinstance(fam, Mapping):
         raise ValueError(f"{where}: a family must be a mapping with 'law', its sizes and 'verifiers'")
     law = fam.get("law")
-    law = _LAW_ALIASES.get(law, law)
     if law not in _FAMILIES:
         raise ValueError(f"{where}: unknown law {fam.get('law')!r}; use one of {', '.join(_FAMILIES)}")
     keys, build = _FAMILIES[law]
