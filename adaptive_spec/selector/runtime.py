@@ -93,8 +93,9 @@ class SelectorRuntime:
             found = meta.get("adaptive_spec.format")
             raise self._fail(
                 "no adaptive-spec selector metadata (was it written by `adaptive-spec selector export`?)"
-                if found is None else f"selector format {found!r}, this adaptive-spec reads {FORMAT!r}"
-            )  # fmt: skip
+                if found is None
+                else f"selector format {found!r}, this adaptive-spec reads {FORMAT!r}"
+            )
         try:
             version = int(meta["adaptive_spec.schema_version"])
             hash_ = meta["adaptive_spec.schema_hash"]
@@ -158,9 +159,10 @@ class SelectorRuntime:
             raise self._fail(f"graph outputs {[o.name for o in outputs]}, expected ['logits']")
         self.input_names = [i.name for i in self.session.get_inputs()]
         # One real run: the output width must match the action list (the graph's may be symbolic).
-        probe = self.logits(np.zeros((1, SCHEMA.num_scalar), np.float32), **{
-            k: np.zeros((1, d), np.float32) for k, d in self.hidden_dims.items() if d > 0
-        })  # fmt: skip
+        probe = self.logits(
+            np.zeros((1, SCHEMA.num_scalar), np.float32),
+            **{k: np.zeros((1, d), np.float32) for k, d in self.hidden_dims.items() if d > 0},
+        )
         if probe.shape != (1, len(self.actions)):
             raise self._fail(f"the graph gives {probe.shape[-1]} logits for {len(self.actions)} actions")
         # A probe batch: a network with NaN/inf weights (or that overflows on ordinary inputs) is
@@ -234,8 +236,9 @@ class SelectorRuntime:
         nearest = min(same_kind, key=lambda g: (abs(groups[g][0] - t) + abs(groups[g][1] - p), g))
         warnings.warn(
             f"{self.path}: no best static action for T={t:g}, top_p={p:g}; using the one of group {nearest}",
-            UserWarning, stacklevel=2,
-        )  # fmt: skip
+            UserWarning,
+            stacklevel=2,
+        )
         return Plan.parse(self.best_static_groups[nearest])
 
     @property
@@ -295,8 +298,10 @@ def find_selector(path: str | Path | None = None) -> Path:
     if path is not None:
         path = Path(path)
         if not path.is_file():
-            raise FileNotFoundError(f"no selector at {path}; {PIPELINE_HINT}, or export one with `adaptive-spec "
-                                    "selector export CKPT --out DIR` (writes DIR/selector.onnx)")  # fmt: skip
+            raise FileNotFoundError(
+                f"no selector at {path}; {PIPELINE_HINT}, or export one with `adaptive-spec "
+                "selector export CKPT --out DIR` (writes DIR/selector.onnx)"
+            )
         return path
     tried = default_selector_paths()
     for candidate in tried:
@@ -368,6 +373,9 @@ class AdaptivePlanner(Planner):
         selector: a path to an exported selector or a loaded :class:`SelectorRuntime`.
         allowed: restrict the choice to these plans (plan strings or :class:`Plan`, each one of the
             selector's actions); None allows all.
+        static_groups: play the selector's static plan at the sampling settings it lists
+            (``static_groups``); False: the network decides everywhere (what
+            :func:`decision_latency_us` times).
 
     Attributes:
         decision_times_s: seconds per decision (feature assembly included), one entry per step.
@@ -375,13 +383,19 @@ class AdaptivePlanner(Planner):
 
     needs_features = True
 
-    def __init__(self, selector: str | Path | SelectorRuntime, allowed: Sequence[str | Plan] | None = None) -> None:
+    def __init__(
+        self,
+        selector: str | Path | SelectorRuntime,
+        allowed: Sequence[str | Plan] | None = None,
+        static_groups: bool = True,
+    ) -> None:
         import onnxruntime as ort
 
         self.runtime = selector if isinstance(selector, SelectorRuntime) else SelectorRuntime(selector)
         rt = self.runtime
         self.needs_hidden = rt.takes_hidden
         self._names = SCHEMA.names
+        self._use_static = static_groups
         if allowed is None:
             self._allowed: np.ndarray | None = None
         else:
@@ -425,7 +439,7 @@ class AdaptivePlanner(Planner):
 
     def _static_index(self, temperature: float, top_p: float) -> int | None:
         """The static action played at these settings (a static group whose action is allowed), or None."""
-        index = self.runtime.static_action_for(temperature, top_p)
+        index = self.runtime.static_action_for(temperature, top_p) if self._use_static else None
         if index is None or (self._allowed is not None and index not in self._allowed):
             return None
         return index
@@ -459,8 +473,9 @@ class AdaptivePlanner(Planner):
         try:
             self._inputs["features"][0] = [features[n] for n in self._names]
         except KeyError as err:
-            raise ValueError(f"StepState.features lacks {err}; the engine's features differ from schema "
-                             f"v{SCHEMA.version}") from err  # fmt: skip
+            raise ValueError(
+                f"StepState.features lacks {err}; the engine's features differ from schema v{SCHEMA.version}"
+            ) from err
         if self.needs_hidden:
             for name in HIDDEN_INPUTS:
                 if name in self._inputs:
@@ -499,9 +514,12 @@ class AdaptivePlanner(Planner):
             return {"n": 0}
         t = np.asarray(self.decision_times_s) * 1e6
         return {
-            "n": len(t), "median": float(np.median(t)), "p90": float(np.percentile(t, 90)), "mean": float(t.mean()),
+            "n": len(t),
+            "median": float(np.median(t)),
+            "p90": float(np.percentile(t, 90)),
+            "mean": float(t.mean()),
             "max": float(t.max()),
-        }  # fmt: skip
+        }
 
     def __repr__(self) -> str:
         return f"AdaptivePlanner({self.runtime!r})"
@@ -510,20 +528,27 @@ class AdaptivePlanner(Planner):
 def decision_latency_us(
     selector: str | Path | SelectorRuntime, *, decisions: int = 5000, warmup: int = 200, seed: int = 0
 ) -> dict[str, float]:
-    """Time :meth:`AdaptivePlanner.choose` (feature assembly included) on random feature dicts.
+    """Time the network's own decisions: :meth:`AdaptivePlanner.choose` (feature assembly and one onnxruntime
+    call) on random feature dicts, with the selector's static groups off so that every call runs the network.
 
     Returns:
         :meth:`AdaptivePlanner.latency_us` over ``decisions`` timed calls, after ``warmup`` untimed ones.
     """
-    planner = AdaptivePlanner(selector)
+    planner = AdaptivePlanner(selector, static_groups=False)
     rng = np.random.default_rng(seed)
     hidden = {k: rng.standard_normal(d).astype(np.float32) for k, d in planner.runtime.hidden_dims.items() if d > 0}
     states = [
-        StepState(step=i, context_length=64, generated=i, remaining=1000, temperature=0.0,
-                  features=dict(zip(SCHEMA.names, rng.standard_normal(SCHEMA.num_scalar).tolist(), strict=True)),
-                  **hidden)
+        StepState(
+            step=i,
+            context_length=64,
+            generated=i,
+            remaining=1000,
+            temperature=1.0,
+            features=dict(zip(SCHEMA.names, rng.standard_normal(SCHEMA.num_scalar).tolist(), strict=True)),
+            **hidden,
+        )
         for i in range(64)
-    ]  # fmt: skip
+    ]
     for i in range(warmup):
         planner.choose(states[i % len(states)])
     planner.decision_times_s.clear()

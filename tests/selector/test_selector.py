@@ -283,6 +283,19 @@ def test_export_records_the_reports_static_groups(trained, tmp_path):
                      "--latency-decisions", "0"]) == 0  # fmt: skip
     planner = AdaptivePlanner(str(out))
     assert str(planner.runtime.static_plan_for(1.0)) == report["best_static"]["T=1,top_p=1"]
+    # With static groups at every temperature, the exported latency still times the network itself.
+    edited["static_groups"] = {g: report["best_static"][g] for g in ("T=0,top_p=1", "T=1,top_p=1")}
+    path.write_text(json.dumps(edited))
+    everywhere = tmp_path / "everywhere" / "selector.onnx"
+    assert cli_main(["selector", "export", report["checkpoint"], "--out", str(everywhere.parent), "--report",
+                     str(path), "--latency-decisions", "0"]) == 0  # fmt: skip
+    runtime = AdaptivePlanner(str(everywhere)).runtime
+    runs = _count_runs(runtime)
+    timed = decision_latency_us(runtime, decisions=50, warmup=5)
+    assert timed["n"] == 50 and runs[0] == 55  # every decision ran the network
+    for t in (0.0, 1.0):  # while a planner that plays the static groups never runs it
+        AdaptivePlanner(runtime).choose(StepState(step=0, context_length=8, generated=0, remaining=9, temperature=t))
+    assert runs[0] == 55
     assert planner.runtime.static_plan_for(0.0) is None
     assert cli_main(["selector", "export", report["checkpoint"], "--out", str(out.parent), "--report", str(path),
                      "--no-static-groups", "--latency-decisions", "0"]) == 0  # fmt: skip
@@ -479,3 +492,20 @@ def test_bootstrap_quantiles_over_prompts():
     assert all(bootstrap_quantiles(oracle, val, 0.05)[g] <= bootstrap_quantiles(oracle, val, 0.5)[g] for g in sure)
     with pytest.raises(ValueError, match="gain_quantile"):
         bootstrap_quantiles(oracle, val, 1.5)
+
+
+def _count_runs(runtime) -> list[int]:
+    """Count the onnxruntime calls of ``runtime`` from now on (a wrapper around its session)."""
+    runs = [0]
+    session = runtime.session
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(session, name)
+
+        def run_with_iobinding(self, binding, *args):
+            runs[0] += 1
+            return session.run_with_iobinding(binding, *args)
+
+    runtime.session = Counting()
+    return runs
