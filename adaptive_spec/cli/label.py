@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the tree draws (default: 0)")
     add_out_dir_option(parser, f"{LABELS_NAME} and the report folder label_report/", default_text="the log directory")
     parser.add_argument("--report", type=Path, default=None, help="report folder (default: OUT/label_report)")
+    parser.add_argument(
+        "--strict", action="store_true", help="refuse a log with a torn shard (default: skip it with a warning)"
+    )
     add_progress_option(parser)
 
 
@@ -42,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     config = LabelConfig(every=args.every, samples=args.samples, seed=args.seed, max_contexts=args.max_contexts)
     table, path = label_log(
         args.log_dir, config, target=args.target, draft=args.draft, device=args.device, dtype=args.dtype,
-        actions=args.actions, profile=args.profile, out=label_path, progress=not args.no_progress,
+        actions=args.actions, profile=args.profile, out=label_path, progress=not args.no_progress, strict=args.strict,
     )  # fmt: skip
     report_dir = args.report or out / "label_report"
     rep = write_report(table, report_dir)

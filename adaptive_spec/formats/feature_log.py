@@ -35,6 +35,7 @@ import os
 import re
 import secrets
 import time
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -337,19 +338,25 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
     return manifest
 
 
-def read_shards(directory: str | os.PathLike, columns: Sequence[str] | None = None) -> pa.Table:
+def read_shards(
+    directory: str | os.PathLike, columns: Sequence[str] | None = None, *, strict: bool = False
+) -> pa.Table:
     """Every complete shard of a feature log directory, as one table (shard order: run id, then sequence).
 
-    Temporary files of shards being written (or of a crashed writer) are ignored. The table's
-    metadata holds the manifest (``adaptive_spec.manifest``) and the schema.
+    Temporary files of shards being written (or of a crashed writer) are ignored. A shard that is
+    not a readable Parquet file (torn by a full disk or a copy cut short) is skipped with a warning
+    naming it, unless ``strict``. The table's metadata holds the manifest
+    (``adaptive_spec.manifest``) and the schema.
 
     Args:
         directory: the log directory.
         columns: read only these columns (default: all).
+        strict: refuse the log when one shard cannot be read, instead of skipping it.
 
     Raises:
         FileNotFoundError: no manifest, or no complete shard.
-        ValueError: the log (or one of its shards) was written with another feature schema.
+        ValueError: the log (or one of its shards) was written with another feature schema; with
+            ``strict``, an unreadable shard; without, no readable shard at all.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -361,9 +368,16 @@ def read_shards(directory: str | os.PathLike, columns: Sequence[str] | None = No
     files = sorted(directory.glob(SHARD_GLOB))
     if not files:
         raise FileNotFoundError(f"the feature log {directory} has no complete shards yet")
-    tables = []
+    tables, torn = [], []
     for path in files:
-        table = pq.read_table(path, columns=list(columns) if columns is not None else None)
+        try:
+            table = pq.read_table(path, columns=list(columns) if columns is not None else None)
+        except (pa.ArrowException, OSError) as err:
+            if strict:
+                raise ValueError(f"shard {path} cannot be read ({err}); move it out of {directory}") from None
+            warnings.warn(f"skipping shard {path}: not a readable Parquet file ({err})", UserWarning, stacklevel=2)
+            torn.append(path.name)
+            continue
         meta = json.loads((table.schema.metadata or {}).get(META_SCHEMA, b"{}"))
         if meta.get("hash") != schema.get("hash"):
             raise ValueError(
@@ -371,6 +385,8 @@ def read_shards(directory: str | os.PathLike, columns: Sequence[str] | None = No
                 f"says {schema.get('hash')!r}; move it out of the directory"
             )
         tables.append(table.replace_schema_metadata(None))
+    if not tables:
+        raise ValueError(f"no shard of the feature log {directory} can be read (all {len(torn)} are torn)")
     out = pa.concat_tables(tables)
     return out.replace_schema_metadata(
         {b"adaptive_spec.manifest": json.dumps(manifest).encode(), META_SCHEMA: json.dumps(schema).encode()}

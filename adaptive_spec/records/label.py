@@ -483,14 +483,18 @@ def label_directory(
     *,
     out: str | Path | None = None,
     progress: bool = True,
+    strict: bool = False,
 ) -> tuple[LabelTable, Path]:
-    """Label the roots of a feature log; write ``labels.parquet`` next to the shards (atomically)."""
+    """Label the roots of a feature log; write ``labels.parquet`` next to the shards (atomically).
+
+    A torn shard is skipped with a warning naming it, unless ``strict`` (then it is an error).
+    """
     from tqdm.auto import tqdm
 
     from adaptive_spec.formats.feature_log import read_shards
 
     log_dir = Path(log_dir)
-    table = read_shards(log_dir)
+    table = read_shards(log_dir, strict=strict)
     manifest_path = log_dir / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     cfg = labeller.config
@@ -655,13 +659,15 @@ def label_log(
     profile: str | Path | None = None,
     out: str | Path | None = None,
     progress: bool = True,
+    strict: bool = False,
 ) -> tuple[LabelTable, Path]:
     """Label a feature log with the models that logged it (see :func:`log_models`); write the label file.
 
     The models are loaded in the logged dtype unless ``dtype`` is given; ``actions`` is an
     action-space YAML (default: the built-in grid), ``profile`` a latency profile (default:
     :func:`~adaptive_spec.planner.latency.default_profile_path`), ``out`` the label file (default
-    ``log_dir/labels.parquet``). Returns the table and the file written.
+    ``log_dir/labels.parquet``), ``strict`` refuses a log with a torn shard (default: skip it with a
+    warning). Returns the table and the file written.
 
     Raises:
         ValueError: the loaded models are not the ones that produced the log.
@@ -685,4 +691,4 @@ def label_log(
     space = ActionSpace.from_yaml(actions) if actions else ActionSpace.default()
     latency = LatencyModel.load(profile)
     labeller = Labeller(engine.target, engine.draft, list(space), latency, engine.vocab_size, config)
-    return label_directory(log_dir, labeller, out=out, progress=progress)
+    return label_directory(log_dir, labeller, out=out, progress=progress, strict=strict)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -157,3 +158,33 @@ def test_bad_arguments_are_explained(pair, tmp_path) -> None:
     with pytest.raises(SystemExit, match="does not exist"):
         main([*collect_args(pair, tmp_path / "c"), "--prompts", str(tmp_path / "missing.txt")])
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_label_skips_a_torn_shard_and_names_it(pair, tmp_path, capsys) -> None:
+    out = tmp_path / "log"
+    profile = tmp_path / "profile.json"
+    profile.write_text(json.dumps(synthetic_profile()))
+    assert main(collect_args(pair, out, "--shard-size", "2", "--max-new-tokens", "6", "--temperatures", "1")) == 0
+    shards = sorted(out.glob("shard-*.parquet"))
+    assert len(shards) >= 2
+    whole = len(read_shards(out))
+    torn = shards[0]
+    torn_rows = pq.read_table(torn).num_rows
+    torn.write_bytes(torn.read_bytes()[: torn.stat().st_size // 2])  # a copy cut short
+    label = ["label", str(out), "--every", "1", "--samples", "1", "--no-progress", "--profile", str(profile)]
+    with pytest.warns(UserWarning, match=rf"skipping shard {re.escape(str(torn))}: not a readable Parquet file"):
+        assert main([*label, "--actions", str(_two_actions(tmp_path))]) == 0
+    labelled = pq.read_table(out / "labels.parquet").num_rows
+    assert 0 < labelled <= whole - torn_rows  # the other shards' roots were labelled
+    with pytest.raises(SystemExit, match=rf"shard {re.escape(str(torn))} cannot be read .*move it out of"):
+        main([*label, "--actions", str(_two_actions(tmp_path)), "--strict"])
+    for path in shards[1:]:
+        path.write_bytes(b"PAR1")
+    with pytest.raises(SystemExit, match=r"no shard of the feature log .* can be read"), pytest.warns(UserWarning):
+        main([*label, "--actions", str(_two_actions(tmp_path))])
+
+
+def _two_actions(tmp_path: Path) -> Path:
+    path = tmp_path / "actions.yaml"
+    path.write_text("families:\n  - law: chain\n    length: 1-2\n    verifiers: [block]\n")
+    return path
