@@ -6,6 +6,8 @@ are enqueued first (by worker 0, once per study), then the seeded TPE sampler pr
 best plan is compared with the autoregressive baseline and ``bench e2e``'s default plans on the
 same prompts (measured objective: interleaved, median over repeats; predicted objective: the
 table's predictions), written to ``configs/plans/best-static.yaml`` and summarised in a report.
+With several workers on one study the measured comparison runs once, by the last worker to
+finish its trials (:func:`claim_final_comparison`); the others write the study's best median.
 
 A study remembers what it measures (objective, pair, prompts, tokens, labels) in its user
 attributes; resuming it with other settings is refused, since their figures would not compare.
@@ -25,7 +27,7 @@ from adaptive_spec.planner.presets import DEFAULT_PLANS
 from adaptive_spec.tuning.space import PLAN_PARAM_GROUPS, known_good_params
 from adaptive_spec.tuning.storage import DEFAULT_GRACE_S, DEFAULT_HEARTBEAT_S, DEFAULT_STORAGE
 
-__all__ = ["PlanTuningConfig", "compare_plans", "rank_plans", "study_name", "tune_plans"]
+__all__ = ["PlanTuningConfig", "claim_final_comparison", "compare_plans", "rank_plans", "study_name", "tune_plans"]
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +141,15 @@ def _fingerprint(cfg: PlanTuningConfig, temperature: float, prompts: list[str] |
 
 
 def compare_plans(
-    engine: Any, prompts: list[str], plans: list[str], temperature: float, max_new_tokens: int, repeats: int,
-    seed: int = 0, progress: bool = True,
-) -> list[dict[str, Any]]:  # fmt: skip
+    engine: Any,
+    prompts: list[str],
+    plans: list[str],
+    temperature: float,
+    max_new_tokens: int,
+    repeats: int,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
     """Tokens/s of autoregressive decoding and each plan, interleaved repeat by repeat.
 
     Returns:
@@ -217,6 +225,9 @@ def _distinct_for(temperature: float, plans: list[str]) -> list[str]:
 def tune_plans(cfg: PlanTuningConfig, engine: Any = None) -> dict[str, Any]:
     """Run (or resume) the studies of ``cfg``; write best-static and the report.
 
+    With several workers on one study, the final comparison runs once: the last worker to finish
+    its trials claims it (:func:`claim_final_comparison`); the others report the study's ranking.
+
     Args:
         cfg: the settings.
         engine: a ready :class:`~adaptive_spec.engine.SpecEngine` for the measured objective
@@ -227,128 +238,208 @@ def tune_plans(cfg: PlanTuningConfig, engine: Any = None) -> dict[str, Any]:
     """
     import optuna
 
-    from adaptive_spec.planner.presets import best_static_path, write_best_static
-    from adaptive_spec.temperatures import temperature_key
-    from adaptive_spec.tuning.objectives import MeasuredTokensPerSecond, PlanObjective, PredictedTokensPerSecond
-    from adaptive_spec.tuning.report import plot_comparison, plot_study, study_summary, write_summary
-    from adaptive_spec.tuning.storage import check_settings, make_storage, open_study
+    from adaptive_spec.planner.presets import best_static_path
+    from adaptive_spec.tuning.report import write_summary
+    from adaptive_spec.tuning.storage import make_storage
 
     optuna.logging.set_verbosity(optuna.logging.WARNING if cfg.progress else optuna.logging.INFO)
     storage = make_storage(cfg.storage, cfg.heartbeat_interval, cfg.grace_period)
-    prompts: list[str] | None = None
-    table = None
-    if cfg.objective == "measured":
-        if engine is None:
-            from adaptive_spec.engine.load import load_engine
-
-            engine = load_engine(cfg.target, cfg.draft, cfg.device, cfg.dtype)
-        if cfg.prompts is None:
-            from adaptive_spec.files import default_prompts
-
-            prompts = default_prompts()[: cfg.num_prompts]
-        else:
-            from adaptive_spec.files import read_prompts
-
-            prompts = read_prompts(cfg.prompts, cfg.num_prompts)
-    else:
-        from adaptive_spec.formats.label_table import read_labels
-
-        table = read_labels(cfg.labels)
-    report_dir = _report_dir(cfg)
-    best_static = best_static_path(cfg.config_out)
+    engine, prompts, table = _inputs(cfg, engine)
     summary: dict[str, Any] = {"config": asdict(cfg), "temperatures": {}}
     for temperature in cfg.temperatures:
-        key = temperature_key(temperature)
-        name = study_name(cfg.study, temperature)
-        study = open_study(name, storage, seed=cfg.seed, worker=cfg.worker)
-        check_settings(study, _fingerprint(cfg, temperature, prompts))
-        if cfg.objective == "measured":
-            evaluator = MeasuredTokensPerSecond(engine, prompts, temperature, cfg.max_new_tokens, cfg.repeats, cfg.seed)
-        else:
-            evaluator = PredictedTokensPerSecond(table, temperature)
-        if cfg.enqueue and cfg.worker == 0:  # one worker enqueues, so parallel workers cannot race to duplicate
-            for params in known_good_params(temperature):
-                study.enqueue_trial(params, user_attrs={"enqueued": True}, skip_if_exists=True)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.optimize(
-                PlanObjective(evaluator, temperature, cfg.worker), n_trials=cfg.n_trials, timeout=cfg.timeout,
-                catch=(ValueError, RuntimeError), show_progress_bar=cfg.progress and cfg.n_trials > 0,
-            )  # fmt: skip
-        info = study_summary(study)
-        ranking = rank_plans(study)
-        section: dict[str, Any] = {"study": info, "ranking": ranking[:10]}
-        if not ranking:
-            log.warning("study %s has no complete trial yet; nothing to write", name)
-            summary["temperatures"][key] = section
-            continue
-        finalists = [r["plan"] for r in ranking[: cfg.finalists]]
-        if cfg.objective == "measured" and cfg.compare:
-            # Re-measure the finalists with the defaults, interleaved: the study's values were taken at
-            # different times, and on a busy machine the best of them is often the luckiest.
-            plans = _distinct_for(temperature, [*finalists, *cfg.default_plans])
-            rows = compare_plans(engine, prompts, plans, temperature, cfg.max_new_tokens, cfg.repeats, cfg.seed,
-                                 cfg.progress)  # fmt: skip
-            pick = max((r for r in rows if r["plan"] != "autoregressive"), key=lambda r: r["tokens_per_s"])
-            chosen = {k: pick[k] for k in ("plan", "tokens_per_s", "speedup_vs_ar", "block_efficiency")}
-            chosen["selected_by"] = f"interleaved re-measurement of the top {len(finalists)} plans and the defaults"
-        else:
-            rows = []
-            if cfg.objective == "predicted":  # the table's predictions for the finalists and the defaults
-                for plan in dict.fromkeys([*finalists, *cfg.default_plans]):
-                    predicted = evaluator(Plan.parse(plan))
-                    if predicted is not None:
-                        rows.append({"plan": plan, **predicted})
-            top = ranking[0]
-            chosen = {"plan": top["plan"], "tokens_per_s": top["median"], "speedup_vs_ar": None}
-            chosen.update(block_efficiency=top["block_efficiency"], selected_by="median over the study's trials")
-        section["comparison"] = rows
-        section["chosen"] = chosen
-        entry = {
-            "plan": chosen["plan"],
-            "tokens_per_s": round(float(chosen["tokens_per_s"]), 3),
-            "speedup_vs_ar": None if chosen["speedup_vs_ar"] is None else round(chosen["speedup_vs_ar"], 3),
-            "block_efficiency": round(float(chosen["block_efficiency"]), 3),
-            "selected_by": chosen["selected_by"],
-            "objective": cfg.objective,
-            "study": name,
-            "storage": cfg.storage,
-            "study_best": {
-                "plan": ranking[0]["plan"],
-                "median": round(ranking[0]["median"], 3),
-                "trials": ranking[0]["trials"],
-            },
-            "n_complete": info["states"].get("COMPLETE", 0),
-            "settings": _fingerprint(cfg, temperature, prompts),
-            "comparison": {r["plan"]: round(float(r["tokens_per_s"]), 3) for r in rows},
-        }
-        if cfg.write_config:
-            section["best_static"] = str(write_best_static(temperature, entry, best_static))
-        if cfg.write_report:
-            section["plots"] = plot_study(study, report_dir, prefix=f"T{key}_", groups=PLAN_PARAM_GROUPS)
-            if rows:
-                file = f"T{key}_comparison.png"
-                title = f"{name}: chosen plan (orange), finalists and defaults, {cfg.objective} tokens/s"
-                plot_comparison(rows, title, report_dir / file, highlight=chosen["plan"])
-                section["plots"]["comparison"] = file
+        key, section = _tune_one(cfg, storage, temperature, engine, prompts, table)
         summary["temperatures"][key] = section
-        _print_section(key, name, ranking, chosen, rows, cfg.objective)
     if cfg.write_report:
-        path = write_summary(summary, report_dir)
+        path = write_summary(summary, _report_dir(cfg))
         print(f"report: {path.parent}")
     if cfg.write_config and any("best_static" in s for s in summary["temperatures"].values()):
-        print(f"best plans: {best_static}")
+        print(f"best plans: {best_static_path(cfg.config_out)}")
     return summary
 
 
-def _print_section(
-    key: str, name: str, ranking: list[dict[str, Any]], chosen: dict[str, Any], rows: list[dict[str, Any]],
-    objective: str,
-) -> None:  # fmt: skip
+def _inputs(cfg: PlanTuningConfig, engine: Any) -> tuple[Any, list[str] | None, Any]:
+    """``(engine, prompts, label table)``: the measured objective's engine and prompts, or the predicted one's table."""
+    if cfg.objective == "predicted":
+        from adaptive_spec.formats.label_table import read_labels
+
+        return engine, None, read_labels(cfg.labels)
+    if engine is None:
+        from adaptive_spec.engine.load import load_engine
+
+        engine = load_engine(cfg.target, cfg.draft, cfg.device, cfg.dtype)
+    if cfg.prompts is None:
+        from adaptive_spec.files import default_prompts
+
+        return engine, default_prompts()[: cfg.num_prompts], None
+    from adaptive_spec.files import read_prompts
+
+    return engine, read_prompts(cfg.prompts, cfg.num_prompts), None
+
+
+def _tune_one(
+    cfg: PlanTuningConfig, storage: Any, temperature: float, engine: Any, prompts: list[str] | None, table: Any
+) -> tuple[str, dict[str, Any]]:
+    """Run this worker's trials of one temperature's study, then choose (and write) its plan."""
+    import optuna
+
+    from adaptive_spec.temperatures import temperature_key
+    from adaptive_spec.tuning.objectives import MeasuredTokensPerSecond, PlanObjective, PredictedTokensPerSecond
+    from adaptive_spec.tuning.report import study_summary
+    from adaptive_spec.tuning.storage import check_settings, open_study
+
+    key, name = temperature_key(temperature), study_name(cfg.study, temperature)
+    study = open_study(name, storage, seed=cfg.seed, worker=cfg.worker)
+    check_settings(study, _fingerprint(cfg, temperature, prompts))
+    if cfg.objective == "measured":
+        evaluator = MeasuredTokensPerSecond(engine, prompts, temperature, cfg.max_new_tokens, cfg.repeats, cfg.seed)
+    else:
+        evaluator = PredictedTokensPerSecond(table, temperature)
+    if cfg.enqueue and cfg.worker == 0:  # one worker enqueues, so parallel workers cannot race to duplicate
+        for params in known_good_params(temperature):
+            study.enqueue_trial(params, user_attrs={"enqueued": True}, skip_if_exists=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        study.optimize(
+            PlanObjective(evaluator, temperature, cfg.worker),
+            n_trials=cfg.n_trials,
+            timeout=cfg.timeout,
+            catch=(ValueError, RuntimeError),
+            show_progress_bar=cfg.progress and cfg.n_trials > 0,
+        )
+    ranking = rank_plans(study)
+    section: dict[str, Any] = {"study": study_summary(study), "ranking": ranking[:10]}
+    if not ranking:
+        log.warning("study %s has no complete trial yet; nothing to write", name)
+        return key, section
+    rows, chosen = _choose(cfg, study, ranking, temperature, evaluator, engine, prompts)
+    section.update(comparison=rows, chosen=chosen)
+    _write_outputs(cfg, study, section, ranking, temperature, prompts)
+    _print_section(key, name, ranking, chosen, rows, cfg.objective)
+    return key, section
+
+
+def claim_final_comparison(study: Any) -> bool:
+    """Whether this worker runs the study's final comparison: True for exactly one worker per round of trials.
+
+    A worker claims it when no trial of the study is still running (it is the last to finish) by
+    creating the marker study ``<study>/final-comparison/<complete trials>`` in the same storage: the
+    storage's unique study names make the claim atomic across processes and machines, and a resumed
+    study with more trials is compared again.
+    """
+    import optuna
+    from optuna.trial import TrialState
+
+    optuna.storages.fail_stale_trials(study)  # a dead worker's trial is not "still running" (with heartbeats)
+    if study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        return False  # another worker is still at it; the last one to finish compares
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    try:
+        study._storage.create_new_study(
+            directions=[optuna.study.StudyDirection.MAXIMIZE], study_name=f"{study.study_name}/final-comparison/{done}"
+        )
+    except optuna.exceptions.DuplicatedStudyError:
+        return False
+    return True
+
+
+def _choose(
+    cfg: PlanTuningConfig,
+    study: Any,
+    ranking: list[dict[str, Any]],
+    temperature: float,
+    evaluator: Any,
+    engine: Any,
+    prompts: list[str] | None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``(comparison rows, chosen plan)``: the interleaved re-measurement of the finalists when this worker
+    runs it, else the study's median ranking (with the predicted objective's figures for the finalists).
+    """
+    finalists = [r["plan"] for r in ranking[: cfg.finalists]]
+    if cfg.objective == "measured" and cfg.compare and claim_final_comparison(study):
+        # Re-measure the finalists with the defaults, interleaved: the study's values were taken at
+        # different times, and on a busy machine the best of them is often the luckiest.
+        plans = _distinct_for(temperature, [*finalists, *cfg.default_plans])
+        rows = compare_plans(
+            engine, prompts, plans, temperature, cfg.max_new_tokens, cfg.repeats, cfg.seed, cfg.progress
+        )
+        pick = max((r for r in rows if r["plan"] != "autoregressive"), key=lambda r: r["tokens_per_s"])
+        chosen = {k: pick[k] for k in ("plan", "tokens_per_s", "speedup_vs_ar", "block_efficiency")}
+        chosen["selected_by"] = f"interleaved re-measurement of the top {len(finalists)} plans and the defaults"
+        return rows, chosen
+    rows = []
+    if cfg.objective == "predicted":  # the table's predictions for the finalists and the defaults
+        for plan in dict.fromkeys([*finalists, *cfg.default_plans]):
+            predicted = evaluator(Plan.parse(plan))
+            if predicted is not None:
+                rows.append({"plan": plan, **predicted})
     top = ranking[0]
-    print(f"\ntemperature {key} (study {name}): study's best {top['plan']} at {top['median']:.1f} tokens/s "
-          f"({objective}, median of {len(top['trials'])} trial(s)); chosen: {chosen['plan']} "
-          f"at {chosen['tokens_per_s']:.1f} tokens/s ({chosen['selected_by']})")  # fmt: skip
+    chosen = {"plan": top["plan"], "tokens_per_s": top["median"], "speedup_vs_ar": None}
+    how = "median over the study's trials"
+    if cfg.objective == "measured" and cfg.compare:
+        how += " (the final comparison is another worker's)"
+    chosen.update(block_efficiency=top["block_efficiency"], selected_by=how)
+    return rows, chosen
+
+
+def _write_outputs(
+    cfg: PlanTuningConfig,
+    study: Any,
+    section: dict[str, Any],
+    ranking: list[dict[str, Any]],
+    temperature: float,
+    prompts: list[str] | None,
+) -> None:
+    """Write the chosen plan to best-static and the study's plots, as ``cfg`` asks; note the paths in ``section``."""
+    from adaptive_spec.planner.presets import best_static_path, write_best_static
+    from adaptive_spec.temperatures import temperature_key
+    from adaptive_spec.tuning.report import plot_comparison, plot_study
+
+    key, name, chosen, rows = temperature_key(temperature), study.study_name, section["chosen"], section["comparison"]
+    info = section["study"]
+    entry = {
+        "plan": chosen["plan"],
+        "tokens_per_s": round(float(chosen["tokens_per_s"]), 3),
+        "speedup_vs_ar": None if chosen["speedup_vs_ar"] is None else round(chosen["speedup_vs_ar"], 3),
+        "block_efficiency": round(float(chosen["block_efficiency"]), 3),
+        "selected_by": chosen["selected_by"],
+        "objective": cfg.objective,
+        "study": name,
+        "storage": cfg.storage,
+        "study_best": {
+            "plan": ranking[0]["plan"],
+            "median": round(ranking[0]["median"], 3),
+            "trials": ranking[0]["trials"],
+        },
+        "n_complete": info["states"].get("COMPLETE", 0),
+        "settings": _fingerprint(cfg, temperature, prompts),
+        "comparison": {r["plan"]: round(float(r["tokens_per_s"]), 3) for r in rows},
+    }
+    if cfg.write_config:
+        section["best_static"] = str(write_best_static(temperature, entry, best_static_path(cfg.config_out)))
+    if cfg.write_report:
+        report_dir = _report_dir(cfg)
+        section["plots"] = plot_study(study, report_dir, prefix=f"T{key}_", groups=PLAN_PARAM_GROUPS)
+        if rows:
+            file = f"T{key}_comparison.png"
+            title = f"{name}: chosen plan (orange), finalists and defaults, {cfg.objective} tokens/s"
+            plot_comparison(rows, title, report_dir / file, highlight=chosen["plan"])
+            section["plots"]["comparison"] = file
+
+
+def _print_section(
+    key: str,
+    name: str,
+    ranking: list[dict[str, Any]],
+    chosen: dict[str, Any],
+    rows: list[dict[str, Any]],
+    objective: str,
+) -> None:
+    top = ranking[0]
+    print(
+        f"\ntemperature {key} (study {name}): study's best {top['plan']} at {top['median']:.1f} tokens/s "
+        f"({objective}, median of {len(top['trials'])} trial(s)); chosen: {chosen['plan']} "
+        f"at {chosen['tokens_per_s']:.1f} tokens/s ({chosen['selected_by']})"
+    )
     if rows:
         print(f"  {'method':<30} {'tok/s':>8} {'vs AR':>6}")
         for r in rows:
