@@ -44,7 +44,8 @@ def test_pipeline_runs_end_to_end(tiny_pair, tmp_path, monkeypatch):
     assert report["scores"]["adaptive"]["agg_rel_tps"] == max(r["scores"]["adaptive"]["agg_rel_tps"] for r in others)
     assert report["split"]["train_rows"] + report["split"]["val_rows"] == len(labels) + len(greedy_labels)
     assert set(report["groups"]) == {"T=0,top_p=1", "T=1,top_p=1"}
-    assert runtime.best_static(0.0) is not None
+    # the best static plan at T=0 is the report's (chosen on the training labels), one of the labelled actions
+    assert str(runtime.best_static(0.0)) == report["best_static"]["T=0,top_p=1"] in labels.actions
     assert runtime.static_group_names == report["static_groups"]
     # the acceptance model of learned-chain plans, from the same command
     from adaptive_spec.planner.acceptance import AcceptanceModel
