@@ -28,14 +28,33 @@ from typing import Any
 
 import torch
 
-__all__ = ["ACCEPTANCE_FEATURES", "NODE_COLUMNS", "NodeLogger", "node_rows", "read_node_log"]
+__all__ = ["ACCEPTANCE_FEATURES", "NODE_COLUMNS", "NodeLogger", "acceptance_row", "node_rows", "read_node_log"]
 
 #: Inputs of the acceptance model, per drafted node, as seen when deciding whether to feed it
 #: (draft-side only): its depth, log q(token | parent), the top-1 and entropy of the parent's
 #: draft row, the log of the path's cumulative draft probability, and the temperature.
 ACCEPTANCE_FEATURES = ("depth", "log_token_prob", "parent_top1", "parent_entropy", "log_path_prob", "temperature")
 NODE_COLUMNS = ("generation", "step", "node", *ACCEPTANCE_FEATURES, "fed", "label_accept", "label_next")
-_FLOOR = 1e-12
+_FLOOR = 1e-12  # probabilities below it are logged as it (no -inf)
+
+
+def acceptance_row(
+    depth: int, token_prob: float, parent_top1: float, parent_entropy: float, path_prob: float, temperature: float
+) -> tuple[float, ...]:
+    """One node's acceptance-model inputs, in :data:`ACCEPTANCE_FEATURES` order: the one place they are computed.
+
+    The drafting policies (:func:`adaptive_spec.trees.policy.acceptance_rows`, at run time) and the
+    node log (:func:`node_rows`, for training) both call it, so the model sees at run time what it
+    was trained on.
+    """
+    return (
+        float(depth),
+        math.log(max(token_prob, _FLOOR)),
+        float(parent_top1),
+        float(parent_entropy),
+        math.log(max(path_prob, _FLOOR)),
+        float(temperature),
+    )
 
 
 def node_rows(tree: Any, fed: list[bool], target_probs: torch.Tensor, temperature: float) -> dict[str, list]:
@@ -66,13 +85,10 @@ def node_rows(tree: Any, fed: list[bool], target_probs: torch.Tensor, temperatur
     out: dict[str, list] = {c: [] for c in NODE_COLUMNS[2:]}
     for i in range(1, n):
         path[i] = path[tree.parents[i]] * q_list[i - 1]
+        row = acceptance_row(tree.depths[i], q_list[i - 1], top1[i - 1], ent_l[i - 1], path[i], temperature)
         out["node"].append(i)
-        out["depth"].append(tree.depths[i])
-        out["log_token_prob"].append(math.log(max(q_list[i - 1], _FLOOR)))
-        out["parent_top1"].append(top1[i - 1])
-        out["parent_entropy"].append(ent_l[i - 1])
-        out["log_path_prob"].append(math.log(max(path[i], _FLOOR)))
-        out["temperature"].append(float(temperature))
+        for name, value in zip(ACCEPTANCE_FEATURES, row, strict=True):
+            out[name].append(value)
         out["fed"].append(bool(fed[i]))
         out["label_accept"].append(acc_l[i - 1])
         out["label_next"].append(nxt_l[i - 1] if fed[i] else math.nan)
@@ -104,8 +120,9 @@ class NodeLogger:
         if shards:  # appending to a log: generation ids continue after the last one
             import pyarrow.parquet as pq
 
-            self.generation = 1 + max(max(pq.read_table(s, columns=["generation"]).column(0).to_pylist(), default=-1)
-                                      for s in shards)  # fmt: skip
+            self.generation = 1 + max(
+                max(pq.read_table(s, columns=["generation"]).column(0).to_pylist(), default=-1) for s in shards
+            )
 
     def __call__(self, tree: Any, fed: list[bool], target_probs: torch.Tensor, temperature: float) -> None:
         rows = node_rows(tree, fed, target_probs, temperature)

@@ -58,7 +58,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from adaptive_spec.formats.nodes import ACCEPTANCE_FEATURES
+from adaptive_spec.formats.nodes import ACCEPTANCE_FEATURES, acceptance_row
 from adaptive_spec.rng import Sampler
 from adaptive_spec.trees.shapes import DraftLaw, TreeShape
 
@@ -410,18 +410,14 @@ class EagleTree(DraftPolicy):
         return f"eagle:{self.depth}:{self.budget}:{self.top_k}:{self.width}{wor}"
 
 
-_LOG_FLOOR = 1e-12
-
-
 def acceptance_rows(views: Sequence[NodeView], temperature: float) -> list[tuple[float, ...]]:
-    """The acceptance model's input rows for ``views`` (plain tuples, in :data:`ACCEPTANCE_FEATURES` order)."""
-    t = float(temperature)
-    log = math.log
+    """The acceptance model's input rows for ``views`` (plain tuples, in :data:`ACCEPTANCE_FEATURES` order).
+
+    Computed by :func:`adaptive_spec.formats.nodes.acceptance_row`, as the node log computes them.
+    """
     return [
-        (float(v.depth), log(max(v.token_prob, _LOG_FLOOR)), v.parent_top1, v.parent_entropy,
-         log(max(v.path_prob, _LOG_FLOOR)), t)
-        for v in views
-    ]  # fmt: skip
+        acceptance_row(v.depth, v.token_prob, v.parent_top1, v.parent_entropy, v.path_prob, temperature) for v in views
+    ]
 
 
 def acceptance_features(views: Sequence[NodeView], temperature: float) -> Any:

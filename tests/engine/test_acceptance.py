@@ -170,3 +170,40 @@ def test_runtime_refuses_foreign_and_corrupt_files(tmp_path) -> None:
     onnx.save(helper.make_model(graph), tmp_path / "other.onnx")
     with pytest.raises(ValueError, match="not an acceptance model"):
         AcceptanceModel(tmp_path / "other.onnx")
+
+
+def test_runtime_features_equal_the_node_logs(tiny_engine: SpecEngine) -> None:
+    """What a learned chain's model sees while drafting equals what the node log records for training."""
+    seen: list[list[tuple]] = []
+
+    class Recorder(TinyAcceptanceNet):
+        def __call__(self, rows):
+            seen[-1].extend(rows)
+            return super().__call__(rows)
+
+    logged: list[dict] = []
+
+    def node_log(tree, fed, target_probs, temperature):
+        logged.append(node_rows(tree, fed, target_probs, temperature))
+        seen.append([])  # the next step's decisions
+
+    plan = Plan(LearnedChain(depth=5, cost_ratio=0.05, predictor=Recorder(2)), "block")
+    for t in (0.0, 0.8):
+        seen.append([])
+        tiny_engine.node_log = node_log
+        try:
+            tiny_engine.generate([0, 5, 7], plan=plan, temperature=t, max_new_tokens=20, seed=3)
+        finally:
+            tiny_engine.node_log = None
+        seen.pop()  # opened after the last step
+    assert len(seen) == len(logged) > 4
+    compared = 0
+    for decided, rows in zip(seen, logged, strict=True):
+        by_depth = {d: i for i, d in enumerate(rows["depth"])}  # a chain: one node per depth
+        for row in decided:
+            i = by_depth[int(row[0])]
+            logged_row = [rows[name][i] for name in ACCEPTANCE_FEATURES]
+            assert logged_row == pytest.approx(list(row), abs=1e-6)
+            compared += 1
+    assert compared > 10
+    assert any(r[-1] == 0.8 for step in seen for r in step) and any(r[-1] == 0.0 for step in seen for r in step)
