@@ -42,6 +42,8 @@ from adaptive_spec.engine.logits import ProbsFn
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
+from adaptive_spec.trees.draw import draw_children
+from adaptive_spec.trees.lookup import lookup_tree, ngram_lookup
 from adaptive_spec.trees.policy import ChainRule, DraftPolicy, NodeView, PolicyContext, clip_widths
 
 
@@ -141,11 +143,11 @@ def check_finite(ok: torch.Tensor | bool, who: str) -> None:
 
 
 def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One draw per row of ``probs`` (Tensor[W, V]) by the exponential race ``argmax(probs / Exp(1))``.
+    """One draw per row of ``probs`` (Tensor[W, V]) by the exponential race (:func:`draw_children` with ``k = 1``).
 
     Same law as ``torch.multinomial(probs, 1)``, without its per-row setup cost and host sync.
     """
-    return (probs / torch.empty_like(probs).exponential_(generator=generator)).argmax(dim=-1)  # [W]
+    return draw_children(probs, 1, generator)[0][:, 0]  # [W]
 
 
 def draft_tree(
@@ -162,95 +164,136 @@ def draft_tree(
     the :class:`DraftRoot` of their forward, already run. The draft cache is left holding
     the pending tokens plus the fed tree nodes; the caller commits or rolls back.
     """
-    V = probs_fn.vocab_size
-    device = runner.device
-    D = shape.depth
-    tokens, parents, depths = [-1], [-1], [0]
-    child_draws: list[list[int]] = [[]]
+    V, device, D = probs_fn.vocab_size, runner.device, shape.depth
     if D == 0:
-        if isinstance(pending, DraftRoot):  # the pending tokens were fed: node 0 has its row
-            tree = DraftTree(tokens, parents, depths, pending.probs[-1:], child_draws, shape)
-            return DraftOutcome(tree, torch.ones(1, 1, dtype=torch.bool, device=device), pending.pending, 1)
-        probs = torch.zeros(1, V, dtype=torch.float32, device=device)
-        tree = DraftTree(tokens, parents, depths, probs, child_draws, shape)
-        return DraftOutcome(tree, torch.ones(1, 1, dtype=torch.bool, device=device), 0, 0)
-
+        return _root_only(pending, shape, V, device)
     root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
     p, base = root.pending, root.base
     # Block ancestor matrix: block index b < p is a pending token, tree node i sits at p - 1 + i.
-    size = p - 1 + shape.max_nodes
-    anc = torch.zeros(size, size, dtype=torch.bool, device=device)  # [block, block]
-    anc[:p, :p] = root.causal
+    b = _Builder(p - 1 + shape.max_nodes, device, offset=p - 1)
+    b.anc[:p, :p] = root.causal
     ok = root.ok  # checked at the level's host sync, before any drawn token is used
     rows = [root.probs[-1:]]  # per level: Tensor[nodes at that depth, V]
-    level_first = 0  # node id of the first node at the current depth
-    iid_like = shape.law in (DraftLaw.IID, DraftLaw.DELAYED)
-    walkers = [0]  # chain / i.i.d. laws: node each walker stands on
+    level_first, walkers = 0, [0]  # chain / i.i.d. laws: the node each walker stands on
 
     for d in range(D):
-        R = rows[-1]  # [nodes at depth d, V]
-        new_first = len(tokens)
+        new_first = len(b.tokens)
         if shape.law is DraftLaw.WITHOUT_REPLACEMENT:
-            k = min(shape.widths[d], V)
-            keys = R if deterministic else R / torch.empty_like(R).exponential_(generator=generator)
-            idx = keys.topk(k, dim=-1).indices  # [F, k], in draw order
-            valid = R.gather(-1, idx) > 0  # zero-probability tokens are never drawn
-            flat = torch.cat([idx.flatten(), valid.flatten().long(), ok.long()[None]]).tolist()  # one host sync
-            check_finite(flat[-1], "draft")
-            n_draws = idx.numel()
-            for f in range(R.shape[0]):
-                node = level_first + f
-                for j in range(k):
-                    if flat[n_draws + f * k + j]:
-                        child_draws[node].append(_new_node(tokens, parents, depths, child_draws, node, flat[f * k + j]))
+            _wor_level(b, rows[-1], min(shape.widths[d], V), level_first, generator, deterministic, ok)
         else:
-            if iid_like and d == shape.trunk:
+            if shape.law in (DraftLaw.IID, DraftLaw.DELAYED) and d == shape.trunk:
                 walkers = walkers * shape.paths  # the rollouts start at the trunk's end
-            sel = R[torch.tensor([w - level_first for w in walkers], device=device)]  # [W, V]
-            # [W] draws, i.i.d. with replacement (the argmax for a lone walker at T=0)
-            single = deterministic and len(walkers) == 1
-            drawn = sel.argmax(dim=-1) if single else sample_categorical(sel, generator)
-            drawn = torch.cat([drawn, ok.long()[None]]).tolist()  # one host sync
-            check_finite(drawn.pop(), "draft")
-            index: dict[tuple[int, int], int] = {}
-            for w, tok in enumerate(drawn):
-                node = walkers[w]
-                child = index.get((node, tok))
-                if child is None:
-                    child = _new_node(tokens, parents, depths, child_draws, node, tok)
-                    index[(node, tok)] = child
-                child_draws[node].append(child)
-                walkers[w] = child
-        new_last = len(tokens)
-        # Ancestor rows of the new nodes: their parent's row plus themselves.
-        b_new = torch.arange(p - 1 + new_first, p - 1 + new_last, device=device)
-        b_par = torch.tensor(parents[new_first:new_last], device=device) + (p - 1)
-        anc[b_new] = anc[b_par]
-        anc[b_new, b_new] = True
+            walkers = _walker_level(b, rows[-1], walkers, level_first, generator, deterministic, ok)
+        new = b.link(new_first)  # block rows of the new level
         level_first = new_first
         if d + 1 < D:  # feed the new level so that it can be expanded
-            ids = torch.tensor(tokens[new_first:new_last], device=device)
-            pos = torch.full((new_last - new_first,), base + p - 1 + d + 1, device=device)
-            m = p - 1 + new_last
-            logits = runner.block_forward(ids, pos, anc[b_new, :m], logits_to_keep=new_last - new_first)
+            ids = torch.tensor(b.tokens[new_first:], device=device)
+            pos = torch.full((len(ids),), base + p - 1 + d + 1, device=device)
+            logits = runner.block_forward(ids, pos, b.anc[new, : p - 1 + len(b.tokens)], logits_to_keep=len(ids))
             rows.append(probs_fn(logits))
             ok = finite_flag(logits, rows[-1])
 
-    n = len(tokens)
-    fed = n - sum(1 for x in depths if x == D)
+    n = len(b.tokens)
+    fed = n - sum(1 for x in b.depths if x == D)
     probs = torch.cat([*rows, torch.zeros(n - fed, V, dtype=rows[0].dtype, device=device)])  # [N, V]
-    tree = DraftTree(tokens, parents, depths, probs, child_draws, shape)
-    return DraftOutcome(tree, anc[p - 1 : p - 1 + n, p - 1 : p - 1 + n], p, fed)
+    tree = DraftTree(b.tokens, b.parents, b.depths, probs, b.child_draws, shape)
+    return DraftOutcome(tree, b.anc[p - 1 : p - 1 + n, p - 1 : p - 1 + n], p, fed)
 
 
-def _new_node(
-    tokens: list[int], parents: list[int], depths: list[int], child_draws: list[list[int]], parent: int, token: int
-) -> int:
-    tokens.append(token)
-    parents.append(parent)
-    depths.append(depths[parent] + 1)
-    child_draws.append([])
-    return len(tokens) - 1
+def _root_only(pending: torch.Tensor | DraftRoot, shape: TreeShape, vocab: int, device: torch.device) -> DraftOutcome:
+    """A depth-0 tree: the root alone (with the draft's row when the pending tokens were fed)."""
+    one = torch.ones(1, 1, dtype=torch.bool, device=device)
+    if isinstance(pending, DraftRoot):  # the pending tokens were fed: node 0 has its row
+        return DraftOutcome(DraftTree([-1], [-1], [0], pending.probs[-1:], [[]], shape), one, pending.pending, 1)
+    probs = torch.zeros(1, vocab, dtype=torch.float32, device=device)
+    return DraftOutcome(DraftTree([-1], [-1], [0], probs, [[]], shape), one, 0, 0)
+
+
+class _Builder:
+    """A tree's nodes as they are drawn, and its ancestor matrix (node ``i`` at row ``offset + i``)."""
+
+    def __init__(self, size: int, device: torch.device, offset: int = 0) -> None:
+        self.tokens, self.parents, self.depths = [-1], [-1], [0]
+        self.child_draws: list[list[int]] = [[]]
+        self.anc = torch.zeros(size, size, dtype=torch.bool, device=device)
+        self.anc[offset, offset] = True
+        self.offset, self.device = offset, device
+
+    def new_node(self, parent: int, token: int) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(self.depths[parent] + 1)
+        self.child_draws.append([])
+        return len(self.tokens) - 1
+
+    def link(self, first: int, nodes: list[int] | None = None) -> torch.Tensor:
+        """Fill the ancestor rows of the new nodes (``first`` onwards, or ``nodes``): the parent's row plus themselves.
+
+        Returns their row indices.
+        """
+        nodes = list(range(first, len(self.tokens))) if nodes is None else nodes
+        rows = torch.tensor(nodes, device=self.device) + self.offset
+        par = torch.tensor([self.parents[c] for c in nodes], device=self.device) + self.offset
+        self.anc[rows] = self.anc[par]
+        self.anc[rows, rows] = True
+        return rows
+
+
+def _wor_level(
+    b: _Builder, R: torch.Tensor, k: int, first: int, generator: torch.Generator, greedy: bool, ok: torch.Tensor
+) -> None:
+    """Every frontier node (rows ``R``, nodes ``first ..``) draws ``k`` distinct children."""
+    idx, valid = draw_children(R, k, generator, greedy=greedy)
+    flat = torch.cat([idx.flatten(), valid.flatten().long(), ok.long()[None]]).tolist()  # one host sync
+    check_finite(flat[-1], "draft")
+    n_draws = idx.numel()
+    for f in range(R.shape[0]):
+        for j in range(k):
+            if flat[n_draws + f * k + j]:
+                b.child_draws[first + f].append(b.new_node(first + f, flat[f * k + j]))
+
+
+def _walker_level(
+    b: _Builder,
+    R: torch.Tensor,
+    walkers: list[int],
+    first: int,
+    generator: torch.Generator,
+    deterministic: bool,
+    ok: torch.Tensor,
+) -> list[int]:
+    """Each walker draws one child of the node it stands on (i.i.d.; merged when two draw the same token there).
+
+    A lone walker takes the argmax at temperature 0. Returns where the walkers stand now.
+    """
+    sel = R[torch.tensor([w - first for w in walkers], device=R.device)]  # [W, V]
+    drawn, _ = draw_children(sel, 1, generator, greedy=deterministic and len(walkers) == 1)
+    drawn = torch.cat([drawn[:, 0], ok.long()[None]]).tolist()  # one host sync
+    check_finite(drawn.pop(), "draft")
+    index: dict[tuple[int, int], int] = {}
+    out = []
+    for node, tok in zip(walkers, drawn, strict=True):
+        child = index.get((node, tok))
+        if child is None:
+            child = index[(node, tok)] = b.new_node(node, tok)
+        b.child_draws[node].append(child)
+        out.append(child)
+    return out
+
+
+def lookup_outcome(
+    context: list[int], depth: int, vocab_size: int, device: torch.device, root: DraftRoot | None
+) -> DraftOutcome:
+    """A lookup step's chain (:mod:`adaptive_spec.trees.lookup`): no draft forward.
+
+    ``root``: the step's first draft forward, when it was run for the root features (else None).
+    """
+    tree = lookup_tree(ngram_lookup(context, depth), vocab_size, device)
+    n = tree.num_nodes
+    ancestors = torch.ones(n, n, dtype=torch.bool, device=device).tril_()
+    if root is None:  # the draft model was not run: its pending tokens wait for the next model step
+        return DraftOutcome(tree, ancestors, pending_fed=0, fed_nodes=0)
+    return DraftOutcome(tree, ancestors, pending_fed=root.pending, fed_nodes=1)  # only the root has a draft row
 
 
 def draft_policy_tree(
@@ -280,119 +323,144 @@ def draft_policy_tree(
     without replacement), so single-child nodes extend greedily; the greedy verifier is
     lossless for any tree.
     """
-    V = probs_fn.vocab_size
     device = runner.device
-    law = policy.law
     root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
     p, base = root.pending, root.base
-    n_max = policy.shape.max_nodes
-    anc = torch.zeros(n_max, n_max, dtype=torch.bool, device=device)  # [node, node] ancestor matrix
-    anc[0, 0] = True
-    tokens, parents, depths = [-1], [-1], [0]
-    child_draws: list[list[int]] = [[]]
-    views: dict[int, NodeView] = {}
-    cache_rows = {0: 0}  # fed node -> offset after the root in the draft cache (feed order)
-    fed_order = [0]
-    rows = [root.probs[-1:]]  # per fed level: Tensor[F, V]
+    g = _PolicyGrowth(policy, probs_fn.vocab_size, device, temperature, features, TorchSampler(generator))
     frontier, R, ok = [0], root.probs[-1:], root.ok
-    sampler = TorchSampler(generator)
-    budget = policy.budget
-    K = 1 if law is DraftLaw.DYNAMIC_CHAIN else max(1, min(policy.max_width, V))
+    rows = [R]  # per fed level: Tensor[F, V]
     pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device)
-    levels, decision_s = 0, 0.0
-    chain_rule = isinstance(policy, ChainRule)  # widths are always 1: no call needed
-
-    while frontier and budget > 0 and policy.depth > 0:
-        F = len(frontier)
-        if law is DraftLaw.DYNAMIC_WOR:
-            keys = R if deterministic else R / torch.empty_like(R).exponential_(generator=generator)
-            cand = keys.topk(K, dim=-1).indices  # [F, K], in draw order
-        else:
-            race = R[:, None, :] / torch.empty(F, K, V, dtype=R.dtype, device=device).exponential_(generator=generator)
-            cand = race.argmax(dim=-1)  # [F, K] i.i.d. draws
-            if deterministic:
-                cand[:, 0] = R.argmax(dim=-1)
-        cand_q = R.gather(-1, cand)  # [F, K]
-        logr = torch.where(R > 0, R.log(), torch.zeros_like(R))
-        ent = -(R * logr).sum(-1)  # [F]
-        top1 = R.max(dim=-1).values  # [F]
-        host = torch.cat(
-            [cand.flatten().double(), cand_q.flatten().double(), ent.double(), top1.double(), ok.double()[None]]
-        ).tolist()  # the level's one host sync
-        check_finite(host[-1], "draft")
-        n_c = F * K
-        c_tok, c_q = host[:n_c], host[n_c : 2 * n_c]
-        f_ent, f_top = host[2 * n_c : 2 * n_c + F], host[2 * n_c + F : 2 * n_c + 2 * F]
-        t_decide = time.perf_counter()
-        fv = []
-        for i, n in enumerate(frontier):
-            v = views.get(n)
-            if v is None:  # the root
-                v = views[n] = NodeView(0, -1, -1, 0, 1.0, 1.0, f_ent[i], f_top[i])
-            v.entropy, v.top1 = f_ent[i], f_top[i]
-            fv.append(v)
-        if chain_rule:  # one child per fed node: the frontier is fed only below the depth, within the budget
-            widths = [1] * len(fv)
-        else:
-            ctx = PolicyContext(budget, temperature, features)
-            widths = clip_widths(policy, fv, policy.widths(fv, ctx, sampler), budget)
-        decision_s += time.perf_counter() - t_decide
-        levels += 1
-        new: list[int] = []
-        for i, (v, k) in enumerate(zip(fv, widths, strict=True)):
-            if k == 0:
-                continue
-            budget -= k
-            first, index, q_of = len(tokens), {}, {}
-            for j in range(k):
-                tok, q = int(c_tok[i * K + j]), c_q[i * K + j]
-                if q <= 0.0:  # zero-probability tokens are never drawn (they sort last in a top-k)
-                    break
-                child = index.get(tok)
-                if child is None:
-                    child = _new_node(tokens, parents, depths, child_draws, v.node, tok)
-                    index[tok], q_of[child] = child, q
-                child_draws[v.node].append(child)
-            draws = child_draws[v.node]
-            for c in range(first, len(tokens)):
-                views[c] = NodeView(
-                    c, v.node, tokens[c], v.depth + 1, q_of[c], v.path_prob * q_of[c], f_ent[i], f_top[i],
-                    multiplicity=draws.count(c), parent_draws=len(draws), branched=v.branched or len(draws) > 1,
-                    parent_memo=v.memo,
-                )  # fmt: skip
-                new.append(c)
+    while frontier and g.budget > 0 and policy.depth > 0:
+        stats = _level_candidates(R, g.K, policy.law is DraftLaw.DYNAMIC_WOR, generator, deterministic, ok)
+        new = g.expand(frontier, *stats)
         if not new:
             break
-        new_t = torch.tensor(new, device=device)
-        anc[new_t] = anc[torch.tensor([parents[c] for c in new], device=device)]
-        anc[new_t, new_t] = True
-        if budget <= 0:
+        g.b.link(0, new)
+        if g.budget <= 0:
             break
-        t_decide = time.perf_counter()
-        nv = [views[c] for c in new]
-        feed = policy.feed(nv, PolicyContext(budget, temperature, features), sampler)
-        if len(feed) != len(nv):
-            raise ValueError(f"{type(policy).__name__}.feed returned {len(feed)} values for {len(nv)} nodes")
-        frontier = [v.node for v, f in zip(nv, feed, strict=True) if f and v.depth < policy.depth]
-        decision_s += time.perf_counter() - t_decide
+        frontier = g.feed(new)
         if not frontier:
             break
-        for c in frontier:
-            cache_rows[c] = len(fed_order)
-            fed_order.append(c)
         fr_t = torch.tensor(frontier, device=device)
-        allowed = torch.cat(
-            [pending_pos.expand(len(frontier), -1), anc[fr_t][:, torch.tensor(fed_order, device=device)]], dim=1
-        )  # [F', p - 1 + fed]
-        ids = torch.tensor([tokens[c] for c in frontier], device=device)
-        pos = torch.tensor([base + p - 1 + depths[c] for c in frontier], device=device)
-        logits = runner.block_forward(ids, pos, allowed, logits_to_keep=len(frontier))
+        fed_t = torch.tensor(g.fed_order, device=device)
+        allowed = torch.cat([pending_pos.expand(len(frontier), -1), g.b.anc[fr_t][:, fed_t]], dim=1)
+        ids = torch.tensor([g.b.tokens[c] for c in frontier], device=device)
+        pos = torch.tensor([base + p - 1 + g.b.depths[c] for c in frontier], device=device)
+        logits = runner.block_forward(ids, pos, allowed, logits_to_keep=len(frontier))  # [F', V']
         R = probs_fn(logits)
         ok = finite_flag(logits, R)
         rows.append(R)
+    return g.outcome(rows, p)
 
-    n = len(tokens)
-    probs = torch.zeros(n, V, dtype=rows[0].dtype, device=device)
-    probs[torch.tensor(fed_order, device=device)] = torch.cat(rows)[: len(fed_order)]
-    tree = DraftTree(tokens, parents, depths, probs, child_draws, policy.shape)
-    return DraftOutcome(tree, anc[:n, :n], p, len(fed_order), cache_rows, levels, decision_s)
+
+def _level_candidates(
+    R: torch.Tensor, K: int, without_replacement: bool, generator: torch.Generator, greedy: bool, ok: torch.Tensor
+) -> tuple[list[float], list[float], list[float], list[float]]:
+    """``K`` candidate children per frontier row, their draft probabilities, and the rows' entropy and top-1.
+
+    One host sync for the level (it also checks that the rows were finite).
+    """
+    F = R.shape[0]
+    cand, _ = draw_children(R, K, generator, replace=not without_replacement, greedy=greedy)  # [F, K]
+    cand_q = R.gather(-1, cand)  # [F, K]
+    ent = -(R * torch.where(R > 0, R.log(), torch.zeros_like(R))).sum(-1)  # [F]
+    top1 = R.max(dim=-1).values  # [F]
+    host = torch.cat(
+        [cand.flatten().double(), cand_q.flatten().double(), ent.double(), top1.double(), ok.double()[None]]
+    ).tolist()  # the level's one host sync
+    check_finite(host[-1], "draft")
+    n = F * K
+    return host[:n], host[n : 2 * n], host[2 * n : 2 * n + F], host[2 * n + F : 2 * n + 2 * F]
+
+
+class _PolicyGrowth:
+    """A policy-grown tree in progress: its nodes, their views, the budget and the feed order."""
+
+    def __init__(
+        self,
+        policy: DraftPolicy,
+        vocab: int,
+        device: torch.device,
+        temperature: float,
+        features: Mapping[str, float] | None,
+        sampler: TorchSampler,
+    ) -> None:
+        self.policy, self.vocab, self.device, self.sampler = policy, vocab, device, sampler
+        self.temperature, self.features = temperature, features
+        self.b = _Builder(policy.shape.max_nodes, device)
+        self.views: dict[int, NodeView] = {}
+        self.cache_rows = {0: 0}  # fed node -> offset after the root in the draft cache (feed order)
+        self.fed_order = [0]
+        self.budget = policy.budget
+        self.K = 1 if policy.law is DraftLaw.DYNAMIC_CHAIN else max(1, min(policy.max_width, vocab))
+        self.levels, self.decision_s = 0, 0.0
+
+    def context(self) -> PolicyContext:
+        return PolicyContext(self.budget, self.temperature, self.features)
+
+    def expand(
+        self, frontier: list[int], c_tok: list[float], c_q: list[float], f_ent: list[float], f_top: list[float]
+    ) -> list[int]:
+        """The policy's widths for the fed frontier, then the children they pick from the candidates; the new nodes."""
+        t0 = time.perf_counter()
+        fv = []
+        for i, n in enumerate(frontier):
+            v = self.views.get(n)
+            if v is None:  # the root
+                v = self.views[n] = NodeView(0, -1, -1, 0, 1.0, 1.0, f_ent[i], f_top[i])
+            v.entropy, v.top1 = f_ent[i], f_top[i]
+            fv.append(v)
+        if isinstance(self.policy, ChainRule):  # one child per fed node: no call needed
+            widths = [1] * len(fv)
+        else:
+            widths = clip_widths(self.policy, fv, self.policy.widths(fv, self.context(), self.sampler), self.budget)
+        self.decision_s += time.perf_counter() - t0
+        self.levels += 1
+        new: list[int] = []
+        for i, (v, k) in enumerate(zip(fv, widths, strict=True)):
+            if k > 0:
+                self.budget -= k
+                new += self._children(v, c_tok[i * self.K : i * self.K + k], c_q[i * self.K :], f_ent[i], f_top[i])
+        return new
+
+    def _children(self, v: NodeView, toks: list[float], qs: list[float], ent: float, top1: float) -> list[int]:
+        """Node ``v``'s drawn children (merged by token, in draw order) with their views."""
+        b, first, index, q_of = self.b, len(self.b.tokens), {}, {}
+        for j, tok in enumerate(map(int, toks)):
+            if qs[j] <= 0.0:  # zero-probability tokens are never drawn (they sort last in a top-k)
+                break
+            child = index.get(tok)
+            if child is None:
+                child = index[tok] = b.new_node(v.node, tok)
+                q_of[child] = qs[j]
+            b.child_draws[v.node].append(child)
+        draws = b.child_draws[v.node]
+        for c in range(first, len(b.tokens)):
+            self.views[c] = NodeView(
+                c, v.node, b.tokens[c], v.depth + 1, q_of[c], v.path_prob * q_of[c], ent, top1,
+                multiplicity=draws.count(c), parent_draws=len(draws), branched=v.branched or len(draws) > 1,
+                parent_memo=v.memo,
+            )  # fmt: skip
+        return list(range(first, len(b.tokens)))
+
+    def feed(self, new: list[int]) -> list[int]:
+        """The policy's feed decisions on the new nodes: those to run through the draft (recorded in feed order)."""
+        t0 = time.perf_counter()
+        nv = [self.views[c] for c in new]
+        feed = self.policy.feed(nv, self.context(), self.sampler)
+        if len(feed) != len(nv):
+            raise ValueError(f"{type(self.policy).__name__}.feed returned {len(feed)} values for {len(nv)} nodes")
+        frontier = [v.node for v, f in zip(nv, feed, strict=True) if f and v.depth < self.policy.depth]
+        self.decision_s += time.perf_counter() - t0
+        for c in frontier:
+            self.cache_rows[c] = len(self.fed_order)
+            self.fed_order.append(c)
+        return frontier
+
+    def outcome(self, rows: list[torch.Tensor], pending: int) -> DraftOutcome:
+        b, n = self.b, len(self.b.tokens)
+        probs = torch.zeros(n, self.vocab, dtype=rows[0].dtype, device=self.device)
+        probs[torch.tensor(self.fed_order, device=self.device)] = torch.cat(rows)[: len(self.fed_order)]
+        tree = DraftTree(b.tokens, b.parents, b.depths, probs, b.child_draws, self.policy.shape)
+        fed = len(self.fed_order)
+        return DraftOutcome(tree, b.anc[:n, :n], pending, fed, self.cache_rows, self.levels, self.decision_s)

@@ -41,6 +41,7 @@ from adaptive_spec.engine.drafting import (
     draft_root,
     draft_tree,
     finite_flag,
+    lookup_outcome,
     sample_categorical,
 )
 from adaptive_spec.engine.eagle import EagleRunner, draft_runner, is_eagle_head
@@ -63,7 +64,6 @@ from adaptive_spec.engine.stopping import cut_at_stop, emit
 from adaptive_spec.formats.feature_log import prompt_key
 from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
 from adaptive_spec.trees import TreeShape, block_ancestors, block_positions
-from adaptive_spec.trees.lookup import lookup_tree, ngram_lookup
 from adaptive_spec.verifiers import REGISTRY, verify
 
 if TYPE_CHECKING:
@@ -621,7 +621,7 @@ class SpecEngine:
         """Draft the step's tree by the plan's source: lookup in the context, a drafting policy, or a static shape."""
         state, sampling = run.state, run.request.sampling
         if plan.source == "lookup":  # found in the context: one-hot rows, no draft forward
-            return _lookup_outcome(state.context, plan.shape.depth, self.vocab_size, self.device, root)
+            return lookup_outcome(state.context, plan.shape.depth, self.vocab_size, self.device, root)
         pending = root  # the first draft forward, if already run; else the pending tokens (root last)
         if pending is None:
             pending = torch.tensor(state.context[state.draft.cached :], dtype=torch.long, device=self.device)
@@ -689,21 +689,6 @@ class SpecEngine:
 
 
 # ---------------------------------------------------------------------- module helpers
-def _lookup_outcome(
-    context: list[int], depth: int, vocab_size: int, device: torch.device, root: DraftRoot | None
-) -> DraftOutcome:
-    """A lookup step's chain (:mod:`adaptive_spec.trees.lookup`).
-
-    ``root``: the step's first draft forward, when it was run for the root features (else None).
-    """
-    tree = lookup_tree(ngram_lookup(context, depth), vocab_size, device)
-    n = tree.num_nodes
-    ancestors = torch.ones(n, n, dtype=torch.bool, device=device).tril_()
-    if root is None:  # the draft model was not run: its pending tokens wait for the next model step
-        return DraftOutcome(tree, ancestors, pending_fed=0, fed_nodes=0)
-    return DraftOutcome(tree, ancestors, pending_fed=root.pending, fed_nodes=1)  # only the root has a draft row
-
-
 def _drain(it: Iterator[list[int]]) -> GenerationResult:
     """Run the loop's iterator to its end; its return value."""
     while True:

@@ -52,6 +52,7 @@ from adaptive_spec.formats.features import SCHEMA
 from adaptive_spec.formats.label_table import LABELS_FILE, LabelTable, write_labels
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
+from adaptive_spec.trees.draw import draw_children
 from adaptive_spec.trees.policy import ChainRule, NodeView, PolicyContext, row_stats
 
 
@@ -262,17 +263,15 @@ def _draw_level(
     if not requests:
         return []
     R = torch.stack([rows[parent] for _, parent, _ in requests])  # [W, V]
-    # Draws by the exponential race (Gumbel-top-k for without replacement); at T=0 single walkers
-    # take the argmax and without-replacement nodes their top-w tokens, as the engine does.
-    keys = R / torch.empty_like(R).exponential_(generator=generator)
+    # The engine's drafting laws (draw_children): at T=0 single walkers take the argmax and
+    # without-replacement nodes their top-w tokens, while i.i.d. rollouts are sampled.
+    greedy_rows = False
     if greedy:
-        plain = torch.tensor([mode == "one" or mode[0] == "wor" for _, _, mode in requests], device=R.device)
-        keys = torch.where(plain[:, None], R, keys)
+        greedy_rows = torch.tensor([mode == "one" or mode[0] == "wor" for _, _, mode in requests], device=R.device)
     kmax = max((mode[1] for _, _, mode in requests if mode != "one" and mode[0] == "wor"), default=1)
     kmax = min(kmax, vocab)
-    top = keys.topk(kmax, dim=-1)
-    valid = R.gather(-1, top.indices) > 0
-    idx, ok = top.indices.tolist(), valid.tolist()
+    top, valid = draw_children(R, kmax, generator, greedy=greedy_rows)
+    idx, ok = top.tolist(), valid.tolist()
     before = len(forest.tokens)
     for r, (ti, parent, mode) in enumerate(requests):
         tree = forest.trees[ti]

@@ -1,8 +1,16 @@
-"""Reference drafting: sample a :class:`DraftTree` from a draft distribution function.
+"""Drawing draft trees: the one child-drawing rule, and the reference drawers.
 
-``sample_tree`` is the reference path for tests and research: it calls
-``draft_probs_fn(prefix)`` once per expanded node. The engine drafts with batched model
-calls and must produce the same law (tested in the engine's tests).
+:func:`draw_children` is how every drafter draws a level's children from the draft rows: the
+engine's static and policy drafters (:mod:`adaptive_spec.engine.drafting`) and the labeller's
+forest (:mod:`adaptive_spec.records.forest`). The drafting laws (docs/algorithms.md §8) are
+written there once.
+
+``sample_tree`` and ``sample_policy_tree`` are the reference path for tests and research: they
+call ``draft_probs_fn(prefix)`` once per expanded node and draw one token at a time through a
+:class:`~adaptive_spec.rng.Sampler`, so that the exact tests can enumerate every draw. They are
+kept apart from :func:`draw_children` on purpose: they are the specification the batched
+drafters are tested against (``tests/engine/test_drafting.py``), and a shared implementation
+would make that test check nothing.
 """
 
 from __future__ import annotations
@@ -17,6 +25,44 @@ from adaptive_spec.trees.shapes import DraftLaw, TreeShape
 from adaptive_spec.trees.tree import DraftTree
 
 DraftProbsFn = Callable[[tuple[int, ...]], torch.Tensor]
+
+
+def draw_children(
+    rows: torch.Tensor,
+    k: int,
+    generator: torch.Generator,
+    *,
+    replace: bool = False,
+    greedy: bool | torch.Tensor = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k`` children per row of ``rows`` (Tensor[W, V]) by the exponential race: ``(tokens [W, k], valid [W, k])``.
+
+    * ``replace=False``: the first ``k`` of ``argsort(rows / Exp(1))``, which are ``k`` draws
+      without replacement (Gumbel-top-k, Plackett-Luce); ``k = 1`` is one categorical draw.
+    * ``replace=True``: ``k`` independent draws (one race each, over ``[W, k, V]``).
+
+    ``greedy`` (a bool, or BoolTensor[W] per row) is temperature 0's rule: those rows take their
+    argmax first (without replacement their top-``k`` tokens, with replacement their first draw).
+    Greedy verification is lossless for any tree. ``valid`` is False where the drawn token has
+    probability 0 (a race reaches one only when fewer than ``k`` tokens remain); those draws do
+    not happen. No host sync.
+    """
+    if replace:
+        race = rows[:, None, :] / torch.empty(
+            rows.shape[0], k, rows.shape[1], dtype=rows.dtype, device=rows.device
+        ).exponential_(generator=generator)
+        tokens = race.argmax(dim=-1)  # [W, k]
+        if isinstance(greedy, torch.Tensor):
+            tokens[:, 0] = torch.where(greedy, rows.argmax(dim=-1), tokens[:, 0])
+        elif greedy:
+            tokens[:, 0] = rows.argmax(dim=-1)
+    else:
+        if isinstance(greedy, torch.Tensor):
+            keys = torch.where(greedy[:, None], rows, rows / torch.empty_like(rows).exponential_(generator=generator))
+        else:
+            keys = rows if greedy else rows / torch.empty_like(rows).exponential_(generator=generator)
+        tokens = keys.argmax(dim=-1, keepdim=True) if k == 1 else keys.topk(k, dim=-1).indices  # [W, k], draw order
+    return tokens, rows.gather(-1, tokens) > 0
 
 
 class _Builder:
