@@ -1,7 +1,8 @@
 """``adaptive-spec label LOGDIR``: label a feature log for every action (E[τ+1] and predicted step time).
 
 Writes ``OUT/labels.parquet`` and the report folder ``OUT/label_report/`` (``--out`` default: the
-log directory itself). The labelling is :func:`adaptive_spec.records.label.label_directory`.
+log directory itself). The labelling is :func:`adaptive_spec.records.label.label_directory`; the
+labeller is :mod:`adaptive_spec.records.labeller`.
 """
 
 from __future__ import annotations
@@ -23,9 +24,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-contexts", type=int, default=None, help="label at most this many roots")
     parser.add_argument("--actions", type=Path, default=None, help="action-space YAML (default: the built-in grid)")
     parser.add_argument(
-        "--profile", type=Path, default=None,
+        "--profile",
+        type=Path,
+        default=None,
         help=f"latency profile JSON (default: {default_profile_path()}; see `adaptive-spec profile`)",
-    )  # fmt: skip
+    )
     add_model_options(parser, pair_default="the log's, else the built-in pair", dtype_default="float32 on CPU")
     parser.add_argument("--seed", type=int, default=0, help="seed of the tree draws (default: 0)")
     add_out_dir_option(parser, f"{LABELS_NAME} and the report folder label_report/", default_text="the log directory")
@@ -44,9 +47,18 @@ def run(args: argparse.Namespace) -> int:
     label_path = out_file(out, LABELS_NAME)
     config = LabelConfig(every=args.every, samples=args.samples, seed=args.seed, max_contexts=args.max_contexts)
     table, path = label_log(
-        args.log_dir, config, target=args.target, draft=args.draft, device=args.device, dtype=args.dtype,
-        actions=args.actions, profile=args.profile, out=label_path, progress=not args.no_progress, strict=args.strict,
-    )  # fmt: skip
+        args.log_dir,
+        config,
+        target=args.target,
+        draft=args.draft,
+        device=args.device,
+        dtype=args.dtype,
+        actions=args.actions,
+        profile=args.profile,
+        out=label_path,
+        progress=not args.no_progress,
+        strict=args.strict,
+    )
     report_dir = args.report or out / "label_report"
     rep = write_report(table, report_dir)
     print(f"labelled {len(table)} roots x {len(table.actions)} actions -> {path}")

@@ -74,9 +74,14 @@ def collect(
         if log is not None:
             log.prompt_index = i
         out = engine.generate(
-            prompts[i], max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-            plan=planner, seed=seed + n,
-        )  # fmt: skip
+            prompts[i],
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            plan=planner,
+            seed=seed + n,
+        )
         tokens += len(out.token_ids)
         if getattr(engine, "node_log", None) is not None:
             engine.node_log.end_generation()

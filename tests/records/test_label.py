@@ -13,7 +13,9 @@ from adaptive_spec.analysis.expected import expected_block_efficiency
 from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
 from adaptive_spec.planner.latency import LatencyModel
 from adaptive_spec.planner.plan import Plan
-from adaptive_spec.records.label import LabelConfig, Labeller, family_specs
+from adaptive_spec.records.forest import family_specs
+from adaptive_spec.records.labeller import LabelConfig, Labeller
+from adaptive_spec.trees import DraftLaw
 from tests.helpers.profiles import synthetic_profile
 from tests.helpers.tiny import tiny_model
 
@@ -72,12 +74,12 @@ def _exact_moments(plan: Plan, target, draft, temperature: float) -> tuple[float
 
 def test_family_specs_cover_every_plan():
     plans = [Plan.parse(p) for p in PLANS]
-    kinds = [(s.kind, s.trunk, s.paths, s.length, s.widths) for s in family_specs(plans)]
+    kinds = [(s.law, s.trunk, s.paths, s.length, s.widths) for s in family_specs(plans)]
     assert kinds == [
-        ("chain", 0, 1, 2, ()),
-        ("rollout", 0, 3, 2, ()),
-        ("rollout", 1, 2, 1, ()),
-        ("wor", 0, 1, 0, (3, 1)),
+        (DraftLaw.CHAIN, 0, 1, 2, ()),
+        (DraftLaw.IID, 0, 3, 2, ()),
+        (DraftLaw.DELAYED, 1, 2, 1, ()),
+        (DraftLaw.WITHOUT_REPLACEMENT, 0, 1, 0, (3, 1)),
     ]
 
 
@@ -144,7 +146,7 @@ def test_chain_policy_labels_match_the_policys_exact_law(pair):
     its labels converge to the exact expectation under the policy's own drafting law."""
     target, draft = pair
     plans = [Plan.parse(p) for p in ["chain:1/block", "chain:3/block", *POLICIES]]
-    assert [s.length for s in family_specs(plans) if s.kind == "chain"] == [3]  # one chain family for all
+    assert [s.length for s in family_specs(plans) if s.law is DraftLaw.CHAIN] == [3]  # one chain family for all
     samples = 300
     latency = LatencyModel.from_profile(synthetic_profile())
     labeller = Labeller(target, draft, plans, latency, V, LabelConfig(samples=samples))
