@@ -1,6 +1,6 @@
 """``adaptive-spec bench latency-model``: the latency model's predicted step times vs measured steps.
 
-The comparison is :func:`adaptive_spec.bench.latency_fit.compare`.
+The comparison is :func:`adaptive_spec.bench.latency_check.compare`.
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from adaptive_spec.bench.latency_fit import FIT_PLANS, compare, plot_comparison
+from adaptive_spec.bench.latency_check import CHECK_PLANS, compare, plot_comparison
 from adaptive_spec.options import add_json_option, add_limit_option, add_model_options, add_progress_option
 from adaptive_spec.planner.latency import default_profile_path
 
@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profile", type=Path, default=None, help=f"latency profile (default: {default_profile_path()})"
     )
-    parser.add_argument("--plans", default=FIT_PLANS, help="comma-separated static plans (default: %(default)s)")
+    parser.add_argument("--plans", default=CHECK_PLANS, help="comma-separated static plans (default: %(default)s)")
     add_limit_option(parser, 4, "built-in prompts")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="new tokens per prompt (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=1.0, help="(default: %(default)s)")
@@ -55,9 +55,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"warning: the profile was measured on {there.get('name')} ({there.get('type')}), this is {here['name']}")
     prompts = default_prompts()[: args.limit]
     steps = measure_steps(
-        engine, prompts, plans, args.max_new_tokens, args.temperature, args.seed, not args.no_progress,
+        engine,
+        prompts,
+        plans,
+        args.max_new_tokens,
+        args.temperature,
+        args.seed,
+        not args.no_progress,
         desc="bench latency-model",
-    )  # fmt: skip
+    )
     report = compare(model, steps, args.temperature)
     report["config"] = {
         "profile": str(args.profile or default_profile_path()),

@@ -79,10 +79,18 @@ def run(args: argparse.Namespace) -> int:
     labels = {"target": args.target or "built-in pair (target)", "draft": args.draft or "built-in pair (draft)"}
     try:
         profile = measure_profile(
-            engine, args.contexts, args.tokens, args.warmup, args.repeats, plans,
-            calibration_tokens=args.calibration_tokens, seed=args.seed, progress=not args.no_progress, models=labels,
+            engine,
+            args.contexts,
+            args.tokens,
+            args.warmup,
+            args.repeats,
+            plans,
+            calibration_tokens=args.calibration_tokens,
+            seed=args.seed,
+            progress=not args.no_progress,
+            models=labels,
             verify_trees=args.verify_trees,
-        )  # fmt: skip
+        )
     except ValueError as err:
         raise SystemExit(f"profile: {err}") from None
     write_json_atomic(profile, path)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-FIT_PLANS = (
+CHECK_PLANS = (
     "chain:2/token,chain:6/block,iid:2x4/specinfer,iid:3x6/traversal,delayed:2x2x4/gbv,delayed:4x4x4/traversal,"
     "wor:2x2x1/traversal,wor:3x2x2/rrsw"
 )

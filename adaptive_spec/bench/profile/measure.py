@@ -1,26 +1,6 @@
-"""``adaptive-spec profile``: measure a draft/target pair's latency profile on this device.
+"""Measuring a latency profile: forwards by context and block size, verifiers by tree size, engine steps.
 
-Three measurements, all through the engine's own code paths, saved as one JSON profile that
-:class:`adaptive_spec.planner.latency.LatencyModel` reads:
-
-1. **Forwards.** For each context length ``c`` and block size ``t`` of the grid: one
-   ``ModelRunner.block_forward`` of ``t`` tokens under a tree (here causal) mask over a KV
-   cache prefilled to ``c`` rows, rolled back after each call. Draft and target calls
-   alternate (warm-up calls first, then ``repeats`` timed pairs), so that changes in machine
-   load hit both alike; the profile keeps medians and quartiles in milliseconds.
-2. **Verifiers.** Each registered lossless verifier (``greedy`` included, for temperature 0),
-   on every drafting law it accepts, on synthetic trees of several sizes at the models'
-   vocabulary size (target logits ~ N(0, 3^2), draft logits = target + N(0, 1)): median
-   milliseconds per ``verify`` call against the tree's node count.
-3. **Bookkeeping.** The engine generates from a few prompts with a few calibration plans;
-   for every step, the measured time (the sum of ``StepResult.times``) minus the predicted
-   forwards and verifier is fitted by non-negative least squares as ``const_ms +
-   per_level_ms * depth + per_node_ms * nodes + first_step_ms * [first step]``: the
-   per-level term is the draft's sampling and host sync after each forward, the per-node
-   term turning logits into probabilities and the tree masks, the first-step term the slower
-   first target block after a prefill.
-
-``adaptive-spec bench latency-model`` then checks the predictions against other plans' steps.
+:func:`measure_profile` runs all three and the bookkeeping fit (:mod:`.fit`) into one profile.
 """
 
 from __future__ import annotations
@@ -33,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from adaptive_spec.files import write_json_atomic
+from adaptive_spec.bench.profile.fit import fit_overhead
 from adaptive_spec.planner import Planner, as_plan
 
 DEFAULT_CONTEXTS = (32, 128, 256, 512)
@@ -51,7 +31,6 @@ CALIBRATION_PLANS = (
 )
 
 
-# ---------------------------------------------------------------------- helpers
 def _sync_fn(device: Any) -> Callable[[], None]:
     import torch
 
@@ -108,7 +87,6 @@ def model_info(model: Any, label: str | None = None) -> dict[str, Any]:
     }
 
 
-# ---------------------------------------------------------------------- 1) forwards
 def measure_forwards(
     target: Any,
     draft: Any,
@@ -189,7 +167,6 @@ def measure_forwards(
     return out
 
 
-# ---------------------------------------------------------------------- 2) verifiers
 def measure_verifiers(
     vocab: int,
     device: Any = "cpu",
@@ -219,7 +196,6 @@ def measure_verifiers(
     import torch
     from tqdm.auto import tqdm
 
-    from adaptive_spec.trees import TreeShape, sample_tree
     from adaptive_spec.verifiers import REGISTRY, verify
 
     names = list(verifiers) if verifiers else [n for n, s in REGISTRY.items() if s.lossless]
@@ -228,30 +204,7 @@ def measure_verifiers(
         raise ValueError(f"unknown verifiers {unknown}; known: {', '.join(REGISTRY)}")
     device = torch.device(device)
     sync = _sync_fn(device)
-    gen = torch.Generator().manual_seed(seed)
-    cache: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def rows(prefix: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
-        if prefix not in cache:
-            t = torch.randn(vocab, generator=gen) * 3  # [V]
-            d = t + torch.randn(vocab, generator=gen)
-            cache[prefix] = (torch.softmax(t, 0).to(device), torch.softmax(d, 0).to(device))
-        return cache[prefix]
-
-    # Trees per law and shape, shared by all verifiers (and their target rows, soft and one-hot).
-    trees: dict[str, list[tuple[str, int, list]]] = {}
-    for law, shapes in VERIFY_SHAPES.items():
-        trees[law] = []
-        for text in shapes:
-            shape = TreeShape.parse(text)
-            batch = []
-            for k in range(trees_per_size):
-                tree_gen = torch.Generator(device=device).manual_seed(seed + 1000 * k + 1)
-                tree = sample_tree(shape, lambda c: rows(c)[1], tree_gen)
-                soft = torch.stack([rows(p)[0] for p in tree.prefixes])  # [N, V]
-                hard = torch.nn.functional.one_hot(soft.argmax(-1), vocab).to(soft.dtype)
-                batch.append((tree, soft, hard))
-            trees[law].append((text, shape.max_nodes, batch))
+    trees = _synthetic_trees(vocab, device, trees_per_size, seed)
 
     jobs = [(n, law) for n in names for law in VERIFY_SHAPES if any(x.value == law for x in REGISTRY[n].laws)]
     out: dict[str, dict[str, dict[str, list]]] = {}
@@ -279,7 +232,41 @@ def measure_verifiers(
     return out
 
 
-# ---------------------------------------------------------------------- 3) engine steps
+def _synthetic_trees(vocab: int, device: Any, trees_per_size: int, seed: int) -> dict[str, list[tuple[str, int, list]]]:
+    """Per law, per shape of :data:`VERIFY_SHAPES`: ``(shape, max nodes, [(tree, soft rows, one-hot rows)])``.
+
+    Target logits ~ N(0, 3^2) per prefix, draft logits = target + N(0, 1); shared by all verifiers.
+    """
+    import torch
+
+    from adaptive_spec.trees import TreeShape, sample_tree
+
+    gen = torch.Generator().manual_seed(seed)
+    cache: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def rows(prefix: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        if prefix not in cache:
+            t = torch.randn(vocab, generator=gen) * 3  # [V]
+            d = t + torch.randn(vocab, generator=gen)
+            cache[prefix] = (torch.softmax(t, 0).to(device), torch.softmax(d, 0).to(device))
+        return cache[prefix]
+
+    trees: dict[str, list[tuple[str, int, list]]] = {}
+    for law, shapes in VERIFY_SHAPES.items():
+        trees[law] = []
+        for text in shapes:
+            shape = TreeShape.parse(text)
+            batch = []
+            for k in range(trees_per_size):
+                tree_gen = torch.Generator(device=device).manual_seed(seed + 1000 * k + 1)
+                tree = sample_tree(shape, lambda c: rows(c)[1], tree_gen)
+                soft = torch.stack([rows(p)[0] for p in tree.prefixes])  # [N, V]
+                hard = torch.nn.functional.one_hot(soft.argmax(-1), vocab).to(soft.dtype)
+                batch.append((tree, soft, hard))
+            trees[law].append((text, shape.max_nodes, batch))
+    return trees
+
+
 class RecordingPlanner(Planner):
     """A static plan that records each step's committed context length (for predictions)."""
 
@@ -340,91 +327,6 @@ def measure_steps(
     return rows
 
 
-def _robust_nnls(A: Any, b: Any) -> tuple[Any, Any]:
-    """NNLS, then once more without the points whose residual is > 4 MADs from the median; (coef, kept)."""
-    import numpy as np
-    from scipy.optimize import nnls
-
-    coef, _ = nnls(A, b)
-    resid = b - A @ coef
-    dev = np.abs(resid - np.median(resid))
-    mad = float(np.median(dev)) or 1e-9
-    keep = dev <= 4 * 1.4826 * mad
-    if keep.sum() >= A.shape[1] and not keep.all():
-        coef, _ = nnls(A[keep], b[keep])
-    else:
-        keep = np.ones(len(b), dtype=bool)
-    return coef, keep
-
-
-def fit_overhead(profile: dict[str, Any], steps: Sequence[dict[str, Any]], temperature: float) -> dict[str, Any]:
-    """Fit the steps' time beyond the predicted forwards and verifier (see the module docstring).
-
-    Model: ``const_ms + per_level_ms * depth + per_node_ms * nodes + first_step_ms * [step == 0]``,
-    fitted phase by phase with non-negative least squares, so that the noisy target phase does
-    not blur the draft's per-level cost: the draft phase's excess over the predicted draft
-    forwards on ``(1, depth)``; the target phase's excess over the predicted target forward on
-    ``(1, nodes, first step)`` (the first step of a generation runs the first target block after
-    the prefill, which is slower); ``verify + other`` beyond the predicted verifier on
-    ``(1, nodes)``. Each fit drops, once, the steps more than 4 median absolute deviations from
-    the median residual (load spikes on a shared machine). The coefficients add up.
-    """
-    import numpy as np
-
-    from adaptive_spec.planner.actions import plan_structure
-    from adaptive_spec.planner.latency import LatencyModel
-
-    if not steps:
-        raise ValueError("fit_overhead needs at least one measured step")
-    base = LatencyModel({**profile, "overhead": {}})
-    feats, excess = [], {"draft": [], "target": [], "rest": []}
-    for row in steps:
-        s = plan_structure(row["plan"])
-        pred = base.predict(row["plan"], row["context_length"], temperature=temperature)
-        t = row["times"]
-        feats.append((s.depth, s.num_nodes, float(row["step"] == 0)))
-        excess["draft"].append(1e3 * (t.get("draft", 0.0) - pred.draft_s))
-        excess["target"].append(1e3 * (t.get("target", 0.0) - pred.target_s))
-        excess["rest"].append(1e3 * (t.get("verify", 0.0) + t.get("other", 0.0) - pred.verify_s))
-    F = np.asarray(feats)  # [steps, 3]: depth, nodes, first step
-    one = np.ones(len(F))
-    designs = {
-        "draft": np.stack([one, F[:, 0]], 1),  # const, per level
-        "target": np.stack([one, F[:, 1], F[:, 2]], 1),  # const, per node, first step
-        "rest": np.stack([one, F[:, 1]], 1),  # const, per node
-    }
-    fits, total_resid, kept = {}, 0.0, np.ones(len(F), dtype=bool)
-    for phase, A in designs.items():
-        b = np.asarray(excess[phase])
-        coef, keep = _robust_nnls(A, b)
-        fits[phase] = coef
-        total_resid = total_resid + (b - A @ coef)
-        kept &= keep
-    per_phase = {
-        "draft": {"const_ms": float(fits["draft"][0]), "per_level_ms": float(fits["draft"][1])},
-        "target": {
-            "const_ms": float(fits["target"][0]),
-            "per_node_ms": float(fits["target"][1]),
-            "first_step_ms": float(fits["target"][2]),
-        },
-        "verify_other": {"const_ms": float(fits["rest"][0]), "per_node_ms": float(fits["rest"][1])},
-    }
-    return {
-        "model": "const_ms + per_level_ms * depth + per_node_ms * nodes + first_step_ms * [step == 0] (NNLS per phase)",
-        "const_ms": float(fits["draft"][0] + fits["target"][0] + fits["rest"][0]),
-        "per_level_ms": float(fits["draft"][1]),
-        "per_node_ms": float(fits["target"][1] + fits["rest"][1]),
-        "first_step_ms": float(fits["target"][2]),
-        "per_phase": per_phase,
-        "residual_rms_ms": float(np.sqrt(np.mean(total_resid[kept] ** 2))),
-        "steps": len(steps),
-        "outliers": int((~kept).sum()),
-        "plans": sorted({r["requested"] for r in steps}),
-        "temperature": temperature,
-    }
-
-
-# ---------------------------------------------------------------------- the whole profile
 def measure_profile(
     engine: Any,
     contexts: Sequence[int] = DEFAULT_CONTEXTS,
@@ -497,69 +399,6 @@ def measure_profile(
     return profile
 
 
-def cached_profile_path(engine: Any) -> Path:
-    """Where :func:`latency_for_selector` keeps a profile measured on first use.
-
-    ``<user data>/profiles/<target>-<draft>-<device>-<dtype>.json``: one per pair (by weight
-    fingerprint), device type and dtype, since a profile is only valid for those.
-    """
-    from adaptive_spec.engine.fingerprint import pair_fingerprints
-    from adaptive_spec.files import user_data_dir
-
-    fp = pair_fingerprints(engine.target, engine.draft)
-    dtype = str(engine.target.dtype).removeprefix("torch.")
-    name = f"{fp['target'][:12]}-{fp['draft'][:12]}-{engine.device.type}-{dtype}.json"
-    return user_data_dir() / "profiles" / name
-
-
-def latency_for_selector(
-    engine: Any, runtime: Any, profile: str | Path | None = None, progress: bool = True
-) -> tuple[Any, str | None]:
-    """The latency model for a selector's latency features, measured on first use if none exists.
-
-    First :func:`adaptive_spec.selector.runtime.latency_model_for` (``profile``, the selector's
-    own profile beside its file, the default ``data/profile/profile.json``). If none is found and
-    the selector was trained with latency features, a profile of ``engine``'s pair on this
-    device is measured once (about half a minute on a CPU, with progress bars) and cached at
-    :func:`cached_profile_path`, where later runs find it.
-
-    Args:
-        engine: the :class:`~adaptive_spec.engine.SpecEngine` that will run the selector.
-        runtime: the :class:`~adaptive_spec.selector.runtime.SelectorRuntime` (None: no selector).
-        profile: an explicit latency profile JSON.
-        progress: show progress bars while measuring.
-
-    Returns:
-        ``(model or None, note or None)``: the note says where a profile was measured or read
-        from the cache (or why the latency features stay 0), for the caller to show.
-    """
-    from adaptive_spec.planner.latency import LatencyModel
-    from adaptive_spec.selector.runtime import latency_model_for
-
-    model, warning = latency_model_for(runtime, profile)
-    if model is not None or warning is None:
-        return model, None
-    path = cached_profile_path(engine)
-    if path.is_file():
-        return LatencyModel.load(path), f"latency profile of this pair and device from {path}"
-    windows = [
-        getattr(m.config.get_text_config(), "max_position_embeddings", None) or 10**9
-        for m in (engine.target, engine.draft)
-    ]
-    tokens = [t for t in DEFAULT_TOKENS if t <= min(windows) // 2] or [1]
-    contexts = [c for c in DEFAULT_CONTEXTS if c + tokens[-1] <= min(windows)] or [0]
-    t0 = time.perf_counter()
-    measured = measure_profile(engine, contexts, tokens, progress=progress)
-    write_json_atomic(measured, path)
-    model = LatencyModel(measured)
-    model.source = str(path)
-    note = (
-        f"the selector {runtime.path} has no latency profile here: measured one for this pair on this device in "
-        f"{time.perf_counter() - t0:.0f} s, cached at {path}"
-    )
-    return model, note
-
-
 def _calibration_prompts(engine: Any, seed: int, count: int = 2) -> list[Any]:
     """Built-in prompts from the end of the list when a tokenizer exists, else random token ids."""
     import torch
@@ -572,71 +411,3 @@ def _calibration_prompts(engine: Any, seed: int, count: int = 2) -> list[Any]:
             return prompts[-count:]
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(0, engine.input_vocab_size, (24,), generator=gen).tolist() for _ in range(count)]
-
-
-# ---------------------------------------------------------------------- plot
-def plot_profile(profile: dict[str, Any], path: str | Path) -> Path:
-    """Three panels: draft and target forward latency against tokens (one line per context), verifiers."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    tokens = profile["tokens"]
-    for ax, name in zip(axes[:2], ("draft", "target"), strict=True):
-        q1, q3 = profile.get(f"{name}_q1_ms"), profile.get(f"{name}_q3_ms")
-        for ci, (ctx, row) in enumerate(zip(profile["contexts"], profile[f"{name}_ms"], strict=True)):
-            line = ax.plot(tokens, row, marker="o", ms=3, label=f"context {ctx}")[0]
-            if q1 and q3:  # interquartile band
-                ax.fill_between(tokens, q1[ci], q3[ci], color=line.get_color(), alpha=0.15, lw=0)
-        model = profile.get("models", {}).get(name, {})
-        ax.set_title(f"{name} forward ({model.get('parameters', 0) / 1e6:.1f}M params)")
-        ax.set_xlabel("tokens per forward")
-        ax.set_ylabel("median ms")
-        ax.set_ylim(bottom=0)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    ax = axes[2]
-    for name, laws in sorted(profile.get("verify_ms", {}).items()):
-        law = next((x for x in ("iid", "chain") if x in laws), next(iter(laws)))
-        ax.plot(laws[law]["nodes"], laws[law]["ms"], marker="o", ms=3, label=f"{name} ({law})")
-    ax.set_title(f"verifiers (V = {profile.get('vocab_size', '?')})")
-    ax.set_xlabel("tree nodes")
-    ax.set_ylabel("median ms per verify")
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    dev = profile.get("device", {})
-    fig.suptitle(
-        f"latency profile: {dev.get('name', '?')} ({dev.get('type', '?')}, {dev.get('torch_threads', '?')} threads), "
-        f"{profile.get('dtype', '?')}, {profile.get('created', '')}",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def print_summary(profile: dict[str, Any]) -> None:
-    """A few lines: one-token and largest forwards at the smallest and largest context; the fit."""
-    dev = profile["device"]
-    print(f"device {dev['name']} ({dev['type']}, {dev['torch_threads']} threads), dtype {profile['dtype']}")
-    t_lo, t_hi = profile["tokens"][0], profile["tokens"][-1]
-    for name in ("draft", "target"):
-        grid = profile[f"{name}_ms"]
-        for ci in (0, len(profile["contexts"]) - 1):
-            print(
-                f"  {name:<6} context {profile['contexts'][ci]:>5}: {grid[ci][0]:8.3f} ms at {t_lo} tokens, "
-                f"{grid[ci][-1]:8.3f} ms at {t_hi}"
-            )
-    ovh = profile.get("overhead") or {}
-    if ovh:
-        print(
-            f"  bookkeeping: {ovh['const_ms']:.3f} ms + {ovh['per_level_ms']:.3f} ms/level + "
-            f"{ovh['per_node_ms']:.4f} ms/node, +{ovh['first_step_ms']:.2f} ms on a first step "
-            f"(rms residual {ovh['residual_rms_ms']:.2f} ms over {ovh['steps']} steps)"
-        )
