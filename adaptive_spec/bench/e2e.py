@@ -257,102 +257,149 @@ def measure(
     """
     from tqdm.auto import tqdm
 
+    from adaptive_spec.files import render_prompt
+
     temps = [float(temperatures)] if isinstance(temperatures, (int, float)) else [float(t) for t in temperatures]
     keys = [temperature_key(t) for t in temps]
     table = _per_temperature(plans, keys)
-    ar = {k: _Tally() for k in keys}
-    hf_tally = {k: _Tally() for k in keys}
-    lookup_tally = {k: _Tally() for k in keys}
+    baselines = _hf_baselines(engine, hf, hf_draft, lookup, lookup_tokens)
+    hf = HF in baselines
+    run = _Run(keys, table, keep_outputs)
+    prompts = [render_prompt(engine.tokenizer, p) for p in prompts]  # chat records through the chat template
+    prompts, skipped = _fitting_prompts(engine, prompts, max_new_tokens, long_prompts)
+    _warm_up(engine, prompts[0][1], temps, keys, table)
+    with tqdm(total=len(prompts) * len(temps), desc=f"bench e2e T={','.join(keys)}", disable=not progress) as bar:
+        for i, prompt in prompts:
+            # Every method on this prompt first, then the tallies: a generation that fails drops this
+            # prompt for all methods alike (the comparison stays paired) and the run goes on.
+            try:
+                done = []
+                for t, k in zip(temps, keys, strict=True):
+                    done += _one_prompt(engine, prompt, t, k, table, baselines, run.hf_error, max_new_tokens, seed + i)
+                    bar.update()
+            except (RuntimeError, ValueError, TypeError, IndexError) as err:
+                run.errors.append({"prompt": i, "error": f"{type(err).__name__}: {err}"})
+                print(f"warning: prompt {i + 1} failed and is left out for every method: {err}", file=sys.stderr)
+                continue
+            run.add(done)
+    out: dict[str, Any] = {"runs": run.summary(hf, lookup), "skipped_prompts": skipped, "failed_prompts": run.errors}
+    if keep_outputs:
+        out["outputs"] = run.outputs
+    return out
+
+
+HF, LOOKUP = "__hf__", "__lookup__"  # transformers' assisted generation and prompt lookup, in a run's records
+
+
+def _hf_baselines(engine: Any, hf: bool, hf_draft: Any, lookup: bool, lookup_tokens: int) -> dict[str, dict]:
+    """Transformers' baselines to run, with their ``generate`` arguments: assisted generation with ``hf_draft``
+    (else the engine's draft when it is a plain causal LM), and prompt lookup decoding.
+    """
     from adaptive_spec.engine.eagle import is_eagle_head
 
     assistant = hf_draft if hf_draft is not None else (None if is_eagle_head(engine.draft) else engine.draft)
-    if assistant is None:
-        hf = False
-    tallies = {k: {name: _Tally() for name in table} for k in keys}
-    hf_error: dict[tuple[str, str], str] = {}
-    outputs: dict[str, dict[str, list[list[int]]]] = {k: {} for k in keys}
-    from adaptive_spec.files import render_prompt
+    out: dict[str, dict] = {}
+    if hf and assistant is not None:
+        out[HF] = {"assistant_model": assistant}
+    if lookup:
+        out[LOOKUP] = {"prompt_lookup_num_tokens": lookup_tokens}
+    return out
 
-    prompts = [render_prompt(engine.tokenizer, p) for p in prompts]  # chat records through the chat template
-    prompts, skipped = _fitting_prompts(engine, prompts, max_new_tokens, long_prompts)
-    # Warm-up: first calls pay for lazy initialisation (per method and temperature; 4 tokens each).
-    first = prompts[0][1]
+
+def _warm_up(engine: Any, first: Any, temps: list[float], keys: list[str], table: dict[str, dict[str, Any]]) -> None:
+    """First calls pay for lazy initialisation: one short generation per method and temperature (4 tokens)."""
     for t, k in zip(temps, keys, strict=True):
         engine.generate(first, max_new_tokens=4, temperature=t, plan=None)
         for name in table:
             engine.generate(first, max_new_tokens=4, temperature=t, plan=table[name][k])
-    errors: list[dict] = []
-    bar = tqdm(total=len(prompts) * len(temps), desc=f"bench e2e T={','.join(keys)}", disable=not progress)
-    for i, prompt in prompts:
-        # Every method on this prompt first, then the tallies: a generation that fails drops this
-        # prompt for all methods alike (the comparison stays paired) and the run goes on.
-        done: list[tuple] = []
-        try:
-            for t, k in zip(temps, keys, strict=True):
-                for name, plan in [(None, None), *((n, table[n][k]) for n in table)]:
-                    probe = _PlannerProbe(plan) if hasattr(plan, "choice_counts") else None
-                    r = engine.generate(prompt, max_new_tokens=max_new_tokens, temperature=t, plan=plan, seed=seed + i)
-                    done.append((k, name, r, probe.delta() if probe is not None else None))
-                for key, on, how in (("__hf__", hf, {"assistant_model": assistant}),
-                                     ("__lookup__", lookup, {"prompt_lookup_num_tokens": lookup_tokens})):  # fmt: skip
-                    res = None
-                    if on and (key, k) not in hf_error:
-                        try:
-                            res = _hf_generate(engine, prompt, t, max_new_tokens, seed + i, **how)
-                        except (RuntimeError, ValueError, TypeError) as err:  # report, keep benchmarking the rest
-                            hf_error[(key, k)] = f"{type(err).__name__}: {err}"
-                    done.append((k, key, res, None))
-                bar.update()
-        except (RuntimeError, ValueError, TypeError, IndexError) as err:
-            errors.append({"prompt": i, "error": f"{type(err).__name__}: {err}"})
-            print(f"warning: prompt {i + 1} failed and is left out for every method: {errors[-1]['error']}",
-                  file=sys.stderr)  # fmt: skip
-            continue
+
+
+def _one_prompt(
+    engine: Any,
+    prompt: Any,
+    t: float,
+    k: str,
+    table: dict[str, dict[str, Any]],
+    baselines: dict[str, dict[str, Any]],
+    hf_error: dict[tuple[str, str], str],
+    max_new_tokens: int,
+    seed: int,
+) -> list[tuple]:
+    """Every method on one prompt at one temperature: ``(temperature key, method, result, planner delta)`` records.
+
+    The baseline first (method None), then each plan, then transformers' baselines (a failing one is
+    reported once in ``hf_error`` and left out from then on).
+    """
+    done: list[tuple] = []
+    for name, plan in [(None, None), *((n, table[n][k]) for n in table)]:
+        probe = _PlannerProbe(plan) if hasattr(plan, "choice_counts") else None
+        r = engine.generate(prompt, max_new_tokens=max_new_tokens, temperature=t, plan=plan, seed=seed)
+        done.append((k, name, r, probe.delta() if probe is not None else None))
+    for key, how in baselines.items():
+        res = None
+        if (key, k) not in hf_error:
+            try:
+                res = _hf_generate(engine, prompt, t, max_new_tokens, seed, **how)
+            except (RuntimeError, ValueError, TypeError) as err:  # report, keep benchmarking the rest
+                hf_error[(key, k)] = f"{type(err).__name__}: {err}"
+        done.append((k, key, res, None))
+    return done
+
+
+class _Run:
+    """The tallies of one :func:`measure` call: per temperature, the baseline, transformers' baselines, each plan."""
+
+    def __init__(self, keys: list[str], table: dict[str, dict[str, Any]], keep_outputs: bool) -> None:
+        self.keys, self.table, self.keep_outputs = keys, table, keep_outputs
+        self.ar = {k: _Tally() for k in keys}
+        self.hf = {k: {HF: _Tally(), LOOKUP: _Tally()} for k in keys}
+        self.plans = {k: {name: _Tally() for name in table} for k in keys}
+        self.hf_error: dict[tuple[str, str], str] = {}
+        self.errors: list[dict] = []
+        self.outputs: dict[str, dict[str, list[list[int]]]] = {k: {} for k in keys}
+
+    def add(self, done: list[tuple]) -> None:
+        """Tally one prompt's records (see :func:`_one_prompt`)."""
         for k, name, r, delta in done:
-            if name in ("__hf__", "__lookup__"):
+            if name in (HF, LOOKUP):
                 if r is not None:
-                    t_ = hf_tally[k] if name == "__hf__" else lookup_tally[k]
-                    t_.tokens += r[0]
-                    t_.seconds += r[1]
+                    self.hf[k][name].tokens += r[0]
+                    self.hf[k][name].seconds += r[1]
                 continue
-            tally = ar[k] if name is None else tallies[k][name]
+            tally = self.ar[k] if name is None else self.plans[k][name]
             tally.add(r.stats)
             if delta is not None:
                 delta.add_to(tally)
-            if keep_outputs:
-                outputs[k].setdefault(name or "autoregressive", []).append(list(r.token_ids))
-    bar.close()
-    runs = {}
-    for k in keys:
-        ar_tps = ar[k].tokens / ar[k].seconds if ar[k].seconds else None
-        hf_tps = (
-            hf_tally[k].tokens / hf_tally[k].seconds if hf_tally[k].seconds and ("__hf__", k) not in hf_error else None
-        )
-        results = []
-        for name, tally in tallies[k].items():
-            row = {"plan": name, **tally.summary(ar_tps, hf_tps)}
-            plan = table[name][k]
-            if hasattr(plan, "choice_counts"):
-                row.update(tally.planner_summary())
-            elif not hasattr(plan, "choose") and str(plan) != name:
-                row["static_plan"] = str(plan)
-            results.append(row)
-        baselines = {"autoregressive": {"plan": "autoregressive", **ar[k].summary(ar_tps, hf_tps)}}
-        if hf:
-            hf_row = {"plan": "hf_assisted", **hf_tally[k].summary(ar_tps, hf_tps), "block_efficiency": None}
-            if ("__hf__", k) in hf_error:
-                hf_row["error"] = hf_error[("__hf__", k)]
-            baselines["hf_assisted"] = hf_row
-        if lookup:
-            row = {"plan": "hf_prompt_lookup", **lookup_tally[k].summary(ar_tps, hf_tps), "block_efficiency": None}
-            if ("__lookup__", k) in hf_error:
-                row["error"] = hf_error[("__lookup__", k)]
-            baselines["hf_prompt_lookup"] = row
-        runs[k] = {"results": results, "baselines": baselines}
-    out: dict[str, Any] = {"runs": runs, "skipped_prompts": skipped, "failed_prompts": errors}
-    if keep_outputs:
-        out["outputs"] = outputs
-    return out
+            if self.keep_outputs:
+                self.outputs[k].setdefault(name or "autoregressive", []).append(list(r.token_ids))
+
+    def summary(self, hf: bool, lookup: bool) -> dict[str, Any]:
+        """Per temperature key: ``{"results": [per plan], "baselines": {...}}``."""
+        runs = {}
+        for k in self.keys:
+            ar, assisted = self.ar[k], self.hf[k][HF]
+            ar_tps = ar.tokens / ar.seconds if ar.seconds else None
+            ok = assisted.seconds and (HF, k) not in self.hf_error
+            hf_tps = assisted.tokens / assisted.seconds if ok else None
+            results = [self._plan_row(k, name, tally, ar_tps, hf_tps) for name, tally in self.plans[k].items()]
+            baselines = {"autoregressive": {"plan": "autoregressive", **ar.summary(ar_tps, hf_tps)}}
+            for key, on, label in ((HF, hf, "hf_assisted"), (LOOKUP, lookup, "hf_prompt_lookup")):
+                if on:
+                    row = {"plan": label, **self.hf[k][key].summary(ar_tps, hf_tps), "block_efficiency": None}
+                    if (key, k) in self.hf_error:
+                        row["error"] = self.hf_error[(key, k)]
+                    baselines[label] = row
+            runs[k] = {"results": results, "baselines": baselines}
+        return runs
+
+    def _plan_row(self, k: str, name: str, tally: _Tally, ar_tps: float | None, hf_tps: float | None) -> dict:
+        row = {"plan": name, **tally.summary(ar_tps, hf_tps)}
+        plan = self.table[name][k]
+        if hasattr(plan, "choice_counts"):
+            row.update(tally.planner_summary())
+        elif not hasattr(plan, "choose") and str(plan) != name:
+            row["static_plan"] = str(plan)
+        return row
 
 
 def _fitting_prompts(engine, prompts: list, max_new_tokens: int, long_prompts: str) -> tuple[list, list[dict]]:
@@ -366,8 +413,10 @@ def _fitting_prompts(engine, prompts: list, max_new_tokens: int, long_prompts: s
         if window is not None:
             n = len(engine.tokenizer(prompt)["input_ids"]) if isinstance(prompt, str) else len(prompt)
             if n + max_new_tokens > window:
-                msg = (f"prompt {i + 1} has {n} tokens: with {max_new_tokens} new tokens it exceeds the "
-                       f"{window}-token context window")  # fmt: skip
+                msg = (
+                    f"prompt {i + 1} has {n} tokens: with {max_new_tokens} new tokens it exceeds the "
+                    f"{window}-token context window"
+                )
                 if long_prompts == "error":
                     raise ValueError(msg)
                 skipped.append({"prompt": i, "tokens": n, "reason": msg})
