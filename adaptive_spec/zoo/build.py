@@ -29,6 +29,7 @@ import shutil
 import tempfile
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,107 @@ def _load(path: Path) -> PreTrainedModel:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).eval()
 
 
+@dataclass
+class _Data:
+    """The corpus split by file, the tokenizer trained on the training files only, tokens and prompts."""
+
+    split: Any
+    tokenizer: Any
+    train_tokens: torch.Tensor  # [N_train]
+    heldout_tokens: torch.Tensor  # [N_heldout]
+    prompts: list[str]
+    seed: int
+
+    @classmethod
+    def prepare(cls, corpus_root: Path, config: ZooConfig, seed: int) -> _Data:
+        split = split_corpus(corpus_root, config.heldout_fraction, seed)
+        train_texts = [read_source(p) for p in split.train]
+        heldout_texts = [read_source(p) for p in split.heldout]
+        tokenizer = train_tokenizer(train_texts, config.vocab_size)
+        lo, hi = config.prompt_chars
+        return cls(
+            split,
+            tokenizer,
+            encode_stream(tokenizer, train_texts),
+            encode_stream(tokenizer, heldout_texts),
+            extract_prompts(split.heldout, config.num_prompts, lo, hi, seed),
+            seed,
+        )
+
+    def windows(self, train: Any, count: int, salt: int) -> torch.Tensor:
+        """``count`` windows of held-out tokens, at most ``train.seq_len`` long (seeded by ``salt``)."""
+        seq_len = min(train.seq_len, self.heldout_tokens.numel() - 1)
+        return heldout_windows(self.heldout_tokens, seq_len, count, self.seed + salt)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "corpus_files": {"train": len(self.split.train), "heldout": len(self.split.heldout)},
+            "corpus_tokens": {"train": self.train_tokens.numel(), "heldout": self.heldout_tokens.numel()},
+            "heldout_files": [p.relative_to(self.split.root).as_posix() for p in self.split.heldout],
+            "vocab_size": len(self.tokenizer),
+            "num_prompts": len(self.prompts),
+        }
+
+
+def _evaluate_saved(out: Path, data: _Data, config: ZooConfig) -> tuple[dict[str, Any], dict[str, int]]:
+    """The pair's figures as saved, on windows of held-out files (drawn with another salt than the validation
+    ones), and its parameter counts.
+    """
+    target, draft = _load(out / "target"), _load(out / "draft")
+    eval_windows = data.windows(config.target_train, config.eval_windows, 2)
+    eval_texts = [data.tokenizer.decode(w, skip_special_tokens=False) for w in eval_windows]
+    figures = evaluate_pair(
+        target,
+        draft,
+        data.tokenizer,
+        eval_texts,
+        seq_len=config.target_train.seq_len,
+        latency_context=config.latency_context,
+        latency_repeats=config.latency_repeats,
+    )
+    return figures, {"target": num_params(target), "draft": num_params(draft)}
+
+
+def _figures(figures: dict[str, Any], config: ZooConfig) -> dict[str, Any]:
+    """The pair's evaluation figures as ``build_info.json`` records them."""
+    return {
+        "target_val_loss": round(figures["target_val_loss"], 4),
+        "draft_val_loss": round(figures["draft_val_loss"], 4),
+        "acceptance": round(figures["acceptance"], 4),
+        "greedy_agreement": round(figures["greedy_agreement"], 4),
+        "kl": round(figures["kl"], 4),
+        "eval_positions": figures["positions"],
+        "latency_ms": {
+            "target": round(figures["target_latency_ms"], 3),
+            "draft": round(figures["draft_latency_ms"], 3),
+            "ratio": round(figures["latency_ratio"], 2),
+            "context": config.latency_context,
+            "threads": torch.get_num_threads(),
+        },
+    }
+
+
+def _provenance(corpus: Any, load_before: Any, started: dt.datetime) -> dict[str, Any]:
+    """Versions, machine, load averages and times of a build."""
+    return {
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "lightning": L.__version__,
+        },
+        # The corpus is the standard library of the Python that ran the build, unless --corpus.
+        "corpus_python": platform.python_version() if corpus is None else None,
+        "machine": platform.machine(),
+        "trained_on": _trained_on(),
+        # 1-, 5- and 15-minute load averages: an idle 2-core machine reads well under 1 before the
+        # build and about 2 (the build's own threads) after it; more means something shared the cores.
+        "load_average": {"before": load_before, "after": _load_average()},
+        "started": started.isoformat(timespec="seconds"),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
 def build_pair(
     out_dir: str | Path,
     corpus: str | Path | None = None,
@@ -178,91 +280,39 @@ def build_pair(
     if not progress:
         logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
 
-    # Data: split by file, tokenizer on the training files only.
-    split = split_corpus(corpus_root, config.heldout_fraction, seed)
-    train_texts = [read_source(p) for p in split.train]
-    heldout_texts = [read_source(p) for p in split.heldout]
-    tokenizer = train_tokenizer(train_texts, config.vocab_size)
-    train_tokens = encode_stream(tokenizer, train_texts)  # [N_train]
-    heldout_tokens = encode_stream(tokenizer, heldout_texts)  # [N_heldout]
-    lo, hi = config.prompt_chars
-    prompts = extract_prompts(split.heldout, config.num_prompts, lo, hi, seed)
-
-    def windows(train: Any, count: int, salt: int) -> torch.Tensor:
-        seq_len = min(train.seq_len, heldout_tokens.numel() - 1)
-        return heldout_windows(heldout_tokens, seq_len, count, seed + salt)
-
+    data = _Data.prepare(corpus_root, config, seed)
     budget_s = 60.0 * minutes
     # Target: next-token cross-entropy.
-    target = make_llama(config.target, tokenizer, seed)
+    target = make_llama(config.target, data.tokenizer, seed)
     target_module = LMModule(target, config.target_train, config.target_share * budget_s)
-    target_val = windows(config.target_train, config.val_windows, 1)
-    target_run = _fit(target_module, train_tokens, target_val, config.target_share * budget_s, seed, progress)
-    _save(target, tokenizer, out / "target", config.save_dtype)
+    target_val = data.windows(config.target_train, config.val_windows, 1)
+    target_run = _fit(target_module, data.train_tokens, target_val, config.target_share * budget_s, seed, progress)
+    _save(target, data.tokenizer, out / "target", config.save_dtype)
 
     # Draft: distilled from the target as saved (rounded to ``save_dtype``), which is what it will meet.
     teacher = _load(out / "target")
-    draft = make_llama(config.draft, tokenizer, seed + 1)
+    draft = make_llama(config.draft, data.tokenizer, seed + 1)
     draft_budget_s = (1 - config.target_share) * budget_s
     draft_module = DistillModule(draft, teacher, config.draft_train, draft_budget_s)
-    draft_val = windows(config.draft_train, config.val_windows, 1)
-    draft_run = _fit(draft_module, train_tokens, draft_val, draft_budget_s, seed + 1, progress)
-    _save(draft, tokenizer, out / "draft", config.save_dtype)
+    draft_val = data.windows(config.draft_train, config.val_windows, 1)
+    draft_run = _fit(draft_module, data.train_tokens, draft_val, draft_budget_s, seed + 1, progress)
+    _save(draft, data.tokenizer, out / "draft", config.save_dtype)
 
     with (out / PROMPTS).open("w", encoding="utf-8") as f:
-        for prompt in prompts:
+        for prompt in data.prompts:
             f.write(json.dumps({"prompt": prompt}) + "\n")
 
-    # Figures of the pair as saved, on windows of held-out files (drawn with another salt than the validation ones).
-    target, draft = _load(out / "target"), _load(out / "draft")
-    eval_windows = windows(config.target_train, config.eval_windows, 2)
-    eval_texts = [tokenizer.decode(w, skip_special_tokens=False) for w in eval_windows]
-    figures = evaluate_pair(
-        target, draft, tokenizer, eval_texts,
-        seq_len=config.target_train.seq_len,
-        latency_context=config.latency_context,
-        latency_repeats=config.latency_repeats,
-    )  # fmt: skip
+    figures, params = _evaluate_saved(out, data, config)
     info = {
         "seed": seed,
         "minutes": minutes,
         "corpus": "stdlib" if corpus is None else str(corpus_root),
-        "corpus_files": {"train": len(split.train), "heldout": len(split.heldout)},
-        "corpus_tokens": {"train": train_tokens.numel(), "heldout": heldout_tokens.numel()},
-        "heldout_files": [p.relative_to(split.root).as_posix() for p in split.heldout],
-        "vocab_size": len(tokenizer),
-        "params": {"target": num_params(target), "draft": num_params(draft)},
-        "target_val_loss": round(figures["target_val_loss"], 4),
-        "draft_val_loss": round(figures["draft_val_loss"], 4),
-        "acceptance": round(figures["acceptance"], 4),
-        "greedy_agreement": round(figures["greedy_agreement"], 4),
-        "kl": round(figures["kl"], 4),
-        "eval_positions": figures["positions"],
-        "latency_ms": {
-            "target": round(figures["target_latency_ms"], 3),
-            "draft": round(figures["draft_latency_ms"], 3),
-            "ratio": round(figures["latency_ratio"], 2),
-            "context": config.latency_context,
-            "threads": torch.get_num_threads(),
-        },
+        **data.describe(),
+        "params": params,
+        **_figures(figures, config),
         "training": {"target": target_run, "draft": draft_run},
-        "num_prompts": len(prompts),
         "config": config.to_dict(),
-        "versions": {
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "lightning": L.__version__,
-        },
-        # The corpus is the standard library of the Python that ran the build, unless --corpus.
-        "corpus_python": platform.python_version() if corpus is None else None,
-        "machine": platform.machine(),
-        "trained_on": _trained_on(),
-        # 1-, 5- and 15-minute load averages: an idle 2-core machine reads well under 1 before the
-        # build and about 2 (the build's own threads) after it; more means something shared the cores.
-        "load_average": {"before": load_before, "after": _load_average()},
-        "started": started.isoformat(timespec="seconds"),
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        **_provenance(corpus, load_before, started),
     }
     (out / BUILD_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
     return info
