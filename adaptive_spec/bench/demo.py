@@ -15,6 +15,7 @@ the selector's training prompts); otherwise the summary says how to build one.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 # Static plans shown by the demo, one per tree family; measured on the default pair
 # (see README) until the tuned best-static plans of `adaptive-spec tune plans` replace them.
@@ -90,12 +91,17 @@ def summary_markdown(report: dict, plots: list[str]) -> str:
         if text:
             q = text["quality"]
             lines += [
-                "Sample completion (autoregressive decoding; the prompt, then the model's text):", "", "```python",
-                text["prompt"] + text["sample"], "```", "",
+                "Sample completion (autoregressive decoding; the prompt, then the model's text):",
+                "",
+                "```python",
+                text["prompt"] + text["sample"],
+                "```",
+                "",
                 f"Generated tokens in whitespace-only lines: {100 * q['whitespace_share']:.1f}%; in repeated "
                 f"{q['repeat_n']}-token n-grams: {100 * q['repeated_ngram_share']:.1f}%; either: "
-                f"{100 * q['either_share']:.1f}% (autoregressive outputs).", "",
-            ]  # fmt: skip
+                f"{100 * q['either_share']:.1f}% (autoregressive outputs).",
+                "",
+            ]
             for name, (same, total) in text.get("identical", {}).items():
                 lines.append(f"- `{name}`: {same}/{total} identical to autoregressive decoding")
             if text.get("identical"):
@@ -130,7 +136,7 @@ def summary_markdown(report: dict, plots: list[str]) -> str:
 
 def write_plots(report: dict, out: Path) -> list[str]:
     """Speedup per plan, accepted-length histograms, block efficiency vs tree size, accepted length per
-    depth and a timeline of the headline plan's trees (PNG).
+    depth and a timeline of the headline plan's trees (PNG); the file names written in ``out``.
     """
     import matplotlib
 
@@ -138,11 +144,23 @@ def write_plots(report: dict, out: Path) -> list[str]:
     import matplotlib.pyplot as plt
 
     runs = report["runs"]
-    temps = list(runs)
+    plots = (
+        ("speedup.png", _plot_speedup),
+        ("accepted_lengths.png", _plot_accepted_lengths),
+        ("block_efficiency_vs_tree_size.png", _plot_block_efficiency),
+        ("depth_and_timeline.png", _plot_depth_and_timeline),
+    )
+    for name, plot in plots:
+        fig = plot(plt, runs, list(runs))
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+    return [name for name, _ in plots]
+
+
+def _plot_speedup(plt: Any, runs: dict, temps: list[str]) -> Any:
     names = [r["plan"] for r in runs[temps[0]]["results"]]
     hf = [t for t in temps if runs[t]["baselines"].get("hf_assisted", {}).get("speedup_vs_ar")]
-    files = []
-
     fig, ax = plt.subplots(figsize=(9, 4.5))
     labels = [*names, "hf_assisted"] if hf else names
     width = 0.8 / len(temps)
@@ -156,11 +174,10 @@ def write_plots(report: dict, out: Path) -> list[str]:
     ax.set_ylabel("speedup over autoregressive (tokens/s ratio)")
     ax.set_title("Speedup per plan")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "speedup.png", dpi=110)
-    plt.close(fig)
-    files.append("speedup.png")
+    return fig
 
+
+def _plot_accepted_lengths(plt: Any, runs: dict, temps: list[str]) -> Any:
     fig, axes = plt.subplots(1, len(temps), figsize=(5 * len(temps), 4), squeeze=False)
     for ax, t in zip(axes[0], temps, strict=True):
         for r in runs[t]["results"]:
@@ -172,11 +189,10 @@ def write_plots(report: dict, out: Path) -> list[str]:
         ax.set_ylabel("fraction of steps")
         ax.set_title(f"Accepted lengths, T={t}")
     axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "accepted_lengths.png", dpi=110)
-    plt.close(fig)
-    files.append("accepted_lengths.png")
+    return fig
 
+
+def _plot_block_efficiency(plt: Any, runs: dict, temps: list[str]) -> Any:
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for t in temps:
         rows = [r for r in runs[t]["results"] if r["mean_tree_size"]]
@@ -187,12 +203,11 @@ def write_plots(report: dict, out: Path) -> list[str]:
     ax.set_ylabel("block efficiency (tokens per target pass)")
     ax.set_title("Block efficiency against tree size")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "block_efficiency_vs_tree_size.png", dpi=110)
-    plt.close(fig)
-    files.append("block_efficiency_vs_tree_size.png")
+    return fig
 
-    # Accepted length per depth, and a timeline of the trees the first (headline) plan chose.
+
+def _plot_depth_and_timeline(plt: Any, runs: dict, temps: list[str]) -> Any:
+    """Accepted length per depth, and a timeline of the trees the first (headline) plan chose."""
     fig, axes = plt.subplots(2, len(temps), figsize=(5 * len(temps), 7), squeeze=False)
     for j, t in enumerate(temps):
         ax = axes[0][j]
@@ -200,8 +215,9 @@ def write_plots(report: dict, out: Path) -> list[str]:
             by_depth = {int(k): v for k, v in r.get("accepted_by_depth", {}).items()}
             if by_depth:
                 ax.plot(sorted(by_depth), [by_depth[d] for d in sorted(by_depth)], marker="o", label=r["plan"])
-        ax.set(xlabel="depth d", ylabel="share of steps accepting >= d tokens",
-               title=f"Accepted length per depth, T={t}")  # fmt: skip
+        ax.set(
+            xlabel="depth d", ylabel="share of steps accepting >= d tokens", title=f"Accepted length per depth, T={t}"
+        )
         head = runs[t]["results"][0]
         line = head.get("timeline") or []
         ax = axes[1][j]
@@ -211,8 +227,4 @@ def write_plots(report: dict, out: Path) -> list[str]:
         ax.set(xlabel="step (first prompt)", ylabel="tokens", title=f"Trees chosen by {head['plan']}, T={t}")
     axes[0][0].legend(fontsize=7)
     axes[1][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "depth_and_timeline.png", dpi=110)
-    plt.close(fig)
-    files.append("depth_and_timeline.png")
-    return files
+    return fig

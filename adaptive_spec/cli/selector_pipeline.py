@@ -35,10 +35,13 @@ folder (``$ADAPTIVE_SPEC_HOME/default``, default ``~/.local/share/adaptive-spec/
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,51 +57,76 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="working folder (default: %(default)s)")
     parser.add_argument("--num-prompts", type=int, default=96, help="training prompts (default: %(default)s)")
     parser.add_argument(
-        "--prompts", type=Path, default=None,
+        "--prompts",
+        type=Path,
+        default=None,
         help="training prompts file (JSONL or .txt) instead of prompts drawn from the standard library",
-    )  # fmt: skip
+    )
     add_temperatures_option(parser, "0,0.7,1.0")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="per generation (default: %(default)s)")
     parser.add_argument("--explore", default="epsilon:0.5", help="collect's exploring planner (default: %(default)s)")
     parser.add_argument("--plan", default=COLLECT_PLAN, help="plan exploited by epsilon-greedy (default: %(default)s)")
     parser.add_argument(
-        "--greedy-prompts", type=int, default=160,
+        "--greedy-prompts",
+        type=int,
+        default=160,
         help="extra training prompts collected at temperature 0 only, into OUT/log_t0, drawn from the standard "
-             "library (0: none; default: %(default)s); with --prompts, only --greedy-prompts-file gives them",
-    )  # fmt: skip
-    parser.add_argument("--greedy-prompts-file", type=Path, default=None,
-                        help="the extra greedy prompts from this file (JSONL or .txt) instead")  # fmt: skip
+        "library (0: none; default: %(default)s); with --prompts, only --greedy-prompts-file gives them",
+    )
+    parser.add_argument(
+        "--greedy-prompts-file",
+        type=Path,
+        default=None,
+        help="the extra greedy prompts from this file (JSONL or .txt) instead",
+    )
     parser.add_argument("--greedy-every", type=int, default=8, help="label every k-th greedy root (default: 8)")
     parser.add_argument("--greedy-max-contexts", type=int, default=800, help="greedy roots labelled at most (800)")
     parser.add_argument("--every", type=int, default=12, help="label every k-th root (default: %(default)s)")
     parser.add_argument("--samples", type=int, default=4, help="trees per root and family (default: %(default)s)")
     parser.add_argument("--max-contexts", type=int, default=1000, help="label at most this many roots (default: 1000)")
-    parser.add_argument("--config", type=Path, default=None,
-                        help="LightningCLI config of the selector (default: configs/selector/default.yaml of "
-                             "the working directory, else the package's copy)")  # fmt: skip
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help="LightningCLI config of the selector (default: configs/selector/default.yaml of "
+        "the working directory, else the package's copy)",
+    )
     parser.add_argument("--epochs", type=int, default=None, help="override trainer.max_epochs")
     parser.add_argument(
-        "--train-seeds", default="0,1,2",
+        "--train-seeds",
+        default="0,1,2",
         help="train one selector per seed (weight init and batch order) and keep the one with the best validation "
-             "tokens/s; the data's seed is --seed (default: %(default)s)",
-    )  # fmt: skip
-    parser.add_argument("--profile", type=Path, default=default_profile_path(),
-                        help="latency profile; measured first if missing (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--reprofile", action="store_true", help="measure the latency profile even if it exists")
-    parser.add_argument("--bench-plans", default="adaptive,best-static,chain:4/block,chain:6/traversal",
-                        help="plans of the final benchmark (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--bench-tokens", type=int, default=128, help="new tokens per prompt in the benchmark")
-    parser.add_argument("--skip", default="",
-                        help="comma-separated stages to skip: collect,label,train,acceptance,bench")  # fmt: skip
+        "tokens/s; the data's seed is --seed (default: %(default)s)",
+    )
     parser.add_argument(
-        "--install", action="store_true",
+        "--profile",
+        type=Path,
+        default=default_profile_path(),
+        help="latency profile; measured first if missing (default: %(default)s)",
+    )
+    parser.add_argument("--reprofile", action="store_true", help="measure the latency profile even if it exists")
+    parser.add_argument(
+        "--bench-plans",
+        default="adaptive,best-static,chain:4/block,chain:6/traversal",
+        help="plans of the final benchmark (default: %(default)s)",
+    )
+    parser.add_argument("--bench-tokens", type=int, default=128, help="new tokens per prompt in the benchmark")
+    parser.add_argument(
+        "--skip", default="", help="comma-separated stages to skip: collect,label,train,acceptance,bench"
+    )
+    parser.add_argument(
+        "--install",
+        action="store_true",
         help="copy the selector and acceptance model into the user data folder, where make demo, generate and "
-             "bench e2e look first ($ADAPTIVE_SPEC_HOME/default, default ~/.local/share/adaptive-spec/default)",
-    )  # fmt: skip
+        "bench e2e look first ($ADAPTIVE_SPEC_HOME/default, default ~/.local/share/adaptive-spec/default)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seeds the prompts, exploration and labels")
-    parser.add_argument("--actions", type=Path, default=None,
-                        help="action-space YAML for collect and label (default: the built-in grid, "
-                             "planner/default_actions.yaml)")  # fmt: skip
+    parser.add_argument(
+        "--actions",
+        type=Path,
+        default=None,
+        help="action-space YAML for collect and label (default: the built-in grid, planner/default_actions.yaml)",
+    )
 
 
 def training_prompts(count: int, seed: int) -> list[str]:
@@ -181,118 +209,211 @@ def _profile(path: Path) -> None:
                 shutil.move(src, dst)
 
 
+@dataclass
+class _Files:
+    """Where the pipeline's stages write and read, under ``--out``."""
+
+    out: Path
+    log_dir: Path
+    greedy_dir: Path
+    prompts: Path
+    greedy_prompts: Path
+    onnx: Path
+    runs: Path
+    greedy: bool  # a second, greedy-only log (temperature 0)
+
+    @classmethod
+    def under(cls, out: Path, args: argparse.Namespace) -> _Files:
+        greedy = args.greedy_prompts_file is not None or (args.greedy_prompts > 0 and args.prompts is None)
+        return cls(
+            out,
+            out / "log",
+            out / "log_t0",
+            out / "train_prompts.jsonl",
+            out / "train_prompts_t0.jsonl",
+            out / "selector.onnx",
+            out / "runs",
+            greedy,
+        )
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the stages; print where each result is."""
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    started: dict[str, float] = {}
+    files = _Files.under(out, args)
     timings: dict[str, float] = {}
 
-    def stage(name: str) -> None:
-        started[name] = time.perf_counter()
+    @contextlib.contextmanager
+    def timed(name: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        timings[name] = round(time.perf_counter() - t0, 1)
 
-    def done(name: str) -> None:
-        timings[name] = round(time.perf_counter() - started[name], 1)
-
-    stage("profile")
-    if args.reprofile or not args.profile.exists():
-        _profile(args.profile)
-    done("profile")
-
-    log_dir = out / "log"
-    greedy_dir = out / "log_t0"
-    prompts_file = out / "train_prompts.jsonl"
-    greedy_file = out / "train_prompts_t0.jsonl"
-    greedy = args.greedy_prompts_file is not None or (args.greedy_prompts > 0 and args.prompts is None)
-    actions = None if args.actions is None else str(args.actions)
-    if "collect" not in skip:
-        stage("collect")
-        if args.prompts is not None:
-            prompts_file = args.prompts
-            from adaptive_spec.files import read_prompts
-
-            prompts = read_prompts(prompts_file)
-        else:
-            prompts = training_prompts(args.num_prompts, args.seed)
-            prompts_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-        for d in (log_dir, greedy_dir):
-            if d.exists():
-                shutil.rmtree(d)  # a fresh log: features must come from this pair and profile
-        _stage("collect", "adaptive_spec.cli.collect", out=str(log_dir), prompts=str(prompts_file),
-               explore=args.explore, plan=args.plan, temperatures=args.temperatures, actions=actions,
-               max_new_tokens=args.max_new_tokens, seed=args.seed, profile=str(args.profile))  # fmt: skip
-        if greedy and args.greedy_prompts_file is not None:
-            greedy_file = args.greedy_prompts_file
-        elif greedy:
-            extra = greedy_prompts(args.greedy_prompts, args.seed, prompts)
-            greedy_file.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in extra))
-        if greedy:
-            _stage("collect", "adaptive_spec.cli.collect", out=str(greedy_dir), prompts=str(greedy_file),
-                   explore=args.explore, plan=args.plan, temperatures="0", max_new_tokens=args.max_new_tokens,
-                   seed=args.seed + 6, profile=str(args.profile), actions=actions)  # fmt: skip
-        done("collect")
-    if "label" not in skip:
-        stage("label")
-        _stage("label", "adaptive_spec.cli.label", log_dir=log_dir, every=args.every, samples=args.samples,
-               profile=args.profile, seed=args.seed, max_contexts=args.max_contexts or None,
-               actions=args.actions)  # fmt: skip
-        if greedy:
-            _stage("label", "adaptive_spec.cli.label", log_dir=greedy_dir, every=args.greedy_every,
-                   samples=args.samples, max_contexts=args.greedy_max_contexts, profile=args.profile,
-                   seed=args.seed + 6, actions=args.actions)  # fmt: skip
-        done("label")
-    runs = out / "runs"
-    onnx_path = out / "selector.onnx"
-    if "train" not in skip:
-        stage("train")
-        config = args.config or default_config()
-        label_files = [str(log_dir / "labels.parquet")]
-        if greedy and (greedy_dir / "labels.parquet").exists():
-            label_files.append(str(greedy_dir / "labels.parquet"))
-        candidates: list[tuple[float, int, Path]] = []
-        for seed in _seeds(args.train_seeds):
-            # LightningCLI parses its own arguments: the one stage that takes an argv
-            argv = ["--config", str(config), "--data.labels", json.dumps(label_files),
-                    "--trainer.default_root_dir", str(runs), "--seed_everything", str(seed)]  # fmt: skip
-            if args.epochs:
-                argv += ["--trainer.max_epochs", str(args.epochs)]
-            _stage("selector train", "adaptive_spec.cli.selector_train", cli_args=argv)
-            version = max(runs.glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
-            ckpts = sorted((version / "checkpoints").glob("best-*.ckpt"))
-            if not ckpts:
-                raise SystemExit(f"no best checkpoint in {version / 'checkpoints'}")
-            report = json.loads((version / "report" / "report.json").read_text())
-            candidates.append((float(report["scores"]["adaptive"]["agg_rel_tps"]), seed, ckpts[-1]))
-        _, seed, ckpt = max(candidates, key=lambda c: (c[0], -c[1]))
-        if len(candidates) > 1:
-            shown = ", ".join(f"seed {s}: {v:.4f}" for v, s, _ in candidates)
-            print(f"validation tokens/s vs best static (adaptive, ratio of sums): {shown}; keeping seed {seed}")
-        _stage("selector export", "adaptive_spec.cli.selector_export", checkpoint=ckpt, out=out)  # OUT/selector.onnx
-        _copy_profile(args.profile, onnx_path)  # the selector runs with the profile its labels were made with
-        done("train")
-    if "acceptance" not in skip:
-        stage("acceptance")  # the in-draft acceptance model of learned-chain plans, deployed with --install
-        extra = {"epochs": args.epochs} if args.epochs else {}
-        _stage("selector acceptance", "adaptive_spec.cli.selector_acceptance", out=out / "acceptance",
-               temperatures=args.temperatures, prompts=prompts_file, num_prompts=args.num_prompts,
-               max_new_tokens=args.max_new_tokens, seed=args.seed, no_progress=True, install=args.install,
-               **extra)  # fmt: skip
-        done("acceptance")
+    with timed("profile"):
+        if args.reprofile or not args.profile.exists():
+            _profile(args.profile)
+    stages = (("collect", _collect), ("label", _label), ("train", _train), ("acceptance", _acceptance))
+    for name, stage in stages:
+        if name not in skip:
+            with timed(name):
+                stage(args, files)
     if args.install:
-        from adaptive_spec.selector.runtime import default_selector_paths
-
-        dest = default_selector_paths()[0]  # the user data folder, never the installed package
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(onnx_path, dest)
-        print(f"installed {onnx_path} -> {dest}")
-        _copy_profile(args.profile, dest)
+        _install(args, files)
     if "bench" not in skip:
-        stage("bench")
-        _stage("bench e2e", "adaptive_spec.cli.bench_e2e", plans=args.bench_plans, temperatures=args.temperatures,
-               selector=str(onnx_path), profile=str(args.profile), max_new_tokens=args.bench_tokens,
-               json=str(out / "bench_e2e.json"))  # fmt: skip
-        done("bench")
+        with timed("bench"):
+            _stage(
+                "bench e2e",
+                "adaptive_spec.cli.bench_e2e",
+                plans=args.bench_plans,
+                temperatures=args.temperatures,
+                selector=str(files.onnx),
+                profile=str(args.profile),
+                max_new_tokens=args.bench_tokens,
+                json=str(out / "bench_e2e.json"),
+            )
     print(f"\nstage seconds: {json.dumps(timings)}")
-    print(f"selector: {onnx_path}\nlabels: {log_dir / 'label_report' / 'report.md'}")
+    print(f"selector: {files.onnx}\nlabels: {files.log_dir / 'label_report' / 'report.md'}")
     return 0
+
+
+def _collect(args: argparse.Namespace, files: _Files) -> None:
+    """Feature logs of the training prompts (and the greedy-only log), written afresh."""
+    actions = None if args.actions is None else str(args.actions)
+    if args.prompts is not None:
+        from adaptive_spec.files import read_prompts
+
+        files.prompts = args.prompts
+        prompts = read_prompts(files.prompts)
+    else:
+        prompts = training_prompts(args.num_prompts, args.seed)
+        files.prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    for d in (files.log_dir, files.greedy_dir):
+        if d.exists():
+            shutil.rmtree(d)  # a fresh log: features must come from this pair and profile
+    _stage(
+        "collect",
+        "adaptive_spec.cli.collect",
+        out=str(files.log_dir),
+        prompts=str(files.prompts),
+        explore=args.explore,
+        plan=args.plan,
+        temperatures=args.temperatures,
+        actions=actions,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        profile=str(args.profile),
+    )
+    if not files.greedy:
+        return
+    if args.greedy_prompts_file is not None:
+        files.greedy_prompts = args.greedy_prompts_file
+    else:
+        extra = greedy_prompts(args.greedy_prompts, args.seed, prompts)
+        files.greedy_prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in extra))
+    _stage(
+        "collect",
+        "adaptive_spec.cli.collect",
+        out=str(files.greedy_dir),
+        prompts=str(files.greedy_prompts),
+        explore=args.explore,
+        plan=args.plan,
+        temperatures="0",
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed + 6,
+        profile=str(args.profile),
+        actions=actions,
+    )
+
+
+def _label(args: argparse.Namespace, files: _Files) -> None:
+    """Label both logs."""
+    _stage(
+        "label",
+        "adaptive_spec.cli.label",
+        log_dir=files.log_dir,
+        every=args.every,
+        samples=args.samples,
+        profile=args.profile,
+        seed=args.seed,
+        max_contexts=args.max_contexts or None,
+        actions=args.actions,
+    )
+    if files.greedy:
+        _stage(
+            "label",
+            "adaptive_spec.cli.label",
+            log_dir=files.greedy_dir,
+            every=args.greedy_every,
+            samples=args.samples,
+            max_contexts=args.greedy_max_contexts,
+            profile=args.profile,
+            seed=args.seed + 6,
+            actions=args.actions,
+        )
+
+
+def _train(args: argparse.Namespace, files: _Files) -> None:
+    """Train one selector per seed, keep the best on validation, export it beside its profile."""
+    config = args.config or default_config()
+    label_files = [str(files.log_dir / "labels.parquet")]
+    if files.greedy and (files.greedy_dir / "labels.parquet").exists():
+        label_files.append(str(files.greedy_dir / "labels.parquet"))
+    candidates: list[tuple[float, int, Path]] = []
+    for seed in _seeds(args.train_seeds):
+        # LightningCLI parses its own arguments: the one stage that takes an argv
+        argv = [
+            "--config",
+            str(config),
+            "--data.labels",
+            json.dumps(label_files),
+            "--trainer.default_root_dir",
+            str(files.runs),
+            "--seed_everything",
+            str(seed),
+        ]
+        if args.epochs:
+            argv += ["--trainer.max_epochs", str(args.epochs)]
+        _stage("selector train", "adaptive_spec.cli.selector_train", cli_args=argv)
+        version = max(files.runs.glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+        ckpts = sorted((version / "checkpoints").glob("best-*.ckpt"))
+        if not ckpts:
+            raise SystemExit(f"no best checkpoint in {version / 'checkpoints'}")
+        report = json.loads((version / "report" / "report.json").read_text())
+        candidates.append((float(report["scores"]["adaptive"]["agg_rel_tps"]), seed, ckpts[-1]))
+    _, seed, ckpt = max(candidates, key=lambda c: (c[0], -c[1]))
+    if len(candidates) > 1:
+        shown = ", ".join(f"seed {s}: {v:.4f}" for v, s, _ in candidates)
+        print(f"validation tokens/s vs best static (adaptive, ratio of sums): {shown}; keeping seed {seed}")
+    _stage("selector export", "adaptive_spec.cli.selector_export", checkpoint=ckpt, out=files.out)  # selector.onnx
+    _copy_profile(args.profile, files.onnx)  # the selector runs with the profile its labels were made with
+
+
+def _acceptance(args: argparse.Namespace, files: _Files) -> None:
+    """The in-draft acceptance model of learned-chain plans (deployed with --install)."""
+    extra = {"epochs": args.epochs} if args.epochs else {}
+    _stage(
+        "selector acceptance",
+        "adaptive_spec.cli.selector_acceptance",
+        out=files.out / "acceptance",
+        temperatures=args.temperatures,
+        prompts=files.prompts,
+        num_prompts=args.num_prompts,
+        max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
+        no_progress=True,
+        install=args.install,
+        **extra,
+    )
+
+
+def _install(args: argparse.Namespace, files: _Files) -> None:
+    """Copy the selector and its profile into the user data folder, never into the installed package."""
+    from adaptive_spec.selector.runtime import default_selector_paths
+
+    dest = default_selector_paths()[0]
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(files.onnx, dest)
+    print(f"installed {files.onnx} -> {dest}")
+    _copy_profile(args.profile, dest)

@@ -59,7 +59,7 @@ def speculative_generate(
         inputs: ``input_ids`` ``[1, n]`` (or pass ``input_ids=``); batches of one only.
         generation_config: a ``GenerationConfig``.
         logits_processor: row-wise processors only (see :meth:`SpecEngine.generate
-            <adaptive_spec.engine.engine.SpecEngine.generate>`).
+            <adaptive_spec.engine.SpecEngine.generate>`).
         stopping_criteria: criteria that read only the token ids (``MaxLengthCriteria``,
             ``MaxTimeCriteria``, ``StopStringCriteria``, ``EosTokenCriteria``).
         assistant_model: the draft model (required).
@@ -80,6 +80,38 @@ def speculative_generate(
 
     if assistant_model is None:
         raise ValueError("adaptive-spec's custom_generate needs assistant_model= (the draft model)")
+    input_ids = _single_prompt(inputs, kwargs)
+    tokenizer = kwargs.pop("tokenizer", None)
+    kwargs.pop("assistant_tokenizer", None)
+    config = _generation_config(model, generation_config, kwargs)
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+    engine = SpecEngine(model, assistant_model, tokenizer=tokenizer)
+    result = engine.generate(
+        input_ids[0],
+        plan=plan,
+        seed=seed,
+        streamer=streamer,
+        generation_config=config,
+        logits_processor=logits_processor,
+        stopping_criteria=stopping_criteria,
+    )
+    new = torch.tensor([result.token_ids], dtype=input_ids.dtype, device=input_ids.device)
+    sequences = torch.cat([input_ids, new], dim=1)
+    if config.return_dict_in_generate:
+        from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+        return GenerateDecoderOnlyOutput(sequences=sequences)
+    return sequences
+
+
+def _single_prompt(inputs: Any, kwargs: dict[str, Any]) -> Any:
+    """The prompt's ``input_ids`` as ``[1, n]``, after refusing what cannot be honoured (batches, padding, ...).
+
+    Pops from ``kwargs`` what it consumes (``input_ids``, ``attention_mask``, the ignored and refused arguments).
+    """
+    import torch
+
     for name in _REFUSED_IF_SET:
         if kwargs.pop(name, None) is not None:
             raise ValueError(f"{name} is not supported by adaptive-spec's speculative generate")
@@ -96,8 +128,11 @@ def speculative_generate(
     mask = kwargs.pop("attention_mask", None)
     if mask is not None and not bool(torch.as_tensor(mask).bool().all()):
         raise ValueError("padded prompts are not supported: pass the prompt without padding (attention_mask all ones)")
-    tokenizer = kwargs.pop("tokenizer", None)
-    kwargs.pop("assistant_tokenizer", None)
+    return input_ids
+
+
+def _generation_config(model: Any, generation_config: Any, kwargs: dict[str, Any]) -> Any:
+    """The ``GenerationConfig`` transformers' own precedence gives; leftover or unsupported arguments are refused."""
     default_max_length = kwargs.get("max_length") is None and all(
         getattr(c, "max_length", None) is None for c in (generation_config, model.generation_config)
     )
@@ -109,17 +144,4 @@ def speculative_generate(
         raise TypeError(f"unexpected generate() arguments for adaptive-spec: {', '.join(sorted(rest))}")
     if config.output_scores or config.output_logits:
         raise ValueError("output_scores/output_logits are not available with speculative decoding")
-    if seed is None:
-        seed = int(torch.randint(0, 2**62, (1,)).item())
-    engine = SpecEngine(model, assistant_model, tokenizer=tokenizer)
-    result = engine.generate(
-        input_ids[0], plan=plan, seed=seed, streamer=streamer, generation_config=config,
-        logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-    )  # fmt: skip
-    new = torch.tensor([result.token_ids], dtype=input_ids.dtype, device=input_ids.device)
-    sequences = torch.cat([input_ids, new], dim=1)
-    if config.return_dict_in_generate:
-        from transformers.generation.utils import GenerateDecoderOnlyOutput
-
-        return GenerateDecoderOnlyOutput(sequences=sequences)
-    return sequences
+    return config
