@@ -146,38 +146,24 @@ def prepare(
     Raises:
         ValueError: empty table, non-finite or non-positive labels, fewer than two prompts.
     """
-    if len(table) == 0:
-        raise ValueError("the label table is empty; label some runs first (adaptive-spec label)")
-    be, st = table.block_efficiency, table.step_time_s
-    bad = ~(np.isfinite(be) & np.isfinite(st) & (be > 0) & (st > 0))
-    if bad.any():
-        row = int(np.argwhere(bad)[0, 0])
-        raise ValueError(
-            f"{int(bad.any(axis=1).sum())} label rows have non-finite or non-positive block_efficiency/step_time_s "
-            f"(first: row {row}, prompt {table.prompt_key[row]!r}); fix or drop them before training"
-        )
-    if not np.isfinite(table.features).all():
-        raise ValueError("the label table has non-finite feature values; the selector cannot train on them")
+    _check_labels(table)
     train_rows, val_rows = split_by_prompt(table.prompt_key, val_fraction, seed)
     groups = np.asarray(sampling_group(table.features))
-    be64, st64 = be.astype(np.float64), st.astype(np.float64)
-
-    def aggregate_best(rows: np.ndarray) -> tuple[int, float]:
-        rates = be64[rows].sum(axis=0) / st64[rows].sum(axis=0)
-        a = int(rates.argmax())
-        return a, float(rates[a])
-
-    overall, overall_rate = aggregate_best(train_rows)
-    best_static: dict[str, int] = {}
-    rates: dict[str, float] = {}
-    for g in sorted({str(g) for g in groups[train_rows]}):
-        best_static[g], rates[g] = aggregate_best(train_rows[groups[train_rows] == g])
+    overall, best_static, rates = _best_static(table, train_rows, groups)
     base_action = np.array([best_static.get(g, overall) for g in groups], dtype=np.int64)
-    base_rate = np.array([rates.get(g, overall_rate) for g in groups], dtype=np.float64)
+    base_rate = np.array([rates.get(g, rates[_OVERALL]) for g in groups], dtype=np.float64)
     prompts = np.asarray(table.prompt_key, dtype=object)
 
     full = SelectorSplit(
-        table.features, be, st, base_action, base_rate, groups, prompts, table.draft_hidden, table.target_hidden
+        table.features,
+        table.block_efficiency,
+        table.step_time_s,
+        base_action,
+        base_rate,
+        groups,
+        prompts,
+        table.draft_hidden,
+        table.target_hidden,
     )
     train, val = full.subset(train_rows), full.subset(val_rows)
     candidates = candidate_actions(train, max_actions)
@@ -192,7 +178,7 @@ def prepare(
         "feature_std": x.std(axis=0).tolist(),
         "candidates": candidates.tolist(),
         "best_static": {g: table.actions[a] for g, a in best_static.items()},
-        "best_static_rate": rates,
+        "best_static_rate": {g: r for g, r in rates.items() if g != _OVERALL},
         "best_static_overall": table.actions[overall],
         "manifest": dict(table.manifest),
         "split": {
@@ -208,6 +194,48 @@ def prepare(
         else (str(labels) if isinstance(labels, (str, Path)) else [str(p) for p in labels]),
     }
     return train, val, spec
+
+
+_OVERALL = "__overall__"  # the rate of the best action over every train row, in _best_static's rates
+
+
+def _check_labels(table: LabelTable) -> None:
+    """Refuse an empty table, non-finite or non-positive labels, non-finite features."""
+    if len(table) == 0:
+        raise ValueError("the label table is empty; label some runs first (adaptive-spec label)")
+    be, st = table.block_efficiency, table.step_time_s
+    bad = ~(np.isfinite(be) & np.isfinite(st) & (be > 0) & (st > 0))
+    if bad.any():
+        row = int(np.argwhere(bad)[0, 0])
+        raise ValueError(
+            f"{int(bad.any(axis=1).sum())} label rows have non-finite or non-positive block_efficiency/step_time_s "
+            f"(first: row {row}, prompt {table.prompt_key[row]!r}); fix or drop them before training"
+        )
+    if not np.isfinite(table.features).all():
+        raise ValueError("the label table has non-finite feature values; the selector cannot train on them")
+
+
+def _best_static(
+    table: LabelTable, train_rows: np.ndarray, groups: np.ndarray
+) -> tuple[int, dict[str, int], dict[str, float]]:
+    """``(overall action, best static action per sampling group, their aggregate tokens/s)`` on the train rows.
+
+    Aggregate tokens/s is a ratio of sums (tokens over time, as measured tokens/s is); the overall
+    rate is under the key :data:`_OVERALL`.
+    """
+    be64, st64 = table.block_efficiency.astype(np.float64), table.step_time_s.astype(np.float64)
+
+    def aggregate_best(rows: np.ndarray) -> tuple[int, float]:
+        rates = be64[rows].sum(axis=0) / st64[rows].sum(axis=0)
+        a = int(rates.argmax())
+        return a, float(rates[a])
+
+    overall, overall_rate = aggregate_best(train_rows)
+    best_static: dict[str, int] = {}
+    rates: dict[str, float] = {_OVERALL: overall_rate}
+    for g in sorted({str(g) for g in groups[train_rows]}):
+        best_static[g], rates[g] = aggregate_best(train_rows[groups[train_rows] == g])
+    return overall, best_static, rates
 
 
 def candidate_actions(train: SelectorSplit, max_actions: int | None) -> np.ndarray:
