@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from adaptive_spec.options import add_limit_option, add_model_options, add_progress_option, add_temperatures_option
 from adaptive_spec.planner.presets import COLLECT_PLAN
@@ -25,10 +26,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--plan", default=COLLECT_PLAN, help="static plan (exploited by --explore epsilon) (default: %(default)s)"
     )
     parser.add_argument(
-        "--explore", default=None,
+        "--explore",
+        default=None,
         help="explore the action space: 'uniform' (a random action every step) or 'epsilon:E' (a random action "
         "with probability E, else --plan)",
-    )  # fmt: skip
+    )
     parser.add_argument("--actions", default=None, help="action space YAML for --explore (default: the built-in grid)")
     add_temperatures_option(parser, DEFAULT_TEMPERATURES)
     parser.add_argument("--top-k", type=int, default=0, help="top-k filter, 0 = off (default: %(default)s)")
@@ -42,11 +44,42 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--run-id", default=None, help="name of this run in the log (default: time + random digits)")
     add_model_options(parser)
     parser.add_argument(
-        "--node-log", default=None, metavar="DIR",
+        "--node-log",
+        default=None,
+        metavar="DIR",
         help="also log every drafted node's in-draft features, feed decision and soft acceptance labels as "
-             "Parquet in DIR (training data of `selector acceptance --skip-collect`)",
-    )  # fmt: skip
+        "Parquet in DIR (training data of `selector acceptance --skip-collect`)",
+    )
     add_progress_option(parser)
+
+
+def _settings(args: argparse.Namespace, prompts: list, planner: Any, temperatures: list[float]) -> dict[str, Any]:
+    """What this run collects with, recorded in the feature log's manifest."""
+    return {
+        "prompts": str(args.prompts or "built-in prompts"),
+        "num_prompts": len(prompts),
+        "plan": str(args.plan),
+        "explore": args.explore,
+        "actions": [str(p) for p in planner.space] if args.explore else None,
+        "temperatures": temperatures,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "max_new_tokens": args.max_new_tokens,
+        "repeats": args.repeats,
+        "seed": args.seed,
+        "profile": args.profile,
+    }
+
+
+def _print_summary(summary: dict[str, Any], logger: Any, out: Any) -> None:
+    print(
+        f"run {logger.run_id}: {summary['generations']} generations, {summary['tokens']} tokens, "
+        f"{logger.records_written} records in {len(logger.shards)} shards -> {out}"
+    )
+    print(f"{'family':<10} {'steps':>8} {'mean accepted':>14} {'tokens/step':>12}")
+    for family, row in summary["families"].items():
+        print(f"{family:<10} {row['steps']:>8} {row['mean_accepted']:>14.3f} {row['mean_emitted']:>12.3f}")
+    sys.stdout.flush()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -83,26 +116,15 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"collect: {err}") from None
 
-    settings = {
-        "collect": {
-            "prompts": str(args.prompts or "built-in prompts"),
-            "num_prompts": len(prompts),
-            "plan": str(args.plan),
-            "explore": args.explore,
-            "actions": [str(p) for p in planner.space] if args.explore else None,
-            "temperatures": temperatures,
-            "top_k": args.top_k,
-            "top_p": args.top_p,
-            "max_new_tokens": args.max_new_tokens,
-            "repeats": args.repeats,
-            "seed": args.seed,
-            "profile": args.profile,
-        }
-    }
+    settings = {"collect": _settings(args, prompts, planner, temperatures)}
     logger = FeatureLogger(
-        args.out, shard_size=args.shard_size, hidden=args.hidden, run_id=args.run_id, manifest_extra=settings,
+        args.out,
+        shard_size=args.shard_size,
+        hidden=args.hidden,
+        run_id=args.run_id,
+        manifest_extra=settings,
         flush_each_generation=False,
-    )  # fmt: skip
+    )
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         engine = SpecEngine.from_pretrained(
@@ -116,18 +138,19 @@ def run(args: argparse.Namespace) -> int:
         engine.node_log = NodeLogger(args.node_log)
     with engine:
         summary = collect(
-            engine, prompts, planner, temperatures, max_new_tokens=args.max_new_tokens, repeats=args.repeats,
-            seed=args.seed, top_k=args.top_k, top_p=args.top_p, progress=not args.no_progress,
-        )  # fmt: skip
+            engine,
+            prompts,
+            planner,
+            temperatures,
+            max_new_tokens=args.max_new_tokens,
+            repeats=args.repeats,
+            seed=args.seed,
+            top_k=args.top_k,
+            top_p=args.top_p,
+            progress=not args.no_progress,
+        )
     if engine.node_log is not None:
         engine.node_log.close()
         print(f"node log: {engine.node_log.rows} drafted nodes -> {args.node_log}")
-    print(
-        f"run {logger.run_id}: {summary['generations']} generations, {summary['tokens']} tokens, "
-        f"{logger.records_written} records in {len(logger.shards)} shards -> {args.out}"
-    )
-    print(f"{'family':<10} {'steps':>8} {'mean accepted':>14} {'tokens/step':>12}")
-    for family, row in summary["families"].items():
-        print(f"{family:<10} {row['steps']:>8} {row['mean_accepted']:>14.3f} {row['mean_emitted']:>12.3f}")
-    sys.stdout.flush()
+    _print_summary(summary, logger, args.out)
     return 0
