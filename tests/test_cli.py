@@ -30,9 +30,23 @@ def test_bench_verifiers_writes_the_table_as_json(tmp_path, capsys):
 def test_bench_verifiers_speed_rows(tmp_path):
     out = tmp_path / "s.json"
     rc = main(
-        ["bench", "verifiers", "--speed", "--vocabs", "500", "--nodes", "8", "--repeats", "2", "--json", str(out),
-         "--no-progress", "--device", "cpu"]
-    )  # fmt: skip
+        [
+            "bench",
+            "verifiers",
+            "--speed",
+            "--vocabs",
+            "500",
+            "--nodes",
+            "8",
+            "--repeats",
+            "2",
+            "--json",
+            str(out),
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0
     rows = json.loads(out.read_text())["rows"]
     assert {r["verifier"] for r in rows} >= {"token", "block", "gbv", "spectr", "traversal"}

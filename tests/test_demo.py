@@ -18,8 +18,20 @@ def selector(tmp_path_factory):
 
 def test_demo_prints_the_table_and_writes_the_report(tiny_pair, tmp_path, capsys):
     out = tmp_path / "report"
-    rc = main(["demo", "--pair", "builtin", "--out", str(out), "--max-new-tokens", "8", "--plans",
-               "chain:3/block,iid:2x2/traversal", "--no-progress"])  # fmt: skip
+    rc = main(
+        [
+            "demo",
+            "--pair",
+            "builtin",
+            "--out",
+            str(out),
+            "--max-new-tokens",
+            "8",
+            "--plans",
+            "chain:3/block,iid:2x2/traversal",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "temperature 0" in printed and "temperature 1" in printed and "chain:3/block" in printed
@@ -54,8 +66,21 @@ def test_demo_prints_the_table_and_writes_the_report(tiny_pair, tmp_path, capsys
 def test_demo_adds_the_installed_selector(tiny_pair, selector, tmp_path, capsys):
     shutil.copyfile(selector, tiny_pair / "selector.onnx")  # what `make selector` installs
     out = tmp_path / "report"
-    rc = main(["demo", "--pair", "builtin", "--out", str(out), "--max-new-tokens", "8", "--plans", "chain:3/block",
-               "--no-hf", "--no-progress"])  # fmt: skip
+    rc = main(
+        [
+            "demo",
+            "--pair",
+            "builtin",
+            "--out",
+            str(out),
+            "--max-new-tokens",
+            "8",
+            "--plans",
+            "chain:3/block",
+            "--no-hf",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     report = json.loads((out / "results.json").read_text())
@@ -73,8 +98,20 @@ def test_demo_adds_the_installed_selector(tiny_pair, selector, tmp_path, capsys)
 
 def test_bench_e2e_defaults_to_the_builtin_pair_and_prompts(tiny_pair, tmp_path):
     out = tmp_path / "e2e.json"
-    rc = main(["bench", "e2e", "--plans", "chain:2/token", "--max-new-tokens", "6", "--no-hf", "--json", str(out),
-               "--no-progress"])  # fmt: skip
+    rc = main(
+        [
+            "bench",
+            "e2e",
+            "--plans",
+            "chain:2/token",
+            "--max-new-tokens",
+            "6",
+            "--no-hf",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     report = json.loads(out.read_text())
     assert report["config"]["num_prompts"] == 2
@@ -85,8 +122,22 @@ def test_bench_e2e_defaults_to_the_builtin_pair_and_prompts(tiny_pair, tmp_path)
 def test_bench_e2e_adaptive_and_best_static_at_two_temperatures(tiny_pair, selector, tmp_path, capsys):
     shutil.copyfile(selector, tiny_pair / "selector.onnx")  # found without --selector
     out = tmp_path / "e2e.json"
-    rc = main(["bench", "e2e", "--plans", "adaptive,best-static,chain:2/block", "--temperatures", "0,1",
-               "--max-new-tokens", "10", "--no-hf", "--json", str(out), "--no-progress"])  # fmt: skip
+    rc = main(
+        [
+            "bench",
+            "e2e",
+            "--plans",
+            "adaptive,best-static,chain:2/block",
+            "--temperatures",
+            "0,1",
+            "--max-new-tokens",
+            "10",
+            "--no-hf",
+            "--json",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "temperature 0," in printed and "temperature 1," in printed and "decisions, median" in printed
@@ -121,8 +172,22 @@ def test_bench_e2e_best_static_without_a_selector_reads_the_tuned_file(tiny_pair
     from adaptive_spec.planner.presets import write_best_static
 
     out = tmp_path / "e2e.json"
-    argv = ["bench", "e2e", "--plans", "best-static", "--temperatures", "0,1", "--max-new-tokens", "4", "--no-hf",
-            "--limit", "1", "--json", str(out), "--no-progress"]  # fmt: skip
+    argv = [
+        "bench",
+        "e2e",
+        "--plans",
+        "best-static",
+        "--temperatures",
+        "0,1",
+        "--max-new-tokens",
+        "4",
+        "--no-hf",
+        "--limit",
+        "1",
+        "--json",
+        str(out),
+        "--no-progress",
+    ]
     tuned = tmp_path / "best-static.yaml"
     argv += ["--best-static-file", str(tuned)]
     with pytest.raises(SystemExit, match=r"no selector was found.*tune plans.*make selector"):
@@ -133,8 +198,9 @@ def test_bench_e2e_best_static_without_a_selector_reads_the_tuned_file(tiny_pair
     report = json.loads(out.read_text())
     assert report["config"]["selector"] is None and "best-static.yaml" in report["config"]["best_static"]["source"]
     assert [r["static_plan"] for t in ("0", "1") for r in report["runs"][t]["results"]] == [
-        "chain:2/block", "iid:2x2/traversal"
-    ]  # fmt: skip
+        "chain:2/block",
+        "iid:2x2/traversal",
+    ]
 
 
 def test_bench_e2e_adaptive_errors(tiny_pair, selector, tmp_path):
@@ -153,8 +219,20 @@ def test_bench_e2e_adaptive_errors(tiny_pair, selector, tmp_path):
 
 def test_bench_overhead_separates_forwards_from_engine_time(tiny_pair, tmp_path):
     out = tmp_path / "ovh.json"
-    rc = main(["bench", "overhead", "--plans", "iid:3x5/specinfer", "--max-new-tokens", "12", "--limit", "2",
-               "--json", str(out)])  # fmt: skip
+    rc = main(
+        [
+            "bench",
+            "overhead",
+            "--plans",
+            "iid:3x5/specinfer",
+            "--max-new-tokens",
+            "12",
+            "--limit",
+            "2",
+            "--json",
+            str(out),
+        ]
+    )
     assert rc == 0
     row = json.loads(out.read_text())["rows"][0]
     assert row["plan"] == "iid:3x5/specinfer"

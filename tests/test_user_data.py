@@ -35,8 +35,10 @@ def test_installs_go_to_the_user_folder_and_lookups_try_it_first(monkeypatch, tm
         assert not paths[0].is_relative_to(PKG)
 
 
-@pytest.mark.parametrize("rel", ["plans/in-draft.yaml", "plans/best-static.yaml", "selector/default.yaml",
-                                 "selector/ddp.yaml", "zoo/tiny.yaml"])  # fmt: skip
+@pytest.mark.parametrize(
+    "rel",
+    ["plans/in-draft.yaml", "plans/best-static.yaml", "selector/default.yaml", "selector/ddp.yaml", "zoo/tiny.yaml"],
+)
 def test_configs_ship_inside_the_package_and_the_working_directory_overrides(rel, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     assert CONFIGS == PKG / "configs" and (CONFIGS / rel).is_file()

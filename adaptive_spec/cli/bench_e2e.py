@@ -34,21 +34,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: built-in prompts)",
     )
     parser.add_argument(
-        "--plans", default=",".join(DEFAULT_PLANS),
+        "--plans",
+        default=",".join(DEFAULT_PLANS),
         help=f"comma-separated plans, '{IN_DRAFT}' (the tuned in-draft planner), '{ADAPTIVE}' (the selector) or "
         f"'{BEST_STATIC}' (default: %(default)s)",
-    )  # fmt: skip
+    )
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
     add_temperatures_option(parser, None, "measured in one interleaved run (overrides --temperature)")
     parser.add_argument(
-        "--selector", default=None,
+        "--selector",
+        default=None,
         help=f"the '{ADAPTIVE}' plan's ONNX selector (default: the one installed in the user data folder, else "
         "shipped with the built-in pair, else data/selector/selector.onnx)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--best-static-file", default=None,
+        "--best-static-file",
+        default=None,
         help=f"'{BEST_STATIC}' plans when the selector records none (default: configs/plans/best-static.yaml)",
-    )  # fmt: skip
+    )
     add_profile_option(parser)
     parser.add_argument("--max-new-tokens", type=int, default=128, help="new tokens per prompt (default: %(default)s)")
     add_limit_option(parser)
@@ -56,10 +59,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser, ("device", "dtype"))
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
     parser.add_argument(
-        "--hf-draft", default=None,
+        "--hf-draft",
+        default=None,
         help="the draft of transformers' assisted generation (default: --draft when it is a plain causal LM; for "
         "--target smollm2, smollm2-draft)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--no-lookup", action="store_true", help="skip transformers' prompt lookup decoding (prompt_lookup_num_tokens)"
     )
@@ -76,9 +80,12 @@ def run(args: argparse.Namespace) -> int:
         from adaptive_spec.engine.models import in_draft_file
 
         plans, info = resolve_plans(
-            args.plans.split(","), temps, selector=args.selector, best_static_file=args.best_static_file,
+            args.plans.split(","),
+            temps,
+            selector=args.selector,
+            best_static_file=args.best_static_file,
             in_draft_file=in_draft_file(args.target) if args.draft is None else None,
-        )  # fmt: skip
+        )
         runtime = info.pop("runtime")
         latency, warning = (None, None)
         if args.profile is not None or ADAPTIVE in plans:
@@ -109,9 +116,17 @@ def run(args: argparse.Namespace) -> int:
 
     hf_draft = None if args.no_hf else load_hf_draft(engine, args.hf_draft, args.target)
     report = measure(
-        engine, prompts, plans, temps, args.max_new_tokens, args.seed, hf=not args.no_hf,
-        progress=not args.no_progress, hf_draft=hf_draft, lookup=not args.no_lookup,
-    )  # fmt: skip
+        engine,
+        prompts,
+        plans,
+        temps,
+        args.max_new_tokens,
+        args.seed,
+        hf=not args.no_hf,
+        progress=not args.no_progress,
+        hf_draft=hf_draft,
+        lookup=not args.no_lookup,
+    )
     report["config"] = {
         "target": args.target or "default pair",
         "draft": args.draft or ("default pair" if args.target is None else "paired draft"),

@@ -43,14 +43,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="top-k filter, 0 = off (default: the target's generation_config, else off)",
     )
-    parser.add_argument("--top-p", type=float, default=None,
-                        help="nucleus filter, 1 = off (default: the target's generation_config, else off)")  # fmt: skip
+    parser.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        help="nucleus filter, 1 = off (default: the target's generation_config, else off)",
+    )
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
     add_model_options(parser, ("device", "dtype"))
     parser.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the hub")
     parser.add_argument("--stream", action="store_true", help="print text as it is generated")
-    parser.add_argument("--json", action="store_true",
-                        help="print one JSON document: the text, the plan and the statistics")  # fmt: skip
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON document: the text, the plan and the statistics"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,9 +83,13 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         engine = SpecEngine.from_pretrained(
-            args.target, args.draft, device=device, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
+            args.target,
+            args.draft,
+            device=device,
+            dtype=args.dtype,
+            trust_remote_code=args.trust_remote_code,
             latency_model=latency,
-        )  # fmt: skip
+        )
     except ValueError as err:  # a missing directory, an offline hub name, mismatched tokenizers
         raise SystemExit(f"generate: {err}") from None
     if warning:  # the selector has no profile for its latency features: measure one once

@@ -20,9 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``selector acceptance`` options."""
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="working folder (default: %(default)s)")
     add_model_options(parser, ("target", "draft"))
-    parser.add_argument("--prompts", type=Path, default=None,
-                        help="training prompts (JSONL or .txt; default: `zoo prompts train`, stdlib files outside "
-                             "the pair's training and held-out sets)")  # fmt: skip
+    parser.add_argument(
+        "--prompts",
+        type=Path,
+        default=None,
+        help="training prompts (JSONL or .txt; default: `zoo prompts train`, stdlib files outside "
+        "the pair's training and held-out sets)",
+    )
     parser.add_argument("--num-prompts", type=int, default=48, help="training prompts used (default: %(default)s)")
     add_temperatures_option(parser)
     parser.add_argument("--plan", default="chain:8/block", help="the collecting plan (default: %(default)s)")
@@ -30,9 +34,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=int, default=30, help="training epochs (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of collection, split and training")
     parser.add_argument("--skip-collect", action="store_true", help="train on the node log already in OUT/nodes")
-    parser.add_argument("--install", action="store_true",
-                        help="copy the model into the user data folder, where learned-chain plans find it first "
-                             "($ADAPTIVE_SPEC_HOME/default, default ~/.local/share/adaptive-spec/default)")  # fmt: skip
+    parser.add_argument(
+        "--install",
+        action="store_true",
+        help="copy the model into the user data folder, where learned-chain plans find it first "
+        "($ADAPTIVE_SPEC_HOME/default, default ~/.local/share/adaptive-spec/default)",
+    )
     add_progress_option(parser)
 
 
@@ -57,9 +64,15 @@ def run(args: argparse.Namespace) -> int:
         if nodes.exists():
             shutil.rmtree(nodes)
         summary["collect"] = collect_nodes(
-            engine, prompts, temps, nodes, plan=args.plan, max_new_tokens=args.max_new_tokens, seed=args.seed,
+            engine,
+            prompts,
+            temps,
+            nodes,
+            plan=args.plan,
+            max_new_tokens=args.max_new_tokens,
+            seed=args.seed,
             progress=not args.no_progress,
-        )  # fmt: skip
+        )
         print(f"collected {summary['collect']['rows']} nodes in {summary['collect']['seconds']:.0f} s -> {nodes}")
     summary.update(
         fit_acceptance(nodes, out, epochs=args.epochs, seed=args.seed, plan=args.plan, progress=not args.no_progress)
@@ -71,8 +84,10 @@ def run(args: argparse.Namespace) -> int:
         shutil.copyfile(out / ACCEPTANCE_FILE, dest)
         summary["installed"] = str(dest)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    print(f"acceptance model: {summary['export']['path']} (val loss {training['best_val_loss']:.4f}, "
-          f"ONNX parity {summary['export']['max_abs_diff']:.1e})")  # fmt: skip
+    print(
+        f"acceptance model: {summary['export']['path']} (val loss {training['best_val_loss']:.4f}, "
+        f"ONNX parity {summary['export']['max_abs_diff']:.1e})"
+    )
     for group, eces in summary["calibration"].items():
         print(f"  {group}: ECE accept {eces['accept']:.3f}, next {eces['next']:.3f}")
     print(f"  reliability diagram: {out / 'report' / 'calibration.png'}")

@@ -22,17 +22,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_out_dir_option(parser, "selector.onnx", DEFAULT_OUT, default_text=f"{DEFAULT_OUT}, where the demo looks")
     parser.add_argument("--check-batch", type=int, default=64, help="rows of the parity check (default: %(default)s)")
     parser.add_argument(
-        "--report", type=Path, default=None,
+        "--report",
+        type=Path,
+        default=None,
         help="training report giving the sampling settings played statically (default: the run's report/report.json)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--no-static-groups", action="store_true",
+        "--no-static-groups",
+        action="store_true",
         help="record no static fallback: the network decides at every sampling setting",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--latency-decisions", type=int, default=2000,
+        "--latency-decisions",
+        type=int,
+        default=2000,
         help="time this many AdaptivePlanner decisions on the written file (0: skip; default: %(default)s)",
-    )  # fmt: skip
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,7 +28,9 @@ def run(args: argparse.Namespace) -> int:
             play = "static" if g in report["static_groups"] else "network"
             r2 = f", R² {sc['static_be_r2']:.2f}" if "static_be_r2" in sc else ""
             q = sc["agg_rel_tps_quantile"]
-            print(f"  {g}: network {sc['agg_rel_tps']:.4f} (bootstrap q {q:.4f}), oracle {sc['oracle_agg_rel_tps']:.4f}"
-                  f"{r2} -> plays {play}")  # fmt: skip
+            print(
+                f"  {g}: network {sc['agg_rel_tps']:.4f} (bootstrap q {q:.4f}), oracle {sc['oracle_agg_rel_tps']:.4f}"
+                f"{r2} -> plays {play}"
+            )
         print(f"report: {report['files']['markdown']}")
     return 0

@@ -23,20 +23,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, default=12, help="prompts used (default: %(default)s)")
     add_temperatures_option(parser)
     parser.add_argument("--grid", default=None, help="comma-separated candidate plans (default: the built-in grid)")
-    parser.add_argument("--static", default="chain:2/block,chain:3/block,chain:4/block,chain:6/block",
-                        help="static plans measured alongside, for reference (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--static",
+        default="chain:2/block,chain:3/block,chain:4/block,chain:6/block",
+        help="static plans measured alongside, for reference (default: %(default)s)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=96, help="(default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     parser.add_argument("--config-out", default=None, help="write configs/plans/in-draft.yaml under this folder")
     add_model_options(parser, ("target", "draft"))
     parser.add_argument(
-        "--out-file", type=Path, default=None,
+        "--out-file",
+        type=Path,
+        default=None,
         help="write the plan file here instead (e.g. adaptive_spec/zoo/smollm2/in-draft.yaml for --target smollm2)",
-    )  # fmt: skip
+    )
     add_json_option(parser, "the whole measurement")
     add_progress_option(parser)
-    parser.add_argument("--optuna", type=int, default=0, metavar="N",
-                        help="run N Optuna trials per temperature instead of the grid (default: the grid)")  # fmt: skip
+    parser.add_argument(
+        "--optuna",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N Optuna trials per temperature instead of the grid (default: the grid)",
+    )
     parser.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL (default: %(default)s)")
     parser.add_argument("--study-prefix", default="policies", help="study name prefix (default: %(default)s)")
 
@@ -60,13 +70,21 @@ def run(args: argparse.Namespace) -> int:
     if args.optuna:
         res = {"runs": optuna_search(engine, prompts, temps, args)}
     else:
-        res = measure(engine, prompts, plans, temps, args.max_new_tokens, args.seed, hf=False,
-                      progress=not args.no_progress)  # fmt: skip
+        res = measure(
+            engine, prompts, plans, temps, args.max_new_tokens, args.seed, hf=False, progress=not args.no_progress
+        )
     choices = choose(res["runs"])
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     for entry in choices.values():
-        entry.update({"prompts": str(args.prompts), "num_prompts": len(prompts), "search": "optuna" if args.optuna
-                      else "grid", "max_new_tokens": args.max_new_tokens, "date": stamp})  # fmt: skip
+        entry.update(
+            {
+                "prompts": str(args.prompts),
+                "num_prompts": len(prompts),
+                "search": "optuna" if args.optuna else "grid",
+                "max_new_tokens": args.max_new_tokens,
+                "date": stamp,
+            }
+        )
     path = args.out_file or (in_draft_path(args.config_out) if args.config_out else Path.cwd() / IN_DRAFT_RELPATH)
     write_in_draft(choices, path)
     from adaptive_spec.engine.fingerprint import stamp_plan_file

@@ -22,24 +22,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from adaptive_spec.tuning.storage import DEFAULT_STORAGE, add_heartbeat_arguments
 
     parser.add_argument("--labels", required=True, help="label table directory or file (adaptive-spec label)")
-    parser.add_argument("--storage", default=DEFAULT_STORAGE, help="SQLAlchemy URL of the study storage "
-                        "(default: %(default)s, relative to the working directory)")  # fmt: skip
+    parser.add_argument(
+        "--storage",
+        default=DEFAULT_STORAGE,
+        help="SQLAlchemy URL of the study storage (default: %(default)s, relative to the working directory)",
+    )
     parser.add_argument("--study", default="selector", help="study name (default: %(default)s)")
     parser.add_argument("--n-trials", type=int, default=20, help="trials for this worker (default: %(default)s)")
     parser.add_argument("--timeout", type=float, default=None, help="seconds for this worker at most")
     parser.add_argument("--max-epochs", type=int, default=20, help="epochs per trial (default: %(default)s)")
-    parser.add_argument("--val-fraction", type=float, default=0.2, help="share of prompts held out for "
-                        "validation (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.2,
+        help="share of prompts held out for validation (default: %(default)s)",
+    )
     parser.add_argument("--split-seed", type=int, default=0, help="seed of the prompt split (default: %(default)s)")
     parser.add_argument("--batch-size", type=int, default=256, help="rows per batch (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="weight-init and sampler seed (default: %(default)s)")
-    parser.add_argument("--worker", type=int, default=0, help="index of this worker; give parallel workers "
-                        "distinct indices (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--worker",
+        type=int,
+        default=0,
+        help="index of this worker; give parallel workers distinct indices (default: %(default)s)",
+    )
     parser.add_argument("--accelerator", default="auto", help="Lightning accelerator (default: %(default)s)")
-    parser.add_argument("--pruner-startup-trials", type=int, default=3,
-                        help="complete trials before pruning starts (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--pruner-warmup-epochs", type=int, default=2,
-                        help="epochs never pruned in any trial (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--pruner-startup-trials",
+        type=int,
+        default=3,
+        help="complete trials before pruning starts (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--pruner-warmup-epochs", type=int, default=2, help="epochs never pruned in any trial (default: %(default)s)"
+    )
     add_heartbeat_arguments(parser)
     parser.add_argument("--no-enqueue", action="store_true", help="do not enqueue the default hyper-parameters")
     parser.add_argument("--report", default=None, help="report folder (default: <storage folder>/reports/<study>)")
@@ -53,14 +69,27 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         cfg = SelectorTuningConfig(
-            labels=args.labels, storage=args.storage, study=args.study, n_trials=args.n_trials,
-            timeout=args.timeout, max_epochs=args.max_epochs, val_fraction=args.val_fraction,
-            split_seed=args.split_seed, batch_size=args.batch_size, seed=args.seed, worker=args.worker,
-            accelerator=args.accelerator, pruner_startup_trials=args.pruner_startup_trials,
-            pruner_warmup_epochs=args.pruner_warmup_epochs, heartbeat_interval=args.heartbeat_interval,
-            grace_period=args.grace_period, enqueue=not args.no_enqueue, report=args.report,
-            write_report=not args.no_report, progress=not args.no_progress,
-        )  # fmt: skip
+            labels=args.labels,
+            storage=args.storage,
+            study=args.study,
+            n_trials=args.n_trials,
+            timeout=args.timeout,
+            max_epochs=args.max_epochs,
+            val_fraction=args.val_fraction,
+            split_seed=args.split_seed,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            worker=args.worker,
+            accelerator=args.accelerator,
+            pruner_startup_trials=args.pruner_startup_trials,
+            pruner_warmup_epochs=args.pruner_warmup_epochs,
+            heartbeat_interval=args.heartbeat_interval,
+            grace_period=args.grace_period,
+            enqueue=not args.no_enqueue,
+            report=args.report,
+            write_report=not args.no_report,
+            progress=not args.no_progress,
+        )
         tune_selector(cfg)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"tune selector: {err}") from None

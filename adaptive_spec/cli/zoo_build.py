@@ -27,16 +27,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--corpus", type=Path, default=None, help="directory of .py files (default: this Python's standard library)"
     )
     parser.add_argument(
-        "--minutes", type=float, default=DEFAULT_MINUTES,
+        "--minutes",
+        type=float,
+        default=DEFAULT_MINUTES,
         help="training budget, split target / draft by ZooConfig.target_share, 85%%/15%% (default: %(default)s)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--seed", type=int, default=0, help="fixes split, init, data order, prompts (default: %(default)s)"
     )
     parser.add_argument(
-        "--config", type=Path, default=None,
+        "--config",
+        type=Path,
+        default=None,
         help="JSON or YAML file of ZooConfig overrides, e.g. configs/zoo/tiny.yaml (default: the built-in recipe)",
-    )  # fmt: skip
+    )
     add_progress_option(parser)
 
 
@@ -47,9 +51,13 @@ def run(args: argparse.Namespace) -> int:
 
     out = args.out or built_pairs_dir() / f"seed{args.seed}"
     info = build_pair(
-        out, corpus=args.corpus, minutes=args.minutes, seed=args.seed, config=load_config(args.config),
+        out,
+        corpus=args.corpus,
+        minutes=args.minutes,
+        seed=args.seed,
+        config=load_config(args.config),
         progress=not args.no_progress,
-    )  # fmt: skip
+    )
     keys = ("params", "target_val_loss", "draft_val_loss", "acceptance", "greedy_agreement", "latency_ms")
     print(json.dumps({k: info[k] for k in keys}, indent=2))
     print(f"wrote {out}; use it with --target {out / 'target'} --draft {out / 'draft'}")

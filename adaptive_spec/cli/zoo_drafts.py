@@ -19,9 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``zoo drafts`` options."""
     parser.add_argument("name", nargs="?", default="smollm2", help="the target's short name (default: smollm2)")
     parser.add_argument(
-        "--shards", type=int, default=40,
+        "--shards",
+        type=int,
+        default=40,
         help="conversation shards to generate (96 requests each; every 10th is held out) (default: %(default)s)",
-    )  # fmt: skip
+    )
     parser.add_argument("--head-minutes", type=float, default=20.0, help="head training budget (default: %(default)s)")
     parser.add_argument(
         "--draft-minutes", type=float, default=12.0, help="standalone draft training budget (default: %(default)s)"
@@ -31,9 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--work", type=Path, default=None, help="data and checkpoints (default: distill/NAME in the user data folder)"
     )
     parser.add_argument(
-        "--out", type=Path, default=None,
+        "--out",
+        type=Path,
+        default=None,
         help="folder for eagle/, draft/ and build_info.json (default: the package's zoo/NAME, the committed copy)",
-    )  # fmt: skip
+    )
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     add_progress_option(parser)
 
@@ -43,8 +47,15 @@ def run(args: argparse.Namespace) -> int:
     from adaptive_spec.zoo.drafts import build_drafts
 
     info = build_drafts(
-        args.name, work=args.work, out=args.out, shards=args.shards, head_minutes=args.head_minutes,
-        draft_minutes=args.draft_minutes, vocab_size=args.vocab, seed=args.seed, progress=not args.no_progress,
-    )  # fmt: skip
+        args.name,
+        work=args.work,
+        out=args.out,
+        shards=args.shards,
+        head_minutes=args.head_minutes,
+        draft_minutes=args.draft_minutes,
+        vocab_size=args.vocab,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
     print(json.dumps(info["held_out"], indent=2))
     return 0

@@ -22,9 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--count", type=int, default=40, help="number of prompts (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=1, help="which prompts (default: %(default)s)")
     parser.add_argument(
-        "--out", type=Path, required=True, metavar="DIR",
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
         help="folder to write SPLIT.jsonl into (train.jsonl or heldout2.jsonl), created if missing",
-    )  # fmt: skip
+    )
 
 
 def run(args: argparse.Namespace) -> int:

@@ -437,10 +437,19 @@ class _PolicyGrowth:
         draws = b.child_draws[v.node]
         for c in range(first, len(b.tokens)):
             self.views[c] = NodeView(
-                c, v.node, b.tokens[c], v.depth + 1, q_of[c], v.path_prob * q_of[c], ent, top1,
-                multiplicity=draws.count(c), parent_draws=len(draws), branched=v.branched or len(draws) > 1,
+                c,
+                v.node,
+                b.tokens[c],
+                v.depth + 1,
+                q_of[c],
+                v.path_prob * q_of[c],
+                ent,
+                top1,
+                multiplicity=draws.count(c),
+                parent_draws=len(draws),
+                branched=v.branched or len(draws) > 1,
                 parent_memo=v.memo,
-            )  # fmt: skip
+            )
         return list(range(first, len(b.tokens)))
 
     def feed(self, new: list[int]) -> list[int]:

@@ -60,10 +60,25 @@ class EagleConfig(LlamaConfig):
     def for_target(cls, target_config: Any, draft_vocab_size: int, **overrides: Any) -> EagleConfig:
         """A head config matching a Llama-like target's width, heads, rotary settings and vocabulary."""
         t = target_config.get_text_config().to_dict()
-        keep = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
-                "hidden_act", "max_position_embeddings", "rms_norm_eps", "rope_parameters", "rope_theta",
-                "rope_scaling", "vocab_size", "bos_token_id", "eos_token_id", "pad_token_id", "attention_bias",
-                "mlp_bias")  # fmt: skip
+        keep = (
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "hidden_act",
+            "max_position_embeddings",
+            "rms_norm_eps",
+            "rope_parameters",
+            "rope_theta",
+            "rope_scaling",
+            "vocab_size",
+            "bos_token_id",
+            "eos_token_id",
+            "pad_token_id",
+            "attention_bias",
+            "mlp_bias",
+        )
         kw = {k: t[k] for k in keep if k in t}
         kw.update(overrides)
         return cls(draft_vocab_size=draft_vocab_size, target_vocab_size=t["vocab_size"], num_hidden_layers=1, **kw)
@@ -155,8 +170,14 @@ class EagleHead(PreTrainedModel):
         emb = self.get_input_embeddings()(input_ids).to(self.fc.weight.dtype)
         x = self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1))
         pe = self.rotary_emb(x, position_ids)
-        h = self.midlayer(x, attention_mask=attention_mask, position_ids=position_ids, use_cache=cache is not None,
-                          position_embeddings=pe, **{_CACHE_KW: cache})  # fmt: skip
+        h = self.midlayer(
+            x,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=cache is not None,
+            position_embeddings=pe,
+            **{_CACHE_KW: cache},
+        )
         if isinstance(h, tuple):
             h = h[0]
         return h
@@ -253,8 +274,11 @@ class EagleRunner(ModelRunner):
         h = h[0]
         # The feature each new row passes on: the target's where known, else the head's own output.
         known = position_ids < self.known
-        passed = torch.where(known[:, None], self._target[position_ids.clamp(max=max(self.known - 1, 0))], h) if (
-            self.known > 0) else h  # fmt: skip
+        passed = (
+            torch.where(known[:, None], self._target[position_ids.clamp(max=max(self.known - 1, 0))], h)
+            if (self.known > 0)
+            else h
+        )
         self._block_pos.append(position_ids)
         self._block_feat.append(passed)
         if self.keep_hidden:

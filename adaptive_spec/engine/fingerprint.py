@@ -28,9 +28,19 @@ FINGERPRINT_VERSION = 1
 _SAMPLE = 4096  # values hashed per tensor
 # Config keys set by how a model is loaded or run, not by the checkpoint.
 _VOLATILE_KEYS = {
-    "transformers_version", "dtype", "torch_dtype", "attn_implementation", "use_cache", "output_hidden_states",
-    "output_attentions", "return_dict", "quantization_config", "device_map", "tp_plan", "pp_plan",
-}  # fmt: skip
+    "transformers_version",
+    "dtype",
+    "torch_dtype",
+    "attn_implementation",
+    "use_cache",
+    "output_hidden_states",
+    "output_attentions",
+    "return_dict",
+    "quantization_config",
+    "device_map",
+    "tp_plan",
+    "pp_plan",
+}
 
 
 def _config_bytes(model: Any) -> bytes:

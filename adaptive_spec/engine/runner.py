@@ -109,8 +109,9 @@ class ModelRunner:
         pos = torch.arange(self.cached, self.cached + n, device=tokens.device)
         mask = None  # the model's own causal mask
         if self.fast_parts is not None and n > 1:  # the fast path needs it explicit (None: "attend to all")
-            mask = additive_mask(torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril_(),
-                                 self.cached, self.dtype)  # fmt: skip
+            mask = additive_mask(
+                torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril_(), self.cached, self.dtype
+            )
         logits = self._run_model(tokens, pos, mask, logits_to_keep)
         self.forwards += 1
         self.cached += n
@@ -147,9 +148,13 @@ class ModelRunner:
             return self._fast_forward(input_ids, position_ids, mask, logits_to_keep)
         kwargs = {"attention_mask": mask} if mask is not None else {}
         out = self._forward(
-            input_ids=input_ids[None], position_ids=position_ids[None], past_key_values=self.cache, use_cache=True,
-            logits_to_keep=logits_to_keep, **kwargs,
-        )  # fmt: skip
+            input_ids=input_ids[None],
+            position_ids=position_ids[None],
+            past_key_values=self.cache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+            **kwargs,
+        )
         return out.logits[0]
 
     def _fast_forward(
@@ -254,8 +259,11 @@ def fast_path_parts(model: PreTrainedModel) -> tuple | None:
     if getattr(config, "use_sliding_window", False):
         return None
     # Hooks on the model itself (accelerate's device_map dispatch, user hooks) need its own forward.
-    if model._forward_hooks or model._forward_pre_hooks or len(set((getattr(model, "hf_device_map", None)
-                                                                     or {}).values())) > 1:  # fmt: skip
+    if (
+        model._forward_hooks
+        or model._forward_pre_hooks
+        or len(set((getattr(model, "hf_device_map", None) or {}).values())) > 1
+    ):
         return None
     inner = getattr(model, "model", None)
     parts = tuple(getattr(inner, name, None) for name in ("embed_tokens", "layers", "rotary_emb", "norm"))

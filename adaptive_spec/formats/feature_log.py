@@ -290,8 +290,11 @@ class FeatureLogger:
         # Continue after any shard of this run id already there (never overwrite one).
         if self._seq == 0:
             prefix = f"shard-{self.run_id}-"
-            taken = [int(p.stem[len(prefix) :]) for p in self.directory.glob(f"{prefix}*.parquet")
-                     if p.stem[len(prefix) :].isdigit()]  # fmt: skip
+            taken = [
+                int(p.stem[len(prefix) :])
+                for p in self.directory.glob(f"{prefix}*.parquet")
+                if p.stem[len(prefix) :].isdigit()
+            ]
             self._seq = max(taken, default=-1) + 1
         seq, self._seq = self._seq, self._seq + 1
         return seq

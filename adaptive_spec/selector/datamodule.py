@@ -112,10 +112,16 @@ class SelectorSplit:
         """The rows ``rows`` of this split (same base actions and rates)."""
         pick = lambda x: None if x is None else x[rows]  # noqa: E731
         return SelectorSplit(
-            self.features[rows], self.block_efficiency[rows], self.step_time_s[rows], self.base_action[rows],
-            pick(self.base_rate), pick(self.groups), pick(self.prompts), pick(self.draft_hidden),
+            self.features[rows],
+            self.block_efficiency[rows],
+            self.step_time_s[rows],
+            self.base_action[rows],
+            pick(self.base_rate),
+            pick(self.groups),
+            pick(self.prompts),
+            pick(self.draft_hidden),
             pick(self.target_hidden),
-        )  # fmt: skip
+        )
 
     @property
     def rel_tps(self) -> np.ndarray:  # [n, A] tps relative to the best static action

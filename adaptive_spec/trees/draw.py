@@ -229,10 +229,19 @@ def sample_policy_tree(
             for c in range(first, len(b.tokens)):
                 q = float(row_list[b.tokens[c]])
                 views[c] = NodeView(
-                    c, v.node, b.tokens[c], v.depth + 1, q, v.path_prob * q, v.entropy, v.top1,
-                    multiplicity=draws.count(c), parent_draws=len(draws), branched=v.branched or len(draws) > 1,
+                    c,
+                    v.node,
+                    b.tokens[c],
+                    v.depth + 1,
+                    q,
+                    v.path_prob * q,
+                    v.entropy,
+                    v.top1,
+                    multiplicity=draws.count(c),
+                    parent_draws=len(draws),
+                    branched=v.branched or len(draws) > 1,
                     parent_memo=v.memo,
-                )  # fmt: skip
+                )
                 new.append(c)
         if not new or budget <= 0:
             break

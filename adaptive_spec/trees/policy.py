@@ -521,18 +521,24 @@ def parse_policy(text: str) -> DraftPolicy:
         return CumulativeChain(depth=num(0, int), budget=0, min_path_prob=num(1, float))
     if kind == "conf-delayed" and len(args) in (3, 4):
         return ConfidenceDelayed(
-            depth=num(0, int), budget=0, threshold=num(1, float), paths=num(2, int),
+            depth=num(0, int),
+            budget=0,
+            threshold=num(1, float),
+            paths=num(2, int),
             branch_threshold=num(3, float) if len(args) == 4 else 0.0,
-        )  # fmt: skip
+        )
     if kind == "learned-chain" and len(args) == 2:
         return LearnedChain(depth=num(0, int), budget=0, cost_ratio=num(1, float))
     if kind == "eagle" and len(args) in (4, 5):
         if len(args) == 5 and args[4] not in ("wor", "iid"):
             raise ValueError(f"drafting policy {text!r}: the fifth field of eagle is 'wor' or 'iid'")
         return EagleTree(
-            depth=num(0, int), budget=num(1, int), top_k=num(2, int), width=num(3, int),
+            depth=num(0, int),
+            budget=num(1, int),
+            top_k=num(2, int),
+            width=num(3, int),
             without_replacement=len(args) == 5 and args[4] == "wor",
-        )  # fmt: skip
+        )
     raise ValueError(f"cannot parse drafting policy {text!r}: expected {POLICY_GRAMMAR}")
 
 

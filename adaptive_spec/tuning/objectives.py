@@ -77,13 +77,22 @@ class MeasuredTokensPerSecond:
         gen = self.engine.generate
         gen(self.prompts[0], max_new_tokens=4, temperature=self.temperature, plan=plan, seed=self.seed)  # warm-up
         per_repeat, tokens, steps = [], 0, 0
-        bar = tqdm(total=self.repeats * len(self.prompts), desc=str(plan or "autoregressive"), leave=False,
-                   disable=not self.progress)  # fmt: skip
+        bar = tqdm(
+            total=self.repeats * len(self.prompts),
+            desc=str(plan or "autoregressive"),
+            leave=False,
+            disable=not self.progress,
+        )
         for _ in range(self.repeats):
             rep_tokens, rep_seconds = 0, 0.0
             for i, prompt in enumerate(self.prompts):
-                stats = gen(prompt, max_new_tokens=self.max_new_tokens, temperature=self.temperature, plan=plan,
-                            seed=self.seed + i).stats  # fmt: skip
+                stats = gen(
+                    prompt,
+                    max_new_tokens=self.max_new_tokens,
+                    temperature=self.temperature,
+                    plan=plan,
+                    seed=self.seed + i,
+                ).stats
                 rep_tokens += stats.new_tokens
                 rep_seconds += stats.wall_time_s
                 steps += stats.steps

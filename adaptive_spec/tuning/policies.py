@@ -121,8 +121,9 @@ def optuna_search(engine, prompts, temps, args) -> dict[str, Any]:
 
         def objective(trial, t=t, key=key, rows=rows):
             plan = suggest_policy(trial, t == 0, learned)
-            res = measure(engine, prompts, {plan: Plan.parse(plan)}, [t], args.max_new_tokens, args.seed,
-                          hf=False, progress=False)  # fmt: skip
+            res = measure(
+                engine, prompts, {plan: Plan.parse(plan)}, [t], args.max_new_tokens, args.seed, hf=False, progress=False
+            )
             row = res["runs"][key]["results"][0]
             trial.set_user_attr("plan", plan)
             trial.set_user_attr("block_efficiency", row["block_efficiency"])

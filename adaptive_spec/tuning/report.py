@@ -25,8 +25,13 @@ def study_summary(study: optuna.Study, top: int = 10) -> dict[str, Any]:
     complete = sorted((t for t in trials if t.state == TrialState.COMPLETE), key=lambda t: t.value, reverse=True)
 
     def row(t: optuna.trial.FrozenTrial) -> dict[str, Any]:
-        return {"number": t.number, "value": t.value, "plan": t.user_attrs.get("plan"), "params": t.params,
-                "user_attrs": t.user_attrs}  # fmt: skip
+        return {
+            "number": t.number,
+            "value": t.value,
+            "plan": t.user_attrs.get("plan"),
+            "params": t.params,
+            "user_attrs": t.user_attrs,
+        }
 
     return {
         "study": study.study_name,

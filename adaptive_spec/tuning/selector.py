@@ -119,10 +119,16 @@ class SelectorObjective:
         model = SelectorModule(data_spec=self.datamodule.spec, **hparams)
         history = HistoryCallback()
         trainer = L.Trainer(
-            max_epochs=self.cfg.max_epochs, accelerator=self.cfg.accelerator, devices=1, logger=False,
-            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-            num_sanity_val_steps=0, callbacks=[history, PyTorchLightningPruningCallback(trial, monitor=MONITOR)],
-        )  # fmt: skip
+            max_epochs=self.cfg.max_epochs,
+            accelerator=self.cfg.accelerator,
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            callbacks=[history, PyTorchLightningPruningCallback(trial, monitor=MONITOR)],
+        )
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*(does not have many workers|GPU available but not used).*")
             trainer.fit(model, datamodule=self.datamodule)
@@ -176,19 +182,29 @@ def tune_selector(cfg: SelectorTuningConfig) -> dict[str, Any]:
         n_startup_trials=cfg.pruner_startup_trials, n_warmup_steps=cfg.pruner_warmup_epochs
     )
     study = open_study(cfg.study, storage, seed=cfg.seed, worker=cfg.worker, pruner=pruner)
-    check_settings(study, {
-        "objective": MONITOR, "labels": str(Path(cfg.labels).resolve()), "max_epochs": cfg.max_epochs,
-        "val_fraction": cfg.val_fraction, "split_seed": cfg.split_seed, "batch_size": cfg.batch_size,
-        "seed": cfg.seed,
-    })  # fmt: skip
+    check_settings(
+        study,
+        {
+            "objective": MONITOR,
+            "labels": str(Path(cfg.labels).resolve()),
+            "max_epochs": cfg.max_epochs,
+            "val_fraction": cfg.val_fraction,
+            "split_seed": cfg.split_seed,
+            "batch_size": cfg.batch_size,
+            "seed": cfg.seed,
+        },
+    )
     if cfg.enqueue and cfg.worker == 0:
         study.enqueue_trial(dict(SELECTOR_KNOWN_GOOD), user_attrs={"enqueued": True}, skip_if_exists=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study.optimize(
-            SelectorObjective(datamodule, cfg), n_trials=cfg.n_trials, timeout=cfg.timeout,
-            catch=(ValueError, RuntimeError), show_progress_bar=cfg.progress and cfg.n_trials > 0,
-        )  # fmt: skip
+            SelectorObjective(datamodule, cfg),
+            n_trials=cfg.n_trials,
+            timeout=cfg.timeout,
+            catch=(ValueError, RuntimeError),
+            show_progress_bar=cfg.progress and cfg.n_trials > 0,
+        )
     info = study_summary(study)
     summary: dict[str, Any] = {"config": asdict(cfg), "study": info}
     if info["best"] is None:

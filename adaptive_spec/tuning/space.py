@@ -192,9 +192,10 @@ def params_to_plan(params: dict[str, Any], temperature: float) -> Plan:
         verifier_key, choices = "tree_verifier", TREE_VERIFIERS
     elif family == "delayed":
         shape = TreeShape.delayed(
-            get("delayed_trunk", DELAYED_TRUNK), get("delayed_paths", DELAYED_PATHS),
+            get("delayed_trunk", DELAYED_TRUNK),
+            get("delayed_paths", DELAYED_PATHS),
             get("delayed_branch", DELAYED_BRANCH),
-        )  # fmt: skip
+        )
         verifier_key, choices = "tree_verifier", TREE_VERIFIERS
     elif family == "wor":
         head = get("wor_head", WOR_HEAD)
@@ -232,9 +233,11 @@ def plan_to_params(plan: Plan | str, temperature: float) -> dict[str, Any]:
         verifier_key = "tree_verifier"
     elif shape.law is DraftLaw.DELAYED:
         params = {
-            "family": "delayed", "delayed_trunk": shape.trunk, "delayed_paths": shape.paths,
+            "family": "delayed",
+            "delayed_trunk": shape.trunk,
+            "delayed_paths": shape.paths,
             "delayed_branch": shape.branch_len,
-        }  # fmt: skip
+        }
         verifier_key = "tree_verifier"
     else:
         widths = list(shape.widths)
@@ -301,9 +304,11 @@ def iter_plans(temperature: float) -> Iterator[Plan]:
     grid("chain", {"chain_len": CHAIN_LEN}, "chain_verifier", CHAIN_VERIFIERS)
     grid("iid", {"iid_paths": IID_PATHS, "iid_len": IID_LEN}, "tree_verifier", TREE_VERIFIERS)
     grid(
-        "delayed", {"delayed_trunk": DELAYED_TRUNK, "delayed_paths": DELAYED_PATHS, "delayed_branch": DELAYED_BRANCH},
-        "tree_verifier", TREE_VERIFIERS,
-    )  # fmt: skip
+        "delayed",
+        {"delayed_trunk": DELAYED_TRUNK, "delayed_paths": DELAYED_PATHS, "delayed_branch": DELAYED_BRANCH},
+        "tree_verifier",
+        TREE_VERIFIERS,
+    )
     for head in range(WOR_HEAD[0], WOR_HEAD[1] + 1):
         widths = {f"wor_w{d}": WOR_WIDTHS[d] for d in range(head)}
         grid("wor", {"wor_head": [head], **widths, "wor_tail": WOR_TAIL}, "wor_verifier", WOR_VERIFIERS)
@@ -331,8 +336,14 @@ SELECTOR_SPACE: dict[str, tuple[str, tuple[Any, ...], bool]] = {
 
 # Close to configs/selector/default.yaml (its [512, 32] funnel is not a (width,) * depth MLP); enqueued first.
 SELECTOR_KNOWN_GOOD = {
-    "width": 128, "depth": 2, "dropout": 0.1, "lr": 1e-3, "weight_decay": 1e-4, "ce_weight": 0.5, "tail_weight": 0.0,
-}  # fmt: skip
+    "width": 128,
+    "depth": 2,
+    "dropout": 0.1,
+    "lr": 1e-3,
+    "weight_decay": 1e-4,
+    "ce_weight": 0.5,
+    "tail_weight": 0.0,
+}
 
 
 def suggest_selector_hparams(trial: optuna.Trial) -> dict[str, Any]:

@@ -211,9 +211,13 @@ def open_study(
             seed=worker_seed(seed, worker, name), n_startup_trials=n_startup_trials, constant_liar=True
         )
         study = optuna.create_study(
-            study_name=name, storage=storage, sampler=sampler, pruner=pruner, direction=direction,
+            study_name=name,
+            storage=storage,
+            sampler=sampler,
+            pruner=pruner,
+            direction=direction,
             load_if_exists=True,
-        )  # fmt: skip
+        )
         before = {t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))}
         optuna.storages.fail_stale_trials(study)
     failed = [
@@ -261,7 +265,15 @@ def report_dir(report: str | None, storage: str, study: str) -> Path:
 
 def add_heartbeat_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``--heartbeat-interval`` and ``--grace-period`` options shared by the ``tune`` commands."""
-    parser.add_argument("--heartbeat-interval", type=int, default=DEFAULT_HEARTBEAT_S,
-                        help="seconds between heartbeats of a running trial (default: %(default)s)")  # fmt: skip
-    parser.add_argument("--grace-period", type=int, default=DEFAULT_GRACE_S, help="seconds without heartbeat "
-                        "after which a trial of a dead worker is failed (default: %(default)s)")  # fmt: skip
+    parser.add_argument(
+        "--heartbeat-interval",
+        type=int,
+        default=DEFAULT_HEARTBEAT_S,
+        help="seconds between heartbeats of a running trial (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--grace-period",
+        type=int,
+        default=DEFAULT_GRACE_S,
+        help="seconds without heartbeat after which a trial of a dead worker is failed (default: %(default)s)",
+    )

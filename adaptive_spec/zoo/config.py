@@ -122,8 +122,12 @@ class ZooConfig:
     def from_dict(cls, data: dict[str, Any]) -> ZooConfig:
         """Inverse of :meth:`to_dict`; nested specs may be given as dicts, unknown keys are refused."""
         kw = dict(data)
-        for name, spec in (("target", ModelSpec), ("draft", ModelSpec), ("target_train", TrainSpec),
-                           ("draft_train", TrainSpec)):  # fmt: skip
+        for name, spec in (
+            ("target", ModelSpec),
+            ("draft", ModelSpec),
+            ("target_train", TrainSpec),
+            ("draft_train", TrainSpec),
+        ):
             if isinstance(kw.get(name), dict):
                 kw[name] = spec(**kw[name])
         if "prompt_chars" in kw:

@@ -221,9 +221,19 @@ def _lr(step: int, done: float, peak: float, warmup: int = 50) -> float:
 
 
 def _train_loop(
-    model: nn.Module, loss_fn, seqs: list, *, minutes: float, steps: int, lr: float, batch_tokens: int,
-    ckpt: Path, seed: int, progress: bool, label: str,
-) -> dict[str, Any]:  # fmt: skip
+    model: nn.Module,
+    loss_fn,
+    seqs: list,
+    *,
+    minutes: float,
+    steps: int,
+    lr: float,
+    batch_tokens: int,
+    ckpt: Path,
+    seed: int,
+    progress: bool,
+    label: str,
+) -> dict[str, Any]:
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     saver = _Checkpointed(ckpt)
@@ -310,10 +320,21 @@ def unrolled_hidden(
 
 
 def train_head(
-    head: Any, shards: Sequence[dict[str, torch.Tensor]], work: str | Path, *, minutes: float, steps: int = 100_000,
-    lr: float = 1e-3, batch_tokens: int = 2048, feature_weight: float = 0.1, noise: float = 0.1, seed: int = 0,
-    labels_from: int | None = None, passes: int = 2, progress: bool = True,
-) -> dict[str, Any]:  # fmt: skip
+    head: Any,
+    shards: Sequence[dict[str, torch.Tensor]],
+    work: str | Path,
+    *,
+    minutes: float,
+    steps: int = 100_000,
+    lr: float = 1e-3,
+    batch_tokens: int = 2048,
+    feature_weight: float = 0.1,
+    noise: float = 0.1,
+    seed: int = 0,
+    labels_from: int | None = None,
+    passes: int = 2,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Train a bound :class:`EagleHead` (soft CE over its vocabulary + smooth-L1 feature regression).
 
     As in EAGLE, the LM head stays the target's own (its rows of the draft vocabulary, frozen): the
@@ -344,9 +365,19 @@ def train_head(
             weight *= 0.8
         return total
 
-    return _train_loop(head, loss_fn, _sequences(shards, labels_from), minutes=minutes, steps=steps, lr=lr,
-                       batch_tokens=batch_tokens, ckpt=Path(work) / "head.ckpt", seed=seed, progress=progress,
-                       label="head")  # fmt: skip
+    return _train_loop(
+        head,
+        loss_fn,
+        _sequences(shards, labels_from),
+        minutes=minutes,
+        steps=steps,
+        lr=lr,
+        batch_tokens=batch_tokens,
+        ckpt=Path(work) / "head.ckpt",
+        seed=seed,
+        progress=progress,
+        label="head",
+    )
 
 
 # ---------------------------------------------------------------------- the standalone draft
@@ -356,12 +387,21 @@ def standalone_config(target_config: Any, hidden: int = 256, layers: int = 2) ->
 
     t = target_config
     return LlamaConfig(
-        vocab_size=t.vocab_size, hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
-        num_attention_heads=hidden // 64, num_key_value_heads=max(1, hidden // 128), head_dim=64,
-        max_position_embeddings=t.max_position_embeddings, rms_norm_eps=t.rms_norm_eps,
-        rope_parameters=getattr(t, "rope_parameters", None), tie_word_embeddings=True,
-        bos_token_id=t.bos_token_id, eos_token_id=t.eos_token_id, pad_token_id=t.pad_token_id,
-    )  # fmt: skip
+        vocab_size=t.vocab_size,
+        hidden_size=hidden,
+        intermediate_size=3 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden // 64,
+        num_key_value_heads=max(1, hidden // 128),
+        head_dim=64,
+        max_position_embeddings=t.max_position_embeddings,
+        rms_norm_eps=t.rms_norm_eps,
+        rope_parameters=getattr(t, "rope_parameters", None),
+        tie_word_embeddings=True,
+        bos_token_id=t.bos_token_id,
+        eos_token_id=t.eos_token_id,
+        pad_token_id=t.pad_token_id,
+    )
 
 
 def init_standalone(target: Any, hidden: int = 256, layers: int = 2, seed: int = 0) -> Any:
@@ -381,10 +421,18 @@ def init_standalone(target: Any, hidden: int = 256, layers: int = 2, seed: int =
 
 
 def train_standalone(
-    model: Any, shards: Sequence[dict[str, torch.Tensor]], work: str | Path, *, minutes: float, steps: int = 100_000,
-    lr: float = 2e-3, batch_tokens: int = 2048, seed: int = 0, labels_from: int | None = None,
+    model: Any,
+    shards: Sequence[dict[str, torch.Tensor]],
+    work: str | Path,
+    *,
+    minutes: float,
+    steps: int = 100_000,
+    lr: float = 2e-3,
+    batch_tokens: int = 2048,
+    seed: int = 0,
+    labels_from: int | None = None,
     progress: bool = True,
-) -> dict[str, Any]:  # fmt: skip
+) -> dict[str, Any]:
     """Train the standalone draft on the target's soft labels (soft cross-entropy over the whole vocabulary)."""
 
     def loss_fn(m, b):
@@ -392,9 +440,19 @@ def train_standalone(
         k = b["mask"]
         return _soft_ce(m.lm_head, h[k], b["top_ids"][k], b["top_p"][k])
 
-    return _train_loop(model, loss_fn, _sequences(shards, labels_from), minutes=minutes, steps=steps, lr=lr,
-                       batch_tokens=batch_tokens, ckpt=Path(work) / "standalone.ckpt", seed=seed, progress=progress,
-                       label="standalone")  # fmt: skip
+    return _train_loop(
+        model,
+        loss_fn,
+        _sequences(shards, labels_from),
+        minutes=minutes,
+        steps=steps,
+        lr=lr,
+        batch_tokens=batch_tokens,
+        ckpt=Path(work) / "standalone.ckpt",
+        seed=seed,
+        progress=progress,
+        label="standalone",
+    )
 
 
 # ---------------------------------------------------------------------- evaluation
@@ -431,8 +489,10 @@ def evaluate_drafts(
             sums[name][1] += float((pr.argmax(-1) == qr.argmax(-1)).sum())
             sums[name][2] += pr.shape[0]
         seen += e - a
-    return {k: {"sum_min_pq_T1": v[0] / max(v[2], 1), "top1_agreement_T0": v[1] / max(v[2], 1), "positions": v[2]}
-            for k, v in sums.items()}  # fmt: skip
+    return {
+        k: {"sum_min_pq_T1": v[0] / max(v[2], 1), "top1_agreement_T0": v[1] / max(v[2], 1), "positions": v[2]}
+        for k, v in sums.items()
+    }
 
 
 @torch.inference_mode()
@@ -502,8 +562,13 @@ def build_drafts(
     torch.manual_seed(seed)
     work = Path(work) if work is not None else user_data_dir() / "distill" / name
     out = Path(out) if out is not None else shipped_drafts_dir(name)
-    info: dict[str, Any] = {"target": name, "source": MODELS[name].description, "load_before": machine_load(),
-                            "threads": torch.get_num_threads(), "seed": seed}  # fmt: skip
+    info: dict[str, Any] = {
+        "target": name,
+        "source": MODELS[name].description,
+        "load_before": machine_load(),
+        "threads": torch.get_num_threads(),
+        "seed": seed,
+    }
     t_all = time.time()
     target_dir = fetch_model(name)
     tok = AutoTokenizer.from_pretrained(target_dir)
@@ -513,15 +578,20 @@ def build_drafts(
 
     t = time.time()
     conv = generate_conversations(target, tok, work / "conv", shards=shards, seed=seed, progress=progress)
-    info["conversations"] = {**conv, "seconds_this_run": round(time.time() - t, 1),
-                             "data": "the target's own requests and answers (self-distillation); no benchmark text",
-                             "licence": f"generated by {name} ({MODELS[name].licence})"}  # fmt: skip
+    info["conversations"] = {
+        **conv,
+        "seconds_this_run": round(time.time() - t, 1),
+        "data": "the target's own requests and answers (self-distillation); no benchmark text",
+        "licence": f"generated by {name} ({MODELS[name].licence})",
+    }
     t = time.time()
     n = extract_features(target, work / "conv", work / "feat", progress=progress)
     info["features"] = {"tokens_this_run": n, "seconds_this_run": round(time.time() - t, 1), "top_k": TOP_K}
     train, held = load_features(work / "feat", held=False), load_features(work / "feat", held=True)
-    info["tokens"] = {"train": sum(int(d["starts"][-1]) for d in train),
-                      "held_out": sum(int(d["starts"][-1]) for d in held)}  # fmt: skip
+    info["tokens"] = {
+        "train": sum(int(d["starts"][-1]) for d in train),
+        "held_out": sum(int(d["starts"][-1]) for d in held),
+    }
 
     vocab, coverage = choose_vocabulary(train, vocab_size, target.config.vocab_size)
     cfg = EagleConfig.for_target(target.config, draft_vocab_size=vocab_size)
@@ -539,12 +609,17 @@ def build_drafts(
     info["labels"] = "every position after the chat template's fixed opening: the request and the answer"
     info["head"] = train_head(head, train, work, minutes=head_minutes, seed=seed, labels_from=first, progress=progress)
     standalone = init_standalone(target, seed=seed)
-    info["standalone"] = train_standalone(standalone, train, work, minutes=draft_minutes, seed=seed, labels_from=first,
-                                          progress=progress)  # fmt: skip
+    info["standalone"] = train_standalone(
+        standalone, train, work, minutes=draft_minutes, seed=seed, labels_from=first, progress=progress
+    )
     info["held_out"] = evaluate_drafts(target, {"eagle": head, "draft": standalone}, held)
-    info["ms_per_draft_token"] = {"eagle": draft_ms_per_token(head), "draft": draft_ms_per_token(standalone),
-                                  "target": draft_ms_per_token(target), "context": 256,
-                                  "threads": torch.get_num_threads()}  # fmt: skip
+    info["ms_per_draft_token"] = {
+        "eagle": draft_ms_per_token(head),
+        "draft": draft_ms_per_token(standalone),
+        "target": draft_ms_per_token(target),
+        "context": 256,
+        "threads": torch.get_num_threads(),
+    }
     info["load_after"] = machine_load()
     info["seconds_this_run"] = round(time.time() - t_all, 1)
     head.half().save_pretrained(out / "eagle")

@@ -68,9 +68,16 @@ def generate_conversations(
         with torch.inference_mode():
             ids = torch.tensor([prefix] * batch)
             req = model.generate(
-                ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                max_new_tokens=request_tokens, eos_token_id=eos, pad_token_id=eos,
-            )  # fmt: skip
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=request_tokens,
+                eos_token_id=eos,
+                pad_token_id=eos,
+            )
             requests = []
             for row in req[:, len(prefix) :].tolist():
                 if eos not in row:
@@ -81,8 +88,11 @@ def generate_conversations(
             chats = [[{"role": "user", "content": r}] for r in requests]
             rendered = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
             enc = tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False)
-            sample = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {
-                "do_sample": False}  # fmt: skip
+            sample = (
+                {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+                if temperature > 0
+                else {"do_sample": False}
+            )
             ans = model.generate(**enc, max_new_tokens=answer_tokens, eos_token_id=eos, pad_token_id=eos, **sample)
         lines, n_tok = [], 0
         width = enc["input_ids"].shape[1]
@@ -92,18 +102,34 @@ def generate_conversations(
             if eos in answer:
                 answer = answer[: answer.index(eos) + 1]
             n_tok += len(answer)
-            lines.append(json.dumps({"request": request, "prompt_ids": prompt, "answer_ids": answer,
-                                     "temperature": temperature, "seed": seed + i}))  # fmt: skip
+            lines.append(
+                json.dumps(
+                    {
+                        "request": request,
+                        "prompt_ids": prompt,
+                        "answer_ids": answer,
+                        "temperature": temperature,
+                        "seed": seed + i,
+                    }
+                )
+            )
         atomic_write(path, "\n".join(lines) + "\n")
         made += n_tok
         if progress:
             dt = time.time() - ts
-            print(f"shard {i}: {len(requests)} conversations, {n_tok} answer tokens, {dt:.0f} s, "
-                  f"{n_tok / dt:.0f} tok/s, T={temperature}", flush=True)  # fmt: skip
+            print(
+                f"shard {i}: {len(requests)} conversations, {n_tok} answer tokens, {dt:.0f} s, "
+                f"{n_tok / dt:.0f} tok/s, T={temperature}",
+                flush=True,
+            )
     convs = read_conversations(out)
-    return {"shards": len(list(out.glob("conv-*.jsonl"))), "conversations": len(convs),
-            "answer_tokens": sum(len(c["answer_ids"]) for c in convs), "seconds": round(time.time() - t0, 1),
-            "new_answer_tokens": made}  # fmt: skip
+    return {
+        "shards": len(list(out.glob("conv-*.jsonl"))),
+        "conversations": len(convs),
+        "answer_tokens": sum(len(c["answer_ids"]) for c in convs),
+        "seconds": round(time.time() - t0, 1),
+        "new_answer_tokens": made,
+    }
 
 
 def read_conversations(folder: str | Path, shards: Sequence[int] | None = None) -> list[dict[str, Any]]:

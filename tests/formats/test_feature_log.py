@@ -40,14 +40,20 @@ class Recorder:
 def record(i: int, hidden: bool = False) -> dict:
     rng = np.random.default_rng(i)
     return dict(
-        prompt_key=prompt_key([0, i]), step=i, features={n: float(rng.normal()) for n in SCHEMA.names},
+        prompt_key=prompt_key([0, i]),
+        step=i,
+        features={n: float(rng.normal()) for n in SCHEMA.names},
         draft_hidden=rng.normal(size=4).astype(np.float16) if hidden else None,
         target_hidden=rng.normal(size=6).astype(np.float16) if hidden else None,
-        action="chain:2/token", num_nodes=3, accepted=i % 3, emitted=i % 3 + 1,
+        action="chain:2/token",
+        num_nodes=3,
+        accepted=i % 3,
+        emitted=i % 3 + 1,
         times={"draft": 0.001 * i, "target": 0.002, "verify": 0.0005, "other": 0.0001},
-        context_ids=list(range(i + 2)), top_k=5 * i,
+        context_ids=list(range(i + 2)),
+        top_k=5 * i,
         propensity=None if i % 2 else 0.25,
-    )  # fmt: skip
+    )
 
 
 def test_schema_round_trip(tmp_path) -> None:
@@ -59,8 +65,10 @@ def test_schema_round_trip(tmp_path) -> None:
             log.log_step(**r)
         assert log.records_written == 6 and log.buffered == 1  # two full shards so far
     assert log.records_written == 7 and [p.name for p in log.shards] == [
-        "shard-rt-00000.parquet", "shard-rt-00001.parquet", "shard-rt-00002.parquet",
-    ]  # fmt: skip
+        "shard-rt-00000.parquet",
+        "shard-rt-00001.parquet",
+        "shard-rt-00002.parquet",
+    ]
     table = read_shards(tmp_path)
     assert table.schema.remove_metadata() == arrow_schema()
     types = {f.name: f.type for f in table.schema}

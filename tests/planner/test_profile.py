@@ -16,12 +16,30 @@ PNG = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def tiny_profile(module_tiny_pair, tmp_path_factory):
     out = tmp_path_factory.mktemp("prof")
-    rc = main([
-        "profile", "--out", str(out), "--contexts", "4,32", "--tokens", "1,4,16", "--warmup", "1", "--repeats", "3",
-        "--verify-trees", "1",
-        "--calibration-plans", "chain:1/token,chain:4/block,iid:3x3/specinfer,wor:2x2x1/rrsw",
-        "--calibration-tokens", "12", "--no-progress", "--device", "cpu",
-    ])  # fmt: skip
+    rc = main(
+        [
+            "profile",
+            "--out",
+            str(out),
+            "--contexts",
+            "4,32",
+            "--tokens",
+            "1,4,16",
+            "--warmup",
+            "1",
+            "--repeats",
+            "3",
+            "--verify-trees",
+            "1",
+            "--calibration-plans",
+            "chain:1/token,chain:4/block,iid:3x3/specinfer,wor:2x2x1/rrsw",
+            "--calibration-tokens",
+            "12",
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0
     return out / "profile.json"  # --out is a folder
 
@@ -55,11 +73,25 @@ def test_profile_writes_a_loadable_profile_and_a_plot(tiny_profile):
 @pytest.mark.slow
 def test_latency_model_predicts_measured_steps_to_the_right_order(tiny_profile, tmp_path):
     out = tmp_path / "lm.json"
-    rc = main([
-        "bench", "latency-model", "--profile", str(tiny_profile), "--plans", "chain:2/token,iid:2x3/traversal,"
-        "delayed:1x2x2/gbv,wor:3x2/traversal", "--limit", "2", "--max-new-tokens", "12", "--json", str(out),
-        "--no-progress", "--device", "cpu",
-    ])  # fmt: skip
+    rc = main(
+        [
+            "bench",
+            "latency-model",
+            "--profile",
+            str(tiny_profile),
+            "--plans",
+            "chain:2/token,iid:2x3/traversal,delayed:1x2x2/gbv,wor:3x2/traversal",
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "12",
+            "--json",
+            str(out),
+            "--no-progress",
+            "--device",
+            "cpu",
+        ]
+    )
     assert rc == 0
     report = json.loads(out.read_text())
     assert set(report["per_plan"]) == {"chain:2/token", "iid:2x3/traversal", "delayed:1x2x2/gbv", "wor:3x2/traversal"}
@@ -75,8 +107,20 @@ def test_latency_model_predicts_measured_steps_to_the_right_order(tiny_profile, 
 
 def test_profile_refuses_a_grid_beyond_the_context_window(module_tiny_pair, tmp_path):
     with pytest.raises(SystemExit, match="context window is 256"):
-        main(["profile", "--out", str(tmp_path / "p"), "--contexts", "250", "--tokens", "1,16", "--no-progress",
-              "--device", "cpu"])  # fmt: skip
+        main(
+            [
+                "profile",
+                "--out",
+                str(tmp_path / "p"),
+                "--contexts",
+                "250",
+                "--tokens",
+                "1,16",
+                "--no-progress",
+                "--device",
+                "cpu",
+            ]
+        )
     assert not (tmp_path / "p" / "profile.json").exists()
 
 

@@ -39,9 +39,20 @@ def pair(tmp_path_factory) -> Path:
 
 def collect_args(pair: Path, out: Path, *extra: str) -> list[str]:
     return [
-        "collect", "--target", str(pair / "target"), "--draft", str(pair / "draft"), "--prompts",
-        str(pair / "prompts.txt"), "--out", str(out), "--device", "cpu", "--no-progress", *extra,
-    ]  # fmt: skip
+        "collect",
+        "--target",
+        str(pair / "target"),
+        "--draft",
+        str(pair / "draft"),
+        "--prompts",
+        str(pair / "prompts.txt"),
+        "--out",
+        str(out),
+        "--device",
+        "cpu",
+        "--no-progress",
+        *extra,
+    ]
 
 
 def command() -> list[str]:
@@ -56,8 +67,22 @@ def command() -> list[str]:
 def test_sigkill_leaves_only_complete_shards_and_a_second_run_appends(pair, tmp_path, capsys) -> None:
     out = tmp_path / "log"
     # Long enough that it is still writing when killed: 3 prompts x 2 temperatures x 200 repeats.
-    args = collect_args(pair, out, "--shard-size", "2", "--max-new-tokens", "24", "--repeats", "200",
-                        "--temperatures", "0,1", "--plan", "chain:2/token", "--run-id", "killed")  # fmt: skip
+    args = collect_args(
+        pair,
+        out,
+        "--shard-size",
+        "2",
+        "--max-new-tokens",
+        "24",
+        "--repeats",
+        "200",
+        "--temperatures",
+        "0,1",
+        "--plan",
+        "chain:2/token",
+        "--run-id",
+        "killed",
+    )
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(command() + args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     try:
@@ -80,8 +105,22 @@ def test_sigkill_leaves_only_complete_shards_and_a_second_run_appends(pair, tmp_
     assert set(table.column("prompt_index").to_pylist()) <= {0, 1, 2}
 
     # A second run into the same directory appends (in-process this time, to completion).
-    rc = main(collect_args(pair, out, "--shard-size", "4", "--max-new-tokens", "10", "--temperatures", "0.7",
-                           "--top-k", "8", "--run-id", "second"))  # fmt: skip
+    rc = main(
+        collect_args(
+            pair,
+            out,
+            "--shard-size",
+            "4",
+            "--max-new-tokens",
+            "10",
+            "--temperatures",
+            "0.7",
+            "--top-k",
+            "8",
+            "--run-id",
+            "second",
+        )
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "run second: 3 generations" in printed and "delayed" in printed
@@ -109,9 +148,29 @@ def test_explore_with_profile_logs_propensities_latency_and_refuses_other_models
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(synthetic_profile()))
     out = tmp_path / "log"
-    rc = main(collect_args(pair, out, "--explore", "uniform", "--actions", str(space), "--temperatures", "1",
-                           "--max-new-tokens", "16", "--limit", "2", "--hidden", "--seed", "3",
-                           "--profile", str(profile), "--node-log", str(tmp_path / "nodes")))  # fmt: skip
+    rc = main(
+        collect_args(
+            pair,
+            out,
+            "--explore",
+            "uniform",
+            "--actions",
+            str(space),
+            "--temperatures",
+            "1",
+            "--max-new-tokens",
+            "16",
+            "--limit",
+            "2",
+            "--hidden",
+            "--seed",
+            "3",
+            "--profile",
+            str(profile),
+            "--node-log",
+            str(tmp_path / "nodes"),
+        )
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     # The in-draft node log of the same run: one group per generation, soft labels in [0, 1].

@@ -95,8 +95,10 @@ def test_static_groups_play_the_static_plan_without_features(engine, tmp_path):
     net = SelectorNet(SCHEMA.num_scalar, len(ACTIONS), hidden_sizes=(32,)).eval()
     net.set_standardisation(torch.zeros(SCHEMA.num_scalar), torch.full((SCHEMA.num_scalar,), 0.3))
     path = tmp_path / "gated.onnx"
-    training = {"best_static": {"T=1,top_p=1": "chain:3/block", "T=0,top_p=1": "chain:1/block"},
-                "static_groups": {"T=1,top_p=1": "chain:3/block"}}  # fmt: skip
+    training = {
+        "best_static": {"T=1,top_p=1": "chain:3/block", "T=0,top_p=1": "chain:1/block"},
+        "static_groups": {"T=1,top_p=1": "chain:3/block"},
+    }
     export_net(net, path, actions=ACTIONS, training=training)
     planner = RecordingPlanner(str(path))
     assert not planner.needs_features_for(1.0, 1.0)

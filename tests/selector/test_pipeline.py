@@ -24,12 +24,39 @@ def test_pipeline_runs_end_to_end(tiny_pair, tmp_path, monkeypatch):
     profile = tmp_path / "profile.json"
     profile.write_text(json.dumps(synthetic_profile()))
     out = tmp_path / "sel"
-    code = main([
-        "selector", "pipeline", "--out", str(out), "--prompts", str(prompts), "--temperatures", "0,1",
-        "--max-new-tokens", "8", "--every", "1", "--samples", "1", "--epochs", "2", "--profile", str(profile),
-        "--bench-plans", "adaptive,best-static,chain:2/block", "--bench-tokens", "6",
-        "--greedy-prompts-file", str(greedy), "--greedy-every", "1", "--train-seeds", "0,1", "--install",
-    ])  # fmt: skip
+    code = main(
+        [
+            "selector",
+            "pipeline",
+            "--out",
+            str(out),
+            "--prompts",
+            str(prompts),
+            "--temperatures",
+            "0,1",
+            "--max-new-tokens",
+            "8",
+            "--every",
+            "1",
+            "--samples",
+            "1",
+            "--epochs",
+            "2",
+            "--profile",
+            str(profile),
+            "--bench-plans",
+            "adaptive,best-static,chain:2/block",
+            "--bench-tokens",
+            "6",
+            "--greedy-prompts-file",
+            str(greedy),
+            "--greedy-every",
+            "1",
+            "--train-seeds",
+            "0,1",
+            "--install",
+        ]
+    )
     assert code == 0
     labels = read_labels(out / "log" / "labels.parquet")
     assert len(labels) >= 6 and len(labels.actions) == 309 and (labels.block_efficiency >= 1).all()

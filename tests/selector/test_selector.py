@@ -51,11 +51,29 @@ def trained(labels_dir, tmp_path_factory):
     """One short LightningCLI run through `adaptive-spec selector train`; returns (report, run_dir)."""
     root = tmp_path_factory.mktemp("run")
     rc = cli_main(
-        ["selector", "train", "--config", "configs/selector/default.yaml", "--data.labels", str(labels_dir),
-         "--data.batch_size", "64", "--trainer.max_epochs", str(EPOCHS), "--trainer.default_root_dir", str(root),
-         "--trainer.enable_progress_bar", "false", "--model.hidden_sizes", "[64, 32]", "--model.lr", "0.005",
-         "--baseline_max_iter", "30"]
-    )  # fmt: skip
+        [
+            "selector",
+            "train",
+            "--config",
+            "configs/selector/default.yaml",
+            "--data.labels",
+            str(labels_dir),
+            "--data.batch_size",
+            "64",
+            "--trainer.max_epochs",
+            str(EPOCHS),
+            "--trainer.default_root_dir",
+            str(root),
+            "--trainer.enable_progress_bar",
+            "false",
+            "--model.hidden_sizes",
+            "[64, 32]",
+            "--model.lr",
+            "0.005",
+            "--baseline_max_iter",
+            "30",
+        ]
+    )
     assert rc == 0
     [report_file] = root.glob("version_*/report/report.json")
     return json.loads(report_file.read_text()), report_file.parent.parent
@@ -71,11 +89,17 @@ def exported(trained, tmp_path_factory):
 
 def _states(features: np.ndarray, **hidden) -> list[StepState]:
     return [
-        StepState(step=i, context_length=10, generated=i, remaining=100, temperature=0.0,
-                  features=dict(zip(SCHEMA.names, map(float, row), strict=True)),
-                  **{k: v[i] for k, v in hidden.items()})
+        StepState(
+            step=i,
+            context_length=10,
+            generated=i,
+            remaining=100,
+            temperature=0.0,
+            features=dict(zip(SCHEMA.names, map(float, row), strict=True)),
+            **{k: v[i] for k, v in hidden.items()},
+        )
         for i, row in enumerate(features)
-    ]  # fmt: skip
+    ]
 
 
 # ---------------------------------------------------------------------------- data
@@ -279,16 +303,44 @@ def test_export_records_the_reports_static_groups(trained, tmp_path):
     path = tmp_path / "report.json"
     path.write_text(json.dumps(edited))
     out = tmp_path / "gated" / "selector.onnx"
-    assert cli_main(["selector", "export", report["checkpoint"], "--out", str(out.parent), "--report", str(path),
-                     "--latency-decisions", "0"]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "selector",
+                "export",
+                report["checkpoint"],
+                "--out",
+                str(out.parent),
+                "--report",
+                str(path),
+                "--latency-decisions",
+                "0",
+            ]
+        )
+        == 0
+    )
     planner = AdaptivePlanner(str(out))
     assert str(planner.runtime.static_plan_for(1.0)) == report["best_static"]["T=1,top_p=1"]
     # With static groups at every temperature, the exported latency still times the network itself.
     edited["static_groups"] = {g: report["best_static"][g] for g in ("T=0,top_p=1", "T=1,top_p=1")}
     path.write_text(json.dumps(edited))
     everywhere = tmp_path / "everywhere" / "selector.onnx"
-    assert cli_main(["selector", "export", report["checkpoint"], "--out", str(everywhere.parent), "--report",
-                     str(path), "--latency-decisions", "0"]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "selector",
+                "export",
+                report["checkpoint"],
+                "--out",
+                str(everywhere.parent),
+                "--report",
+                str(path),
+                "--latency-decisions",
+                "0",
+            ]
+        )
+        == 0
+    )
     runtime = AdaptivePlanner(str(everywhere)).runtime
     runs = _count_runs(runtime)
     timed = decision_latency_us(runtime, decisions=50, warmup=5)
@@ -297,8 +349,23 @@ def test_export_records_the_reports_static_groups(trained, tmp_path):
         AdaptivePlanner(runtime).choose(StepState(step=0, context_length=8, generated=0, remaining=9, temperature=t))
     assert runs[0] == 55
     assert planner.runtime.static_plan_for(0.0) is None
-    assert cli_main(["selector", "export", report["checkpoint"], "--out", str(out.parent), "--report", str(path),
-                     "--no-static-groups", "--latency-decisions", "0"]) == 0  # fmt: skip
+    assert (
+        cli_main(
+            [
+                "selector",
+                "export",
+                report["checkpoint"],
+                "--out",
+                str(out.parent),
+                "--report",
+                str(path),
+                "--no-static-groups",
+                "--latency-decisions",
+                "0",
+            ]
+        )
+        == 0
+    )
     assert AdaptivePlanner(str(out)).runtime.static_groups == {}
     # The report records the bar it applied.
     assert report["min_gain"] == 0.0 and report["gain_quantile"] == pytest.approx(0.1)
@@ -435,12 +502,33 @@ def test_the_same_config_trains_with_ddp_on_two_cpu_processes(labels_dir, tmp_pa
     root = tmp_path / "ddp"
     for attempt in range(2):
         res = subprocess.run(
-            [sys.executable, "-m", "adaptive_spec", "selector", "train", "--config", "configs/selector/default.yaml",
-             "--config", "configs/selector/ddp.yaml", "--data.labels", str(labels_dir), "--trainer.max_epochs", "2",
-             "--data.batch_size", "64", "--trainer.default_root_dir", str(root / str(attempt)),
-             "--trainer.enable_progress_bar", "false", "--baselines", "[]"],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "adaptive_spec",
+                "selector",
+                "train",
+                "--config",
+                "configs/selector/default.yaml",
+                "--config",
+                "configs/selector/ddp.yaml",
+                "--data.labels",
+                str(labels_dir),
+                "--trainer.max_epochs",
+                "2",
+                "--data.batch_size",
+                "64",
+                "--trainer.default_root_dir",
+                str(root / str(attempt)),
+                "--trainer.enable_progress_bar",
+                "false",
+                "--baselines",
+                "[]",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         # gloo's worker threads can abort at interpreter exit on a loaded machine ("terminate called
         # without an active exception"); such a run is retried once, any other failure is not.
         if res.returncode == 0 or "terminate called without an active exception" not in res.stderr:

@@ -147,9 +147,15 @@ def test_export_checkpoint_records_the_best_static_actions_of_training(tmp_path)
     dm = SelectorDataModule(str(tmp_path / "labels.parquet"), batch_size=16)
     module = SelectorModule(data_spec=dm.spec, hidden_sizes=(8,), proj_dim=8)
     trainer = L.Trainer(
-        max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        limit_val_batches=0, accelerator="cpu", devices=1,
-    )  # fmt: skip
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+        accelerator="cpu",
+        devices=1,
+    )
     trainer.fit(module, datamodule=dm)
     trainer.save_checkpoint(tmp_path / "one.ckpt")
     export_checkpoint(tmp_path / "one.ckpt", tmp_path / "one.onnx", check_batch=4)

@@ -57,8 +57,21 @@ def test_predicted_study_writes_best_static_and_report_and_resumes(labels_dir, t
     (other / "labels.parquet").write_bytes((labels_dir / "labels.parquet").read_bytes())
     before = (tmp_path / "configs" / "plans" / "best-static.yaml").read_text()
     with pytest.raises(SystemExit, match=r"was run with other settings.*labels"):
-        main(["tune", "plans", "--objective", "predicted", "--labels", str(other), "--n-trials", "1",
-              "--temperature", "1", "--no-progress"])  # fmt: skip
+        main(
+            [
+                "tune",
+                "plans",
+                "--objective",
+                "predicted",
+                "--labels",
+                str(other),
+                "--n-trials",
+                "1",
+                "--temperature",
+                "1",
+                "--no-progress",
+            ]
+        )
     assert (tmp_path / "configs" / "plans" / "best-static.yaml").read_text() == before
 
 
@@ -75,10 +88,32 @@ def test_bad_arguments_fail_with_a_message(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_measured_smoke_study_on_a_tiny_pair(tiny_pair, tmp_path):
     out = tmp_path / "run"
-    argv = ["tune", "plans", "--storage", f"sqlite:///{out / 'optuna.db'}", "--study", "smoke", "--n-trials", "2",
-            "--temperature", "0", "1", "--num-prompts", "2", "--max-new-tokens", "6", "--repeats", "2",
-            "--config-out", str(out / "configs"), "--report", str(out / "report"), "--device", "cpu",
-            "--no-progress"]  # fmt: skip
+    argv = [
+        "tune",
+        "plans",
+        "--storage",
+        f"sqlite:///{out / 'optuna.db'}",
+        "--study",
+        "smoke",
+        "--n-trials",
+        "2",
+        "--temperature",
+        "0",
+        "1",
+        "--num-prompts",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--repeats",
+        "2",
+        "--config-out",
+        str(out / "configs"),
+        "--report",
+        str(out / "report"),
+        "--device",
+        "cpu",
+        "--no-progress",
+    ]
     assert main(argv) == 0
     entries = read_best_static(out / "configs" / "plans" / "best-static.yaml")
     assert set(entries) == {"0", "1"}
@@ -110,13 +145,20 @@ def test_rank_plans_groups_repeated_plans_by_their_median():
     from adaptive_spec.tuning.plans import rank_plans
 
     study = optuna.create_study(direction="maximize")
-    for plan, value in [("chain:4/block", 10.0), ("iid:2x3/gbv", 30.0), ("chain:4/block", 50.0),
-                        ("chain:4/block", 40.0), ("wor:2x2/rrsw", 35.0)]:  # fmt: skip
+    for plan, value in [
+        ("chain:4/block", 10.0),
+        ("iid:2x3/gbv", 30.0),
+        ("chain:4/block", 50.0),
+        ("chain:4/block", 40.0),
+        ("wor:2x2/rrsw", 35.0),
+    ]:
         trial = study.ask()
         trial.set_user_attr("plan", plan)
         trial.set_user_attr("block_efficiency", 2.0)
         study.tell(trial, value)
     ranked = rank_plans(study)
     assert [(r["plan"], r["median"], r["trials"]) for r in ranked] == [
-        ("chain:4/block", 40.0, [0, 2, 3]), ("wor:2x2/rrsw", 35.0, [4]), ("iid:2x3/gbv", 30.0, [1]),
-    ]  # fmt: skip
+        ("chain:4/block", 40.0, [0, 2, 3]),
+        ("wor:2x2/rrsw", 35.0, [4]),
+        ("iid:2x3/gbv", 30.0, [1]),
+    ]

@@ -25,9 +25,25 @@ def tiny_pair(tmp_path, monkeypatch):
 
 
 def test_grid_writes_the_best_policy_per_temperature(tiny_pair, tmp_path):
-    rc = main(["tune", "policies", "--prompts", "tune.txt", "--temperatures", "0,1", "--max-new-tokens", "8",
-               "--grid", "conf-chain:4:0.2/block,cum-chain:4:0.1/block", "--static", "chain:2/block",
-               "--json", "out.json", "--no-progress"])  # fmt: skip
+    rc = main(
+        [
+            "tune",
+            "policies",
+            "--prompts",
+            "tune.txt",
+            "--temperatures",
+            "0,1",
+            "--max-new-tokens",
+            "8",
+            "--grid",
+            "conf-chain:4:0.2/block,cum-chain:4:0.1/block",
+            "--static",
+            "chain:2/block",
+            "--json",
+            "out.json",
+            "--no-progress",
+        ]
+    )
     assert rc == 0
     data = yaml.safe_load((tmp_path / "configs/plans/in-draft.yaml").read_text())
     assert set(data["plans"]) == {"0", "1"}
@@ -42,8 +58,21 @@ def test_grid_writes_the_best_policy_per_temperature(tiny_pair, tmp_path):
 
 
 def test_optuna_search_runs_trials_and_resumes(tiny_pair, tmp_path):
-    args = ["tune", "policies", "--prompts", "tune.txt", "--temperatures", "1", "--max-new-tokens", "6",
-            "--optuna", "3", "--storage", f"sqlite:///{tmp_path}/o.db", "--no-progress"]  # fmt: skip
+    args = [
+        "tune",
+        "policies",
+        "--prompts",
+        "tune.txt",
+        "--temperatures",
+        "1",
+        "--max-new-tokens",
+        "6",
+        "--optuna",
+        "3",
+        "--storage",
+        f"sqlite:///{tmp_path}/o.db",
+        "--no-progress",
+    ]
     assert main(args) == 0
     import optuna
 

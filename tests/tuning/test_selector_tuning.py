@@ -20,9 +20,29 @@ def test_tune_selector_prunes_on_the_validation_metric_and_writes_the_best_confi
     labels = tmp_path / "labels"
     write_labels(synthetic_labels(num_prompts=12, steps=8, seed=1), labels / "labels.parquet")
     url = f"sqlite:///{tmp_path / 'optuna.db'}"
-    argv = ["tune", "selector", "--labels", str(labels), "--storage", url, "--study", "sel", "--max-epochs", "4",
-            "--batch-size", "32", "--accelerator", "cpu", "--pruner-startup-trials", "1", "--pruner-warmup-epochs", "0",
-            "--report", str(tmp_path / "report"), "--no-progress"]  # fmt: skip
+    argv = [
+        "tune",
+        "selector",
+        "--labels",
+        str(labels),
+        "--storage",
+        url,
+        "--study",
+        "sel",
+        "--max-epochs",
+        "4",
+        "--batch-size",
+        "32",
+        "--accelerator",
+        "cpu",
+        "--pruner-startup-trials",
+        "1",
+        "--pruner-warmup-epochs",
+        "0",
+        "--report",
+        str(tmp_path / "report"),
+        "--no-progress",
+    ]
     assert main([*argv, "--n-trials", "1"]) == 0  # the enqueued defaults, trained to the end
     # A hopeless learning rate next: it falls below the first trial's curve and is pruned.
     study = open_study("sel", url)

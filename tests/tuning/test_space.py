@@ -70,8 +70,13 @@ def test_known_good_plans_are_in_the_space_and_collapse_at_temperature_zero():
 
 def test_chains_verified_by_tree_verifiers_map_to_delayed_without_branch():
     params = space.plan_to_params("chain:3/gbv", 1.0)
-    assert params == {"family": "delayed", "delayed_trunk": 3, "delayed_paths": 2, "delayed_branch": 0,
-                      "tree_verifier": "gbv"}  # fmt: skip
+    assert params == {
+        "family": "delayed",
+        "delayed_trunk": 3,
+        "delayed_paths": 2,
+        "delayed_branch": 0,
+        "tree_verifier": "gbv",
+    }
     assert str(space.params_to_plan(params, 1.0)) == "chain:3/gbv"
 
 

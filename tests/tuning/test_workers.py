@@ -28,11 +28,31 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 def _tune_argv(url: str, labels: Path, out: Path, worker: int, n_trials: int = N_TRIALS, grace: int = 30) -> list[str]:
     return [
-        "tune", "plans", "--objective", "predicted", "--labels", str(labels), "--storage", url,
-        "--study", "w", "--temperature", "1", "--n-trials", str(n_trials), "--worker", str(worker),
-        "--config-out", str(out / "configs"), "--no-report", "--no-progress",
-        "--heartbeat-interval", "1", "--grace-period", str(grace),
-    ]  # fmt: skip
+        "tune",
+        "plans",
+        "--objective",
+        "predicted",
+        "--labels",
+        str(labels),
+        "--storage",
+        url,
+        "--study",
+        "w",
+        "--temperature",
+        "1",
+        "--n-trials",
+        str(n_trials),
+        "--worker",
+        str(worker),
+        "--config-out",
+        str(out / "configs"),
+        "--no-report",
+        "--no-progress",
+        "--heartbeat-interval",
+        "1",
+        "--grace-period",
+        str(grace),
+    ]
 
 
 def _env(ready: Path | None = None, go: Path | None = None) -> dict[str, str]:
@@ -101,9 +121,13 @@ def test_two_workers_share_one_postgresql_study(postgres_url, labels_dir, tmp_pa
 def _kill_mid_trial_then_resume(url: str, labels: Path, out: Path) -> None:
     marker = out / "running"
     worker = subprocess.Popen(
-        [sys.executable, "-m", "tests.tuning._worker", "hang", url, "w-T1", str(marker)], env=_env(), cwd=REPO,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [sys.executable, "-m", "tests.tuning._worker", "hang", url, "w-T1", str(marker)],
+        env=_env(),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not marker.exists():
         assert worker.poll() is None, worker.communicate()[0][-3000:]

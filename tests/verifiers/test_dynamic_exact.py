@@ -47,8 +47,11 @@ def test_completed_output_law_equals_target_on_policy_trees(name, law):
 def test_every_dynamic_law_has_verifiers_and_gbv_is_refused():
     for law in DYNAMIC_LAWS:
         assert any(law in s.laws and s.lossless and not s.greedy_only for s in REGISTRY.values())
-    with pytest.raises(IncompatibleTreeError, match=r"'gbv' is not lossless for trees drafted as 'dynamic_iid'.*"
-                                                     r"traversal"):  # fmt: skip
+    with pytest.raises(
+        IncompatibleTreeError,
+        match=r"'gbv' is not lossless for trees drafted as 'dynamic_iid'.*"
+        r"traversal",
+    ):
         check_compatible("gbv", DraftLaw.DYNAMIC_IID)
 
 
@@ -70,8 +73,9 @@ def test_gbv_is_lossy_on_policy_trees():
     pol = RandomPolicy(depth=2, budget=3, kind=DraftLaw.DYNAMIC_IID)
 
     def gbv_as_if_iid(tree, probs, sampler):
-        shaped = DraftTree(tree.tokens, tree.parents, tree.depths, tree.draft_probs, tree.child_draws,
-                           TreeShape.iid(2, 2))  # fmt: skip
+        shaped = DraftTree(
+            tree.tokens, tree.parents, tree.depths, tree.draft_probs, tree.child_draws, TreeShape.iid(2, 2)
+        )
         return REGISTRY["gbv"].fn(shaped, probs, sampler)
 
     worst = 0.0
@@ -84,8 +88,12 @@ def test_gbv_is_lossy_on_policy_trees():
 
 def test_fixed_shape_policies_have_the_static_law():
     """A static shape run as a policy draws exactly the trees the static drafter draws."""
-    for shape in (TreeShape.chain(2), TreeShape.delayed(1, 2, 1), TreeShape.iid(2, 2),
-                  TreeShape.without_replacement((2, 1))):  # fmt: skip
+    for shape in (
+        TreeShape.chain(2),
+        TreeShape.delayed(1, 2, 1),
+        TreeShape.iid(2, 2),
+        TreeShape.without_replacement((2, 1)),
+    ):
         inst = random_instance(42, 3)
 
         def key(tree: DraftTree) -> tuple:

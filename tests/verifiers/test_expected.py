@@ -17,8 +17,9 @@ def _full_expectation(name, tree, rows) -> float:
     return sum((tree.depths[node] + 1) * prob for (node, _), prob in law.items())
 
 
-@pytest.mark.parametrize(("name", "law"), [p for p in lossless_pairs() if p[0] != "greedy"],
-                         ids=lambda x: getattr(x, "value", x))  # fmt: skip
+@pytest.mark.parametrize(
+    ("name", "law"), [p for p in lossless_pairs() if p[0] != "greedy"], ids=lambda x: getattr(x, "value", x)
+)
 def test_collapsed_enumeration_is_exact(name, law):
     gen = torch.Generator().manual_seed(0)
     checked = 0

@@ -18,8 +18,18 @@ def _tree(shape):
 
 def test_every_named_verifier_is_registered():
     assert set(VERIFIER_NAMES) == {
-        "token", "greedy", "block", "traversal", "specinfer", "rrsw", "spectr", "nss", "naive", "gbv", "hsd",
-    }  # fmt: skip
+        "token",
+        "greedy",
+        "block",
+        "traversal",
+        "specinfer",
+        "rrsw",
+        "spectr",
+        "nss",
+        "naive",
+        "gbv",
+        "hsd",
+    }
 
 
 @pytest.mark.parametrize(

@@ -45,8 +45,10 @@ def test_build_info_meets_the_requirements(pair, info):
     assert info["target_val_loss"] < info["draft_val_loss"] - 0.1, "target must be clearly better than the draft"
     assert 0.3 < info["acceptance"] < 1 and 0.3 < info["greedy_agreement"] < 1
     target, draft, _ = pair
-    assert info["params"] == {"target": sum(p.numel() for p in target.parameters()),
-                              "draft": sum(p.numel() for p in draft.parameters())}  # fmt: skip
+    assert info["params"] == {
+        "target": sum(p.numel() for p in target.parameters()),
+        "draft": sum(p.numel() for p in draft.parameters()),
+    }
     assert {"seed", "minutes", "date", "config", "training"} <= set(info)
 
 

@@ -138,8 +138,9 @@ def test_the_real_pair_is_greedy_exact() -> None:
         str(REAL_SMOLLM2), str(shipped_drafts_dir("smollm2") / "eagle"), dtype="float32"
     )
     messages = [{"role": "user", "content": "Write a Python function that adds two numbers."}]
-    ids = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
-                                               return_dict=True)["input_ids"]  # fmt: skip
+    ids = engine.tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]
     ref = engine.target.generate(ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1] :].tolist()
     for plan in ("chain:4/block", "eagle:5:12:3:2:wor/traversal"):
         out = engine.generate(ids[0].tolist(), max_new_tokens=32, temperature=0, plan=plan)
