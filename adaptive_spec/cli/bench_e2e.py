@@ -6,12 +6,11 @@ The measurement is :func:`adaptive_spec.bench.e2e.measure`.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 from adaptive_spec.bench.e2e import ADAPTIVE, BEST_STATIC, IN_DRAFT, measure, print_table, resolve_plans
 from adaptive_spec.engine.load import load_engine
+from adaptive_spec.files import write_json_atomic
 from adaptive_spec.options import (
     add_json_option,
     add_limit_option,
@@ -71,6 +70,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_progress_option(parser)
 
 
+def _prompts(args: argparse.Namespace) -> list:
+    """``--prompts`` (or the built-in prompts), the first ``--limit``; a bad file is one line."""
+    try:
+        if args.prompts is None:
+            from adaptive_spec.files import default_prompts
+
+            return default_prompts()[: args.limit] if args.limit else default_prompts()
+        from adaptive_spec.files import read_prompts
+
+        return read_prompts(args.prompts, args.limit)
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"bench e2e: {err}") from None
+
+
+def _print_run(key: str, res: dict, num_prompts: int, max_new_tokens: int) -> None:
+    """One temperature's table, and any failure of transformers' baselines."""
+    print(f"\ntemperature {key}, {num_prompts} prompts, {max_new_tokens} new tokens each")
+    print_table([*res["baselines"].values(), *res["results"]])
+    for label, name in (("hf_assisted", "HF assisted generation"), ("hf_prompt_lookup", "HF prompt lookup")):
+        row = res["baselines"].get(label, {})
+        if row.get("error"):
+            print(f"{name} failed: {row['error']}")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, print a table per temperature, optionally write JSON; return the exit status."""
     from adaptive_spec.selector.runtime import latency_model_for
@@ -94,18 +117,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"bench e2e: {err}") from None
     if not plans:
         raise SystemExit("bench e2e: --plans names no plan")
-    # Prompts first: a missing or malformed prompt file is reported before the models load.
-    try:
-        if args.prompts is None:
-            from adaptive_spec.files import default_prompts
-
-            prompts = default_prompts()[: args.limit] if args.limit else default_prompts()
-        else:
-            from adaptive_spec.files import read_prompts
-
-            prompts = read_prompts(args.prompts, args.limit)
-    except (FileNotFoundError, ValueError) as err:
-        raise SystemExit(f"bench e2e: {err}") from None
+    prompts = _prompts(args)  # first: a missing or malformed prompt file is reported before the models load
     engine = load_engine(args.target, args.draft, args.device, args.dtype, latency_model=latency)
     if warning:  # the selector wants latency features and no profile was found: measure one once
         from adaptive_spec.bench.profile import latency_for_selector
@@ -146,16 +158,8 @@ def run(args: argparse.Namespace) -> int:
     }
     report = {"config": report.pop("config"), **report}
     for k, res in report["runs"].items():
-        print(f"\ntemperature {k}, {len(prompts)} prompts, {args.max_new_tokens} new tokens each")
-        print_table([*res["baselines"].values(), *res["results"]])
-        hf_row = res["baselines"].get("hf_assisted", {})
-        if hf_row.get("error"):
-            print(f"HF assisted generation failed: {hf_row['error']}")
-        lookup_row = res["baselines"].get("hf_prompt_lookup", {})
-        if lookup_row.get("error"):
-            print(f"HF prompt lookup failed: {lookup_row['error']}")
+        _print_run(k, res, len(prompts), args.max_new_tokens)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        write_json_atomic(report, args.json)
         print(f"wrote {args.json}")
     return 0

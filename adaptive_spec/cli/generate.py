@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from adaptive_spec.options import add_model_options, add_profile_option
 
@@ -58,28 +59,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _plan(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
+    """``(plan or planner, latency model, warning)``: ``--selector``'s planner and its profile, else ``--plan``."""
+    if args.selector is None:
+        if args.profile is not None:
+            raise SystemExit("generate: --profile feeds the selector's latency features; it needs --selector")
+        name = args.plan or DEFAULT_PLAN
+        return (None if name.lower() in ("ar", "none", "autoregressive") else name), None, None
+    if args.plan is not None:
+        raise SystemExit("generate: give --plan or --selector, not both")
+    from adaptive_spec.selector.runtime import AdaptivePlanner, find_selector, latency_model_for
+
+    try:
+        plan = AdaptivePlanner(find_selector(args.selector))
+        return plan, *latency_model_for(plan.runtime, args.profile)
+    except (FileNotFoundError, ValueError) as err:  # SelectorLoadError is a ValueError
+        raise SystemExit(f"generate: {err}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     """Load the models, generate, print the text and statistics; return the exit status."""
     import torch
 
     from adaptive_spec.engine import SpecEngine
 
-    latency, warning = None, None
-    if args.selector is not None:
-        if args.plan is not None:
-            raise SystemExit("generate: give --plan or --selector, not both")
-        from adaptive_spec.selector.runtime import AdaptivePlanner, find_selector, latency_model_for
-
-        try:
-            plan = AdaptivePlanner(find_selector(args.selector))
-            latency, warning = latency_model_for(plan.runtime, args.profile)
-        except (FileNotFoundError, ValueError) as err:  # SelectorLoadError is a ValueError
-            raise SystemExit(f"generate: {err}") from None
-    else:
-        if args.profile is not None:
-            raise SystemExit("generate: --profile feeds the selector's latency features; it needs --selector")
-        name = args.plan or DEFAULT_PLAN
-        plan = None if name.lower() in ("ar", "none", "autoregressive") else name
+    plan, latency, warning = _plan(args)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         engine = SpecEngine.from_pretrained(

@@ -147,16 +147,51 @@ def sample_tree(shape: TreeShape, draft_probs_fn: DraftProbsFn, generator: torch
 def _expand_without_replacement(b: _Builder, node: int, widths: tuple[int, ...]) -> None:
     if not widths:
         return
+    for child in _draw_distinct(b, node, widths[0]):
+        _expand_without_replacement(b, child, widths[1:])
+
+
+def _draw_distinct(b: _Builder, node: int, k: int) -> list[int]:
+    """``k`` draws without replacement at ``node``, one at a time (fewer when its support is smaller)."""
     weights = b.row(node).clone()
     children = []
-    for _ in range(widths[0]):
-        if not bool(weights.sum() > 0):  # fewer tokens in the support than the width
+    for _ in range(k):
+        if not bool(weights.sum() > 0):  # fewer tokens in the support than k
             break
         child = b.draw(node, weights)
         weights[b.tokens[child]] = 0
         children.append(child)
-    for child in children:
-        _expand_without_replacement(b, child, widths[1:])
+    return children
+
+
+def _policy_children(b: _Builder, v: NodeView, k: int, distinct: bool, views: dict[int, NodeView]) -> list[int]:
+    """Draw ``k`` children of ``v`` (distinct, or i.i.d. and merged by token); add their views; the new nodes."""
+    row = b.row(v.node)
+    first = len(b.tokens)
+    if distinct:
+        _draw_distinct(b, v.node, k)
+    else:
+        for _ in range(k):
+            b.draw(v.node, row)
+    draws = b.child_draws[v.node]
+    row_list = row.double()
+    for c in range(first, len(b.tokens)):
+        q = float(row_list[b.tokens[c]])
+        views[c] = NodeView(
+            c,
+            v.node,
+            b.tokens[c],
+            v.depth + 1,
+            q,
+            v.path_prob * q,
+            v.entropy,
+            v.top1,
+            multiplicity=draws.count(c),
+            parent_draws=len(draws),
+            branched=v.branched or len(draws) > 1,
+            parent_memo=v.memo,
+        )
+    return list(range(first, len(b.tokens)))
 
 
 def _check_row(row: torch.Tensor, prefix: tuple[int, ...], vocab: int | None) -> torch.Tensor:
@@ -212,37 +247,7 @@ def sample_policy_tree(
             if k == 0:
                 continue
             budget -= k
-            row = b.row(v.node)
-            first = len(b.tokens)
-            if policy.law is DraftLaw.DYNAMIC_WOR:
-                weights = row.clone()
-                for _ in range(k):
-                    if not bool(weights.sum() > 0):
-                        break
-                    child = b.draw(v.node, weights)
-                    weights[b.tokens[child]] = 0
-            else:
-                for _ in range(k):
-                    b.draw(v.node, row)
-            draws = b.child_draws[v.node]
-            row_list = row.double()
-            for c in range(first, len(b.tokens)):
-                q = float(row_list[b.tokens[c]])
-                views[c] = NodeView(
-                    c,
-                    v.node,
-                    b.tokens[c],
-                    v.depth + 1,
-                    q,
-                    v.path_prob * q,
-                    v.entropy,
-                    v.top1,
-                    multiplicity=draws.count(c),
-                    parent_draws=len(draws),
-                    branched=v.branched or len(draws) > 1,
-                    parent_memo=v.memo,
-                )
-                new.append(c)
+            new += _policy_children(b, v, k, policy.law is DraftLaw.DYNAMIC_WOR, views)
         if not new or budget <= 0:
             break
         nv = [views[c] for c in new]

@@ -534,6 +534,25 @@ def write_info(path: Path, info: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------- the whole build
+def new_head(target: Any, train: Sequence[dict[str, torch.Tensor]], vocab_size: int) -> tuple[Any, float]:
+    """An EAGLE-style head for ``target`` over the ``vocab_size`` most frequent answer tokens of ``train``.
+
+    Its LM head starts from the target's rows of that vocabulary. Returns the head and the share of
+    answer tokens the vocabulary covers.
+    """
+    from adaptive_spec.engine.eagle import EagleConfig, EagleHead
+
+    vocab, coverage = choose_vocabulary(train, vocab_size, target.config.vocab_size)
+    cfg = EagleConfig.for_target(target.config, draft_vocab_size=vocab_size)
+    cfg._attn_implementation = "sdpa"
+    head = EagleHead(cfg)
+    head.set_vocabulary(vocab)
+    head.bind(target)
+    with torch.no_grad():
+        head.lm_head.weight.copy_(target.get_output_embeddings().weight[vocab])
+    return head, coverage
+
+
 def build_drafts(
     name: str = "smollm2",
     *,
@@ -554,7 +573,6 @@ def build_drafts(
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from adaptive_spec.engine.eagle import EagleConfig, EagleHead
     from adaptive_spec.engine.models import MODELS, fetch_model, shipped_drafts_dir
     from adaptive_spec.files import user_data_dir
     from adaptive_spec.zoo.selfdistill import generate_conversations
@@ -593,14 +611,7 @@ def build_drafts(
         "held_out": sum(int(d["starts"][-1]) for d in held),
     }
 
-    vocab, coverage = choose_vocabulary(train, vocab_size, target.config.vocab_size)
-    cfg = EagleConfig.for_target(target.config, draft_vocab_size=vocab_size)
-    cfg._attn_implementation = "sdpa"
-    head = EagleHead(cfg)
-    head.set_vocabulary(vocab)
-    head.bind(target)
-    with torch.no_grad():  # start the LM head from the target's rows of the draft vocabulary
-        head.lm_head.weight.copy_(target.get_output_embeddings().weight[vocab])
+    head, coverage = new_head(target, train, vocab_size)
     info["draft_vocabulary"] = {"size": vocab_size, "answer_token_coverage": round(coverage, 4)}
     # Labels: the target's own text, its self-written request included (the fixed system prompt is not).
     from adaptive_spec.zoo.selfdistill import user_prefix
@@ -613,13 +624,8 @@ def build_drafts(
         standalone, train, work, minutes=draft_minutes, seed=seed, labels_from=first, progress=progress
     )
     info["held_out"] = evaluate_drafts(target, {"eagle": head, "draft": standalone}, held)
-    info["ms_per_draft_token"] = {
-        "eagle": draft_ms_per_token(head),
-        "draft": draft_ms_per_token(standalone),
-        "target": draft_ms_per_token(target),
-        "context": 256,
-        "threads": torch.get_num_threads(),
-    }
+    ms = {k: draft_ms_per_token(m) for k, m in (("eagle", head), ("draft", standalone), ("target", target))}
+    info["ms_per_draft_token"] = {**ms, "context": 256, "threads": torch.get_num_threads()}
     info["load_after"] = machine_load()
     info["seconds_this_run"] = round(time.time() - t_all, 1)
     head.half().save_pretrained(out / "eagle")

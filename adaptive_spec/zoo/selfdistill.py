@@ -50,12 +50,9 @@ def generate_conversations(
 
     Returns totals: shards present, conversations and answer tokens in them, seconds spent here.
     """
-    import torch
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    prefix = user_prefix(tokenizer)
     tokenizer.padding_side = "left"
     t0, made = time.time(), 0
     for i in range(shards):
@@ -63,62 +60,16 @@ def generate_conversations(
         if path.exists():
             continue
         ts = time.time()
-        torch.manual_seed(seed + i)
         temperature = ANSWER_TEMPERATURES[i % len(ANSWER_TEMPERATURES)]
-        with torch.inference_mode():
-            ids = torch.tensor([prefix] * batch)
-            req = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=True,
-                temperature=1.0,
-                top_k=0,
-                top_p=1.0,
-                max_new_tokens=request_tokens,
-                eos_token_id=eos,
-                pad_token_id=eos,
-            )
-            requests = []
-            for row in req[:, len(prefix) :].tolist():
-                if eos not in row:
-                    continue  # an unfinished request
-                text = tokenizer.decode(row[: row.index(eos)], skip_special_tokens=True).strip()
-                if len(text) >= 8:
-                    requests.append(text)
-            chats = [[{"role": "user", "content": r}] for r in requests]
-            rendered = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
-            enc = tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False)
-            sample = (
-                {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
-                if temperature > 0
-                else {"do_sample": False}
-            )
-            ans = model.generate(**enc, max_new_tokens=answer_tokens, eos_token_id=eos, pad_token_id=eos, **sample)
-        lines, n_tok = [], 0
-        width = enc["input_ids"].shape[1]
-        for j, request in enumerate(requests):
-            prompt = enc["input_ids"][j][enc["attention_mask"][j].bool()].tolist()
-            answer = ans[j, width:].tolist()
-            if eos in answer:
-                answer = answer[: answer.index(eos) + 1]
-            n_tok += len(answer)
-            lines.append(
-                json.dumps(
-                    {
-                        "request": request,
-                        "prompt_ids": prompt,
-                        "answer_ids": answer,
-                        "temperature": temperature,
-                        "seed": seed + i,
-                    }
-                )
-            )
+        lines, n_requests, n_tok = _one_shard(
+            model, tokenizer, eos, batch, request_tokens, answer_tokens, temperature, seed + i
+        )
         atomic_write(path, "\n".join(lines) + "\n")
         made += n_tok
         if progress:
             dt = time.time() - ts
             print(
-                f"shard {i}: {len(requests)} conversations, {n_tok} answer tokens, {dt:.0f} s, "
+                f"shard {i}: {n_requests} conversations, {n_tok} answer tokens, {dt:.0f} s, "
                 f"{n_tok / dt:.0f} tok/s, T={temperature}",
                 flush=True,
             )
@@ -130,6 +81,65 @@ def generate_conversations(
         "seconds": round(time.time() - t0, 1),
         "new_answer_tokens": made,
     }
+
+
+def _one_shard(
+    model: Any,
+    tokenizer: Any,
+    eos: int,
+    batch: int,
+    request_tokens: int,
+    answer_tokens: int,
+    temperature: float,
+    seed: int,
+) -> tuple[list[str], int, int]:
+    """One shard: ``batch`` self-written requests (T = 1), then the answers at ``temperature``.
+
+    Returns the JSON lines, the number of conversations and of answer tokens.
+    """
+    import torch
+
+    torch.manual_seed(seed)
+    prefix = user_prefix(tokenizer)
+    with torch.inference_mode():
+        ids = torch.tensor([prefix] * batch)
+        req = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=True,
+            temperature=1.0,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=request_tokens,
+            eos_token_id=eos,
+            pad_token_id=eos,
+        )
+        requests = []
+        for row in req[:, len(prefix) :].tolist():
+            if eos not in row:
+                continue  # an unfinished request
+            text = tokenizer.decode(row[: row.index(eos)], skip_special_tokens=True).strip()
+            if len(text) >= 8:
+                requests.append(text)
+        chats = [[{"role": "user", "content": r}] for r in requests]
+        rendered = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
+        enc = tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False)
+        if temperature > 0:
+            sample = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        else:
+            sample = {"do_sample": False}
+        ans = model.generate(**enc, max_new_tokens=answer_tokens, eos_token_id=eos, pad_token_id=eos, **sample)
+    lines, n_tok = [], 0
+    width = enc["input_ids"].shape[1]
+    for j, request in enumerate(requests):
+        prompt = enc["input_ids"][j][enc["attention_mask"][j].bool()].tolist()
+        answer = ans[j, width:].tolist()
+        if eos in answer:
+            answer = answer[: answer.index(eos) + 1]
+        n_tok += len(answer)
+        record = {"request": request, "prompt_ids": prompt, "answer_ids": answer, "temperature": temperature}
+        lines.append(json.dumps({**record, "seed": seed}))
+    return lines, len(requests), n_tok
 
 
 def read_conversations(folder: str | Path, shards: Sequence[int] | None = None) -> list[dict[str, Any]]:
