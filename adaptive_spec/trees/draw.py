@@ -1,16 +1,16 @@
 """Drawing draft trees: the one child-drawing rule, and the reference drawers.
 
-:func:`draw_children` is how every drafter draws a level's children from the draft rows: the
-engine's static and policy drafters (:mod:`adaptive_spec.engine.drafting`) and the labeller's
-forest (:mod:`adaptive_spec.records.forest`). The drafting laws (docs/algorithms.md §8) are
-written there once.
+:func:`draw_children` is how every drafter draws a node's children from the draft rows: the
+engine's static and policy drafters (:mod:`adaptive_spec.engine.drafting`), the labeller's
+forest (:mod:`adaptive_spec.records.forest`) and the reference drawers below. The drafting laws
+(docs/algorithms.md §8) are written there once.
 
 ``sample_tree`` and ``sample_policy_tree`` are the reference path for tests and research: they
 call ``draft_probs_fn(prefix)`` once per expanded node and draw one token at a time through a
-:class:`~adaptive_spec.rng.Sampler`, so that the exact tests can enumerate every draw. They are
-kept apart from :func:`draw_children` on purpose: they are the specification the batched
-drafters are tested against (``tests/engine/test_drafting.py``), and a shared implementation
-would make that test check nothing.
+:class:`~adaptive_spec.rng.Sampler`, so that the exact tests can enumerate every draw:
+they take :func:`draw_children`'s one-draw-at-a-time path (given a
+:class:`~adaptive_spec.rng.Sampler` instead of a ``torch.Generator``), the batched drafters its
+exponential-race path, and ``tests/engine/test_drafting.py`` checks that the two have one law.
 """
 
 from __future__ import annotations
@@ -46,7 +46,14 @@ def draw_children(
     Greedy verification is lossless for any tree. ``valid`` is False where the drawn token has
     probability 0 (a race reaches one only when fewer than ``k`` tokens remain); those draws do
     not happen. No host sync.
+
+    ``generator`` may also be a :class:`~adaptive_spec.rng.Sampler` (the reference drawers pass
+    one): the same law is then drawn one token at a time by ``sampler.categorical`` (without
+    replacement, each drawn token's weight zeroed before the next draw), so that the exact tests
+    can enumerate every draw.
     """
+    if not isinstance(generator, torch.Generator):
+        return _one_at_a_time(rows, k, generator, replace, greedy)
     if replace:
         race = rows[:, None, :] / torch.empty(
             rows.shape[0], k, rows.shape[1], dtype=rows.dtype, device=rows.device
@@ -63,6 +70,26 @@ def draw_children(
             keys = rows if greedy else rows / torch.empty_like(rows).exponential_(generator=generator)
         tokens = keys.argmax(dim=-1, keepdim=True) if k == 1 else keys.topk(k, dim=-1).indices  # [W, k], draw order
     return tokens, rows.gather(-1, tokens) > 0
+
+
+def _one_at_a_time(
+    rows: torch.Tensor, k: int, sampler: Sampler, replace: bool, greedy: bool | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`draw_children`'s law by sequential categorical draws through ``sampler``."""
+    k = int(k)
+    tokens = torch.zeros(rows.shape[0], k, dtype=torch.long, device=rows.device)
+    valid = torch.zeros(rows.shape[0], k, dtype=torch.bool, device=rows.device)
+    for w in range(rows.shape[0]):
+        weights = rows[w] if replace else rows[w].clone()
+        greedy_row = bool(greedy[w]) if isinstance(greedy, torch.Tensor) else bool(greedy)
+        for j in range(k):
+            if not bool(weights.sum() > 0):  # fewer tokens in the support than k
+                break
+            token = int(weights.argmax()) if greedy_row and (j == 0 or not replace) else sampler.categorical(weights)
+            tokens[w, j], valid[w, j] = token, True
+            if not replace:
+                weights[token] = 0
+    return tokens, valid
 
 
 class _Builder:
@@ -89,8 +116,13 @@ class _Builder:
             self.rows[node] = r
         return r
 
-    def draw(self, parent: int, weights: torch.Tensor) -> int:
-        token = self.sampler.categorical(weights)
+    def draw(self, parent: int, k: int = 1, replace: bool = True) -> list[int]:
+        """``k`` children of ``parent`` drawn from its row (:func:`draw_children`); merged by token, in draw order."""
+        tokens, valid = draw_children(self.row(parent)[None], k, self.sampler, replace=replace)
+        return [self.add(parent, t) for t, ok in zip(tokens[0].tolist(), valid[0].tolist(), strict=True) if ok]
+
+    def add(self, parent: int, token: int) -> int:
+        """The child of ``parent`` with ``token`` (new unless already drawn), its draw recorded."""
         key = self.prefixes[parent] + (token,)
         idx = self.index.get(key)
         if idx is None:
@@ -107,7 +139,7 @@ class _Builder:
     def rollout(self, start: int, length: int) -> int:
         node = start
         for _ in range(length):
-            node = self.draw(node, self.row(node))
+            node = self.draw(node)[0]
         return node
 
     def finish(self, shape: TreeShape) -> DraftTree:
@@ -152,27 +184,15 @@ def _expand_without_replacement(b: _Builder, node: int, widths: tuple[int, ...])
 
 
 def _draw_distinct(b: _Builder, node: int, k: int) -> list[int]:
-    """``k`` draws without replacement at ``node``, one at a time (fewer when its support is smaller)."""
-    weights = b.row(node).clone()
-    children = []
-    for _ in range(k):
-        if not bool(weights.sum() > 0):  # fewer tokens in the support than k
-            break
-        child = b.draw(node, weights)
-        weights[b.tokens[child]] = 0
-        children.append(child)
-    return children
+    """``k`` draws without replacement at ``node`` (fewer when its support is smaller)."""
+    return b.draw(node, k, replace=False)
 
 
 def _policy_children(b: _Builder, v: NodeView, k: int, distinct: bool, views: dict[int, NodeView]) -> list[int]:
     """Draw ``k`` children of ``v`` (distinct, or i.i.d. and merged by token); add their views; the new nodes."""
     row = b.row(v.node)
     first = len(b.tokens)
-    if distinct:
-        _draw_distinct(b, v.node, k)
-    else:
-        for _ in range(k):
-            b.draw(v.node, row)
+    b.draw(v.node, k, replace=not distinct)
     draws = b.child_draws[v.node]
     row_list = row.double()
     for c in range(first, len(b.tokens)):

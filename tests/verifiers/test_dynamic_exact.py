@@ -167,9 +167,7 @@ def _vetted_chain(inst, keep, depth: int = 2):
             token = sampler.categorical(row)
             if not keep(b.prefixes[node], row, token):
                 break
-            one_hot = torch.zeros_like(row)
-            one_hot[token] = 1.0
-            node = b.draw(node, one_hot)  # a one-option draw: no new choice for the enumerator
+            node = b.add(node, token)  # the kept candidate: no new choice for the enumerator
         return b.finish(TreeShape.dynamic(DraftLaw.DYNAMIC_CHAIN, depth, depth))
 
     return program
