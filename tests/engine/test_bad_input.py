@@ -187,6 +187,22 @@ def test_prompt_files_name_the_file_and_line(tmp_path):
     assert read_prompts(txt) == ["def f():", "  x = 1"]
 
 
+def test_prompt_files_saved_with_a_byte_order_mark_are_read(tmp_path):
+    """Editors on Windows write a UTF-8 BOM: it is not part of the first prompt, nor a JSON error."""
+    from adaptive_spec.files import read_prompts
+
+    bom = "\ufeff".encode()
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_bytes(bom + '{"prompt": "héllo"}\n{"prompt": "b"}\n'.encode())
+    assert read_prompts(jsonl) == ["héllo", "b"]
+    txt = tmp_path / "p.txt"
+    txt.write_bytes(bom + b"first\nsecond\n")
+    assert read_prompts(txt) == ["first", "second"]
+    gz = tmp_path / "p.jsonl.gz"
+    gz.write_bytes(__import__("gzip").compress(bom + b'{"prompt": "z"}\n'))
+    assert read_prompts(gz) == ["z"]
+
+
 def test_bench_reports_a_missing_prompt_file_before_loading_models(tmp_path, monkeypatch):
     import adaptive_spec.cli.bench_e2e as e2e
     from adaptive_spec.cli import main
