@@ -1,0 +1,73 @@
+"""draw_children: its race and its one-at-a-time path have one law; the greedy and support rules."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from adaptive_spec.analysis.exact import enumerate_law
+from adaptive_spec.rng import TorchSampler
+from adaptive_spec.trees.draw import draw_children
+
+ROW = torch.tensor([0.4, 0.0, 0.3, 0.2, 0.1], dtype=torch.float64)
+
+
+def _exact(k: int, distinct: bool) -> dict[tuple[int, ...], float]:
+    """Exact law of the sequential path's children, by enumerating its choices."""
+
+    def program(sampler) -> tuple[int, ...]:
+        tokens, valid = draw_children(ROW[None], k, sampler, replace=not distinct)
+        return tuple(t for t, ok in zip(tokens[0].tolist(), valid[0].tolist(), strict=True) if ok)
+
+    return enumerate_law(program)
+
+
+@pytest.mark.parametrize(("k", "distinct"), [(2, True), (3, False)])
+def test_the_race_has_the_law_of_sequential_draws(k: int, distinct: bool) -> None:
+    exact = _exact(k, distinct)
+    assert sum(exact.values()) == pytest.approx(1.0)
+    n = 20000
+    g = torch.Generator().manual_seed(0)
+    tokens, valid = draw_children(ROW.expand(n, -1).contiguous(), k, g, replace=not distinct)
+    assert bool(valid.all())
+    counts = Counter(tuple(r) for r in tokens.tolist())
+    assert set(counts) <= set(exact)  # never a zero-probability token, never a repeat without replacement
+    keys = sorted(exact)
+    observed = [counts[key] for key in keys]
+    expected = [exact[key] * n for key in keys]
+    assert chisquare(observed, expected).pvalue > 1e-3
+
+
+def test_draws_past_the_support_are_not_children() -> None:
+    row = torch.tensor([[0.0, 0.75, 0.0, 0.25]])
+    g = torch.Generator().manual_seed(1)
+    for source in (g, TorchSampler(g)):
+        tokens, valid = draw_children(row, 4, source, replace=False)
+        assert valid.tolist() == [[True, True, False, False]]
+        assert sorted(tokens[0, :2].tolist()) == [1, 3]
+
+
+def test_greedy_takes_the_argmax_first_and_the_top_k_without_replacement() -> None:
+    rows = torch.tensor([[0.1, 0.5, 0.4], [0.6, 0.1, 0.3]])
+    g = torch.Generator().manual_seed(2)
+    for source in (g, TorchSampler(g)):
+        tokens, _ = draw_children(rows, 2, source, greedy=True)
+        assert tokens.tolist() == [[1, 2], [0, 2]]
+        tokens, _ = draw_children(rows, 1, source, replace=True, greedy=True)
+        assert tokens.tolist() == [[1], [0]]
+    # Later i.i.d. draws are still sampled: across many rows, not all second draws are the argmax.
+    tokens, _ = draw_children(rows[:1].expand(200, -1), 2, g, replace=True, greedy=True)
+    assert (tokens[:, 0] == 1).all() and (tokens[:, 1] != 1).any()
+
+
+def test_a_lone_greedy_draw_consumes_no_randomness() -> None:
+    g = torch.Generator().manual_seed(3)
+    state = g.get_state()
+    draw_children(ROW[None], 1, g, greedy=True)  # a lone walker at T=0: its argmax
+    draw_children(ROW[None], 3, g, greedy=True)  # a without-replacement node at T=0: its top 3
+    assert torch.equal(g.get_state(), state)
+    draw_children(ROW[None], 1, g, replace=True)
+    assert not torch.equal(g.get_state(), state)
