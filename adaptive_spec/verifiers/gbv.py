@@ -33,7 +33,7 @@ from adaptive_spec.verifiers.block import block_verify_path
 
 # Draft probabilities below this rank below every other token, in token-id order. Any
 # ranking that is a fixed function of (p, q) keeps GBV lossless; this one spares a sort of
-# the whole vocabulary (14 ms at V = 128k on a CPU core): only the "head" tokens are sorted.
+# the whole vocabulary (costly at V = 128k): only the "head" tokens are sorted.
 # A power of two, so that float32 and float64 rows put every token on the same side of it.
 GBV_TAIL_PROB = 2.0**-17  # about 7.6e-6
 

@@ -71,17 +71,17 @@ class ZooConfig:
 
     vocab_size: int = 2048  # byte-level BPE; small enough that the draft's LM head stays cheap
     # ~22M parameters (44 MB in float16; the committed pair must stay under 50 MB). Deep and
-    # narrow on purpose: a one-token forward on a 2-core CPU is mostly per-layer overhead, so 12
-    # layers of 384 cost ~5.7 ms through the engine (12x the draft) at the parameter count, and
-    # so the training cost per token, of 512 x 6 layers (4.2 ms, too close to the draft).
+    # narrow on purpose: a one-token forward on a small CPU is mostly per-layer overhead, so 12
+    # layers of 384 cost several times the draft's forward, where 6 layers of 512 (the same
+    # parameters and training cost per token) come too close to it. build_info.json records the
+    # latencies measured at build time.
     target: ModelSpec = field(default_factory=lambda: ModelSpec(384, 12, 6, 1024))
-    # ~0.5M parameters, one layer: its forward costs ~0.5 ms, nearly all framework overhead, so
-    # width buys acceptance almost for free; one layer keeps it clearly worse than the target.
+    # ~0.5M parameters, one layer: its forward is nearly all framework overhead, so width buys
+    # acceptance almost for free; one layer keeps it clearly worse than the target.
     draft: ModelSpec = field(default_factory=lambda: ModelSpec(128, 1, 4, 384))
-    # Step budgets, so that a rebuild with the same seed gives the same weights on any machine.
-    # On the 2-core Xeon (bf16 autocast) the target trains at ~3,500 tokens/s: 3,000 steps of
-    # 8 x 512 tokens (12.3M tokens, ~3.2 epochs of the stdlib) take about an hour, and the
-    # draft's 1,200 distillation steps about ten minutes.
+    # Step budgets, so that a rebuild with the same seed gives the same weights on any machine:
+    # 3,000 target steps of 8 x 512 tokens (12.3M tokens, ~3.2 epochs of the stdlib) and 1,200
+    # distillation steps for the draft (build_info.json records how long they took).
     target_train: TrainSpec = field(
         default_factory=lambda: TrainSpec(
             lr=1.5e-3, batch_size=8, seq_len=512, warmup_steps=100, val_every_steps=250, max_steps=3000
