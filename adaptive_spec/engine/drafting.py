@@ -38,12 +38,13 @@ from dataclasses import dataclass
 
 import torch
 
+from adaptive_spec.engine.eagle import EagleRunner
 from adaptive_spec.engine.logits import ProbsFn
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.trees.draw import draw_children
-from adaptive_spec.trees.lookup import lookup_tree, ngram_lookup
+from adaptive_spec.trees.lookup import hybrid_tree, lookup_tree, ngram_lookup
 from adaptive_spec.trees.policy import ChainRule, DraftPolicy, NodeView, PolicyContext, clip_widths
 
 
@@ -294,6 +295,62 @@ def lookup_outcome(
     if root is None:  # the draft model was not run: its pending tokens wait for the next model step
         return DraftOutcome(tree, ancestors, pending_fed=0, fed_nodes=0)
     return DraftOutcome(tree, ancestors, pending_fed=root.pending, fed_nodes=1)  # only the root has a draft row
+
+
+def draft_hybrid(
+    runner: ModelRunner,
+    pending: torch.Tensor | DraftRoot,
+    context: list[int],
+    lookup_depth: int,
+    model_depth: int,
+    probs_fn: ProbsFn,
+    generator: torch.Generator,
+    deterministic: bool,
+) -> DraftOutcome:
+    """A looked-up run extended by the model (:func:`adaptive_spec.trees.lookup.hybrid_tree`).
+
+    Up to ``lookup_depth`` tokens are found in the context and fed to the draft after the pending
+    tokens, as if committed; the model then drafts a chain of ``model_depth`` tokens from the last
+    of them. Node ``i`` of the hybrid chain sits at block row ``p - 1 + i`` like a static tree's,
+    so the engine commits it the same way. Without a match, it is the model's chain alone.
+    """
+    found = ngram_lookup(context, lookup_depth)
+    if not found:
+        return draft_tree(runner, pending, TreeShape.chain(model_depth), probs_fn, generator, deterministic)
+    root = _extend_root(runner, pending, found, probs_fn)
+    tail = draft_tree(runner, root, TreeShape.chain(model_depth), probs_fn, generator, deterministic)
+    tree = hybrid_tree(found, tail.tree)
+    n = tree.num_nodes
+    ancestors = torch.ones(n, n, dtype=torch.bool, device=runner.device).tril_()
+    return DraftOutcome(tree, ancestors, pending_fed=root.pending - len(found), fed_nodes=len(found) + tail.fed_nodes)
+
+
+def _extend_root(
+    runner: ModelRunner, pending: torch.Tensor | DraftRoot, found: list[int], probs_fn: ProbsFn
+) -> DraftRoot:
+    """The pending tokens' forward with ``found`` fed after them (appended to an already-run forward if given).
+
+    An EAGLE-style head reads the target's features only for committed tokens, so it takes the
+    looked-up tokens one at a time, each reading the head's own output for the one before.
+    """
+    device = runner.device
+    ids = torch.tensor(found, dtype=torch.long, device=device)
+    one_by_one = isinstance(runner, EagleRunner)
+    if not isinstance(pending, DraftRoot) and not one_by_one:
+        return draft_root(runner, torch.cat([pending, ids]), probs_fn)
+    root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
+    p, a = root.pending, len(found)
+    positions = torch.arange(root.base + p, root.base + p + a, device=device)
+    if one_by_one:
+        for i in range(a):
+            mask = torch.ones(1, p + i + 1, dtype=torch.bool, device=device)  # every earlier block row: a chain
+            logits = runner.block_forward(ids[i : i + 1], positions[i : i + 1], mask, logits_to_keep=1)
+    else:
+        mask = torch.ones(a, p + a, dtype=torch.bool, device=device).tril_(diagonal=p)  # causal after the block
+        logits = runner.block_forward(ids, positions, mask, logits_to_keep=1)
+    probs = probs_fn(logits)
+    causal = torch.ones(p + a, p + a, dtype=torch.bool, device=device).tril_()
+    return DraftRoot(p + a, root.base, probs, finite_flag(logits, probs), causal, runner.hidden)
 
 
 def draft_policy_tree(

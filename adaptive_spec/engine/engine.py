@@ -37,6 +37,7 @@ from adaptive_spec.engine.drafting import (
     DraftOutcome,
     DraftRoot,
     check_finite,
+    draft_hybrid,
     draft_policy_tree,
     draft_root,
     draft_tree,
@@ -619,25 +620,20 @@ class SpecEngine:
         self, run: _Run, plan: Plan, root: DraftRoot | None, features: Mapping[str, float] | None
     ) -> DraftOutcome:
         """Draft the step's tree by the plan's source: lookup in the context, a drafting policy, or a static shape."""
-        state, sampling = run.state, run.request.sampling
+        state, sampling, draft = run.state, run.request.sampling, run.state.draft
         if plan.source == "lookup":  # found in the context: one-hot rows, no draft forward
             return lookup_outcome(state.context, plan.shape.depth, self.vocab_size, self.device, root)
         pending = root  # the first draft forward, if already run; else the pending tokens (root last)
         if pending is None:
-            pending = torch.tensor(state.context[state.draft.cached :], dtype=torch.long, device=self.device)
+            pending = torch.tensor(state.context[draft.cached :], dtype=torch.long, device=self.device)
+        law = (run.draft_probs_fn, state.generator, sampling.greedy)
+        if plan.source == "hybrid":  # looked up, then extended by the model
+            b = plan.shape.depth - plan.lookup_depth
+            return draft_hybrid(draft, pending, state.context, plan.lookup_depth, b, *law)
         if plan.policy is not None and plan.shape.depth > 0:
-            return draft_policy_tree(
-                state.draft,
-                pending,
-                plan.policy,
-                run.draft_probs_fn,
-                state.generator,
-                sampling.greedy,
-                temperature=sampling.temperature,
-                features=features,
-            )
-        shape = plan.shape if plan.policy is None else TreeShape.chain(0)
-        return draft_tree(state.draft, pending, shape, run.draft_probs_fn, state.generator, sampling.greedy)
+            kw = {"temperature": sampling.temperature, "features": features}
+            return draft_policy_tree(draft, pending, plan.policy, *law, **kw)
+        return draft_tree(draft, pending, plan.shape if plan.policy is None else TreeShape.chain(0), *law)
 
     def _commit(self, state: EngineState, outcome: DraftOutcome, accepted: list[int], base: int) -> None:
         """Keep the accepted nodes' KV rows in both caches (and the target's features for an EAGLE head).

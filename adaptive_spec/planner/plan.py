@@ -4,6 +4,7 @@ A :class:`Plan` says how one speculative step drafts and verifies. Text form::
 
     <tree shape>/<verifier>        e.g.  "delayed:2x3x3/traversal", "chain:4/block", "wor:3x2x1/rrsw"
     lookup:L/<verifier>            e.g.  "lookup:8/block": a chain of up to L tokens found in the context
+    hybrid:A:B/<verifier>          e.g.  "hybrid:6:2/block": up to A looked-up tokens, then B drafted by the model
 
 where ``<tree shape>`` is anything :meth:`TreeShape.parse` accepts (``chain:L``, ``iid:KxL``,
 ``delayed:TxKxB``, ``wor:W1xW2x...``) and ``<verifier>`` a name in
@@ -46,7 +47,7 @@ __all__ = [
 ]
 
 DEFAULT_VERIFIER = "traversal"
-SOURCES = ("model", "lookup")  # where a plan's draft comes from
+SOURCES = ("model", "lookup", "hybrid")  # where a plan's draft comes from
 # The most nodes a plan's tree may have (root included): the target scores every node in one
 # pass with an N x N attention mask, so a larger tree is refused before anything is allocated.
 MAX_TREE_NODES = 4096
@@ -63,9 +64,11 @@ class Plan:
             before drafting, also when a policy grows the tree.
         allow_lossy: permit a verifier registered as lossy (``hsd``); off by default.
         policy: the drafting policy that grows the tree level by level, or None for a static shape.
-        source: where the draft comes from: ``"model"`` (the draft model or head) or ``"lookup"``
+        source: where the draft comes from: ``"model"`` (the draft model or head), ``"lookup"``
             (an n-gram match in the context, :mod:`adaptive_spec.trees.lookup`: a chain of up to
-            ``shape.depth`` tokens with one-hot rows, no draft forward).
+            ``shape.depth`` tokens with one-hot rows, no draft forward) or ``"hybrid"`` (up to
+            ``lookup_depth`` looked-up tokens, then the model drafts the rest of the chain).
+        lookup_depth: a hybrid plan's most looked-up tokens (0 for the other sources).
 
     Raises:
         ValueError: unknown verifier, or a verifier that cannot verify the shape's law
@@ -77,12 +80,19 @@ class Plan:
     allow_lossy: bool = False
     policy: DraftPolicy | None = None
     source: str = "model"
+    lookup_depth: int = 0
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
             raise ValueError(f"Plan.source must be one of {SOURCES}, got {self.source!r}")
-        if self.source == "lookup" and (self.policy is not None or self.shape.law is not DraftLaw.CHAIN):
-            raise ValueError("a lookup plan drafts a chain: lookup:L/<verifier>")
+        if self.source != "model" and (self.policy is not None or self.shape.law is not DraftLaw.CHAIN):
+            raise ValueError("a lookup or hybrid plan drafts a chain: lookup:L/<verifier>, hybrid:A:B/<verifier>")
+        hybrid = self.source == "hybrid"
+        if hybrid != (self.lookup_depth > 0) or (hybrid and not 0 < self.lookup_depth < self.shape.depth):
+            raise ValueError(
+                "a hybrid plan looks up 1 <= A tokens and then drafts B >= 1 with the model (hybrid:A:B); "
+                "lookup_depth is for hybrid plans only"
+            )
         if isinstance(self.shape, DraftPolicy) and self.policy is None:  # Plan(policy, verifier)
             object.__setattr__(self, "policy", self.shape)
             object.__setattr__(self, "shape", self.shape.shape)
@@ -115,6 +125,14 @@ class Plan:
             if not (colon and size.isdigit() and int(size) >= 1):
                 raise ValueError(f"plan {text!r}: a lookup plan is lookup:L with L >= 1 tokens, e.g. 'lookup:8/block'")
             return cls(TreeShape.chain(int(size)), verifier, source="lookup")
+        if kind == "hybrid":
+            a, _, b = size.partition(":")
+            if not (a.isdigit() and b.isdigit() and int(a) >= 1 and int(b) >= 1):
+                raise ValueError(
+                    f"plan {text!r}: a hybrid plan is hybrid:A:B, A >= 1 looked-up tokens then B >= 1 drafted by "
+                    "the model, e.g. 'hybrid:6:2/block'"
+                )
+            return cls(TreeShape.chain(int(a) + int(b)), verifier, source="hybrid", lookup_depth=int(a))
         if is_policy_text(shape_text):
             policy = parse_policy(shape_text)
             if isinstance(policy, LearnedChain) and policy.predictor is None:  # the installed acceptance model
@@ -136,6 +154,8 @@ class Plan:
     def __str__(self) -> str:
         if self.source == "lookup":
             return f"lookup:{self.shape.depth}/{self.verifier}"
+        if self.source == "hybrid":
+            return f"hybrid:{self.lookup_depth}:{self.shape.depth - self.lookup_depth}/{self.verifier}"
         return f"{self.policy if self.policy is not None else self.shape}/{self.verifier}"
 
     def truncated(self, max_depth: int) -> Plan:
@@ -144,6 +164,11 @@ class Plan:
             return self
         if self.policy is not None:
             return Plan(self.shape, self.verifier, self.allow_lossy, policy=self.policy.truncated(max_depth))
+        if self.source == "hybrid":  # keep at least one model token; below two tokens, a model chain
+            if max_depth < 2:
+                return Plan(truncate_shape(self.shape, max_depth), self.verifier, self.allow_lossy)
+            a = min(self.lookup_depth, max_depth - 1)
+            return Plan(TreeShape.chain(max_depth), self.verifier, self.allow_lossy, source="hybrid", lookup_depth=a)
         return Plan(truncate_shape(self.shape, max_depth), self.verifier, self.allow_lossy, source=self.source)
 
 

@@ -10,6 +10,11 @@ As a drafting law it is a chain whose rows are one-hot: node ``i``'s row puts pr
 its child, a deterministic function of the prefix. Every chain verifier is exact for it (the
 proofs hold for any draft row the child was drawn from); at temperature 0 the greedy verifier
 applies as for any tree. :func:`lookup_tree` builds that :class:`DraftTree`.
+
+A *hybrid* draft is a looked-up run extended by the model (:func:`hybrid_tree`): the chain's first
+nodes have one-hot rows (their children were looked up), the rest the draft model's rows (their
+children were drawn from them). Still a chain whose every child was drawn from (or is a
+deterministic function of the prefix under) its row, so every chain verifier is exact for it.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import torch
 from adaptive_spec.trees.shapes import TreeShape
 from adaptive_spec.trees.tree import DraftTree
 
-__all__ = ["lookup_tree", "ngram_lookup", "ngram_match"]
+__all__ = ["hybrid_tree", "lookup_tree", "ngram_lookup", "ngram_match"]
 
 
 def ngram_lookup(context: Sequence[int], max_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
@@ -66,4 +71,24 @@ def lookup_tree(tokens: Sequence[int], vocab_size: int, device: torch.device | s
         draft_probs=probs,
         child_draws=[[i + 1] for i in range(n)] + [[]],
         shape=TreeShape.chain(n),
+    )
+
+
+def hybrid_tree(found: Sequence[int], tail: DraftTree) -> DraftTree:
+    """The chain ``root -> found -> tail's drafted tokens``: one-hot rows over ``found``, then ``tail``'s rows.
+
+    ``tail`` is a chain drafted by the model from the last looked-up token (its root); law ``CHAIN``.
+    """
+    a = len(found)
+    n = a + tail.num_nodes  # the root, the looked-up tokens, then tail's root (= found[-1]) onwards
+    rows = torch.zeros(a, tail.draft_probs.shape[1], dtype=tail.draft_probs.dtype, device=tail.draft_probs.device)
+    if a:
+        rows[torch.arange(a, device=rows.device), torch.as_tensor(list(found), device=rows.device)] = 1.0
+    return DraftTree(
+        tokens=[-1, *map(int, found), *tail.tokens[1:]],
+        parents=[-1, *range(n - 1)],
+        depths=list(range(n)),
+        draft_probs=torch.cat([rows, tail.draft_probs]),
+        child_draws=[[i + 1] for i in range(n - 1)] + [[]],
+        shape=TreeShape.chain(n - 1),
     )

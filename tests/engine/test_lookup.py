@@ -37,7 +37,9 @@ def _eagle(target):
 
 
 @pytest.mark.parametrize("draft", ["model", "eagle"])
-@pytest.mark.parametrize("plan", ["lookup:6/block", "lookup:3/token", "alternate", "source:chain:3/block"])
+@pytest.mark.parametrize(
+    "plan", ["lookup:6/block", "lookup:3/token", "alternate", "source:chain:3/block", "hybrid:3:2/block"]
+)
 def test_greedy_equals_transformers(plan, draft) -> None:
     target = tiny_model("llama", vocab=8, hidden=16, eos=None, init_range=0.5, seed=11, layers=1)
     engine = SpecEngine(target, perturbed(target, 0.3, 12) if draft == "model" else _eagle(target))
@@ -59,7 +61,7 @@ def engine():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("plan", ["lookup:2/block", "alternate", "source"])
+@pytest.mark.parametrize("plan", ["lookup:2/block", "alternate", "source", "hybrid:1:1/token", "hybrid-after-root"])
 def test_lossless_lookup(engine, plan) -> None:
     prompt = [3, 5, 3, 5]  # a repeat, so that the lookup proposes something
     counts = torch.zeros(V, V, V, dtype=torch.long)
@@ -67,6 +69,7 @@ def test_lossless_lookup(engine, plan) -> None:
     for seed in range(1500):
         p = Alternate("wor:2x1/traversal", "lookup:2/block") if plan == "alternate" else plan
         p = SourceRule("wor:2x1/traversal", lookup_depth=2, min_ngram=1) if plan == "source" else p
+        p = HybridWithFeatures() if plan == "hybrid-after-root" else p
         out = engine.generate(
             prompt, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k, plan=p, seed=seed
         )
@@ -74,6 +77,28 @@ def test_lossless_lookup(engine, plan) -> None:
         proposed += out.stats.tree_sizes[0] > 1
     assert proposed == 1500  # the first step always found "3 5 -> 3 5"
     assert chi_square_pvalue(counts, exact_law(engine.target, SAMPLING, prompt, V)) > 1e-3
+
+
+class HybridWithFeatures:
+    """A hybrid plan played by a planner that asks for root features: the lookup is fed after the root's forward."""
+
+    needs_features = True
+
+    def choose(self, state):
+        assert state.features is not None
+        return Plan.parse("hybrid:1:1/block")
+
+
+def test_hybrid_plan_strings() -> None:
+    plan = Plan.parse("hybrid:6:2/block")
+    assert plan.source == "hybrid" and plan.lookup_depth == 6 and plan.shape.depth == 8
+    assert str(plan) == "hybrid:6:2/block" and Plan.parse(str(plan)) == plan
+    assert str(plan.truncated(5)) == "hybrid:4:1/block" and str(plan.truncated(1)) == "chain:1/block"
+    for bad in ("hybrid:0:2/block", "hybrid:2:0/block", "hybrid:2/block", "hybrid:a:b/block"):
+        with pytest.raises(ValueError, match="hybrid:A:B"):
+            Plan.parse(bad)
+    with pytest.raises(ValueError, match="is not lossless"):
+        Plan.parse("hybrid:2:2/hsd")
 
 
 def test_lookup_plan_strings() -> None:

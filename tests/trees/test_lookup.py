@@ -13,8 +13,8 @@ import torch
 
 from adaptive_spec.analysis.exact import completed_tv, output_law
 from adaptive_spec.analysis.instances import random_instance
-from adaptive_spec.trees import DraftLaw, DraftTree
-from adaptive_spec.trees.lookup import lookup_tree, ngram_lookup, ngram_match
+from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
+from adaptive_spec.trees.lookup import hybrid_tree, lookup_tree, ngram_lookup, ngram_match
 from adaptive_spec.verifiers import REGISTRY
 
 
@@ -82,3 +82,62 @@ def test_negative_control_rows_that_did_not_draw_the_child() -> None:
         law = output_law(fn, mislabelled, inst.draft_fn, inst.target_fn)
         worst = max(worst, completed_tv(law, inst.target_fn, 3, 3)[0])
     assert worst > 1e-3
+
+
+def _hybrid(seed: int, vocab: int, a: int, b: int, draft_fn):
+    """A hybrid draft: ``a`` tokens that are a function of the prefix, then ``b`` drawn from the draft model."""
+
+    def draft(sampler) -> DraftTree:
+        found: list[int] = []
+        for _ in range(a):
+            found.append((seed * 7 + len(found) * 3 + 5 * sum(found)) % vocab)
+        prefix, tokens, rows = tuple(found), [-1], []
+        for _ in range(b):
+            rows.append(draft_fn(prefix))
+            tokens.append(sampler.categorical(rows[-1]))
+            prefix += (tokens[-1],)
+        rows.append(torch.zeros_like(rows[0]))
+        draws = [[i + 1] for i in range(b)] + [[]]
+        tail = DraftTree(tokens, [-1, *range(b)], list(range(b + 1)), torch.stack(rows), draws, TreeShape.chain(b))
+        return hybrid_tree(found, tail)
+
+    return draft
+
+
+@pytest.mark.parametrize("name", CHAIN_VERIFIERS)
+def test_hybrid_chains_are_verified_exactly(name) -> None:
+    fn = REGISTRY[name].fn
+    for seed in range(12):
+        for vocab, a, b in ((2, 1, 1), (3, 1, 2), (3, 2, 1)):
+            inst = random_instance(seed, vocab)
+            tree = _hybrid(seed, vocab, a, b, inst.draft_fn)(_Fixed())
+            assert tree.law is DraftLaw.CHAIN and tree.draft_probs[:a].sum(-1).tolist() == [1.0] * a
+            law = output_law(fn, _hybrid(seed, vocab, a, b, inst.draft_fn), inst.draft_fn, inst.target_fn)
+            tv, mass = completed_tv(law, inst.target_fn, vocab, a + b + 1)
+            assert abs(mass - 1) < 1e-12 and tv < 1e-9, (name, seed, vocab, a, b, tv)
+
+
+def test_negative_control_hybrid_told_the_lookup_came_from_the_model() -> None:
+    """The looked-up part verified against the draft model's rows instead of its one-hot rows: lossy."""
+    fn = REGISTRY["block"].fn
+    worst = 0.0
+    for seed in range(10):
+        inst = random_instance(seed, 3)
+        base = _hybrid(seed, 3, 1, 1, inst.draft_fn)
+
+        def mislabelled(sampler, base=base, inst=inst):
+            tree = base(sampler)
+            rows = tree.draft_probs.clone()
+            rows[0] = inst.draft_fn(())
+            return DraftTree(tree.tokens, tree.parents, tree.depths, rows, tree.child_draws, tree.shape)
+
+        law = output_law(fn, mislabelled, inst.draft_fn, inst.target_fn)
+        worst = max(worst, completed_tv(law, inst.target_fn, 3, 3)[0])
+    assert worst > 1e-3
+
+
+class _Fixed:
+    """A sampler that always draws the first token of positive weight (to inspect one tree)."""
+
+    def categorical(self, weights) -> int:
+        return int((weights > 0).nonzero()[0])
