@@ -33,7 +33,7 @@ def emit(request: GenerationRequest, state: EngineState, emitted: list[int], tok
     before = len(state.generated)
     state.context.extend(emitted)
     if request.stop_strings:
-        cut = stop_string_cut(tokenizer, state.generated, before, list(request.stop_strings))
+        cut = stop_string_cut(tokenizer, state.generated, before, request.stop_strings)
         if cut is not None:
             del state.context[state.prompt_length + cut :]
             emitted, reason = state.generated[before:], "stop"
@@ -95,7 +95,7 @@ def split_stop(stop: Sequence[str | int] | str | None, vocab_size: int) -> tuple
     return strings, ids
 
 
-def stop_string_cut(tokenizer: Any, generated: list[int], before: int, stop_strings: list[str]) -> int | None:
+def stop_string_cut(tokenizer: Any, generated: list[int], before: int, stop_strings: Sequence[str]) -> int | None:
     """Smallest token count whose decoded text contains a stop string (None if there is none).
 
     ``before``: the token count before this step; the text of those tokens held no stop string.

@@ -179,13 +179,8 @@ def sample_tree(shape: TreeShape, draft_probs_fn: DraftProbsFn, generator: torch
 def _expand_without_replacement(b: _Builder, node: int, widths: tuple[int, ...]) -> None:
     if not widths:
         return
-    for child in _draw_distinct(b, node, widths[0]):
+    for child in b.draw(node, widths[0], replace=False):
         _expand_without_replacement(b, child, widths[1:])
-
-
-def _draw_distinct(b: _Builder, node: int, k: int) -> list[int]:
-    """``k`` draws without replacement at ``node`` (fewer when its support is smaller)."""
-    return b.draw(node, k, replace=False)
 
 
 def _policy_children(b: _Builder, v: NodeView, k: int, distinct: bool, views: dict[int, NodeView]) -> list[int]:
