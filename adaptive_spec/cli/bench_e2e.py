@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from adaptive_spec.bench.e2e import ADAPTIVE, BEST_STATIC, IN_DRAFT, measure, print_table, resolve_plans
 from adaptive_spec.engine.load import load_engine
@@ -70,6 +71,48 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_progress_option(parser)
 
 
+class _Latency:
+    """The latency model the plans need, and whether one must be measured once the engine is loaded."""
+
+    def __init__(self, model: Any, warning: str | None, runtime: Any) -> None:
+        self.model, self.warning, self.runtime = model, warning, runtime
+
+    def complete(self, engine: Any, progress: bool) -> None:
+        """The selector wants latency features and no profile was found: measure one for this pair, once."""
+        if self.warning:
+            from adaptive_spec.bench.profile import latency_for_selector
+
+            engine.latency_model, note = latency_for_selector(engine, self.runtime, progress=progress)
+            print(note, file=sys.stderr)
+
+
+def bench_plans(args: argparse.Namespace, temps: list[float], verb: str) -> tuple[dict, dict, _Latency]:
+    """``--plans`` resolved (``adaptive``, ``best-static``, ``in-draft``, plan strings), and their latency model.
+
+    Shared by ``bench e2e`` and ``bench spec-bench``; a bad option is one line naming ``verb``.
+    """
+    from adaptive_spec.engine.models import in_draft_file
+    from adaptive_spec.selector.runtime import latency_model_for
+
+    try:
+        plans, info = resolve_plans(
+            args.plans.split(","),
+            temps,
+            selector=args.selector,
+            best_static_file=args.best_static_file,
+            in_draft_file=in_draft_file(args.target) if args.draft is None else None,
+        )
+        runtime = info.pop("runtime")
+        latency, warning = (None, None)
+        if args.profile is not None or ADAPTIVE in plans:
+            latency, warning = latency_model_for(runtime if ADAPTIVE in plans else None, args.profile)
+    except (FileNotFoundError, LookupError, ValueError) as err:
+        raise SystemExit(f"{verb}: {err}") from None
+    if not plans:
+        raise SystemExit(f"{verb}: --plans names no plan")
+    return plans, info, _Latency(latency, warning, runtime)
+
+
 def _prompts(args: argparse.Namespace) -> list:
     """``--prompts`` (or the built-in prompts), the first ``--limit``; a bad file is one line."""
     try:
@@ -96,34 +139,14 @@ def _print_run(key: str, res: dict, num_prompts: int, max_new_tokens: int) -> No
 
 def run(args: argparse.Namespace) -> int:
     """Run the benchmark, print a table per temperature, optionally write JSON; return the exit status."""
-    from adaptive_spec.selector.runtime import latency_model_for
-
     try:
         temps = parse_temperatures(args.temperatures or str(args.temperature))
-        from adaptive_spec.engine.models import in_draft_file
-
-        plans, info = resolve_plans(
-            args.plans.split(","),
-            temps,
-            selector=args.selector,
-            best_static_file=args.best_static_file,
-            in_draft_file=in_draft_file(args.target) if args.draft is None else None,
-        )
-        runtime = info.pop("runtime")
-        latency, warning = (None, None)
-        if args.profile is not None or ADAPTIVE in plans:
-            latency, warning = latency_model_for(runtime if ADAPTIVE in plans else None, args.profile)
-    except (FileNotFoundError, LookupError, ValueError) as err:
+    except ValueError as err:
         raise SystemExit(f"bench e2e: {err}") from None
-    if not plans:
-        raise SystemExit("bench e2e: --plans names no plan")
+    plans, info, latency = bench_plans(args, temps, "bench e2e")
     prompts = _prompts(args)  # first: a missing or malformed prompt file is reported before the models load
-    engine = load_engine(args.target, args.draft, args.device, args.dtype, latency_model=latency)
-    if warning:  # the selector wants latency features and no profile was found: measure one once
-        from adaptive_spec.bench.profile import latency_for_selector
-
-        engine.latency_model, note = latency_for_selector(engine, runtime, progress=not args.no_progress)
-        print(note, file=sys.stderr)
+    engine = load_engine(args.target, args.draft, args.device, args.dtype, latency_model=latency.model)
+    latency.complete(engine, progress=not args.no_progress)
     from adaptive_spec.engine.load import load_hf_draft
 
     hf_draft = None if args.no_hf else load_hf_draft(engine, args.hf_draft, args.target)

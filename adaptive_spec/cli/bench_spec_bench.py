@@ -6,7 +6,6 @@ The benchmark is :mod:`adaptive_spec.bench.spec_bench`.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from adaptive_spec.options import add_model_options, add_profile_option, add_progress_option, add_temperatures_option
@@ -54,33 +53,19 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from adaptive_spec.bench import spec_bench
-    from adaptive_spec.bench.e2e import resolve_plans
+    from adaptive_spec.cli.bench_e2e import bench_plans
     from adaptive_spec.engine.load import load_engine, load_hf_draft
-    from adaptive_spec.engine.models import in_draft_file
     from adaptive_spec.files import write_json_atomic
     from adaptive_spec.temperatures import parse_temperatures
 
     try:
         temps = parse_temperatures(args.temperatures)
         questions = spec_bench.load_questions(args.per_category)
-        plans, info = resolve_plans(
-            [p for p in args.plans.split(",") if p],
-            temps,
-            selector=args.selector,
-            best_static_file=args.best_static_file,
-            in_draft_file=in_draft_file(args.target) if args.draft is None else None,
-        )
-    except (FileNotFoundError, LookupError, ValueError) as err:
+    except ValueError as err:
         raise SystemExit(f"bench spec-bench: {err}") from None
-    runtime = info.pop("runtime")
-    latency = None
-    if args.profile is not None or "adaptive" in plans:
-        from adaptive_spec.selector.runtime import latency_model_for
-
-        latency, warning = latency_model_for(runtime if "adaptive" in plans else None, args.profile)
-        if warning:
-            print(warning, file=sys.stderr)
-    engine = load_engine(args.target, args.draft, args.device, args.dtype, latency_model=latency)
+    plans, info, latency = bench_plans(args, temps, "bench spec-bench")
+    engine = load_engine(args.target, args.draft, args.device, args.dtype, latency_model=latency.model)
+    latency.complete(engine, progress=not args.no_progress)
     hf_draft = None if args.no_hf else load_hf_draft(engine, args.hf_draft, args.target)
     progress = not args.no_progress
     prompts = spec_bench.turn_prompts(engine, questions, args.max_new_tokens, progress=progress)
