@@ -622,7 +622,7 @@ class SpecEngine:
         """Draft the step's tree by the plan's source: lookup in the context, a drafting policy, or a static shape."""
         state, sampling, draft = run.state, run.request.sampling, run.state.draft
         if plan.source == "lookup":  # found in the context: one-hot rows, no draft forward
-            return lookup_outcome(state.context, plan.shape.depth, self.vocab_size, self.device, root)
+            return lookup_outcome(state.context, plan.shape, self.vocab_size, self.device, root)
         pending = root  # the first draft forward, if already run; else the pending tokens (root last)
         if pending is None:
             pending = torch.tensor(state.context[draft.cached :], dtype=torch.long, device=self.device)

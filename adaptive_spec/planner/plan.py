@@ -4,6 +4,7 @@ A :class:`Plan` says how one speculative step drafts and verifies. Text form::
 
     <tree shape>/<verifier>        e.g.  "delayed:2x3x3/traversal", "chain:4/block", "wor:3x2x1/rrsw"
     lookup:L/<verifier>            e.g.  "lookup:8/block": a chain of up to L tokens found in the context
+    lookup:WxL/<verifier>          e.g.  "lookup:3x8/nss": a trie of up to W distinct continuations found there
     hybrid:A:B/<verifier>          e.g.  "hybrid:6:2/block": up to A looked-up tokens, then B drafted by the model
 
 where ``<tree shape>`` is anything :meth:`TreeShape.parse` accepts (``chain:L``, ``iid:KxL``,
@@ -66,7 +67,8 @@ class Plan:
         policy: the drafting policy that grows the tree level by level, or None for a static shape.
         source: where the draft comes from: ``"model"`` (the draft model or head), ``"lookup"``
             (an n-gram match in the context, :mod:`adaptive_spec.trees.lookup`: a chain of up to
-            ``shape.depth`` tokens with one-hot rows, no draft forward) or ``"hybrid"`` (up to
+            ``shape.depth`` tokens with one-hot rows, or a trie of ``shape.paths`` continuations, no
+            draft forward) or ``"hybrid"`` (up to
             ``lookup_depth`` looked-up tokens, then the model drafts the rest of the chain).
         lookup_depth: a hybrid plan's most looked-up tokens (0 for the other sources).
 
@@ -85,8 +87,14 @@ class Plan:
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
             raise ValueError(f"Plan.source must be one of {SOURCES}, got {self.source!r}")
-        if self.source != "model" and (self.policy is not None or self.shape.law is not DraftLaw.CHAIN):
-            raise ValueError("a lookup or hybrid plan drafts a chain: lookup:L/<verifier>, hybrid:A:B/<verifier>")
+        trie = isinstance(self.shape, TreeShape) and self.shape.law is DraftLaw.DETERMINISTIC
+        if trie and self.source != "lookup":
+            raise ValueError("a deterministic trie is found in the context: write lookup:WxL/nss")
+        if self.source != "model" and (self.policy is not None or (self.shape.law is not DraftLaw.CHAIN and not trie)):
+            raise ValueError(
+                "a lookup or hybrid plan drafts a chain (lookup:L/<verifier>, hybrid:A:B/<verifier>) or a lookup "
+                "trie (lookup:WxL/nss)"
+            )
         hybrid = self.source == "hybrid"
         if hybrid != (self.lookup_depth > 0) or (hybrid and not 0 < self.lookup_depth < self.shape.depth):
             raise ValueError(
@@ -122,9 +130,16 @@ class Plan:
             raise ValueError(f"plan {text!r}: missing verifier name after '/'")
         kind, colon, size = shape_text.strip().partition(":")
         if kind == "lookup":
-            if not (colon and size.isdigit() and int(size) >= 1):
-                raise ValueError(f"plan {text!r}: a lookup plan is lookup:L with L >= 1 tokens, e.g. 'lookup:8/block'")
-            return cls(TreeShape.chain(int(size)), verifier, source="lookup")
+            w, x, length = size.rpartition("x")
+            if not (colon and length.isdigit() and int(length) >= 1 and (not x or (w.isdigit() and int(w) >= 1))):
+                raise ValueError(
+                    f"plan {text!r}: a lookup plan is lookup:L (a chain of L >= 1 tokens, e.g. 'lookup:8/block') "
+                    "or lookup:WxL (a trie of up to W continuations, e.g. 'lookup:3x8/nss')"
+                )
+            shape = TreeShape.lookup(int(w) if x else 1, int(length))
+            if shape.law is DraftLaw.DETERMINISTIC and not sep:
+                verifier = "nss"  # the default traversal reads draft rows a trie does not have
+            return cls(shape, verifier, source="lookup")
         if kind == "hybrid":
             a, _, b = size.partition(":")
             if not (a.isdigit() and b.isdigit() and int(a) >= 1 and int(b) >= 1):
@@ -153,7 +168,8 @@ class Plan:
 
     def __str__(self) -> str:
         if self.source == "lookup":
-            return f"lookup:{self.shape.depth}/{self.verifier}"
+            paths = f"{self.shape.paths}x" if self.shape.law is DraftLaw.DETERMINISTIC else ""
+            return f"lookup:{paths}{self.shape.depth}/{self.verifier}"
         if self.source == "hybrid":
             return f"hybrid:{self.lookup_depth}:{self.shape.depth - self.lookup_depth}/{self.verifier}"
         return f"{self.policy if self.policy is not None else self.shape}/{self.verifier}"

@@ -10,8 +10,9 @@ The choice reads only the context and past steps (draft-side information), and e
 verified by its own exact verifier, so every mix of sources is lossless
 (docs/algorithms.md §8).
 
-Plan strings: ``source:<model plan>``, e.g. ``source:chain:2/block`` or
-``source:conf-chain:6:0.3/block``; :func:`parse_source_rule` reads them.
+Plan strings: ``source:<model plan>[+<lookup plan>]``, e.g. ``source:chain:2/block``,
+``source:chain:2/block+lookup:3x8/nss`` or ``source:conf-chain:6:0.3/block+hybrid:8:2/block``;
+:func:`parse_source_rule` reads them.
 """
 
 from __future__ import annotations
@@ -19,8 +20,10 @@ from __future__ import annotations
 from typing import Any
 
 from adaptive_spec.planner.plan import Plan, Planner, StepResult, StepState, as_plan
+from adaptive_spec.trees import DraftLaw, TreeShape
 
 SOURCE_PREFIX = "source:"
+DEFAULT_LOOKUP = "lookup:8/block"
 
 
 class SourceRule(Planner):
@@ -28,11 +31,12 @@ class SourceRule(Planner):
 
     Args:
         model: the plan (or planner) of model steps.
-        lookup_depth: the most tokens a lookup step drafts.
+        lookup: the plan of lookup steps: a chain (``lookup:L/<verifier>``, cut to the tokens found),
+            a trie of several continuations (``lookup:WxL/nss``) or a hybrid (``hybrid:A:B/<verifier>``:
+            the run found, up to A tokens, extended by B model tokens).
         min_ngram: the shortest recurring n-gram that triggers a lookup (1 looks up after any repeated token).
         min_rate: a lookup step is tried while the running acceptance rate of looked-up tokens is at least this.
         decay: weight of the past in that running rate (it starts at 1 with every generation).
-        verifier: the lookup steps' chain verifier.
 
     Attributes:
         needs_lookup: the engine fills :attr:`StepState.lookup` and :attr:`StepState.lookup_ngram`.
@@ -43,15 +47,16 @@ class SourceRule(Planner):
     def __init__(
         self,
         model: Plan | str | Planner,
-        lookup_depth: int = 8,
+        lookup: Plan | str = DEFAULT_LOOKUP,
         min_ngram: int = 2,
         min_rate: float = 0.3,
         decay: float = 0.5,
-        verifier: str = "block",
     ) -> None:
         self.model = model if isinstance(model, Planner) else as_plan(model)
-        self.lookup_depth, self.min_ngram, self.min_rate, self.decay = lookup_depth, min_ngram, min_rate, decay
-        self.verifier = verifier
+        self.lookup = as_plan(lookup)
+        if self.lookup.source == "model":
+            raise ValueError(f"the rule's lookup plan must be lookup:... or hybrid:..., got {self.lookup}")
+        self.min_ngram, self.min_rate, self.decay = min_ngram, min_rate, decay
         self.rate = 1.0
         self.needs_features = getattr(self.model, "needs_features", False)
         self.needs_hidden = getattr(self.model, "needs_hidden", False)
@@ -62,14 +67,29 @@ class SourceRule(Planner):
             self.rate = 1.0  # a new generation
         found = len(state.lookup or ())
         if found and state.lookup_ngram >= self.min_ngram and self.rate >= self.min_rate:
-            return Plan.parse(f"lookup:{min(found, self.lookup_depth)}/{self.verifier}")
+            return self._lookup_plan(found)
         return as_plan(self.model.choose(state)) if isinstance(self.model, Planner) else self.model
+
+    def _lookup_plan(self, found: int) -> Plan:
+        plan = self.lookup
+        if plan.source == "hybrid":  # the run found (at most A tokens), then the model's B
+            a = min(found, plan.lookup_depth)
+            return Plan(
+                TreeShape.chain(a + plan.shape.depth - plan.lookup_depth),
+                plan.verifier,
+                source="hybrid",
+                lookup_depth=a,
+            )
+        if plan.shape.law is DraftLaw.DETERMINISTIC:  # the trie's other candidates may be longer
+            return plan
+        return plan.truncated(found)
 
     def observe(self, result: StepResult) -> None:
         """Update the running acceptance rate of looked-up tokens; pass model steps on to a model planner."""
-        if result.plan.source == "lookup":
-            drafted = max(result.num_nodes - 1, 1)
-            self.rate = self.decay * self.rate + (1 - self.decay) * result.num_accepted / drafted
+        if result.plan.source != "model":
+            looked = result.plan.lookup_depth or max(result.plan.shape.depth, 1)  # hybrid: its looked-up part
+            rate = min(result.num_accepted, looked) / looked
+            self.rate = self.decay * self.rate + (1 - self.decay) * rate
         elif isinstance(self.model, Planner):
             self.model.observe(result)
 
@@ -80,18 +100,27 @@ class SourceRule(Planner):
         return False
 
     def __str__(self) -> str:
-        return f"{SOURCE_PREFIX}{self.model}"
+        lookup = "" if str(self.lookup) == DEFAULT_LOOKUP else f"+{self.lookup}"
+        return f"{SOURCE_PREFIX}{self.model}{lookup}"
 
 
 def parse_source_rule(text: str, **kwargs: Any) -> SourceRule:
-    """``source:<model plan>`` as a :class:`SourceRule` (``kwargs`` go to it).
+    """``source:<model plan>[+<lookup plan>]`` as a :class:`SourceRule` (``kwargs`` go to it).
+
+    The lookup plan defaults to ``lookup:8/block``; e.g. ``source:chain:2/block+lookup:3x8/nss``
+    or ``source:chain:2/block+hybrid:8:2/block``.
 
     Raises:
-        ValueError: not a ``source:`` string, or a malformed model plan.
+        ValueError: not a ``source:`` string, or a malformed model or lookup plan.
     """
     if not text.startswith(SOURCE_PREFIX):
-        raise ValueError(f"{text!r} is not a source rule; write source:<model plan>, e.g. source:chain:2/block")
-    model = as_plan(text[len(SOURCE_PREFIX) :])
+        raise ValueError(
+            f"{text!r} is not a source rule; write source:<model plan>[+<lookup plan>], e.g. source:chain:2/block"
+        )
+    model_text, plus, lookup_text = text[len(SOURCE_PREFIX) :].partition("+")
+    model = as_plan(model_text)
     if model.source != "model":
         raise ValueError(f"{text!r}: the rule's model plan must draft from the model, not {model.source}")
+    if plus:
+        kwargs["lookup"] = lookup_text
     return SourceRule(model, **kwargs)

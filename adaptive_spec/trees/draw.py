@@ -164,6 +164,8 @@ def sample_tree(shape: TreeShape, draft_probs_fn: DraftProbsFn, generator: torch
     """
     if shape.law.dynamic:
         raise ValueError(f"sample_tree: {shape} is drawn by a drafting policy; use sample_policy_tree")
+    if shape.law is DraftLaw.DETERMINISTIC:
+        raise ValueError(f"sample_tree: {shape} is looked up in the context, not drawn; use trees.lookup.lookup_trie")
     b = _Builder(draft_probs_fn, as_sampler(generator))
     b.row(0)
     if shape.law is DraftLaw.WITHOUT_REPLACEMENT:

@@ -11,6 +11,13 @@ its child, a deterministic function of the prefix. Every chain verifier is exact
 proofs hold for any draft row the child was drawn from); at temperature 0 the greedy verifier
 applies as for any tree. :func:`lookup_tree` builds that :class:`DraftTree`.
 
+A *multi-candidate* lookup proposes several distinct continuations at once (:func:`ngram_candidates`:
+the most recent matches of the longest n-gram first, then older and shorter ones), merged into a
+trie by :func:`lookup_trie` (law ``DETERMINISTIC``: distinct children that are a function of the
+context). Its rows carry no draw, so only verifiers that ignore them are exact for it: NSS (draw
+the target's token, follow it while it is a child; optimal for deterministic candidates) and
+greedy at temperature 0.
+
 A *hybrid* draft is a looked-up run extended by the model (:func:`hybrid_tree`): the chain's first
 nodes have one-hot rows (their children were looked up), the rest the draft model's rows (their
 children were drawn from them). Still a chain whose every child was drawn from (or is a
@@ -27,7 +34,7 @@ import torch
 from adaptive_spec.trees.shapes import TreeShape
 from adaptive_spec.trees.tree import DraftTree
 
-__all__ = ["hybrid_tree", "lookup_tree", "ngram_lookup", "ngram_match"]
+__all__ = ["hybrid_tree", "lookup_tree", "lookup_trie", "ngram_candidates", "ngram_lookup", "ngram_match"]
 
 
 def ngram_lookup(context: Sequence[int], max_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
@@ -56,6 +63,67 @@ def ngram_match(
             start = int(hits[-1]) + n  # the most recent match
             return arr[start : start + max_tokens].tolist(), n
     return [], 0
+
+
+def ngram_candidates(
+    context: Sequence[int], paths: int, max_tokens: int, max_ngram: int = 3, min_ngram: int = 1
+) -> list[list[int]]:
+    """Up to ``paths`` distinct continuations of up to ``max_tokens`` tokens that followed the context's last n-gram.
+
+    Matches of the longest ``n`` come first, the most recent first, then those of shorter n-grams;
+    a continuation that is a prefix of one already kept (or equal to it) adds nothing and is
+    skipped. The first candidate is :func:`ngram_lookup`'s.
+    """
+    if max_tokens <= 0 or paths <= 0 or len(context) < min_ngram + 1:
+        return []
+    arr = np.asarray(context, dtype=np.int64)
+    L = arr.shape[0]
+    out: list[list[int]] = []
+    for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(arr[: L - 1], n)
+        for hit in np.flatnonzero((windows == arr[L - n :]).all(axis=1))[::-1]:
+            start = int(hit) + n
+            cand = arr[start : start + max_tokens].tolist()
+            if not any(kept[: len(cand)] == cand for kept in out):
+                out = [kept for kept in out if cand[: len(kept)] != kept]  # cand extends them
+                out.append(cand)
+                if len(out) == paths:
+                    return out
+    return out
+
+
+def lookup_trie(
+    candidates: Sequence[Sequence[int]], vocab_size: int, paths: int, device: torch.device | str | None = None
+) -> DraftTree:
+    """The trie of ``candidates`` (law ``DETERMINISTIC``, shape ``TreeShape.lookup(paths, depth)``).
+
+    Shared prefixes are merged; a node's children keep the order in which the candidates first
+    reach them. Each expanded node's row spreads its mass evenly over its children (the
+    candidates' empirical law; no verifier of this law reads it). One candidate or none: a chain.
+    """
+    depth = max((len(c) for c in candidates), default=0)
+    shape = TreeShape.lookup(paths, depth)
+    if len(candidates) <= 1:
+        return lookup_tree(candidates[0] if candidates else [], vocab_size, device)
+    tokens, parents, depths, child_draws = [-1], [-1], [0], [[]]
+    index: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+    for cand in candidates:
+        node = 0
+        for tok in map(int, cand):
+            child = index.get((node, tok))
+            if child is None:
+                child = index[(node, tok)] = len(tokens)
+                tokens.append(tok)
+                parents.append(node)
+                depths.append(depths[node] + 1)
+                child_draws.append([])
+                child_draws[node].append(child)
+            node = child
+    probs = torch.zeros(len(tokens), vocab_size, dtype=torch.float32)
+    for node, kids in enumerate(child_draws):
+        for c in kids:
+            probs[node, tokens[c]] = 1.0 / len(kids)
+    return DraftTree(tokens, parents, depths, probs.to(device), child_draws, shape)
 
 
 def lookup_tree(tokens: Sequence[int], vocab_size: int, device: torch.device | str | None = None) -> DraftTree:

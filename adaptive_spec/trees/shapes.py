@@ -37,6 +37,9 @@ class DraftLaw(str, enum.Enum):
     """Each node gets a policy-chosen number of i.i.d. draws, kept with multiplicity."""
     DYNAMIC_WOR = "dynamic_wor"
     """Each node gets a policy-chosen number of distinct children, drawn without replacement."""
+    DETERMINISTIC = "deterministic"
+    """Distinct children that are a deterministic function of the root context (a trie of looked-up
+    continuations, :func:`adaptive_spec.trees.lookup.lookup_trie`); the draft rows carry no information."""
 
     @property
     def dynamic(self) -> bool:
@@ -48,13 +51,14 @@ class DraftLaw(str, enum.Enum):
 class TreeShape:
     """A drafting recipe: which law and which sizes.
 
-    Build shapes with the constructors :meth:`chain`, :meth:`iid`, :meth:`delayed` and
-    :meth:`without_replacement` (or :meth:`parse`), not with the dataclass constructor.
+    Build shapes with the constructors :meth:`chain`, :meth:`iid`, :meth:`delayed`,
+    :meth:`without_replacement` (or :meth:`parse`) and :meth:`lookup` (a trie found in the context,
+    never sampled), not with the dataclass constructor.
 
     Attributes:
         law: the drafting law.
         trunk: length of the single trunk path (the whole length for a chain).
-        paths: number K of i.i.d. rollouts after the trunk (1 for a chain).
+        paths: number K of i.i.d. rollouts after the trunk (1 for a chain); a lookup trie's most paths.
         branch_len: length of each rollout after the trunk (0 for a chain).
         widths: number of distinct children per node at each depth (without replacement only).
     """
@@ -103,6 +107,15 @@ class TreeShape:
         if all(w == 1 for w in widths):
             return cls.chain(len(widths))
         return cls(DraftLaw.WITHOUT_REPLACEMENT, widths=widths)
+
+    @classmethod
+    def lookup(cls, paths: int, length: int) -> TreeShape:
+        """A trie of up to ``paths`` distinct looked-up continuations of up to ``length`` tokens (one path: a chain)."""
+        _check_int("paths", paths, 1)
+        _check_int("length", length, 0)
+        if paths == 1 or length == 0:
+            return cls.chain(length)
+        return cls(DraftLaw.DETERMINISTIC, trunk=0, paths=paths, branch_len=length)
 
     @classmethod
     def dynamic(cls, law: DraftLaw, depth: int, budget: int) -> TreeShape:
@@ -163,6 +176,8 @@ class TreeShape:
             return TreeShape.without_replacement(self.widths[:max_depth])
         if self.law is DraftLaw.CHAIN:
             return TreeShape.chain(min(self.trunk, max_depth))
+        if self.law is DraftLaw.DETERMINISTIC:
+            return TreeShape.lookup(self.paths, max_depth)
         trunk = min(self.trunk, max_depth)
         return TreeShape.delayed(trunk, self.paths, min(self.branch_len, max_depth - trunk))
 
@@ -175,6 +190,8 @@ class TreeShape:
             return f"iid:{self.paths}x{self.branch_len}"
         if self.law is DraftLaw.DELAYED:
             return f"delayed:{self.trunk}x{self.paths}x{self.branch_len}"
+        if self.law is DraftLaw.DETERMINISTIC:
+            return f"trie:{self.paths}x{self.branch_len}"
         return "wor:" + "x".join(str(w) for w in self.widths)
 
     @classmethod

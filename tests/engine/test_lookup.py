@@ -38,7 +38,8 @@ def _eagle(target):
 
 @pytest.mark.parametrize("draft", ["model", "eagle"])
 @pytest.mark.parametrize(
-    "plan", ["lookup:6/block", "lookup:3/token", "alternate", "source:chain:3/block", "hybrid:3:2/block"]
+    "plan",
+    ["lookup:6/block", "lookup:3/token", "lookup:3x4/nss", "alternate", "source:chain:3/block", "hybrid:3:2/block"],
 )
 def test_greedy_equals_transformers(plan, draft) -> None:
     target = tiny_model("llama", vocab=8, hidden=16, eos=None, init_range=0.5, seed=11, layers=1)
@@ -61,20 +62,24 @@ def engine():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("plan", ["lookup:2/block", "alternate", "source", "hybrid:1:1/token", "hybrid-after-root"])
+@pytest.mark.parametrize(
+    "plan", ["lookup:2/block", "lookup:2x2/nss", "alternate", "source", "hybrid:1:1/token", "hybrid-after-root"]
+)
 def test_lossless_lookup(engine, plan) -> None:
     prompt = [3, 5, 3, 5]  # a repeat, so that the lookup proposes something
+    if plan == "lookup:2x2/nss":
+        prompt = [3, 5, 3, 6, 3]  # "3" recurs with two continuations: a trie 3 -> {6 3, 5 3}
     counts = torch.zeros(V, V, V, dtype=torch.long)
     proposed = 0
     for seed in range(1500):
         p = Alternate("wor:2x1/traversal", "lookup:2/block") if plan == "alternate" else plan
-        p = SourceRule("wor:2x1/traversal", lookup_depth=2, min_ngram=1) if plan == "source" else p
+        p = SourceRule("wor:2x1/traversal", "lookup:2/block", min_ngram=1) if plan == "source" else p
         p = HybridWithFeatures() if plan == "hybrid-after-root" else p
         out = engine.generate(
             prompt, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k, plan=p, seed=seed
         )
         counts[tuple(out.token_ids)] += 1
-        proposed += out.stats.tree_sizes[0] > 1
+        proposed += out.stats.tree_sizes[0] > (4 if plan == "lookup:2x2/nss" else 1)
     assert proposed == 1500  # the first step always found "3 5 -> 3 5"
     assert chi_square_pvalue(counts, exact_law(engine.target, SAMPLING, prompt, V)) > 1e-3
 
@@ -105,7 +110,7 @@ def test_lookup_plan_strings() -> None:
     plan = Plan.parse("lookup:8/block")
     assert plan.source == "lookup" and plan.shape.depth == 8 and str(plan) == "lookup:8/block"
     assert str(plan.truncated(3)) == "lookup:3/block"
-    with pytest.raises(ValueError, match="lookup:L with L >= 1"):
+    with pytest.raises(ValueError, match="a chain of L >= 1 tokens"):
         Plan.parse("lookup:x/block")
     with pytest.raises(ValueError, match="is not lossless"):
         Plan.parse("lookup:4/hsd")
@@ -131,6 +136,16 @@ def test_source_rule_choices() -> None:
     assert str(rule.choose(_state(0, [4, 5, 6], 3))) == "lookup:3/block"  # a new generation starts afresh
     with pytest.raises(ValueError, match="must draft from the model"):
         as_planner("source:lookup:4/block")
+    trie = as_planner("source:chain:2/block+lookup:3x6/nss")
+    assert str(trie) == "source:chain:2/block+lookup:3x6/nss"
+    assert str(trie.choose(_state(0, [4, 5], 2))) == "lookup:3x6/nss"  # the engine finds the trie's candidates
+    hybrid = as_planner("source:chain:2/block+hybrid:6:2/block")
+    assert str(hybrid.choose(_state(0, [4, 5, 6], 2))) == "hybrid:3:2/block"  # the run found, then 2 model tokens
+    assert str(hybrid.choose(_state(1, [1] * 20, 3))) == "hybrid:6:2/block"
+    hybrid.observe(StepResult(Plan.parse("hybrid:6:2/block"), 9, 8, (7,) * 9, False))  # all 6 looked up accepted
+    assert hybrid.rate == 1.0
+    with pytest.raises(ValueError, match="lookup plan must be"):
+        as_planner("source:chain:2/block+chain:3/block")
     with pytest.raises(ValueError, match="not a source rule"):
         parse_source_rule("chain:2/block")
 

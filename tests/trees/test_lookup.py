@@ -13,9 +13,18 @@ import torch
 
 from adaptive_spec.analysis.exact import completed_tv, output_law
 from adaptive_spec.analysis.instances import random_instance
-from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
-from adaptive_spec.trees.lookup import hybrid_tree, lookup_tree, ngram_lookup, ngram_match
+from adaptive_spec.planner.plan import Plan
+from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape, sample_tree
+from adaptive_spec.trees.lookup import (
+    hybrid_tree,
+    lookup_tree,
+    lookup_trie,
+    ngram_candidates,
+    ngram_lookup,
+    ngram_match,
+)
 from adaptive_spec.verifiers import REGISTRY
+from tests.helpers.verifier_cases import trie_cases
 
 
 def test_the_longest_most_recent_match_wins() -> None:
@@ -141,3 +150,54 @@ class _Fixed:
 
     def categorical(self, weights) -> int:
         return int((weights > 0).nonzero()[0])
+
+
+# ---------------------------------------------------------------- multi-candidate lookup: a trie
+def test_candidates_longest_and_most_recent_first_distinct_and_merged() -> None:
+    ctx = [1, 2, 3, 4, 1, 2, 5, 6, 1, 2, 3, 7, 9, 1, 2]
+    assert ngram_candidates(ctx, 3, 4) == [[3, 7, 9, 1], [5, 6, 1, 2], [3, 4, 1, 2]]
+    assert ngram_candidates(ctx, 1, 4) == [ngram_lookup(ctx, 4)]  # the first candidate is the chain lookup's
+    assert ngram_candidates(ctx, 9, 2) == [[3, 7], [5, 6], [3, 4]]  # every distinct continuation, no more
+    # a continuation cut by the end of the context is replaced by a longer one it is a prefix of
+    assert ngram_candidates([5, 6, 5, 6, 5], 2, 3) == [[6, 5, 6]]  # "5 6 5" -> 6 5 (cut), "5" earlier -> 6 5 6
+    assert ngram_candidates([7, 8, 9], 3, 4) == [] and ngram_candidates(ctx, 0, 4) == []
+
+
+def test_lookup_trie_merges_shared_prefixes() -> None:
+    tree = lookup_trie([[3, 7, 9], [5, 6], [3, 4]], vocab_size=10, paths=3)
+    assert tree.law is DraftLaw.DETERMINISTIC and str(tree.shape) == "trie:3x3"
+    assert tree.prefixes == [(), (3,), (3, 7), (3, 7, 9), (5,), (5, 6), (3, 4)]
+    assert tree.draft_probs[0, 3] == tree.draft_probs[0, 5] == 0.5 and tree.draft_probs[1, [7, 4]].tolist() == [
+        0.5,
+        0.5,
+    ]
+    assert lookup_trie([[3, 7]], 10, 3).law is DraftLaw.CHAIN  # one candidate: the chain
+    assert lookup_trie([], 10, 3).num_nodes == 1
+    assert Plan.parse("lookup:3x8").verifier == "nss" and str(Plan.parse("lookup:3x8/greedy")) == "lookup:3x8/greedy"
+    with pytest.raises(ValueError, match="verifiers for 'deterministic' trees: nss"):
+        Plan.parse("lookup:3x8/traversal")
+    with pytest.raises(ValueError, match="found in the context"):
+        Plan(TreeShape.lookup(3, 4), "nss")
+    with pytest.raises(ValueError, match="sample_tree"):
+        sample_tree(TreeShape.lookup(3, 4), lambda _: torch.ones(4) / 4, torch.Generator())
+
+
+# The exact test of the trie's law with NSS and greedy is in tests/verifiers/test_exact.py (every
+# registered (verifier, law) pair, DETERMINISTIC included). Negative controls: every verifier that
+# reads the draft rows is lossy on a trie, which is why the registry refuses them.
+TREE_LAWS = {DraftLaw.IID, DraftLaw.WITHOUT_REPLACEMENT}  # verifiers of branching trees (the others need a chain)
+ROW_VERIFIERS = sorted(
+    n
+    for n, s in REGISTRY.items()
+    if s.lossless and not s.greedy_only and DraftLaw.DETERMINISTIC not in s.laws and TREE_LAWS & s.laws
+)
+
+
+@pytest.mark.parametrize("name", ROW_VERIFIERS)
+def test_negative_control_row_verifiers_are_lossy_on_a_trie(name) -> None:
+    fn = REGISTRY[name].fn
+    worst = 0.0
+    for inst, drafter in trie_cases(12):
+        law = output_law(fn, drafter, inst.draft_fn, inst.target_fn)
+        worst = max(worst, completed_tv(law, inst.target_fn, inst.vocab, drafter.depth + 1)[0])
+    assert worst > 1e-3, name

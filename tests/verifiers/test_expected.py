@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaptive_spec.analysis.exact import fixed_tree_law, target_rows
+from adaptive_spec.analysis.exact import draw_tree, fixed_tree_law, target_rows
 from adaptive_spec.analysis.expected import expected_block_efficiency, greedy_block_efficiency
+from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftLaw, TreeShape, sample_tree
 from adaptive_spec.verifiers import REGISTRY
 from tests.helpers.verifier_cases import cases_for, instance_for, lossless_pairs
@@ -25,7 +26,7 @@ def test_collapsed_enumeration_is_exact(name, law):
     checked = 0
     for base, shape in cases_for(law)[:12]:
         inst = instance_for(name, base)
-        tree = sample_tree(shape, inst.draft_fn, gen)
+        tree = draw_tree(shape, inst.draft_fn, TorchSampler(gen))
         rows = target_rows(tree, inst.target_fn)
         value, exact = expected_block_efficiency(name, tree, rows)
         assert exact

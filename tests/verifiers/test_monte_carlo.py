@@ -8,18 +8,19 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from adaptive_spec.analysis.exact import enumerate_law, fixed_tree_law, target_rows, tree_law
+from adaptive_spec.analysis.exact import draw_tree, enumerate_law, fixed_tree_law, target_rows, tree_law
 from adaptive_spec.analysis.instances import Instance, one_hot_target
 from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftLaw, TreeShape, sample_tree
 from adaptive_spec.verifiers import REGISTRY, verify
-from tests.helpers.verifier_cases import lossless_pairs
+from tests.helpers.verifier_cases import TrieDrafter, lossless_pairs
 
 SHAPE_FOR = {
     DraftLaw.CHAIN: TreeShape.chain(4),
     DraftLaw.IID: TreeShape.iid(3, 3),
     DraftLaw.DELAYED: TreeShape.delayed(1, 3, 2),
     DraftLaw.WITHOUT_REPLACEMENT: TreeShape.without_replacement((3, 2)),
+    DraftLaw.DETERMINISTIC: TrieDrafter([1, 2, 3, 1, 4, 5, 7, 1, 2, 6, 1], 12, 3, 3),  # 1 -> 2 6 1 | 4 5 7 | 2 3 1
 }
 
 
@@ -62,7 +63,7 @@ def test_verifier_sampling_matches_exact_law_on_a_fixed_tree(name, law):
     inst = _instance(12, seed=7)
     if REGISTRY[name].greedy_only:
         inst = one_hot_target(inst)
-    tree = sample_tree(SHAPE_FOR[law], inst.draft_fn, torch.Generator().manual_seed(3))
+    tree = draw_tree(SHAPE_FOR[law], inst.draft_fn, TorchSampler(torch.Generator().manual_seed(3)))
     rows = target_rows(tree, inst.target_fn)
     exact = fixed_tree_law(REGISTRY[name].fn, tree, rows)
     n = 3000
