@@ -58,8 +58,11 @@ def test_the_default_plan_files_fall_back_to_the_package(monkeypatch, tmp_path):
 
     monkeypatch.chdir(tmp_path)  # no configs/ here
     files = tuned_plan_files()
-    assert files[:2] == [CONFIGS / "plans" / "in-draft.yaml", CONFIGS / "plans" / "best-static.yaml"]
-    # then the in-draft plans shipped beside a fetched model's drafts, for that pair only (fingerprints)
-    assert all(p.name == "in-draft.yaml" and p.parent.parent.name == "zoo" and p.is_file() for p in files[2:])
+    own = [CONFIGS / "plans" / name for name in ("adaptive.yaml", "in-draft.yaml", "best-static.yaml")]
+    assert files[:3] == own
+    # then the source rule and in-draft plans shipped beside a fetched model's drafts, for that pair only
+    shipped = files[3:]
+    assert all(p.name in ("adaptive.yaml", "in-draft.yaml") and p.parent.parent.name == "zoo" for p in shipped)
+    assert all(p.is_file() for p in shipped) and [p.name for p in shipped] == sorted(p.name for p in shipped)
     assert in_draft_path() == CONFIGS / "plans" / "in-draft.yaml"
     load_best_static(0.0)  # read from the shipped file: no FileNotFoundError

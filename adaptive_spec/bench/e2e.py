@@ -435,8 +435,14 @@ def resolve_plans(
     selector: str | Path | None = None,
     best_static_file: str | Path | None = None,
     in_draft_file: str | Path | None = None,
+    pair_file: str | Path | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Turn plan names into what :func:`measure` takes, resolving ``adaptive`` and ``best-static``.
+
+    A pair with its own per-step planner file (``pair_file``: a fetched model's
+    ``adaptive_spec/zoo/<model>/adaptive.yaml``, from ``adaptive-spec tune sources``) plays it as
+    ``adaptive`` (a source rule per temperature) and takes ``best-static`` from the best static
+    plan measured with it (lookup plans included); other pairs use the selector.
 
     Args:
         names: plan strings, ``adaptive`` or ``best-static``.
@@ -465,7 +471,10 @@ def resolve_plans(
     keys = [temperature_key(t) for t in temperatures]
     info: dict[str, Any] = {"selector": None, "runtime": None, "best_static": None}
     runtime = None
-    if ADAPTIVE in names:
+    pair = _pair_plans(pair_file, temperatures, keys) if pair_file is not None and Path(pair_file).is_file() else None
+    if pair is not None:
+        info["pair_file"] = str(pair_file)
+    elif ADAPTIVE in names:
         runtime = SelectorRuntime(find_selector(selector))
     elif BEST_STATIC in names:
         try:  # a selector records the best static action of its training prompts
@@ -477,7 +486,13 @@ def resolve_plans(
         info["selector"], info["runtime"] = str(runtime.path), runtime
     plans: dict[str, Any] = {}
     for name in names:
-        if name == ADAPTIVE:
+        if name in (ADAPTIVE, BEST_STATIC) and pair is not None:
+            if len(pair[name]) < len(keys):
+                raise ValueError(f"{pair_file} records no best static plan; rerun `adaptive-spec tune sources`")
+            plans[name] = pair[name]
+            chosen = {k: str(p) for k, p in pair[name].items()}
+            info["adaptive" if name == ADAPTIVE else "best_static"] = {"source": str(pair_file), "plans": chosen}
+        elif name == ADAPTIVE:
             plans[name] = AdaptivePlanner(runtime)
         elif name == BEST_STATIC:
             plans[name], info["best_static"] = _best_static(runtime, temperatures, keys, best_static_file)
@@ -492,6 +507,31 @@ def resolve_plans(
         else:
             plans[str(Plan.parse(name))] = Plan.parse(name)
     return plans, info
+
+
+def _pair_plans(path, temperatures, keys) -> dict[str, dict[str, Any]]:
+    """``{adaptive: {key: source rule}, best-static: {key: plan}}`` from a pair's ``adaptive.yaml``.
+
+    Each temperature takes the entry of the nearest tuned temperature of the same kind (greedy or sampling).
+    """
+    import yaml
+
+    from adaptive_spec.engine.auto_plan import parse_plan_or_rule
+
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    entries = data.get("plans") if isinstance(data, dict) else None
+    if not isinstance(entries, dict) or not entries:
+        raise ValueError(f"{path}: not a plan file (no 'plans' mapping); rerun `adaptive-spec tune sources`")
+    out: dict[str, dict[str, Any]] = {ADAPTIVE: {}, BEST_STATIC: {}}
+    for t, key in zip(temperatures, keys, strict=True):
+        same = [k for k in entries if (float(k) == 0) == (t == 0)]
+        if not same:
+            raise ValueError(f"{path} has no plan for temperature {t:g} (tuned: {', '.join(map(str, entries))})")
+        entry = entries[min(same, key=lambda k: abs(float(k) - t))]
+        out[ADAPTIVE][key] = parse_plan_or_rule(entry["plan"])
+        if "best_static" in entry:
+            out[BEST_STATIC][key] = parse_plan_or_rule(entry["best_static"]["plan"])
+    return out
 
 
 def _best_static(runtime, temperatures, keys, path) -> tuple[dict[str, Any], dict[str, Any]]:

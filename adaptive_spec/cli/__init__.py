@@ -102,6 +102,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.cli.tune_policies",
         "choose the in-draft planner's drafting policy per temperature on measured speedup; to configs/plans",
     ),
+    ("tune", "sources"): (
+        "adaptive_spec.cli.tune_sources",
+        "search the per-step source rule (model draft or lookup) per temperature with Optuna; to adaptive.yaml",
+    ),
     ("tune", "stamp"): (
         "adaptive_spec.cli.tune_stamp",
         "record a model pair's fingerprints in a tuned plan file (generate() then plays it by default for that pair)",

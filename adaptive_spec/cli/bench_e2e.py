@@ -91,7 +91,7 @@ def bench_plans(args: argparse.Namespace, temps: list[float], verb: str) -> tupl
 
     Shared by ``bench e2e`` and ``bench spec-bench``; a bad option is one line naming ``verb``.
     """
-    from adaptive_spec.engine.models import in_draft_file
+    from adaptive_spec.engine.models import adaptive_file, in_draft_file
     from adaptive_spec.selector.runtime import latency_model_for
 
     try:
@@ -101,10 +101,11 @@ def bench_plans(args: argparse.Namespace, temps: list[float], verb: str) -> tupl
             selector=args.selector,
             best_static_file=args.best_static_file,
             in_draft_file=in_draft_file(args.target) if args.draft is None else None,
+            pair_file=adaptive_file(args.target) if args.draft is None else None,
         )
         runtime = info.pop("runtime")
         latency, warning = (None, None)
-        if args.profile is not None or ADAPTIVE in plans:
+        if args.profile is not None or (ADAPTIVE in plans and runtime is not None):
             latency, warning = latency_model_for(runtime if ADAPTIVE in plans else None, args.profile)
     except (FileNotFoundError, LookupError, ValueError) as err:
         raise SystemExit(f"{verb}: {err}") from None

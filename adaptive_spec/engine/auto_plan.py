@@ -2,12 +2,15 @@
 
 In order:
 
+0. ``configs/plans/adaptive.yaml`` (the per-step source rule, tuned with ``adaptive-spec tune
+   sources``), on the condition below;
 1. ``configs/plans/in-draft.yaml`` (the in-draft planner, tuned with ``adaptive-spec tune
    policies``), if its ``models`` fingerprints are those of the loaded pair: its plan for the
    nearest tuned temperature of the same kind (greedy 0, or sampling > 0);
 2. ``configs/plans/best-static.yaml`` (``adaptive-spec tune plans``), on the same condition;
-3. the in-draft plan files shipped for a fetched model's pair (``adaptive_spec/zoo/smollm2/in-draft.yaml``),
-   on the same condition;
+3. the plan files shipped for a fetched model's pair: its per-step source rule
+   (``adaptive_spec/zoo/smollm2/adaptive.yaml``), then its in-draft plans (``in-draft.yaml``), on the
+   same condition;
 4. otherwise :data:`DEFAULT_PLAN` (``chain:2/block``, the best static plan measured on a CPU for
    the built-in pair; at temperature 0 the engine verifies it greedily).
 
@@ -25,21 +28,24 @@ from typing import Any
 
 from adaptive_spec.engine.fingerprint import plan_file_matches
 from adaptive_spec.planner.plan import Plan
+from adaptive_spec.planner.sources import SOURCE_PREFIX, SourceRule, parse_source_rule
 from adaptive_spec.verifiers import REGISTRY
 
-__all__ = ["DEFAULT_PLAN", "choose_default_plan", "tuned_plan_files"]
+__all__ = ["DEFAULT_PLAN", "choose_default_plan", "parse_plan_or_rule", "tuned_plan_files"]
 
 DEFAULT_PLAN = "chain:2/block"
 
 
 def tuned_plan_files() -> list[Path]:
     """Where the tuned plan files are looked for, in order: the in-draft planner, then the best static plan."""
-    from adaptive_spec.engine.models import MODELS, in_draft_file
+    from adaptive_spec.engine.models import MODELS, adaptive_file, in_draft_file
     from adaptive_spec.files import config_path
-    from adaptive_spec.planner.presets import BEST_STATIC_RELPATH, in_draft_path
+    from adaptive_spec.planner.presets import ADAPTIVE_RELPATH, BEST_STATIC_RELPATH, in_draft_path
 
-    shipped = [p for p in map(in_draft_file, MODELS) if p is not None and p.is_file()]  # a fetched model's pair
-    return [in_draft_path(), config_path(BEST_STATIC_RELPATH.relative_to("configs")), *shipped]
+    adaptive = [p for p in map(adaptive_file, MODELS) if p is not None and p.is_file()]  # a fetched model's pair
+    shipped = [p for p in map(in_draft_file, MODELS) if p is not None and p.is_file()]
+    own = [config_path(ADAPTIVE_RELPATH.relative_to("configs")), in_draft_path()]
+    return [*own, config_path(BEST_STATIC_RELPATH.relative_to("configs")), *adaptive, *shipped]
 
 
 def _read(path: Path) -> Any:
@@ -53,8 +59,8 @@ def _read(path: Path) -> Any:
 
 def choose_default_plan(
     fingerprints: dict[str, str], temperature: float, files: Sequence[str | Path] | None = None
-) -> tuple[Plan, str]:
-    """The default plan for a pair with these fingerprints at ``temperature``, and why it was chosen.
+) -> tuple[Plan | SourceRule, str]:
+    """The default plan (or per-step source rule) for a pair with these fingerprints at ``temperature``, and why.
 
     Args:
         fingerprints: ``{"target": ..., "draft": ...}`` from
@@ -86,15 +92,26 @@ def choose_default_plan(
         key = min(same_kind, key=lambda k: abs(float(k) - t))
         entry = plans[key]
         try:
-            plan = Plan.parse(entry["plan"] if isinstance(entry, dict) else entry)
+            plan = parse_plan_or_rule(entry["plan"] if isinstance(entry, dict) else entry)
         except (KeyError, TypeError, ValueError) as err:
             reasons.append(f"{path.name}: unusable plan at temperature {key} ({err})")
             continue
-        if t > 0 and REGISTRY[plan.verifier].greedy_only:
+        if t > 0 and any(REGISTRY[p.verifier].greedy_only for p in _plans_of(plan)):
             reasons.append(f"{path.name}: {plan} is greedy-only")
             continue
         return plan, f"{path.name} was tuned for this model pair (its plan for temperature {float(key):g})"
     return Plan.parse(DEFAULT_PLAN), f"the default static plan ({'; '.join(reasons) or 'no tuned plan files'})"
+
+
+def parse_plan_or_rule(text: str) -> Plan | SourceRule:
+    """A plan string, or a per-step source rule (``source:...``, a planner)."""
+    if isinstance(text, str) and text.strip().startswith(SOURCE_PREFIX):
+        return parse_source_rule(text.strip())
+    return Plan.parse(text)
+
+
+def _plans_of(plan: Plan | SourceRule) -> list[Plan]:
+    return [plan.model, plan.lookup] if isinstance(plan, SourceRule) else [plan]
 
 
 def _is_number(key: Any) -> bool:

@@ -281,12 +281,14 @@ class SpecEngine:
             self._fingerprints = pair_fingerprints(self.target, self.draft, self.tokenizer)
         return self._fingerprints
 
-    def default_plan(self, temperature: float) -> Plan:
-        """The plan :meth:`generate` plays at ``temperature`` when given no plan and the engine has no planner.
+    def default_plan(self, temperature: float) -> Any:
+        """What :meth:`generate` plays at ``temperature`` when given no plan and the engine has no planner.
 
-        The in-draft planner's plan (``configs/plans/in-draft.yaml``) when that file was tuned
-        for this model pair, checked against the model fingerprints in its metadata; else the
-        tuned best static plan (``configs/plans/best-static.yaml``) on the same condition; else
+        The per-step source rule (``configs/plans/adaptive.yaml``, a planner that picks the model's
+        draft or a lookup each step) or the in-draft planner's plan (``configs/plans/in-draft.yaml``)
+        when that file was tuned for this model pair, checked against the model fingerprints in its
+        metadata; else the tuned best static plan (``configs/plans/best-static.yaml``) on the same
+        condition; else the files shipped for a fetched pair (``adaptive_spec/zoo/<model>/``); else
         ``chain:2/block``. Plans tuned per temperature are taken at the nearest tuned
         temperature of the same kind (greedy or sampling). The choice and its reason are logged
         (``logging.INFO``, logger ``adaptive_spec.engine``) once per temperature. See

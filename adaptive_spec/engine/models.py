@@ -300,6 +300,15 @@ def resolve_pair(target: str | None, draft: str | None) -> tuple[str | None, str
     )
 
 
+def adaptive_file(name: str | None) -> Path | None:
+    """Where the per-step source rule tuned for model ``name`` and its paired draft is shipped
+    (``adaptive_spec/zoo/<name>/adaptive.yaml``, from ``adaptive-spec tune sources``); None for other names.
+    """
+    if name is None or name not in MODELS:
+        return None
+    return shipped_drafts_dir(name) / "adaptive.yaml"
+
+
 def in_draft_file(name: str | None) -> Path | None:
     """Where the in-draft planner's plans tuned for model ``name`` and its paired draft are shipped
     (``adaptive_spec/zoo/<name>/in-draft.yaml``, which may not exist yet); None for other names.

@@ -81,6 +81,7 @@ DEFAULT_PLANS = ("chain:4/block", "delayed:2x3x3/traversal", "wor:3x2x1/traversa
 
 IN_DRAFT_RELPATH = Path("configs") / "plans" / "in-draft.yaml"
 BEST_STATIC_RELPATH = Path("configs") / "plans" / "best-static.yaml"
+ADAPTIVE_RELPATH = Path("configs") / "plans" / "adaptive.yaml"  # the per-step source rule (tune sources)
 FORMAT_VERSION = 1
 _HEADER = """\
 # Best static plan per temperature, written by `adaptive-spec tune plans` (merged per temperature).
@@ -257,6 +258,12 @@ def load_in_draft(temperature: float, path: str | Path | None = None) -> Plan:
 
 def write_in_draft(choices: dict[str, dict[str, Any]], path: Path) -> None:
     """Merge ``{temperature key: entry}`` into the file (atomically; other temperatures kept)."""
+    header = "# In-draft planner: the best drafting policy per temperature, from `adaptive-spec tune policies`.\n"
+    write_plan_file(choices, path, header)
+
+
+def write_plan_file(choices: dict[str, dict[str, Any]], path: Path, header: str) -> None:
+    """Merge ``{temperature key: entry}`` into the plan file at ``path`` (atomically; other temperatures kept)."""
     import yaml
 
     data: dict[str, Any] = {"version": 1, "plans": {}}
@@ -264,5 +271,5 @@ def write_in_draft(choices: dict[str, dict[str, Any]], path: Path) -> None:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or data
         data.setdefault("plans", {})
     data["plans"].update(choices)
-    header = "# In-draft planner: the best drafting policy per temperature, from `adaptive-spec tune policies`.\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, header + yaml.safe_dump(data, sort_keys=False))

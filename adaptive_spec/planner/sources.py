@@ -10,9 +10,10 @@ The choice reads only the context and past steps (draft-side information), and e
 verified by its own exact verifier, so every mix of sources is lossless
 (docs/algorithms.md §8).
 
-Plan strings: ``source:<model plan>[+<lookup plan>]``, e.g. ``source:chain:2/block``,
-``source:chain:2/block+lookup:3x8/nss`` or ``source:conf-chain:6:0.3/block+hybrid:8:2/block``;
-:func:`parse_source_rule` reads them.
+Plan strings: ``source:<model plan>[+<lookup plan>][?min_ngram=N&min_rate=R&decay=D]``, e.g.
+``source:chain:2/block``, ``source:chain:2/block+lookup:3x8/nss`` or
+``source:conf-chain:6:0.3/block+hybrid:8:2/block?min_rate=0.2``; :func:`parse_source_rule` reads
+them, and ``adaptive-spec tune sources`` searches them.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ class SourceRule(Planner):
         min_rate: float = 0.3,
         decay: float = 0.5,
     ) -> None:
+        if not (isinstance(min_ngram, int) and min_ngram >= 1 and 0 <= min_rate <= 1 and 0 <= decay < 1):
+            raise ValueError(
+                f"source rule: min_ngram must be an integer >= 1, min_rate in [0, 1] and decay in [0, 1); got "
+                f"{min_ngram!r}, {min_rate!r}, {decay!r}"
+            )
         self.model = model if isinstance(model, Planner) else as_plan(model)
         self.lookup = as_plan(lookup)
         if self.lookup.source == "model":
@@ -101,23 +107,37 @@ class SourceRule(Planner):
 
     def __str__(self) -> str:
         lookup = "" if str(self.lookup) == DEFAULT_LOOKUP else f"+{self.lookup}"
-        return f"{SOURCE_PREFIX}{self.model}{lookup}"
+        options = "&".join(f"{k}={getattr(self, k):g}" for k, v in _DEFAULTS.items() if getattr(self, k) != v)
+        return f"{SOURCE_PREFIX}{self.model}{lookup}{'?' + options if options else ''}"
+
+
+RULE_OPTIONS = {"min_ngram": int, "min_rate": float, "decay": float}
+_DEFAULTS = {"min_ngram": 2, "min_rate": 0.3, "decay": 0.5}
 
 
 def parse_source_rule(text: str, **kwargs: Any) -> SourceRule:
-    """``source:<model plan>[+<lookup plan>]`` as a :class:`SourceRule` (``kwargs`` go to it).
+    """``source:<model plan>[+<lookup plan>][?min_ngram=N&min_rate=R&decay=D]`` as a :class:`SourceRule`.
 
     The lookup plan defaults to ``lookup:8/block``; e.g. ``source:chain:2/block+lookup:3x8/nss``
-    or ``source:chain:2/block+hybrid:8:2/block``.
+    or ``source:chain:2/block+hybrid:8:2/block?min_ngram=1&min_rate=0.2``. ``kwargs`` go to the rule.
 
     Raises:
-        ValueError: not a ``source:`` string, or a malformed model or lookup plan.
+        ValueError: not a ``source:`` string, a malformed model or lookup plan, or an unknown option.
     """
     if not text.startswith(SOURCE_PREFIX):
         raise ValueError(
             f"{text!r} is not a source rule; write source:<model plan>[+<lookup plan>], e.g. source:chain:2/block"
         )
-    model_text, plus, lookup_text = text[len(SOURCE_PREFIX) :].partition("+")
+    body, _, query = text[len(SOURCE_PREFIX) :].partition("?")
+    for item in filter(None, query.split("&")):
+        key, eq, value = item.partition("=")
+        if key not in RULE_OPTIONS or not eq:
+            raise ValueError(f"{text!r}: unknown rule option {item!r}; options: {', '.join(RULE_OPTIONS)} (k=v&k=v)")
+        try:
+            kwargs[key] = RULE_OPTIONS[key](value)
+        except ValueError:
+            raise ValueError(f"{text!r}: {key} must be a number, got {value!r}") from None
+    model_text, plus, lookup_text = body.partition("+")
     model = as_plan(model_text)
     if model.source != "model":
         raise ValueError(f"{text!r}: the rule's model plan must draft from the model, not {model.source}")

@@ -1,0 +1,88 @@
+"""``adaptive-spec tune sources``: the per-step source rule (model draft or lookup) per temperature, on measured speed.
+
+The search is in :mod:`adaptive_spec.tuning.sources`; ``bench e2e --plans adaptive`` and
+``generate(plan="auto")`` play the result for the pair it was tuned for.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+from pathlib import Path
+
+from adaptive_spec.options import add_json_option, add_model_options, add_progress_option, add_temperatures_option
+from adaptive_spec.planner.plan import Plan
+from adaptive_spec.tuning.sources import DEFAULT_STATIC, choose, search
+from adaptive_spec.tuning.storage import DEFAULT_STORAGE
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``tune sources`` options."""
+    parser.add_argument(
+        "--prompts", required=True, action="append", help="tuning prompts (JSONL or .txt); repeat to mix files"
+    )
+    parser.add_argument("--limit", type=int, default=None, help="prompts used per file (default: all)")
+    add_temperatures_option(parser)
+    parser.add_argument("--trials", type=int, default=10, help="Optuna trials per temperature (default: %(default)s)")
+    parser.add_argument(
+        "--static",
+        default=",".join(DEFAULT_STATIC),
+        help="static plans measured for the pair's best static plan (default: %(default)s)",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=96, help="(default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    add_model_options(parser, ("target", "draft"))
+    parser.add_argument(
+        "--out-file",
+        type=Path,
+        default=Path("configs/plans/adaptive.yaml"),
+        help="the plan file to write (default: %(default)s; adaptive_spec/zoo/smollm2/adaptive.yaml ships the pair's)",
+    )
+    add_json_option(parser, "the whole measurement")
+    add_progress_option(parser)
+    parser.add_argument("--storage", default=DEFAULT_STORAGE, help="Optuna storage URL (default: %(default)s)")
+    parser.add_argument("--study-prefix", default="sources", help="study name prefix (default: %(default)s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measure the static plans, search the rules, write and stamp the plan file."""
+    from adaptive_spec.bench.e2e import measure
+    from adaptive_spec.engine.fingerprint import stamp_plan_file
+    from adaptive_spec.engine.load import load_engine
+    from adaptive_spec.files import read_prompts
+    from adaptive_spec.planner.presets import write_plan_file
+    from adaptive_spec.temperatures import parse_temperatures
+
+    try:
+        temps = parse_temperatures(args.temperatures)
+        prompts = [p for f in args.prompts for p in read_prompts(f, args.limit)]
+        statics = {str(p): p for p in (Plan.parse(s) for s in args.static.split(",") if s.strip())}
+        if args.trials < 1:
+            raise ValueError("--trials must be at least 1")
+    except (FileNotFoundError, ValueError) as err:
+        raise SystemExit(f"tune sources: {err}") from None
+    engine = load_engine(args.target, args.draft, None, None)
+    static_res = measure(
+        engine, prompts, statics, temps, args.max_new_tokens, args.seed, hf=False, progress=not args.no_progress
+    )
+    rules = search(engine, prompts, temps, args)
+    choices = choose(rules, static_res["runs"])
+    stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    for entry in choices.values():
+        entry.update(
+            {"prompts": list(map(str, args.prompts)), "num_prompts": len(prompts), "search": "optuna"}
+            | {"max_new_tokens": args.max_new_tokens, "date": stamp}
+        )
+    header = "# The per-step source rule per temperature, from `adaptive-spec tune sources` (its measured speedups).\n"
+    write_plan_file(choices, args.out_file, header)
+    stamp_plan_file(args.out_file, engine.fingerprints())  # generate() plays it by default for this pair only
+    for k, entry in choices.items():
+        print(f"\ntemperature {k}: {entry['plan']}  {entry['speedup_vs_ar']:.3f}x over autoregressive")
+        if "best_static" in entry:
+            print(f"  best static plan: {entry['best_static']['plan']}  {entry['best_static']['speedup_vs_ar']:.3f}x")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"choices": choices, "static": static_res, "rules": rules}, indent=2))
+    print(f"wrote {args.out_file}")
+    return 0

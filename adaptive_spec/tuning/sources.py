@@ -1,0 +1,127 @@
+"""``adaptive-spec tune sources``: the per-step source rule shipped for a pair, chosen on measured speed.
+
+The per-step planner of a pair chooses, before each step, between the model's draft and a draft
+looked up in the context (:class:`~adaptive_spec.planner.sources.SourceRule`). Its parameters (the
+model plan, the lookup plan: a chain, a trie or a hybrid, and the rule's thresholds) are searched
+per temperature with Optuna (seeded TPE, storage as for ``tune plans``); each trial measures its
+rule and autoregressive decoding interleaved on the tuning prompts, and its value is that speedup.
+Static plans (model chains and lookup plans) are measured once, in one interleaved run, for the
+best static plan of the pair.
+
+Tune on prompt sets of your own that mix open chat with tasks that copy their context
+(summaries, answers from a passage, code edits): ``adaptive_spec/zoo/smollm2/tune_prompts.jsonl``
+and ``tune_lookup_prompts.jsonl`` for the shipped pair. Never on Spec-Bench, which reports.
+
+File layout (``adaptive_spec/zoo/<model>/adaptive.yaml`` for a shipped pair)::
+
+    version: 1
+    models: {target: ..., draft: ...}      # the pair's fingerprints (generate() checks them)
+    plans:
+      "0": {plan: "source:chain:2/block+lookup:3x8/nss?min_rate=0.2", speedup_vs_ar: 1.2,
+            best_static: {plan: "chain:2/block", speedup_vs_ar: 1.1}, ...}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from adaptive_spec.planner.plan import Plan
+from adaptive_spec.planner.sources import parse_source_rule
+
+# Static plans measured for the pair's best static plan: model chains and lookup plans.
+DEFAULT_STATIC = ("chain:1/block", "chain:2/block", "chain:3/block", "lookup:8/block", "lookup:3x8/nss")
+# Known-good starting points of every study: the rule's defaults over a chain lookup and a trie.
+KNOWN_RULES = ("source:chain:2/block", "source:chain:2/block+lookup:3x8/nss")
+
+
+def suggest_rule(trial: Any, greedy: bool) -> str:
+    """One source rule from an Optuna trial (every ``suggest_*`` of this search is here)."""
+    model = f"chain:{trial.suggest_int('model_depth', 1, 4)}/block"
+    kind = trial.suggest_categorical("lookup", ["chain", "trie", "hybrid"])
+    depth = trial.suggest_int("lookup_depth", 3, 12)
+    if kind == "chain":
+        lookup = f"lookup:{depth}/block"
+    elif kind == "trie":
+        lookup = f"lookup:{trial.suggest_int('trie_paths', 2, 4)}x{depth}/{'greedy' if greedy else 'nss'}"
+    else:
+        lookup = f"hybrid:{depth}:{trial.suggest_int('hybrid_model_tokens', 1, 3)}/block"
+    n = trial.suggest_int("min_ngram", 1, 3)
+    rate = trial.suggest_float("min_rate", 0.0, 0.8)
+    decay = trial.suggest_float("decay", 0.0, 0.9)
+    return str(parse_source_rule(f"source:{model}+{lookup}?min_ngram={n}&min_rate={rate:.3f}&decay={decay:.3f}"))
+
+
+def _known_params(rule: str) -> dict[str, Any]:
+    """The trial parameters of one of :data:`KNOWN_RULES` (to enqueue it)."""
+    r = parse_source_rule(rule)
+    lk = r.lookup
+    params: dict[str, Any] = {"model_depth": r.model.shape.depth, "min_ngram": r.min_ngram}
+    params.update({"min_rate": r.min_rate, "decay": r.decay, "lookup_depth": lk.shape.depth})
+    if lk.shape.paths > 1:
+        params.update({"lookup": "trie", "trie_paths": lk.shape.paths})
+    else:
+        params["lookup"] = "hybrid" if lk.source == "hybrid" else "chain"
+    return params
+
+
+def search(engine: Any, prompts: list, temps: list[float], args: Any) -> dict[str, Any]:
+    """Per temperature: ``args.trials`` Optuna trials of source rules; returns ``run``-like rows."""
+    from adaptive_spec.bench.e2e import measure
+    from adaptive_spec.temperatures import temperature_key
+    from adaptive_spec.tuning.storage import open_study
+
+    runs: dict[str, Any] = {}
+    for t in temps:
+        key = temperature_key(t)
+        study = open_study(f"{args.study_prefix}-T{key}", args.storage, seed=args.seed)
+        for rule in KNOWN_RULES:
+            study.enqueue_trial(_known_params(rule), skip_if_exists=True)
+        rows: list[dict] = []
+
+        def objective(trial, t=t, key=key, rows=rows):
+            rule = suggest_rule(trial, t == 0)
+            res = measure(
+                engine,
+                prompts,
+                {rule: parse_source_rule(rule)},
+                [t],
+                args.max_new_tokens,
+                args.seed,
+                hf=False,
+                progress=False,
+            )
+            row = res["runs"][key]["results"][0]
+            trial.set_user_attr("plan", rule)
+            trial.set_user_attr("block_efficiency", row["block_efficiency"])
+            rows.append(row)
+            return row["speedup_vs_ar"]
+
+        study.optimize(objective, n_trials=args.trials, show_progress_bar=not args.no_progress)
+        runs[key] = {"results": rows, "study": study.study_name}
+    return runs
+
+
+def choose(rules: dict[str, Any], statics: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per temperature key: the fastest rule and the fastest static plan (speedups over autoregressive)."""
+    out: dict[str, dict[str, Any]] = {}
+    for key, run in rules.items():
+        ok = [r for r in run["results"] if r["speedup_vs_ar"]]
+        static = [r for r in statics.get(key, {}).get("results", []) if r["speedup_vs_ar"]]
+        if not ok:
+            continue
+        best = max(ok, key=lambda r: r["speedup_vs_ar"])
+        entry: dict[str, Any] = {
+            "plan": best["plan"],
+            "speedup_vs_ar": round(best["speedup_vs_ar"], 4),
+            "block_efficiency": round(best["block_efficiency"], 3),
+            "study": run.get("study"),
+            "trials": len(ok),
+        }
+        if static:
+            top = max(static, key=lambda r: r["speedup_vs_ar"])
+            entry["best_static"] = {
+                "plan": str(Plan.parse(top["plan"])),
+                "speedup_vs_ar": round(top["speedup_vs_ar"], 4),
+            }
+        out[key] = entry
+    return out

@@ -1,0 +1,92 @@
+"""`adaptive-spec tune sources`: the per-step source rule chosen on measured speedup, and who plays it.
+
+The tuned file is played by `generate(plan="auto")` for the pair it was stamped for, and by
+`bench e2e --plans adaptive,best-static` for a pair that ships it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import optuna
+import pytest
+import yaml
+
+import adaptive_spec.files as files
+from adaptive_spec.bench.e2e import resolve_plans
+from adaptive_spec.cli import main
+from adaptive_spec.engine.auto_plan import choose_default_plan
+from adaptive_spec.engine.load import load_engine
+from adaptive_spec.planner.sources import SourceRule, parse_source_rule
+from adaptive_spec.tuning.sources import KNOWN_RULES, suggest_rule
+from tests.helpers.tiny import save_tiny_pair
+
+
+@pytest.fixture
+def tiny_pair(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    root = save_tiny_pair(tmp_path / "pair", eos=1)
+    monkeypatch.setattr(files, "default_pair_path", lambda: root)
+    (tmp_path / "chat.txt").write_text("w5 w6 w7\nw9 w3\n")
+    (tmp_path / "copy.txt").write_text("w5 w6 w7 w5 w6 w7 w5 w6\n")
+    return root
+
+
+@pytest.mark.slow
+def test_tune_sources_writes_the_measured_best_rule_and_generate_plays_it(tiny_pair, tmp_path):
+    storage = f"sqlite:///{tmp_path}/o.db"
+    args = ["tune", "sources", "--prompts", "chat.txt", "--prompts", "copy.txt", "--temperatures", "0,1"]
+    args += ["--max-new-tokens", "8", "--trials", "3", "--storage", storage, "--static", "chain:2/block,lookup:4/block"]
+    assert main([*args, "--json", "out.json", "--no-progress"]) == 0
+    out = tmp_path / "configs/plans/adaptive.yaml"
+    data = yaml.safe_load(out.read_text())
+    report = json.loads((tmp_path / "out.json").read_text())
+    for key in ("0", "1"):
+        entry = data["plans"][key]
+        rows = report["rules"][key]["results"]
+        assert len(rows) == 3 and entry["trials"] == 3 and entry["num_prompts"] == 3
+        assert entry["plan"] == max(rows, key=lambda r: r["speedup_vs_ar"])["plan"]  # the measured best rule
+        statics = report["static"]["runs"][key]["results"]
+        assert entry["best_static"]["plan"] == max(statics, key=lambda r: r["speedup_vs_ar"])["plan"]
+        assert isinstance(parse_source_rule(entry["plan"]), SourceRule)
+    study = optuna.load_study(study_name="sources-T1", storage=storage)
+    assert [t.user_attrs["plan"] for t in study.trials[:2]] == list(KNOWN_RULES)  # the enqueued starting points
+
+    engine = load_engine(None, None, None, None)
+    rule, why = choose_default_plan(engine.fingerprints(), 1.0, [out])  # stamped for this pair: played by default
+    assert isinstance(rule, SourceRule) and str(rule) == data["plans"]["1"]["plan"] and "adaptive.yaml" in why
+    engine.tuned_plan_files = [out]
+    res = engine.generate("w5 w6 w7 w5 w6", max_new_tokens=6, temperature=1.0, seed=0)
+    assert len(res.token_ids) >= 1
+    plan, why = choose_default_plan({"target": "v1:other", "draft": "v1:other"}, 1.0, [out])
+    assert not isinstance(plan, SourceRule) and "another model pair" in why
+
+    plans, info = resolve_plans(["adaptive", "best-static"], [0.0, 1.0], pair_file=out)  # a pair that ships it
+    assert {k: str(p) for k, p in plans["adaptive"].items()} == {k: data["plans"][k]["plan"] for k in ("0", "1")}
+    assert str(plans["best-static"]["1"]) == data["plans"]["1"]["best_static"]["plan"]
+    assert info["pair_file"] == str(out) and info["runtime"] is None
+
+
+def test_suggested_rules_parse_and_cover_every_lookup_kind():
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    kinds = set()
+    for _ in range(30):
+        trial = study.ask()
+        greedy = trial.number % 2 == 0
+        rule = parse_source_rule(suggest_rule(trial, greedy))
+        study.tell(trial, 1.0)
+        kinds.add(rule.lookup.source if rule.lookup.shape.paths == 1 else "trie")
+        if greedy and rule.lookup.shape.paths > 1:
+            assert rule.lookup.verifier == "greedy"
+    assert kinds == {"lookup", "hybrid", "trie"}
+
+
+def test_a_pair_file_without_a_temperature_kind_is_one_line(tmp_path):
+    f = tmp_path / "adaptive.yaml"
+    f.write_text(yaml.safe_dump({"version": 1, "plans": {"0": {"plan": "source:chain:2/block"}}}))
+    with pytest.raises(ValueError, match="no plan for temperature 1"):
+        resolve_plans(["adaptive"], [1.0], pair_file=f)
+    with pytest.raises(ValueError, match="records no best static plan"):
+        resolve_plans(["best-static"], [0.0], pair_file=f)
+    plans, _ = resolve_plans(["adaptive"], [0.0], pair_file=f)
+    assert isinstance(plans["adaptive"]["0"], SourceRule)
