@@ -36,8 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plans",
         default=",".join(DEFAULT_PLANS),
-        help=f"comma-separated plans, '{IN_DRAFT}' (the tuned in-draft planner), '{ADAPTIVE}' (the selector) or "
-        f"'{BEST_STATIC}' (default: %(default)s)",
+        help=f"comma-separated plans, '{IN_DRAFT}' (the tuned in-draft planner), '{ADAPTIVE}' (the per-step planner "
+        f"shipped for the pair: a fetched model's tuned source rule, else the selector) or '{BEST_STATIC}' "
+        "(default: %(default)s)",
     )
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: %(default)s)")
     add_temperatures_option(parser, None, "measured in one interleaved run (overrides --temperature)")

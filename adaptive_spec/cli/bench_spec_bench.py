@@ -10,7 +10,7 @@ from pathlib import Path
 
 from adaptive_spec.options import add_model_options, add_profile_option, add_progress_option, add_temperatures_option
 
-DEFAULT_PLANS = "in-draft,chain:2/block,lookup:8/block,source:chain:2/block"
+DEFAULT_PLANS = "adaptive,best-static,chain:2/block,lookup:8/block,lookup:3x8/nss"
 DEFAULT_OUT = Path("data/bench/spec_bench")
 
 
@@ -20,8 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plans",
         default=DEFAULT_PLANS,
-        help="comma-separated plans, 'in-draft' (the tuned in-draft planner), 'adaptive' (the selector) or "
-        "'best-static' (default: %(default)s)",
+        help="comma-separated plans, 'in-draft' (the tuned in-draft planner), 'adaptive' (the per-step planner "
+        "shipped for the pair: a fetched model's tuned source rule, else the selector) or 'best-static' "
+        "(default: %(default)s)",
     )
     add_temperatures_option(parser, "0,1", "all measured in one interleaved run")
     parser.add_argument(

@@ -102,7 +102,11 @@ def search(engine: Any, prompts: list, temps: list[float], args: Any) -> dict[st
 
 
 def choose(rules: dict[str, Any], statics: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per temperature key: the fastest rule and the fastest static plan (speedups over autoregressive)."""
+    """Per temperature key: the fastest rule and the fastest static plan (speedups over autoregressive).
+
+    The entry's ``plan`` is the rule, or the best static plan where that measured faster than every
+    rule (the rule is kept under ``best_rule``): the pair's per-step planner is whatever measured best.
+    """
     out: dict[str, dict[str, Any]] = {}
     for key, run in rules.items():
         ok = [r for r in run["results"] if r["speedup_vs_ar"]]
@@ -123,5 +127,9 @@ def choose(rules: dict[str, Any], statics: dict[str, Any]) -> dict[str, dict[str
                 "plan": str(Plan.parse(top["plan"])),
                 "speedup_vs_ar": round(top["speedup_vs_ar"], 4),
             }
+            if top["speedup_vs_ar"] > best["speedup_vs_ar"]:  # no rule beat the best static plan: play that
+                entry["best_rule"] = {"plan": entry["plan"], "speedup_vs_ar": entry["speedup_vs_ar"]}
+                entry.update(plan=entry["best_static"]["plan"], speedup_vs_ar=entry["best_static"]["speedup_vs_ar"])
+                entry["block_efficiency"] = round(top["block_efficiency"], 3)
         out[key] = entry
     return out

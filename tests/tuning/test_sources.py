@@ -16,9 +16,10 @@ import adaptive_spec.files as files
 from adaptive_spec.bench.e2e import resolve_plans
 from adaptive_spec.cli import main
 from adaptive_spec.engine.auto_plan import choose_default_plan
+from adaptive_spec.engine.fingerprint import stamp_plan_file
 from adaptive_spec.engine.load import load_engine
 from adaptive_spec.planner.sources import SourceRule, parse_source_rule
-from adaptive_spec.tuning.sources import KNOWN_RULES, suggest_rule
+from adaptive_spec.tuning.sources import KNOWN_RULES, choose, suggest_rule
 from tests.helpers.tiny import save_tiny_pair
 
 
@@ -45,19 +46,29 @@ def test_tune_sources_writes_the_measured_best_rule_and_generate_plays_it(tiny_p
         entry = data["plans"][key]
         rows = report["rules"][key]["results"]
         assert len(rows) == 3 and entry["trials"] == 3 and entry["num_prompts"] == 3
-        assert entry["plan"] == max(rows, key=lambda r: r["speedup_vs_ar"])["plan"]  # the measured best rule
+        best_rule = max(rows, key=lambda r: r["speedup_vs_ar"])
         statics = report["static"]["runs"][key]["results"]
-        assert entry["best_static"]["plan"] == max(statics, key=lambda r: r["speedup_vs_ar"])["plan"]
-        assert isinstance(parse_source_rule(entry["plan"]), SourceRule)
+        best_static = max(statics, key=lambda r: r["speedup_vs_ar"])
+        assert entry["best_static"]["plan"] == best_static["plan"]
+        rule_wins = best_rule["speedup_vs_ar"] >= best_static["speedup_vs_ar"]
+        assert entry["plan"] == (best_rule if rule_wins else best_static)["plan"]  # whatever measured best
+        assert isinstance(parse_source_rule(best_rule["plan"]), SourceRule)
     study = optuna.load_study(study_name="sources-T1", storage=storage)
     assert [t.user_attrs["plan"] for t in study.trials[:2]] == list(KNOWN_RULES)  # the enqueued starting points
 
     engine = load_engine(None, None, None, None)
     rule, why = choose_default_plan(engine.fingerprints(), 1.0, [out])  # stamped for this pair: played by default
-    assert isinstance(rule, SourceRule) and str(rule) == data["plans"]["1"]["plan"] and "adaptive.yaml" in why
-    engine.tuned_plan_files = [out]
-    res = engine.generate("w5 w6 w7 w5 w6", max_new_tokens=6, temperature=1.0, seed=0)
-    assert len(res.token_ids) >= 1
+    assert str(rule) == data["plans"]["1"]["plan"] and "adaptive.yaml" in why
+    rule_file = tmp_path / "rule.yaml"  # a rule that won: generate() plays it as its planner
+    rule_file.write_text(
+        yaml.safe_dump({"version": 1, "plans": {"1": {"plan": "source:chain:2/block+lookup:2x3/nss"}}})
+    )
+    stamp_plan_file(rule_file, engine.fingerprints())
+    engine.tuned_plan_files = [rule_file]
+    res = engine.generate("w5 w6 w7 w5 w6 w7 w5 w6", max_new_tokens=8, temperature=1.0, seed=0)
+    rule = engine.default_plan(1.0)
+    assert isinstance(rule, SourceRule) and str(rule) == "source:chain:2/block+lookup:2x3/nss"
+    assert res.stats.new_tokens >= 1 and res.stats.steps >= 1
     plan, why = choose_default_plan({"target": "v1:other", "draft": "v1:other"}, 1.0, [out])
     assert not isinstance(plan, SourceRule) and "another model pair" in why
 
@@ -90,3 +101,16 @@ def test_a_pair_file_without_a_temperature_kind_is_one_line(tmp_path):
         resolve_plans(["best-static"], [0.0], pair_file=f)
     plans, _ = resolve_plans(["adaptive"], [0.0], pair_file=f)
     assert isinstance(plans["adaptive"]["0"], SourceRule)
+
+
+def test_choose_plays_the_best_static_plan_where_no_rule_beat_it():
+    rules = {"0": {"results": [{"plan": "source:chain:2/block", "speedup_vs_ar": 1.2, "block_efficiency": 1.7}]}}
+    rules["1"] = {"results": [{"plan": "source:chain:2/block", "speedup_vs_ar": 1.0, "block_efficiency": 1.4}]}
+    statics = {
+        k: {"results": [{"plan": "chain:1/block", "speedup_vs_ar": 1.1, "block_efficiency": 1.3}]} for k in rules
+    }
+    out = choose(rules, statics)
+    assert out["0"]["plan"] == "source:chain:2/block" and "best_rule" not in out["0"]
+    assert out["1"]["plan"] == "chain:1/block" and out["1"]["speedup_vs_ar"] == 1.1
+    assert out["1"]["best_rule"] == {"plan": "source:chain:2/block", "speedup_vs_ar": 1.0}
+    assert out["1"]["best_static"]["plan"] == "chain:1/block"
