@@ -30,6 +30,8 @@ SHAPE_FOR_LAW = {
     DraftLaw.DYNAMIC_CHAIN: "conf-chain:3:0.35",
     DraftLaw.DYNAMIC_IID: "conf-delayed:3:0.5:2",
     DraftLaw.DYNAMIC_WOR: "eagle:2:4:1:2:wor",
+    # Found in the context once a token recurs (tests/engine/test_lookup.py prompts a repeat to force tries).
+    DraftLaw.DETERMINISTIC: "lookup:2x2",
 }
 ALL_CASES = [
     (name, law)
