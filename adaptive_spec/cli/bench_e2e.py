@@ -174,6 +174,7 @@ def run(args: argparse.Namespace) -> int:
         "plans": list(plans),
         "selector": info["selector"],
         "best_static": info["best_static"],
+        "adaptive": info.get("adaptive"),
         "latency_profile": getattr(engine.latency_model, "source", None),
         "max_new_tokens": args.max_new_tokens,
         "seed": args.seed,

@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
             "temperatures": temps,
             "plans": list(plans),
             "best_static": info["best_static"],
+            "adaptive": info.get("adaptive"),
             "max_new_tokens": args.max_new_tokens,
             "seed": args.seed,
             "device": str(engine.device),
