@@ -207,3 +207,22 @@ class PlanObjective:
             if key != "tokens_per_s":
                 trial.set_user_attr(key, value)
         return float(result["tokens_per_s"])
+
+
+def speedup_trial(
+    trial: Any, engine: Any, prompts: list, name: str, plan: Any, t: float, args: Any, rows: list
+) -> float:
+    """Measure ``plan`` and autoregressive decoding interleaved at ``t``; record the row; the speedup.
+
+    The Optuna objective of ``tune policies --optuna`` and ``tune sources``: the trial keeps the
+    plan's name and block efficiency as user attributes, and ``rows`` collects the measured row.
+    """
+    from adaptive_spec.bench.e2e import measure
+    from adaptive_spec.temperatures import temperature_key
+
+    res = measure(engine, prompts, {name: plan}, [t], args.max_new_tokens, args.seed, hf=False, progress=False)
+    row = res["runs"][temperature_key(t)]["results"][0]
+    trial.set_user_attr("plan", name)
+    trial.set_user_attr("block_efficiency", row["block_efficiency"])
+    rows.append(row)
+    return row["speedup_vs_ar"]

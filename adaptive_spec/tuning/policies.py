@@ -102,8 +102,8 @@ def suggest_policy(trial, greedy: bool, learned: bool = False) -> str:
 
 def optuna_search(engine, prompts, temps, args) -> dict[str, Any]:
     """Per temperature: ``args.optuna`` trials; returns ``run``-like rows for :func:`choose`."""
-    from adaptive_spec.bench.e2e import measure
     from adaptive_spec.temperatures import temperature_key
+    from adaptive_spec.tuning.objectives import speedup_trial
     from adaptive_spec.tuning.storage import open_study
 
     runs: dict[str, Any] = {}
@@ -119,16 +119,9 @@ def optuna_search(engine, prompts, temps, args) -> dict[str, Any]:
             study.enqueue_trial(params, skip_if_exists=True)
         rows: list[dict] = []
 
-        def objective(trial, t=t, key=key, rows=rows):
+        def objective(trial, t=t, rows=rows):
             plan = suggest_policy(trial, t == 0, learned)
-            res = measure(
-                engine, prompts, {plan: Plan.parse(plan)}, [t], args.max_new_tokens, args.seed, hf=False, progress=False
-            )
-            row = res["runs"][key]["results"][0]
-            trial.set_user_attr("plan", plan)
-            trial.set_user_attr("block_efficiency", row["block_efficiency"])
-            rows.append(row)
-            return row["speedup_vs_ar"]
+            return speedup_trial(trial, engine, prompts, plan, Plan.parse(plan), t, args, rows)
 
         study.optimize(objective, n_trials=args.optuna, show_progress_bar=not args.no_progress)
         runs[key] = {"results": rows, "study": study.study_name}

@@ -66,8 +66,8 @@ def _known_params(rule: str) -> dict[str, Any]:
 
 def search(engine: Any, prompts: list, temps: list[float], args: Any) -> dict[str, Any]:
     """Per temperature: ``args.trials`` Optuna trials of source rules; returns ``run``-like rows."""
-    from adaptive_spec.bench.e2e import measure
     from adaptive_spec.temperatures import temperature_key
+    from adaptive_spec.tuning.objectives import speedup_trial
     from adaptive_spec.tuning.storage import open_study
 
     runs: dict[str, Any] = {}
@@ -78,23 +78,9 @@ def search(engine: Any, prompts: list, temps: list[float], args: Any) -> dict[st
             study.enqueue_trial(_known_params(rule), skip_if_exists=True)
         rows: list[dict] = []
 
-        def objective(trial, t=t, key=key, rows=rows):
+        def objective(trial, t=t, rows=rows):
             rule = suggest_rule(trial, t == 0)
-            res = measure(
-                engine,
-                prompts,
-                {rule: parse_source_rule(rule)},
-                [t],
-                args.max_new_tokens,
-                args.seed,
-                hf=False,
-                progress=False,
-            )
-            row = res["runs"][key]["results"][0]
-            trial.set_user_attr("plan", rule)
-            trial.set_user_attr("block_efficiency", row["block_efficiency"])
-            rows.append(row)
-            return row["speedup_vs_ar"]
+            return speedup_trial(trial, engine, prompts, rule, parse_source_rule(rule), t, args, rows)
 
         study.optimize(objective, n_trials=args.trials, show_progress_bar=not args.no_progress)
         runs[key] = {"results": rows, "study": study.study_name}

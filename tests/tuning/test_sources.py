@@ -12,7 +12,6 @@ import optuna
 import pytest
 import yaml
 
-import adaptive_spec.files as files
 from adaptive_spec.bench.e2e import resolve_plans
 from adaptive_spec.cli import main
 from adaptive_spec.engine.auto_plan import choose_default_plan
@@ -20,21 +19,17 @@ from adaptive_spec.engine.fingerprint import stamp_plan_file
 from adaptive_spec.engine.load import load_engine
 from adaptive_spec.planner.sources import SourceRule, parse_source_rule
 from adaptive_spec.tuning.sources import KNOWN_RULES, choose, suggest_rule
-from tests.helpers.tiny import save_tiny_pair
 
 
 @pytest.fixture
-def tiny_pair(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    root = save_tiny_pair(tmp_path / "pair", eos=1)
-    monkeypatch.setattr(files, "default_pair_path", lambda: root)
+def prompt_files(tiny_pair, tmp_path):
     (tmp_path / "chat.txt").write_text("w5 w6 w7\nw9 w3\n")
     (tmp_path / "copy.txt").write_text("w5 w6 w7 w5 w6 w7 w5 w6\n")
-    return root
+    return tiny_pair
 
 
 @pytest.mark.slow
-def test_tune_sources_writes_the_measured_best_rule_and_generate_plays_it(tiny_pair, tmp_path):
+def test_tune_sources_writes_the_measured_best_rule_and_generate_plays_it(prompt_files, tmp_path):
     storage = f"sqlite:///{tmp_path}/o.db"
     args = ["tune", "sources", "--prompts", "chat.txt", "--prompts", "copy.txt", "--temperatures", "0,1"]
     args += ["--max-new-tokens", "8", "--trials", "3", "--storage", storage, "--static", "chain:2/block,lookup:4/block"]
