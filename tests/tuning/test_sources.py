@@ -22,7 +22,8 @@ from adaptive_spec.tuning.sources import KNOWN_RULES, choose, suggest_rule
 
 
 @pytest.fixture
-def prompt_files(tiny_pair, tmp_path):
+def prompt_files(tiny_pair, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # configs/plans/adaptive.yaml is written here
     (tmp_path / "chat.txt").write_text("w5 w6 w7\nw9 w3\n")
     (tmp_path / "copy.txt").write_text("w5 w6 w7 w5 w6 w7 w5 w6\n")
     return tiny_pair
