@@ -517,6 +517,7 @@ def _pair_plans(path, temperatures, keys) -> dict[str, dict[str, Any]]:
     import yaml
 
     from adaptive_spec.engine.auto_plan import parse_plan_or_rule
+    from adaptive_spec.planner.presets import nearest_tuned_key
 
     data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     entries = data.get("plans") if isinstance(data, dict) else None
@@ -524,10 +525,10 @@ def _pair_plans(path, temperatures, keys) -> dict[str, dict[str, Any]]:
         raise ValueError(f"{path}: not a plan file (no 'plans' mapping); rerun `adaptive-spec tune sources`")
     out: dict[str, dict[str, Any]] = {ADAPTIVE: {}, BEST_STATIC: {}}
     for t, key in zip(temperatures, keys, strict=True):
-        same = [k for k in entries if (float(k) == 0) == (t == 0)]
-        if not same:
+        nearest = nearest_tuned_key(entries, t)
+        if nearest is None:
             raise ValueError(f"{path} has no plan for temperature {t:g} (tuned: {', '.join(map(str, entries))})")
-        entry = entries[min(same, key=lambda k: abs(float(k) - t))]
+        entry = entries[nearest]
         out[ADAPTIVE][key] = parse_plan_or_rule(entry["plan"])
         if "best_static" in entry:
             out[BEST_STATIC][key] = parse_plan_or_rule(entry["best_static"]["plan"])

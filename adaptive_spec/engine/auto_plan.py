@@ -28,6 +28,7 @@ from typing import Any
 
 from adaptive_spec.engine.fingerprint import plan_file_matches
 from adaptive_spec.planner.plan import Plan
+from adaptive_spec.planner.presets import nearest_tuned_key
 from adaptive_spec.planner.sources import SOURCE_PREFIX, SourceRule, parse_source_rule
 from adaptive_spec.verifiers import REGISTRY
 
@@ -85,11 +86,10 @@ def choose_default_plan(
         if not plan_file_matches(data, fingerprints):
             reasons.append(f"{path.name} was tuned for another model pair")
             continue
-        same_kind = [k for k in plans if _is_number(k) and (float(k) == 0) == (t == 0)]
-        if not same_kind:
+        key = nearest_tuned_key(filter(_is_number, plans), t)
+        if key is None:
             reasons.append(f"{path.name} has no plan for temperature {t:g}")
             continue
-        key = min(same_kind, key=lambda k: abs(float(k) - t))
         entry = plans[key]
         try:
             plan = parse_plan_or_rule(entry["plan"] if isinstance(entry, dict) else entry)

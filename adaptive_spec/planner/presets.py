@@ -49,7 +49,7 @@ import contextlib
 import datetime as _dt
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -183,6 +183,16 @@ def write_best_static(temperature: float, entry: dict[str, Any], path: str | Pat
     return path
 
 
+def nearest_tuned_key(keys: Iterable[Any], temperature: float) -> Any | None:
+    """The tuned temperature key nearest ``temperature`` of the same kind (greedy 0, or sampling > 0); None if none.
+
+    A greedy plan's verifier may not be valid when sampling, so the kinds never mix.
+    """
+    t = float(temperature)
+    same_kind = [k for k in keys if (float(k) == 0) == (t == 0)]
+    return min(same_kind, key=lambda k: abs(float(k) - t), default=None)
+
+
 def load_best_static(temperature: float, path: str | Path | None = None) -> Plan:
     """The best static plan tuned for ``temperature``.
 
@@ -207,15 +217,13 @@ def load_best_static(temperature: float, path: str | Path | None = None) -> Plan
     plans = read_best_static(found)
     if key in plans:
         return Plan.parse(plans[key]["plan"])
-    t = float(key)
-    same_kind = [k for k in plans if (float(k) == 0) == (t == 0)]
-    if not same_kind:
+    nearest = nearest_tuned_key(plans, float(key))
+    if nearest is None:
         have = ", ".join(plans) or "none"
         raise LookupError(
             f"{found} has no plan for temperature {key} (tuned temperatures: {have}); run "
             f"`adaptive-spec tune plans --temperatures {key}`"
         )
-    nearest = min(same_kind, key=lambda k: abs(float(k) - t))
     warnings.warn(
         f"{found} has no plan for temperature {key}; using the one tuned at {nearest}", UserWarning, stacklevel=2
     )
@@ -248,11 +256,10 @@ def load_in_draft(temperature: float, path: str | Path | None = None) -> Plan:
             f"no tuned in-draft plans at {file}; run `adaptive-spec tune policies --prompts TUNING.jsonl`"
         )
     plans = (yaml.safe_load(file.read_text(encoding="utf-8")) or {}).get("plans") or {}
-    t = float(temperature)
-    same_kind = [k for k in plans if (float(k) == 0) == (t == 0)]
-    if not same_kind:
-        raise LookupError(f"{file} has no in-draft plan for temperature {t:g} (tuned: {', '.join(plans) or 'none'})")
-    key = min(same_kind, key=lambda k: abs(float(k) - t))
+    key = nearest_tuned_key(plans, temperature)
+    if key is None:
+        have = ", ".join(plans) or "none"
+        raise LookupError(f"{file} has no in-draft plan for temperature {float(temperature):g} (tuned: {have})")
     return Plan.parse(plans[key]["plan"])
 
 
