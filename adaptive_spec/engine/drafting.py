@@ -44,7 +44,7 @@ from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.trees.draw import draw_children
-from adaptive_spec.trees.lookup import hybrid_tree, lookup_tree, lookup_trie, ngram_candidates, ngram_lookup
+from adaptive_spec.trees.lookup import hybrid_tree, lookup_trie, ngram_candidates, ngram_lookup
 from adaptive_spec.trees.masks import ancestor_matrix
 from adaptive_spec.trees.policy import ChainRule, DraftPolicy, NodeView, PolicyContext, clip_widths
 
@@ -290,12 +290,9 @@ def lookup_outcome(
 
     ``root``: the step's first draft forward, when it was run for the root features (else None).
     """
-    if shape.law is DraftLaw.DETERMINISTIC:
-        tree = lookup_trie(ngram_candidates(context, shape.paths, shape.depth), vocab_size, shape.paths, device)
-        ancestors = ancestor_matrix(tree.parents).to(device)
-    else:
-        tree = lookup_tree(ngram_lookup(context, shape.depth), vocab_size, device)
-        ancestors = torch.ones(tree.num_nodes, tree.num_nodes, dtype=torch.bool, device=device).tril_()
+    # one path (lookup:L) is the chain of the most recent longest match, several (lookup:WxL) its trie
+    tree = lookup_trie(ngram_candidates(context, shape.paths, shape.depth), vocab_size, shape.paths, device)
+    ancestors = ancestor_matrix(tree.parents).to(device)
     if root is None:  # the draft model was not run: its pending tokens wait for the next model step
         return DraftOutcome(tree, ancestors, pending_fed=0, fed_nodes=0)
     return DraftOutcome(tree, ancestors, pending_fed=root.pending, fed_nodes=1)  # only the root has a draft row
