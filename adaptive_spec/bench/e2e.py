@@ -529,7 +529,7 @@ def _pair_plans(path, temperatures, keys) -> dict[str, dict[str, Any]]:
         if nearest is None:
             raise ValueError(f"{path} has no plan for temperature {t:g} (tuned: {', '.join(map(str, entries))})")
         entry = entries[nearest]
-        out[ADAPTIVE][key] = parse_plan_or_rule(entry["plan"])
+        out[ADAPTIVE][key] = parse_plan_or_rule(entry["plan"], base_dir=Path(path).parent)
         if "best_static" in entry:
             out[BEST_STATIC][key] = parse_plan_or_rule(entry["best_static"]["plan"])
     return out

@@ -90,6 +90,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.cli.selector_acceptance",
         "collect node logs -> train -> export -> calibrate the acceptance model of learned-chain policies",
     ),
+    ("selector", "gate"): (
+        "adaptive_spec.cli.selector_gate",
+        "collect -> label -> fit the learned per-step source choice (model draft or lookup) for a pair",
+    ),
     ("tune", "plans"): (
         "adaptive_spec.cli.tune_plans",
         "search the static plan (shape, sizes, verifier) per temperature with Optuna; best to configs/plans",

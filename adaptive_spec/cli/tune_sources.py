@@ -30,6 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=",".join(DEFAULT_STATIC),
         help="static plans measured for the pair's best static plan (default: %(default)s)",
     )
+    parser.add_argument(
+        "--gate",
+        type=Path,
+        default=None,
+        help="a learned source choice (`adaptive-spec selector gate`) to try beside the rules, its margin searched",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=96, help="(default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     add_model_options(parser, ("target", "draft"))
@@ -60,6 +66,10 @@ def run(args: argparse.Namespace) -> int:
         statics = {str(p): p for p in (Plan.parse(s) for s in args.static.split(",") if s.strip())}
         if args.trials < 1:
             raise ValueError("--trials must be at least 1")
+        if args.gate is not None:
+            from adaptive_spec.planner.gate import SourceGate
+
+            SourceGate.load(args.gate)  # a clear error before any model loads
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"tune sources: {err}") from None
     engine = load_engine(args.target, args.draft, None, None)
@@ -75,6 +85,9 @@ def run(args: argparse.Namespace) -> int:
             | {"max_new_tokens": args.max_new_tokens, "date": stamp}
         )
     header = "# The per-step source rule per temperature, from `adaptive-spec tune sources` (its measured speedups).\n"
+    if args.gate is not None and args.gate.resolve().parent == args.out_file.resolve().parent:
+        for entry in choices.values():  # a gate beside the plan file is named relative to it
+            entry["plan"] = entry["plan"].replace(f"gate={args.gate}", f"gate={args.gate.name}")
     write_plan_file(choices, args.out_file, header)
     stamp_plan_file(args.out_file, engine.fingerprints())  # generate() plays it by default for this pair only
     for k, entry in choices.items():

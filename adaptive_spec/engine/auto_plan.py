@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from adaptive_spec.engine.fingerprint import plan_file_matches
+from adaptive_spec.planner.gate import GatedSource
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.planner.presets import nearest_tuned_key
 from adaptive_spec.planner.sources import SOURCE_PREFIX, SourceRule, parse_source_rule
@@ -60,7 +61,7 @@ def _read(path: Path) -> Any:
 
 def choose_default_plan(
     fingerprints: dict[str, str], temperature: float, files: Sequence[str | Path] | None = None
-) -> tuple[Plan | SourceRule, str]:
+) -> tuple[Plan | SourceRule | GatedSource, str]:
     """The default plan (or per-step source rule) for a pair with these fingerprints at ``temperature``, and why.
 
     Args:
@@ -92,7 +93,7 @@ def choose_default_plan(
             continue
         entry = plans[key]
         try:
-            plan = parse_plan_or_rule(entry["plan"] if isinstance(entry, dict) else entry)
+            plan = parse_plan_or_rule(entry["plan"] if isinstance(entry, dict) else entry, base_dir=path.parent)
         except (KeyError, TypeError, ValueError) as err:
             reasons.append(f"{path.name}: unusable plan at temperature {key} ({err})")
             continue
@@ -103,15 +104,18 @@ def choose_default_plan(
     return Plan.parse(DEFAULT_PLAN), f"the default static plan ({'; '.join(reasons) or 'no tuned plan files'})"
 
 
-def parse_plan_or_rule(text: str) -> Plan | SourceRule:
-    """A plan string, or a per-step source rule (``source:...``, a planner)."""
+def parse_plan_or_rule(text: str, base_dir: str | Path | None = None) -> Plan | SourceRule | GatedSource:
+    """A plan string, or a per-step source choice (``source:...``, a planner: a rule or a learned gate).
+
+    ``base_dir``: where a gate file named by a relative path is looked for first (the plan file's folder).
+    """
     if isinstance(text, str) and text.strip().startswith(SOURCE_PREFIX):
-        return parse_source_rule(text.strip())
+        return parse_source_rule(text.strip(), base_dir=base_dir)
     return Plan.parse(text)
 
 
-def _plans_of(plan: Plan | SourceRule) -> list[Plan]:
-    return [plan.model, plan.lookup] if isinstance(plan, SourceRule) else [plan]
+def _plans_of(plan: Plan | SourceRule | GatedSource) -> list[Plan]:
+    return [plan.model, plan.lookup] if isinstance(plan, (SourceRule, GatedSource)) else [plan]
 
 
 def _is_number(key: Any) -> bool:

@@ -39,7 +39,7 @@ import torch
 from adaptive_spec.engine.drafting import check_finite
 from adaptive_spec.formats.features import SCHEMA
 from adaptive_spec.planner.plan import StepState
-from adaptive_spec.trees.lookup import ngram_match
+from adaptive_spec.trees.lookup import LookupMatch, lookup_match
 
 if TYPE_CHECKING:
     from adaptive_spec.engine.outputs import EngineState
@@ -240,9 +240,8 @@ def planner_view(request: GenerationRequest, state: EngineState, step: int, feat
     """What the planner sees before step ``step``: position, budget, the last step, the root features, and
     (when the planner sets ``needs_lookup``) what a lookup in the context would draft now (no forward).
     """
-    lookup, ngram = None, 0
-    if request.planner is not None and request.planner.needs_lookup:
-        lookup, ngram = ngram_match(state.context, MAX_LOOKUP)
+    wants_lookup = request.planner is not None and request.planner.needs_lookup
+    found = lookup_match(state.context, MAX_LOOKUP) if wants_lookup else LookupMatch([], 0)
     f = features
     return StepState(
         step=step,
@@ -255,6 +254,8 @@ def planner_view(request: GenerationRequest, state: EngineState, step: int, feat
         draft_hidden=f.draft_hidden if f is not None else None,
         target_hidden=f.target_hidden if f is not None else None,
         top_p=float(request.sampling.top_p),
-        lookup=lookup,
-        lookup_ngram=ngram,
+        lookup=found.tokens if wants_lookup else None,
+        lookup_ngram=found.ngram,
+        lookup_matches=found.matches,
+        lookup_match_length=found.match_length,
     )

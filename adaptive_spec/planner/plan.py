@@ -228,6 +228,8 @@ class StepState:
         lookup: what an n-gram lookup in the context proposes now (:mod:`adaptive_spec.trees.lookup`),
             when the planner sets ``needs_lookup``; else None.
         lookup_ngram: the length of the n-gram that matched (0: none).
+        lookup_matches: how many earlier occurrences that n-gram has.
+        lookup_match_length: how far back its most recent occurrence agrees with the context's end.
     """
 
     step: int
@@ -242,6 +244,8 @@ class StepState:
     top_p: float = 1.0
     lookup: Sequence[int] | None = None
     lookup_ngram: int = 0
+    lookup_matches: int = 0
+    lookup_match_length: int = 0
 
 
 @dataclass(frozen=True)

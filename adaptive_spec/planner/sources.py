@@ -18,8 +18,10 @@ them, and ``adaptive-spec tune sources`` searches them.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from adaptive_spec.planner.gate import GatedSource
 from adaptive_spec.planner.plan import Plan, Planner, StepResult, StepState, as_plan
 from adaptive_spec.trees import DraftLaw, TreeShape
 
@@ -115,11 +117,16 @@ RULE_OPTIONS = {"min_ngram": int, "min_rate": float, "decay": float}
 _DEFAULTS = {"min_ngram": 2, "min_rate": 0.3, "decay": 0.5}
 
 
-def parse_source_rule(text: str, **kwargs: Any) -> SourceRule:
+def parse_source_rule(text: str, base_dir: str | Path | None = None, **kwargs: Any) -> SourceRule | GatedSource:
     """``source:<model plan>[+<lookup plan>][?min_ngram=N&min_rate=R&decay=D]`` as a :class:`SourceRule`.
 
     The lookup plan defaults to ``lookup:8/block``; e.g. ``source:chain:2/block+lookup:3x8/nss``
     or ``source:chain:2/block+hybrid:8:2/block?min_ngram=1&min_rate=0.2``. ``kwargs`` go to the rule.
+
+    With ``gate=FILE`` (and optionally ``margin=M``) it is the learned choice instead, a
+    :class:`~adaptive_spec.planner.gate.GatedSource` whose model and lookup plans must be the
+    gate's: ``source:chain:1/block+lookup:3x8/nss?gate=source_gate.json``. A relative ``FILE`` is
+    looked for in ``base_dir`` (the folder of the plan file that names it), then in the working directory.
 
     Raises:
         ValueError: not a ``source:`` string, a malformed model or lookup plan, or an unknown option.
@@ -129,6 +136,8 @@ def parse_source_rule(text: str, **kwargs: Any) -> SourceRule:
             f"{text!r} is not a source rule; write source:<model plan>[+<lookup plan>], e.g. source:chain:2/block"
         )
     body, _, query = text[len(SOURCE_PREFIX) :].partition("?")
+    if "gate=" in query:
+        return _parse_gated(text, body, query, base_dir)
     for item in filter(None, query.split("&")):
         key, eq, value = item.partition("=")
         if key not in RULE_OPTIONS or not eq:
@@ -144,3 +153,25 @@ def parse_source_rule(text: str, **kwargs: Any) -> SourceRule:
     if plus:
         kwargs["lookup"] = lookup_text
     return SourceRule(model, **kwargs)
+
+
+def _parse_gated(text: str, body: str, query: str, base_dir: str | Path | None) -> GatedSource:
+    options = dict(item.partition("=")[::2] for item in filter(None, query.split("&")))
+    unknown = sorted(set(options) - {"gate", "margin"})
+    if unknown:
+        raise ValueError(f"{text!r}: a gated source takes gate=FILE and margin=M only, not {', '.join(unknown)}")
+    path = Path(options["gate"])
+    if not path.is_absolute() and base_dir is not None and (Path(base_dir) / path).is_file():
+        path = Path(base_dir) / path
+    try:
+        margin = float(options.get("margin", 1.0))
+    except ValueError:
+        raise ValueError(f"{text!r}: margin must be a number, got {options['margin']!r}") from None
+    planner = GatedSource(path, margin)
+    model_text, plus, lookup_text = body.partition("+")
+    if as_plan(model_text) != planner.model or (plus and as_plan(lookup_text) != planner.lookup):
+        raise ValueError(
+            f"{text!r}: the gate {path} was trained for source:{planner.model}+{planner.lookup}; "
+            "name those plans, or train a gate for these with `adaptive-spec selector gate`"
+        )
+    return planner

@@ -27,6 +27,7 @@ deterministic function of the prefix under) its row, so every chain verifier is 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,7 +35,16 @@ import torch
 from adaptive_spec.trees.shapes import TreeShape
 from adaptive_spec.trees.tree import DraftTree
 
-__all__ = ["hybrid_tree", "lookup_tree", "lookup_trie", "ngram_candidates", "ngram_lookup", "ngram_match"]
+__all__ = [
+    "LookupMatch",
+    "hybrid_tree",
+    "lookup_match",
+    "lookup_tree",
+    "lookup_trie",
+    "ngram_candidates",
+    "ngram_lookup",
+    "ngram_match",
+]
 
 
 def ngram_lookup(context: Sequence[int], max_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
@@ -51,8 +61,35 @@ def ngram_match(
     context: Sequence[int], max_tokens: int, max_ngram: int = 3, min_ngram: int = 1
 ) -> tuple[list[int], int]:
     """``(continuation, n)``: :func:`ngram_lookup`'s tokens and the length of the n-gram that matched (0: none)."""
+    found = lookup_match(context, max_tokens, max_ngram, min_ngram)
+    return found.tokens, found.ngram
+
+
+@dataclass(frozen=True)
+class LookupMatch:
+    """What a lookup in the context finds (:func:`lookup_match`).
+
+    Attributes:
+        tokens: the continuation of the most recent match of the longest n-gram (empty: none).
+        ngram: the length of that n-gram (0: no match).
+        matches: how many earlier occurrences that n-gram has.
+        match_length: how far back the most recent occurrence agrees with the end of the context
+            (at least ``ngram``; capped at :data:`MAX_MATCH_LENGTH`): SAM-Decoding's match length.
+    """
+
+    tokens: list[int]
+    ngram: int
+    matches: int = 0
+    match_length: int = 0
+
+
+MAX_MATCH_LENGTH = 32
+
+
+def lookup_match(context: Sequence[int], max_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> LookupMatch:
+    """The continuation :func:`ngram_lookup` proposes, with the n-gram, its number of matches and the match length."""
     if max_tokens <= 0 or len(context) < min_ngram + 1:
-        return [], 0
+        return LookupMatch([], 0)
     arr = np.asarray(context, dtype=np.int64)
     L = arr.shape[0]
     for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
@@ -60,9 +97,13 @@ def ngram_match(
         windows = np.lib.stride_tricks.sliding_window_view(arr[: L - 1], n)  # starts 0 .. L - 1 - n
         hits = np.flatnonzero((windows == tail).all(axis=1))
         if hits.size:
-            start = int(hits[-1]) + n  # the most recent match
-            return arr[start : start + max_tokens].tolist(), n
-    return [], 0
+            hit = int(hits[-1])  # the most recent match
+            start = hit + n
+            back = min(hit, MAX_MATCH_LENGTH - n)  # extend the match leftwards
+            before, end = arr[hit - back : hit][::-1], arr[L - n - back : L - n][::-1]
+            agree = int(np.argmin(before == end)) if back and not (before == end).all() else back
+            return LookupMatch(arr[start : start + max_tokens].tolist(), n, int(hits.size), n + agree)
+    return LookupMatch([], 0)
 
 
 def ngram_candidates(

@@ -6,7 +6,9 @@ model plan, the lookup plan: a chain, a trie or a hybrid, and the rule's thresho
 per temperature with Optuna (seeded TPE, storage as for ``tune plans``); each trial measures its
 rule and autoregressive decoding interleaved on the tuning prompts, and its value is that speedup.
 Static plans (model chains and lookup plans) are measured once, in one interleaved run, for the
-best static plan of the pair.
+best static plan of the pair. With ``--gate FILE`` (a learned source choice from ``adaptive-spec
+selector gate``), every study also tries the gate, its margin searched beside the rules'
+parameters: the pair's per-step planner is whichever measures fastest.
 
 Tune on prompt sets of your own that mix open chat with tasks that copy their context
 (summaries, answers from a passage, code edits): ``adaptive_spec/zoo/smollm2/tune_prompts.jsonl``
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from adaptive_spec.planner.gate import GatedSource
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.planner.sources import parse_source_rule
 
@@ -32,10 +35,17 @@ from adaptive_spec.planner.sources import parse_source_rule
 DEFAULT_STATIC = ("chain:1/block", "chain:2/block", "chain:3/block", "lookup:8/block", "lookup:3x8/nss")
 # Known-good starting points of every study: the rule's defaults over a chain lookup and a trie.
 KNOWN_RULES = ("source:chain:2/block", "source:chain:2/block+lookup:3x8/nss")
+GATE_MARGINS = (1.0, 0.8, 1.25)  # a learned gate's margins tried first (tokens per second, lookup over model)
 
 
-def suggest_rule(trial: Any, greedy: bool) -> str:
-    """One source rule from an Optuna trial (every ``suggest_*`` of this search is here)."""
+def suggest_rule(trial: Any, greedy: bool, gate: GatedSource | None = None) -> str:
+    """One source rule from an Optuna trial (every ``suggest_*`` of this search is here).
+
+    With a trained ``gate`` (``--gate``), a trial is either a rule or the gate with a margin.
+    """
+    if gate is not None and trial.suggest_categorical("kind", ["rule", "gate"]) == "gate":
+        margin = trial.suggest_float("margin", 0.5, 2.0, log=True)
+        return f"source:{gate.model}+{gate.lookup}?gate={gate.gate.path}&margin={margin:.3f}"
     model = f"chain:{trial.suggest_int('model_depth', 1, 4)}/block"
     kind = trial.suggest_categorical("lookup", ["chain", "trie", "hybrid"])
     depth = trial.suggest_int("lookup_depth", 3, 12)
@@ -65,21 +75,26 @@ def _known_params(rule: str) -> dict[str, Any]:
 
 
 def search(engine: Any, prompts: list, temps: list[float], args: Any) -> dict[str, Any]:
-    """Per temperature: ``args.trials`` Optuna trials of source rules; returns ``run``-like rows."""
+    """Per temperature: ``args.trials`` Optuna trials of source rules (and of ``args.gate``); returns ``run``-like rows."""
     from adaptive_spec.temperatures import temperature_key
     from adaptive_spec.tuning.objectives import speedup_trial
     from adaptive_spec.tuning.storage import open_study
 
+    gate = getattr(args, "gate", None)
+    gate = GatedSource(gate) if gate is not None else None
     runs: dict[str, Any] = {}
     for t in temps:
         key = temperature_key(t)
         study = open_study(f"{args.study_prefix}-T{key}", args.storage, seed=args.seed)
         for rule in KNOWN_RULES:
-            study.enqueue_trial(_known_params(rule), skip_if_exists=True)
+            params = _known_params(rule)
+            study.enqueue_trial(params if gate is None else params | {"kind": "rule"}, skip_if_exists=True)
+        for margin in GATE_MARGINS if gate is not None else ():
+            study.enqueue_trial({"kind": "gate", "margin": margin}, skip_if_exists=True)
         rows: list[dict] = []
 
         def objective(trial, t=t, rows=rows):
-            rule = suggest_rule(trial, t == 0)
+            rule = suggest_rule(trial, t == 0, gate)
             return speedup_trial(trial, engine, prompts, rule, parse_source_rule(rule), t, args, rows)
 
         study.optimize(objective, n_trials=args.trials, show_progress_bar=not args.no_progress)
