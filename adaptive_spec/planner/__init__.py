@@ -6,7 +6,9 @@ protocol and the step records the engine passes to planners;
 :mod:`~adaptive_spec.planner.explore` random planners for data collection;
 :mod:`~adaptive_spec.planner.latency` the latency model that predicts a step's time from a
 profile (``adaptive-spec profile``); :mod:`~adaptive_spec.planner.presets` the default plans and
-the tuned plan files (``configs/plans/best-static.yaml``, ``in-draft.yaml``). The planner depends
+the tuned plan files (``configs/plans/best-static.yaml``, ``in-draft.yaml``);
+:mod:`~adaptive_spec.planner.sources` the per-step choice of the draft source by rule, and
+:mod:`~adaptive_spec.planner.gate` the learned one. The planner depends
 on trees, verifiers and the bottom helpers (:mod:`adaptive_spec.files`,
 :mod:`adaptive_spec.temperatures`) only; the engine depends on the planner.
 """

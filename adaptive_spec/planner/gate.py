@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from adaptive_spec.planner.plan import Plan, Planner, StepResult, StepState, as_plan
-from adaptive_spec.trees import DraftLaw
+from adaptive_spec.trees import DraftLaw, TreeShape
 
 __all__ = ["GATE_FEATURES", "GATE_VERSION", "GateFeatures", "GatedSource", "SourceGate", "StepCosts"]
 
@@ -50,6 +50,7 @@ GATE_FEATURES = (
     "first_step",
 )
 SHADOW_DECAY = 0.5  # weight of the past in the running rates
+PLAIN = Plan(TreeShape.chain(0), "block")  # a step that drafts nothing: one target token
 _ROOT = ("draft_root_top1", "draft_root_entropy", "target_top1")
 
 
@@ -114,12 +115,14 @@ class StepCosts:
     """Step times measured where the gate was trained (seconds).
 
     ``model_s`` per model step; ``lookup_s + per_token_s * found`` per lookup step that found
-    ``found`` tokens on its first path (a trie's other paths are in the fit).
+    ``found`` tokens on its first path (a trie's other paths are in the fit); ``plain_s`` per step
+    that drafts nothing (one target token, as in autoregressive decoding).
     """
 
     model_s: float
     lookup_s: float
     per_token_s: float
+    plain_s: float
 
     def lookup(self, found: int) -> float:
         return self.lookup_s + self.per_token_s * found
@@ -181,7 +184,11 @@ class SourceGate:
 
 
 class GatedSource(Planner):
-    """Per step, the source with the higher predicted tokens per second: the lookup plan or the model plan.
+    """Per step, the source with the most predicted tokens per second: the lookup plan, the model plan, or none.
+
+    A step with no draft (one target token, as autoregressive decoding) is chosen where neither
+    source is predicted to pay for its longer target pass: on hardware where scoring a few tokens
+    costs much more than one, a weak draft loses to plain decoding.
 
     Args:
         gate: a :class:`SourceGate` (or the path of its file).
@@ -206,17 +213,15 @@ class GatedSource(Planner):
     def choose(self, state: StepState) -> Plan:
         x = self.tracker.vector(state)
         found = len(self.tracker.proposal)
-        if not found:
-            return self.model
         lookup_e, model_e = self.last_prediction = self.gate.predict(x)
         if self.lookup.shape.law is not DraftLaw.DETERMINISTIC:  # a chain is cut to the tokens found
             lookup_e = min(lookup_e, found)
         costs = self.gate.costs
-        lookup_rate = (1.0 + lookup_e) / costs.lookup(found)
         model_rate = (1.0 + model_e) / costs.model_s
-        if lookup_rate > self.margin * model_rate:
+        best, plan = max((model_rate, self.model), (1.0 / costs.plain_s, PLAIN), key=lambda c: c[0])
+        if found and (1.0 + lookup_e) / costs.lookup(found) > self.margin * best:
             return self._lookup_plan(found)
-        return self.model
+        return plan
 
     def _lookup_plan(self, found: int) -> Plan:
         if self.lookup.shape.law is DraftLaw.DETERMINISTIC:

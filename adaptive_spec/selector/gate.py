@@ -2,7 +2,8 @@
 
 1. **Collect** (:func:`collect_gate_data`): generate the training prompts with the model plan,
    playing the lookup plan instead on a random fraction ``explore`` of the steps where lookup finds
-   something (so its step time is measured too). Every step records the gate's features (the same
+   something, and a step with no draft on a fraction ``explore / 4`` of the others (so that their
+   step times are measured too). Every step records the gate's features (the same
    :class:`~adaptive_spec.planner.gate.GateFeatures` the planner uses), its position, source,
    accepted tokens and time. Generations are appended to a JSON Lines file as they finish, and a
    rerun skips those already there (resumable).
@@ -28,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from adaptive_spec.planner.gate import GATE_FEATURES, GATE_VERSION, GateFeatures, SourceGate
+from adaptive_spec.planner.gate import GATE_FEATURES, GATE_VERSION, PLAIN, GateFeatures, SourceGate
 from adaptive_spec.planner.plan import Plan, Planner, StepResult, StepState, as_plan
 from adaptive_spec.trees import DraftLaw
 from adaptive_spec.trees.lookup import ngram_candidates
@@ -60,12 +61,16 @@ class GateRecorder(Planner):
             self.steps = []
         x = self.tracker.vector(state)
         found = len(self.tracker.proposal)
-        play_lookup = found > 0 and self.rng.random() < self.explore
-        plan = self.lookup if self.lookup.shape.law is DraftLaw.DETERMINISTIC else self.lookup.truncated(found or 1)
-        self.steps.append(
-            {"x": x.tolist(), "p": state.context_length, "found": found, "source": "lookup" if play_lookup else "model"}
-        )
-        return plan if play_lookup else self.model
+        u = self.rng.random()
+        if found and u < self.explore:
+            source = "lookup"
+            plan = self.lookup if self.lookup.shape.law is DraftLaw.DETERMINISTIC else self.lookup.truncated(found)
+        elif u > 1 - self.explore / 4:
+            source, plan = "plain", PLAIN
+        else:
+            source, plan = "model", self.model
+        self.steps.append({"x": x.tolist(), "p": state.context_length, "found": found, "source": source})
+        return plan
 
     def observe(self, result: StepResult) -> None:
         self.tracker.observe(result)
@@ -134,8 +139,11 @@ def collect_gate_data(
 
 def read_gate_data(path: str | Path) -> list[dict[str, Any]]:
     """The generations of a gate data file (a torn last line is skipped)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no gate data; collect it with `adaptive-spec selector gate` (no --skip-collect)")
     records = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8").splitlines():
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
@@ -162,12 +170,14 @@ def label_steps(records: Sequence[dict[str, Any]], lookup: Plan | str) -> dict[s
     Returns:
         ``x`` [N, F], ``lookup`` [N] (accepted length of the lookup plan; NaN where nothing was
         found or the generation ended before the lookup's depth), ``model`` [N] (accepted length of
-        the model plan; NaN on lookup steps), ``found`` [N], ``seconds`` [N], ``is_lookup`` [N], ``group`` [N] (prompt).
+        the model plan; NaN on the other steps), ``found`` [N], ``seconds`` [N], ``is_lookup`` [N]
+        and ``is_plain`` [N] (the step's source), ``group`` [N] (prompt).
     """
     plan = as_plan(lookup)
     paths = plan.shape.paths if plan.shape.law is DraftLaw.DETERMINISTIC else 1
     depth = plan.shape.depth
-    cols: dict[str, list[float]] = {k: [] for k in ("lookup", "model", "found", "seconds", "is_lookup", "group")}
+    names = ("lookup", "model", "found", "seconds", "is_lookup", "is_plain", "group")
+    cols: dict[str, list[float]] = {k: [] for k in names}
     xs = []
     for rec in records:
         ids = rec["ids"]
@@ -185,6 +195,7 @@ def label_steps(records: Sequence[dict[str, Any]], lookup: Plan | str) -> dict[s
             cols["found"].append(step["found"])
             cols["seconds"].append(step["seconds"])
             cols["is_lookup"].append(step["source"] == "lookup")
+            cols["is_plain"].append(step["source"] == "plain")
             cols["group"].append(rec["prompt"])
     if not xs:
         raise ValueError("the gate data has no finished steps")
@@ -194,11 +205,13 @@ def label_steps(records: Sequence[dict[str, Any]], lookup: Plan | str) -> dict[s
 
 
 def fit_costs(data: dict[str, np.ndarray]) -> dict[str, float]:
-    """Step times: the mean model step, and a least-squares line in the tokens found for lookup steps."""
-    look = data["is_lookup"] > 0
-    if look.sum() < 2 or (~look).sum() < 1:
-        raise ValueError("the gate data needs model steps and at least two lookup steps; raise --explore")
-    model_s = float(np.median(data["seconds"][~look]))
+    """Step times: the median model and plain steps, and a least-squares line in the tokens found for lookup steps."""
+    look, plain = data["is_lookup"] > 0, data["is_plain"] > 0
+    model = ~look & ~plain
+    if look.sum() < 2 or model.sum() < 1 or plain.sum() < 1:
+        raise ValueError("the gate data needs model steps, plain steps and at least two lookup steps; raise --explore")
+    model_s = float(np.median(data["seconds"][model]))
+    plain_s = float(np.median(data["seconds"][plain]))
     found, secs = data["found"][look], data["seconds"][look]
     if np.ptp(found) > 0:
         slope, intercept = np.polyfit(found, secs, 1)
@@ -206,7 +219,7 @@ def fit_costs(data: dict[str, np.ndarray]) -> dict[str, float]:
         slope, intercept = 0.0, float(np.median(secs))
     slope = max(float(slope), 0.0)
     intercept = max(float(intercept), 1e-6)
-    return {"model_s": model_s, "lookup_s": intercept, "per_token_s": slope}
+    return {"model_s": model_s, "lookup_s": intercept, "per_token_s": slope, "plain_s": plain_s}
 
 
 def fit_gate(

@@ -75,7 +75,7 @@ def _known_params(rule: str) -> dict[str, Any]:
 
 
 def search(engine: Any, prompts: list, temps: list[float], args: Any) -> dict[str, Any]:
-    """Per temperature: ``args.trials`` Optuna trials of source rules (and of ``args.gate``); returns ``run``-like rows."""
+    """Per temperature: ``args.trials`` Optuna trials of rules (and of ``args.gate``); returns ``run``-like rows."""
     from adaptive_spec.temperatures import temperature_key
     from adaptive_spec.tuning.objectives import speedup_trial
     from adaptive_spec.tuning.storage import open_study

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from adaptive_spec.planner.gate import GATE_FEATURES, GATE_VERSION, GateFeatures, GatedSource, SourceGate
+from adaptive_spec.planner.gate import GATE_FEATURES, GATE_VERSION, GatedSource, GateFeatures, SourceGate
 from adaptive_spec.planner.plan import Plan, StepResult, StepState
 from adaptive_spec.planner.sources import SourceRule, parse_source_rule
 from adaptive_spec.trees.lookup import lookup_match
@@ -25,7 +25,7 @@ def gate_data(lookup_logit: float, model_logit: float, **costs) -> dict:
         "mean": [0.0] * F,
         "scale": [1.0] * F,
         "layers": [[np.zeros((4, F)).tolist(), [0.0] * 4], [np.zeros((2, 4)).tolist(), [lookup_logit, model_logit]]],
-        "costs": {"model_s": 0.05, "lookup_s": 0.05, "per_token_s": 0.0} | costs,
+        "costs": {"model_s": 0.05, "lookup_s": 0.05, "per_token_s": 0.0, "plain_s": 1.0} | costs,
     }
 
 
@@ -71,6 +71,10 @@ def test_gate_plays_the_source_with_more_tokens_per_second() -> None:
     slow_lookup = SourceGate(gate_data(0.0, 0.0, lookup_s=0.25))
     assert str(GatedSource(slow_lookup).choose(state(0, [1, 2, 3, 4, 5, 6, 7, 8]))) == "chain:2/block"
     assert str(GatedSource(slow_lookup, margin=0.3).choose(state(0, [1] * 8))) == "lookup:8/block"
+    # a weak draft on hardware where a plain step is much cheaper: no draft at all (one target token)
+    weak = GatedSource(SourceGate(gate_data(-5.0, -5.0, plain_s=0.03)))
+    assert str(weak.choose(state(0, [1, 2]))) == "chain:0/block"
+    assert str(GatedSource(SourceGate(gate_data(5.0, -5.0, plain_s=0.03))).choose(state(0, [1, 2]))) == "lookup:2/block"
 
 
 def test_gate_file_round_trip_and_errors(tmp_path) -> None:

@@ -1,4 +1,4 @@
-"""Training the learned source choice: labels from the committed text, collection, fit, and the gate through the engine."""
+"""Training the learned source choice: labels from the committed text, collection, fit, the gate in the engine."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ import torch
 
 from adaptive_spec.analysis.expected import expected_block_efficiency
 from adaptive_spec.planner.gate import GatedSource, SourceGate
-from adaptive_spec.selector.gate import collect_gate_data, fit_gate, label_steps, lookup_depth, read_gate_data, write_gate
+from adaptive_spec.selector.gate import (
+    collect_gate_data,
+    fit_gate,
+    label_steps,
+    lookup_depth,
+    read_gate_data,
+    write_gate,
+)
 from adaptive_spec.trees.lookup import lookup_trie, ngram_candidates
 
 V = 6

@@ -110,3 +110,41 @@ def test_choose_plays_the_best_static_plan_where_no_rule_beat_it():
     assert out["1"]["plan"] == "chain:1/block" and out["1"]["speedup_vs_ar"] == 1.1
     assert out["1"]["best_rule"] == {"plan": "source:chain:2/block", "speedup_vs_ar": 1.0}
     assert out["1"]["best_static"]["plan"] == "chain:1/block"
+
+
+@pytest.mark.slow
+def test_a_learned_gate_is_trained_tuned_beside_the_rules_and_played_from_its_plan_file(prompt_files, tmp_path):
+    from adaptive_spec.planner.gate import GatedSource
+
+    (tmp_path / "pair").mkdir(exist_ok=True)
+    gate = tmp_path / "pair" / "source_gate.json"
+    train = ["selector", "gate", "--prompts", "chat.txt", "--prompts", "copy.txt", "--temperatures", "0,1"]
+    train += ["--model-plan", "chain:2/block", "--lookup", "lookup:4/block", "--max-new-tokens", "16"]
+    assert main([*train, "--explore", "0.5", "--data", "steps.jsonl", "--out-file", str(gate), "--no-progress"]) == 0
+    assert json.loads(gate.read_text())["lookup_plan"] == "lookup:4/block"
+    with pytest.raises(SystemExit, match="no gate data"):
+        main(["selector", "gate", "--prompts", "chat.txt", "--skip-collect", "--data", "none.jsonl", "--no-progress"])
+
+    out = tmp_path / "pair" / "adaptive.yaml"
+    args = ["tune", "sources", "--prompts", "copy.txt", "--temperatures", "0", "--max-new-tokens", "8"]
+    args += ["--trials", "5", "--storage", f"sqlite:///{tmp_path}/o.db", "--static", "chain:2/block"]
+    assert main([*args, "--gate", str(gate), "--out-file", str(out), "--json", "out.json", "--no-progress"]) == 0
+    rows = json.loads((tmp_path / "out.json").read_text())["rules"]["0"]["results"]
+    tried = [r["plan"] for r in rows]
+    assert tried[0] == KNOWN_RULES[0] and all(f"?gate={gate}&margin=" in p for p in tried[2:5])  # enqueued
+    data = yaml.safe_load(out.read_text())
+    best = max(rows, key=lambda r: r["speedup_vs_ar"])["plan"]
+    if "gate=" in data["plans"]["0"]["plan"]:  # the gate won: named relative to the plan file beside it
+        assert data["plans"]["0"]["plan"] == best.replace(str(gate), gate.name)
+    # a plan file naming the gate relatively is played from anywhere (the gate is found beside it)
+    entry = f"source:chain:2/block+lookup:4/block?gate={gate.name}&margin=0.9"
+    out.write_text(yaml.safe_dump({"version": 1, "plans": {"0": {"plan": entry}}}))
+    engine = load_engine(None, None, None, None)
+    stamp_plan_file(out, engine.fingerprints())
+    planner, why = choose_default_plan(engine.fingerprints(), 0.0, [out])
+    assert isinstance(planner, GatedSource) and planner.margin == 0.9 and "adaptive.yaml" in why
+    plans, _ = resolve_plans(["adaptive"], [0.0], pair_file=out)
+    assert isinstance(plans["adaptive"]["0"], GatedSource)
+    prompt = "w5 w6 w7 w5 w6 w7 w5 w6"
+    ar = engine.generate(prompt, max_new_tokens=8, temperature=0, plan=None)
+    assert engine.generate(prompt, max_new_tokens=8, temperature=0, plan=planner).token_ids == ar.token_ids
