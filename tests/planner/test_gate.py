@@ -98,3 +98,20 @@ def test_gate_file_round_trip_and_errors(tmp_path) -> None:
         SourceGate.load(path)
     with pytest.raises(ValueError, match="margin must be a positive number"):
         GatedSource(SourceGate(gate_data(1.0, 0.0)), margin=0)
+
+
+def test_the_shipped_pair_file_names_a_gate_that_loads() -> None:
+    """Every plan of SmolLM2's adaptive.yaml parses, a gate among them found beside the file."""
+    from pathlib import Path
+
+    import yaml
+
+    from adaptive_spec.engine.auto_plan import parse_plan_or_rule
+
+    pair_file = Path(__file__).resolve().parents[2] / "adaptive_spec" / "zoo" / "smollm2" / "adaptive.yaml"
+    plans = yaml.safe_load(pair_file.read_text())["plans"]
+    for entry in plans.values():
+        plan = parse_plan_or_rule(entry["plan"], base_dir=pair_file.parent)
+        if isinstance(plan, GatedSource):
+            assert plan.gate.path == pair_file.parent / "source_gate.json"
+            assert plan.gate.costs.plain_s > 0 and plan.gate.layers[0][0].shape[1] == F
