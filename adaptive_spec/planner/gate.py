@@ -208,31 +208,22 @@ class GatedSource(Planner):
         self.margin = float(margin)
         self.model, self.lookup = self.gate.model_plan, self.gate.lookup_plan
         self.tracker = GateFeatures(self.lookup.shape.depth)
-        self.last_prediction: np.ndarray | None = None
 
     def choose(self, state: StepState) -> Plan:
         x = self.tracker.vector(state)
         found = len(self.tracker.proposal)
-        lookup_e, model_e = self.last_prediction = self.gate.predict(x)
+        lookup_e, model_e = self.gate.predict(x)
         if self.lookup.shape.law is not DraftLaw.DETERMINISTIC:  # a chain is cut to the tokens found
             lookup_e = min(lookup_e, found)
         costs = self.gate.costs
         model_rate = (1.0 + model_e) / costs.model_s
         best, plan = max((model_rate, self.model), (1.0 / costs.plain_s, PLAIN), key=lambda c: c[0])
         if found and (1.0 + lookup_e) / costs.lookup(found) > self.margin * best:
-            return self._lookup_plan(found)
+            return self.lookup.for_found(found)
         return plan
-
-    def _lookup_plan(self, found: int) -> Plan:
-        if self.lookup.shape.law is DraftLaw.DETERMINISTIC:
-            return self.lookup
-        return self.lookup.truncated(found)
 
     def observe(self, result: StepResult) -> None:
         self.tracker.observe(result)
-
-    def needs_features_for(self, temperature: float, top_p: float = 1.0) -> bool:  # noqa: ARG002
-        return True
 
     def __str__(self) -> str:
         path = self.gate.path or "<in memory>"

@@ -174,6 +174,20 @@ class Plan:
             return f"hybrid:{self.lookup_depth}:{self.shape.depth - self.lookup_depth}/{self.verifier}"
         return f"{self.policy if self.policy is not None else self.shape}/{self.verifier}"
 
+    def for_found(self, found: int) -> Plan:
+        """A lookup or hybrid plan as played when the context lookup ``found`` tokens (``found`` >= 1).
+
+        A chain is cut to the tokens found; a trie is kept (its other candidates may be longer); a
+        hybrid looks up at most ``found`` tokens, then drafts its model tokens.
+        """
+        if self.source == "hybrid":
+            a = min(found, self.lookup_depth)
+            depth = a + self.shape.depth - self.lookup_depth
+            return Plan(TreeShape.chain(depth), self.verifier, self.allow_lossy, source="hybrid", lookup_depth=a)
+        if self.shape.law is DraftLaw.DETERMINISTIC:
+            return self
+        return self.truncated(found)
+
     def truncated(self, max_depth: int) -> Plan:
         """The same plan with the tree cut to depth ``max_depth`` (for the last tokens of a budget)."""
         if self.shape.depth <= max_depth:

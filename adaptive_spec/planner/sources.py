@@ -23,7 +23,6 @@ from typing import Any
 
 from adaptive_spec.planner.gate import GatedSource
 from adaptive_spec.planner.plan import Plan, Planner, StepResult, StepState, as_plan
-from adaptive_spec.trees import DraftLaw, TreeShape
 
 SOURCE_PREFIX = "source:"
 DEFAULT_LOOKUP = "lookup:8/block"
@@ -75,22 +74,8 @@ class SourceRule(Planner):
             self.rate = 1.0  # a new generation
         found = len(state.lookup or ())
         if found and state.lookup_ngram >= self.min_ngram and self.rate >= self.min_rate:
-            return self._lookup_plan(found)
+            return self.lookup.for_found(found)
         return as_plan(self.model.choose(state)) if isinstance(self.model, Planner) else self.model
-
-    def _lookup_plan(self, found: int) -> Plan:
-        plan = self.lookup
-        if plan.source == "hybrid":  # the run found (at most A tokens), then the model's B
-            a = min(found, plan.lookup_depth)
-            return Plan(
-                TreeShape.chain(a + plan.shape.depth - plan.lookup_depth),
-                plan.verifier,
-                source="hybrid",
-                lookup_depth=a,
-            )
-        if plan.shape.law is DraftLaw.DETERMINISTIC:  # the trie's other candidates may be longer
-            return plan
-        return plan.truncated(found)
 
     def observe(self, result: StepResult) -> None:
         """Update the running acceptance rate of looked-up tokens; pass model steps on to a model planner."""

@@ -63,8 +63,7 @@ class GateRecorder(Planner):
         found = len(self.tracker.proposal)
         u = self.rng.random()
         if found and u < self.explore:
-            source = "lookup"
-            plan = self.lookup if self.lookup.shape.law is DraftLaw.DETERMINISTIC else self.lookup.truncated(found)
+            source, plan = "lookup", self.lookup.for_found(found)
         elif u > 1 - self.explore / 4:
             source, plan = "plain", PLAIN
         else:
@@ -75,9 +74,6 @@ class GateRecorder(Planner):
     def observe(self, result: StepResult) -> None:
         self.tracker.observe(result)
         self.steps[-1].update(accepted=result.num_accepted, seconds=sum(result.times.values()))
-
-    def needs_features_for(self, temperature: float, top_p: float = 1.0) -> bool:  # noqa: ARG002
-        return True
 
 
 def _done_keys(path: Path) -> set[str]:

@@ -101,7 +101,8 @@ def lookup_match(context: Sequence[int], max_tokens: int, max_ngram: int = 3, mi
             start = hit + n
             back = min(hit, MAX_MATCH_LENGTH - n)  # extend the match leftwards
             before, end = arr[hit - back : hit][::-1], arr[L - n - back : L - n][::-1]
-            agree = int(np.argmin(before == end)) if back and not (before == end).all() else back
+            same = before == end
+            agree = back if same.all() else int(np.argmin(same))  # the first disagreement
             return LookupMatch(arr[start : start + max_tokens].tolist(), n, int(hits.size), n + agree)
     return LookupMatch([], 0)
 
