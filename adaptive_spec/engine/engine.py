@@ -47,6 +47,7 @@ from adaptive_spec.engine.drafting import (
 )
 from adaptive_spec.engine.eagle import EagleRunner, draft_runner, is_eagle_head
 from adaptive_spec.engine.features import LatencyFeatures, RootFeatures, RootTracker, planner_view
+from adaptive_spec.engine.layout import column_major_linears
 from adaptive_spec.engine.logits import ProbsFn, build_logits_processor
 from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
 from adaptive_spec.engine.outputs import EngineState, GenerationResult
@@ -241,6 +242,11 @@ class SpecEngine:
         input embeddings, where the engine keeps its tensors. Give ``device`` or
         ``device_map``, not both. ``offload_folder`` goes with it, for modules mapped to ``"disk"``.
 
+        On a CPU, the loaded models' ``Linear`` weights are stored column-major (same values;
+        one- to three-token forwards about 1.3x faster, :mod:`adaptive_spec.engine.layout`);
+        call :func:`~adaptive_spec.engine.layout.row_major_linears` on a model before its
+        ``save_pretrained``.
+
         A hub name (``org/name``) is checked before anything is downloaded: offline
         (``HF_HUB_OFFLINE=1``, or no connection to the hub) it loads from the local Hugging
         Face cache, or fails at once with one line saying so.
@@ -264,7 +270,11 @@ class SpecEngine:
             offload_folder=offload_folder,
         )
         kw = {"device": device, "draft_tokenizer": draft_tokenizer, **engine_kwargs}
-        return cls(target_model, draft_model, tokenizer, **kw)
+        engine = cls(target_model, draft_model, tokenizer, **kw)
+        if engine.device.type == "cpu":  # the models are ours: the faster weight order for few-row forwards
+            column_major_linears(engine.target)
+            column_major_linears(engine.draft)
+        return engine
 
     # ------------------------------------------------------------------ public API
     def fingerprints(self) -> dict[str, str]:

@@ -128,3 +128,16 @@ def test_bench_latency_model_without_a_profile_says_how_to_make_one(module_tiny_
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit, match="adaptive-spec profile"):
         main(["bench", "latency-model", "--no-progress"])
+
+
+def test_forwards_are_measured_with_an_eagle_head_as_the_draft():
+    """An EAGLE head reads the target's features: the profile feeds them and times a level of n children."""
+    from adaptive_spec.bench.profile.measure import measure_forwards
+    from tests.engine.test_eagle import make_head
+    from tests.helpers.tiny import tiny_model
+
+    target = tiny_model("llama", vocab=48, hidden=32, seed=3, eos=None)
+    head = make_head(target, 40, range(8, 48))
+    out = measure_forwards(target, head, contexts=[0, 8], tokens=[1, 3], warmup=0, repeats=1, progress=False)
+    for name in ("draft_ms", "target_ms"):
+        assert len(out[name]) == 2 and all(len(row) == 2 and all(ms > 0 for ms in row) for row in out[name])

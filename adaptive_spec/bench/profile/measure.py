@@ -109,6 +109,7 @@ def measure_forwards(
     import torch
     from tqdm.auto import tqdm
 
+    from adaptive_spec.engine.eagle import draft_runner, is_eagle_head
     from adaptive_spec.engine.runner import ModelRunner
 
     contexts, tokens = sorted(set(contexts)), sorted(set(tokens))
@@ -116,7 +117,8 @@ def measure_forwards(
         raise ValueError(f"contexts must be >= 0 and tokens >= 1, got {contexts} and {tokens}")
     if warmup < 0 or repeats < 1:
         raise ValueError(f"warmup must be >= 0 and repeats >= 1, got {warmup} and {repeats}")
-    runners = {"draft": ModelRunner(draft), "target": ModelRunner(target)}
+    eagle = is_eagle_head(draft)  # an EAGLE head reads the target's features of the context
+    runners = {"draft": draft_runner(draft), "target": ModelRunner(target, keep_features=eagle)}
     for name, r in runners.items():
         window = getattr(r.model.config.get_text_config(), "max_position_embeddings", None)
         if window and contexts[-1] + tokens[-1] > window:
@@ -134,6 +136,8 @@ def measure_forwards(
 
     def timed(r: ModelRunner, ctx: int, n: int) -> float:
         anc = torch.ones(n, n, dtype=torch.bool, device=device).tril_()  # [n, n] a chain: one path of n nodes
+        if eagle and r is runners["draft"]:  # an EAGLE head drafts a level at a time: n children of the root
+            anc = torch.eye(n, dtype=torch.bool, device=device)
         pos = torch.arange(ctx, ctx + n, device=device)
         sync()
         t0 = time.perf_counter()
@@ -148,8 +152,11 @@ def measure_forwards(
         for r in runners.values():
             r.rollback(0)
         for ci, ctx in enumerate(contexts):
-            for r in runners.values():  # extend both caches to ctx rows
-                r.chain_forward(prefill[r.cached : ctx], logits_to_keep=1)
+            target_runner, start = runners["target"], runners["target"].cached  # extend both caches to ctx rows
+            target_runner.chain_forward(prefill[start:ctx], logits_to_keep=1)
+            if eagle and ctx > start:
+                runners["draft"].set_target_features(start, target_runner.features)
+            runners["draft"].chain_forward(prefill[runners["draft"].cached : ctx], logits_to_keep=1)
             for ti, n in enumerate(tokens):
                 for i in range(warmup + repeats):
                     for name, r in runners.items():  # interleaved: load drift hits both models alike
