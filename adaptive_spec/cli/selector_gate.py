@@ -38,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--data", type=Path, default=Path("data/gate/steps.jsonl"), help="the step records (default: %(default)s)"
     )
     parser.add_argument("--skip-collect", action="store_true", help="fit on the records already in --data")
+    parser.add_argument(
+        "--no-draft-features",
+        action="store_true",
+        help="a gate that chooses before any draft forward: collect without it and fit without the draft's "
+        "root features (lookup and no-draft steps then run no draft at all); --data must be such a collection",
+    )
     add_model_options(parser, ("target", "draft"))
     parser.add_argument(
         "--out-file",
@@ -52,8 +58,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Collect, label, fit and write the gate; print its report."""
     from adaptive_spec.files import read_prompts
+    from adaptive_spec.planner.gate import GATE_FEATURES, ROOT_FEATURES
     from adaptive_spec.planner.plan import Plan
-    from adaptive_spec.selector.gate import collect_gate_data, fit_gate, label_steps, read_gate_data, write_gate
+    from adaptive_spec.selector.gate import (
+        collect_gate_data,
+        data_root_features,
+        fit_gate,
+        label_steps,
+        read_gate_data,
+        write_gate,
+    )
     from adaptive_spec.temperatures import parse_temperatures
 
     try:
@@ -83,12 +97,17 @@ def run(args: argparse.Namespace) -> int:
                 explore=args.explore,
                 seed=args.seed,
                 progress=not args.no_progress,
+                root_features=not args.no_draft_features,
             )
         except ValueError as err:
             raise SystemExit(f"selector gate: {err}") from None
     try:
-        data = label_steps(read_gate_data(args.data), lookup)
-        gate, report = fit_gate(data, model, lookup, seed=args.seed)
+        records = read_gate_data(args.data)
+        if args.no_draft_features and data_root_features(records):
+            raise ValueError(f"{args.data} was collected with draft root features; collect into another --data")
+        features = [f for f in GATE_FEATURES if not (args.no_draft_features and f in ROOT_FEATURES)]
+        data = label_steps(records, lookup)
+        gate, report = fit_gate(data, model, lookup, seed=args.seed, features=features)
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"selector gate: {err}") from None
     provenance = {

@@ -33,8 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gate",
         type=Path,
+        action="append",
         default=None,
-        help="a learned source choice (`adaptive-spec selector gate`) to try beside the rules, its margin searched",
+        help="a learned source choice (`adaptive-spec selector gate`) to try beside the rules, its margin searched; "
+        "repeat to try several",
+    )
+    parser.add_argument(
+        "--no-rules",
+        action="store_true",
+        help="with --gate: try only the gates (their margins), not the hand-written rules",
     )
     parser.add_argument("--max-new-tokens", type=int, default=96, help="(default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
@@ -66,10 +73,13 @@ def run(args: argparse.Namespace) -> int:
         statics = {str(p): p for p in (Plan.parse(s) for s in args.static.split(",") if s.strip())}
         if args.trials < 1:
             raise ValueError("--trials must be at least 1")
-        if args.gate is not None:
+        if args.no_rules and not args.gate:
+            raise ValueError("--no-rules leaves nothing to try without --gate")
+        if args.gate:
             from adaptive_spec.planner.gate import SourceGate
 
-            SourceGate.load(args.gate)  # a clear error before any model loads
+            for gate in args.gate:
+                SourceGate.load(gate)  # a clear error before any model loads
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"tune sources: {err}") from None
     engine = load_engine(args.target, args.draft, None, None)
@@ -85,9 +95,10 @@ def run(args: argparse.Namespace) -> int:
             | {"max_new_tokens": args.max_new_tokens, "date": stamp}
         )
     header = "# The per-step source rule per temperature, from `adaptive-spec tune sources` (its measured speedups).\n"
-    if args.gate is not None and args.gate.resolve().parent == args.out_file.resolve().parent:
-        for entry in choices.values():  # a gate beside the plan file is named relative to it
-            entry["plan"] = entry["plan"].replace(f"gate={args.gate}", f"gate={args.gate.name}")
+    for gate in args.gate or ():
+        if gate.resolve().parent == args.out_file.resolve().parent:
+            for entry in choices.values():  # a gate beside the plan file is named relative to it
+                entry["plan"] = entry["plan"].replace(f"gate={gate}&", f"gate={gate.name}&")
     write_plan_file(choices, args.out_file, header)
     stamp_plan_file(args.out_file, engine.fingerprints())  # generate() plays it by default for this pair only
     for k, entry in choices.items():

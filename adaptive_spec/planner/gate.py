@@ -17,6 +17,10 @@ the model plan (a two-layer perceptron, in NumPy: the engine never imports a tra
 framework), and plays the source with the higher expected tokens per second under the step times
 measured on this machine when it was trained (``adaptive-spec selector gate``, which collects,
 labels, trains and writes the gate file). :class:`GatedSource` is the planner.
+
+A gate may read a subset of the features: one trained without :data:`ROOT_FEATURES` (``selector
+gate --no-draft-features``) needs no draft forward before it chooses, so a step it plays with a
+lookup or with no draft runs no draft at all (the draft catches up when a model step comes).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import numpy as np
 from adaptive_spec.planner.plan import Plan, Planner, StepResult, StepState, as_plan
 from adaptive_spec.trees import DraftLaw, TreeShape
 
-__all__ = ["GATE_FEATURES", "GATE_VERSION", "GateFeatures", "GatedSource", "SourceGate", "StepCosts"]
+__all__ = ["GATE_FEATURES", "GATE_VERSION", "ROOT_FEATURES", "GateFeatures", "GatedSource", "SourceGate", "StepCosts"]
 
 GATE_VERSION = 1
 GATE_FEATURES = (
@@ -50,8 +54,10 @@ GATE_FEATURES = (
     "first_step",
 )
 SHADOW_DECAY = 0.5  # weight of the past in the running rates
+# The features read off the step's first draft forward (it costs a draft forward before the choice).
+ROOT_FEATURES = ("draft_top1", "draft_entropy", "target_top1")
 PLAIN = Plan(TreeShape.chain(0), "block")  # a step that drafts nothing: one target token
-_ROOT = ("draft_root_top1", "draft_root_entropy", "target_top1")
+_ROOT = ("draft_root_top1", "draft_root_entropy", "target_top1")  # their names in the engine's root features
 
 
 def _agreement(proposal: list[int], tokens: tuple[int, ...] | list[int]) -> tuple[int, int]:
@@ -136,12 +142,19 @@ class SourceGate:
     """
 
     def __init__(self, data: dict[str, Any]) -> None:
-        if data.get("version") != GATE_VERSION or tuple(data.get("features", ())) != GATE_FEATURES:
+        features = tuple(data.get("features", ()))
+        known = all(f in GATE_FEATURES for f in features)
+        known = known and list(features) == sorted(features, key=GATE_FEATURES.index)
+        if data.get("version") != GATE_VERSION or not features or not known or len(set(features)) < len(features):
             raise ValueError(
                 f"this source gate was written for gate version {data.get('version')} with other features; "
                 f"retrain it with `adaptive-spec selector gate` (version {GATE_VERSION})"
             )
         self.data = data
+        self.features = features
+        self.columns = np.asarray([GATE_FEATURES.index(f) for f in features])  # its columns of the full vector
+        #: Whether it reads the step's first draft forward (:data:`ROOT_FEATURES`).
+        self.uses_root = any(f in ROOT_FEATURES for f in features)
         self.path: Path | None = None
         self.model_plan = as_plan(data["model_plan"])
         self.lookup_plan = as_plan(data["lookup_plan"])
@@ -171,8 +184,8 @@ class SourceGate:
         return gate
 
     def predict(self, x: np.ndarray) -> np.ndarray:
-        """Expected accepted tokens ``[lookup, model]`` for the feature rows ``x`` ([..., F]) -> [..., 2]."""
-        h = (np.asarray(x, dtype=np.float32) - self.mean) / self.scale
+        """Expected accepted tokens ``[lookup, model]`` for full feature rows ``x`` ([..., F]) -> [..., 2]."""
+        h = (np.asarray(x, dtype=np.float32)[..., self.columns] - self.mean) / self.scale
         for i, (w, b) in enumerate(self.layers):
             h = h @ w.T + b
             if i < len(self.layers) - 1:
@@ -206,6 +219,7 @@ class GatedSource(Planner):
         if not (isinstance(margin, (int, float)) and margin > 0 and math.isfinite(margin)):
             raise ValueError(f"the gate's margin must be a positive number, got {margin!r}")
         self.margin = float(margin)
+        self.needs_features = self.gate.uses_root  # no draft forward before the choice when it reads none
         self.model, self.lookup = self.gate.model_plan, self.gate.lookup_plan
         self.tracker = GateFeatures(self.lookup.shape.depth)
 

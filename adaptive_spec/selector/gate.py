@@ -34,7 +34,7 @@ from adaptive_spec.planner.plan import Plan, Planner, StepResult, StepState, as_
 from adaptive_spec.trees import DraftLaw
 from adaptive_spec.trees.lookup import ngram_candidates
 
-__all__ = ["GateRecorder", "collect_gate_data", "fit_gate", "label_steps"]
+__all__ = ["GateRecorder", "collect_gate_data", "data_root_features", "fit_gate", "label_steps"]
 
 
 class GateRecorder(Planner):
@@ -44,9 +44,11 @@ class GateRecorder(Planner):
     """
 
     needs_lookup = True
-    needs_features = True
 
-    def __init__(self, model: Plan | str, lookup: Plan | str, explore: float, seed: int) -> None:
+    def __init__(
+        self, model: Plan | str, lookup: Plan | str, explore: float, seed: int, root_features: bool = True
+    ) -> None:
+        self.needs_features = root_features  # False: steps timed as a gate without ROOT_FEATURES plays them
         self.model, self.lookup = as_plan(model), as_plan(lookup)
         if self.model.source != "model" or self.lookup.source != "lookup":
             raise ValueError(f"a gate chooses between a model plan and a lookup plan, got {self.model}, {self.lookup}")
@@ -101,22 +103,29 @@ def collect_gate_data(
     explore: float = 0.3,
     seed: int = 0,
     progress: bool = True,
+    root_features: bool = True,
 ) -> Path:
     """Generate every (repeat, prompt, temperature), appending one JSON line per generation to ``out``.
 
     Generation ``n`` (repeats outermost) is seeded with ``seed + n``; those already in ``out`` are skipped.
+    ``root_features=False`` runs no draft forward before each choice (the features of
+    :data:`~adaptive_spec.planner.gate.ROOT_FEATURES` are then 0): the step times of a gate that reads none.
+    A file holds one kind of collection: resuming it with the other kind is refused.
     """
     from tqdm.auto import tqdm
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     done = _done_keys(out)
+    if done and data_root_features(read_gate_data(out)) != root_features:
+        kind = "with" if not root_features else "without"
+        raise ValueError(f"{out} was collected {kind} draft root features; give another --data")
     jobs = [(r, i, t) for r in range(repeats) for i in range(len(prompts)) for t in temperatures]
     for n, (r, i, t) in enumerate(tqdm(jobs, desc="gate data", unit="gen", disable=not progress)):
         key = f"{r}:{i}:{t:g}"
         if key in done:
             continue
-        recorder = GateRecorder(model, lookup, explore, seed + n)
+        recorder = GateRecorder(model, lookup, explore, seed + n, root_features)
         result = engine.generate(
             prompts[i], max_new_tokens=max_new_tokens, temperature=t, plan=recorder, seed=seed + n, keep_state=True
         )
@@ -126,6 +135,7 @@ def collect_gate_data(
             "temperature": t,
             "ids": list(map(int, result.state.context)),
             "prompt_length": result.state.prompt_length,
+            "root_features": root_features,
             "steps": recorder.steps,
         }
         with out.open("a", encoding="utf-8") as f:  # one whole line per generation
@@ -147,6 +157,14 @@ def read_gate_data(path: str | Path) -> list[dict[str, Any]]:
     if not records:
         raise ValueError(f"{path}: no gate data; run `adaptive-spec selector gate` to collect it")
     return records
+
+
+def data_root_features(records: Sequence[dict[str, Any]]) -> bool:
+    """Whether the records were collected with the draft root forward before each choice (older files: yes)."""
+    kinds = {bool(r.get("root_features", True)) for r in records}
+    if len(kinds) > 1:
+        raise ValueError("the gate data mixes collections with and without draft root features")
+    return kinds.pop() if kinds else True
 
 
 def lookup_depth(candidates: Sequence[Sequence[int]], continuation: Sequence[int]) -> int:
@@ -229,8 +247,12 @@ def fit_gate(
     weight_decay: float = 1e-4,
     val_fraction: float = 0.25,
     seed: int = 0,
+    features: Sequence[str] = GATE_FEATURES,
 ) -> tuple[SourceGate, dict[str, Any]]:
     """Fit the gate's perceptron on :func:`label_steps`' output; returns the gate and a report.
+
+    ``features``: the inputs it reads (a subset of :data:`~adaptive_spec.planner.gate.GATE_FEATURES`,
+    in that order).
 
     The prompts are split into training and validation groups; the epoch with the lowest
     validation error is kept. The report has each source's mean absolute error on validation,
@@ -241,7 +263,12 @@ def fit_gate(
     torch.manual_seed(seed)
     model_plan, lookup_plan = as_plan(model), as_plan(lookup)
     depths = torch.tensor([lookup_plan.shape.depth, model_plan.shape.depth], dtype=torch.float32)
-    x = data["x"].astype(np.float32)
+    unknown = [f for f in features if f not in GATE_FEATURES]
+    if unknown or not features:
+        raise ValueError(f"unknown gate features {unknown}; choose among {', '.join(GATE_FEATURES)}")
+    features = sorted(set(features), key=GATE_FEATURES.index)
+    full = data["x"].astype(np.float32)
+    x = full[:, [GATE_FEATURES.index(f) for f in features]]
     y = np.stack([data["lookup"], data["model"]], axis=1)
     groups = np.unique(data["group"])
     rng = np.random.default_rng(seed)
@@ -282,7 +309,7 @@ def fit_gate(
     gate = SourceGate(
         {
             "version": GATE_VERSION,
-            "features": list(GATE_FEATURES),
+            "features": list(features),
             "model_plan": str(model_plan),
             "lookup_plan": str(lookup_plan),
             "mean": mean.tolist(),
@@ -291,8 +318,9 @@ def fit_gate(
             "costs": fit_costs(data),
         }
     )
-    pred = gate.predict(x[val])
+    pred = gate.predict(full[val])
     report: dict[str, Any] = {"steps": len(x), "val_steps": int(val.sum()), "val_prompts": len(val_groups)}
+    report["features"] = list(features)
     for j, name in enumerate(("lookup", "model")):
         ok = ~np.isnan(y[val, j])
         truth = y[val, j][ok]

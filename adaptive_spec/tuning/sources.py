@@ -8,7 +8,8 @@ rule and autoregressive decoding interleaved on the tuning prompts, and its valu
 Static plans (model chains and lookup plans) are measured once, in one interleaved run, for the
 best static plan of the pair. With ``--gate FILE`` (a learned source choice from ``adaptive-spec
 selector gate``), every study also tries the gate, its margin searched beside the rules'
-parameters: the pair's per-step planner is whichever measures fastest.
+parameters (``--gate`` repeated: each gate, e.g. one that reads the draft's root features and one
+that does not): the pair's per-step planner is whichever measures fastest.
 
 Tune on prompt sets of your own that mix open chat with tasks that copy their context
 (summaries, answers from a passage, code edits): ``adaptive_spec/zoo/smollm2/tune_prompts.jsonl``
@@ -25,6 +26,8 @@ File layout (``adaptive_spec/zoo/<model>/adaptive.yaml`` for a shipped pair)::
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from adaptive_spec.planner.gate import GatedSource
@@ -38,14 +41,28 @@ KNOWN_RULES = ("source:chain:2/block", "source:chain:2/block+lookup:3x8/nss")
 GATE_MARGINS = (1.0, 0.8, 1.25)  # a learned gate's margins tried first (tokens per second, lookup over model)
 
 
-def suggest_rule(trial: Any, greedy: bool, gate: GatedSource | None = None) -> str:
+def _gate_names(i: int) -> tuple[str, str]:
+    """The trial's ``kind`` value and margin parameter of the ``i``-th gate (``gate``/``margin``, then ``gate2``...)."""
+    return ("gate", "margin") if i == 0 else (f"gate{i + 1}", f"margin{i + 1}")
+
+
+def suggest_rule(
+    trial: Any, greedy: bool, gate: GatedSource | Sequence[GatedSource] | None = None, rules: bool = True
+) -> str:
     """One source rule from an Optuna trial (every ``suggest_*`` of this search is here).
 
-    With a trained ``gate`` (``--gate``), a trial is either a rule or the gate with a margin.
+    With trained gates (``--gate``, repeatable), a trial is either a rule or one gate with a margin
+    (``rules=False``: always a gate).
     """
-    if gate is not None and trial.suggest_categorical("kind", ["rule", "gate"]) == "gate":
-        margin = trial.suggest_float("margin", 0.5, 2.0, log=True)
-        return f"source:{gate.model}+{gate.lookup}?gate={gate.gate.path}&margin={margin:.3f}"
+    gates = [gate] if isinstance(gate, GatedSource) else list(gate or ())
+    if gates:
+        names = [_gate_names(i)[0] for i in range(len(gates))]
+        kind = trial.suggest_categorical("kind", names if rules is False else ["rule", *names])
+        for i, g in enumerate(gates):
+            name, margin_name = _gate_names(i)
+            if kind == name:
+                margin = trial.suggest_float(margin_name, 0.5, 2.0, log=True)
+                return f"source:{g.model}+{g.lookup}?gate={g.gate.path}&margin={margin:.3f}"
     model = f"chain:{trial.suggest_int('model_depth', 1, 4)}/block"
     kind = trial.suggest_categorical("lookup", ["chain", "trie", "hybrid"])
     depth = trial.suggest_int("lookup_depth", 3, 12)
@@ -81,20 +98,23 @@ def search(engine: Any, prompts: list, temps: list[float], args: Any) -> dict[st
     from adaptive_spec.tuning.storage import open_study
 
     gate = getattr(args, "gate", None)
-    gate = GatedSource(gate) if gate is not None else None
+    gates = [GatedSource(g) for g in ([gate] if isinstance(gate, (str, Path)) else gate or ())]
+    rules = not (gates and getattr(args, "no_rules", False))
     runs: dict[str, Any] = {}
     for t in temps:
         key = temperature_key(t)
         study = open_study(f"{args.study_prefix}-T{key}", args.storage, seed=args.seed)
-        for rule in KNOWN_RULES:
+        for rule in KNOWN_RULES if rules else ():
             params = _known_params(rule)
-            study.enqueue_trial(params if gate is None else params | {"kind": "rule"}, skip_if_exists=True)
-        for margin in GATE_MARGINS if gate is not None else ():
-            study.enqueue_trial({"kind": "gate", "margin": margin}, skip_if_exists=True)
+            study.enqueue_trial(params | {"kind": "rule"} if gates else params, skip_if_exists=True)
+        for i in range(len(gates)):
+            name, margin_name = _gate_names(i)
+            for margin in GATE_MARGINS:
+                study.enqueue_trial({"kind": name, margin_name: margin}, skip_if_exists=True)
         rows: list[dict] = []
 
         def objective(trial, t=t, rows=rows):
-            rule = suggest_rule(trial, t == 0, gate)
+            rule = suggest_rule(trial, t == 0, gates, rules)
             return speedup_trial(trial, engine, prompts, rule, parse_source_rule(rule), t, args, rows)
 
         study.optimize(objective, n_trials=args.trials, show_progress_bar=not args.no_progress)

@@ -7,7 +7,14 @@ import json
 import numpy as np
 import pytest
 
-from adaptive_spec.planner.gate import GATE_FEATURES, GATE_VERSION, GatedSource, GateFeatures, SourceGate
+from adaptive_spec.planner.gate import (
+    GATE_FEATURES,
+    GATE_VERSION,
+    ROOT_FEATURES,
+    GatedSource,
+    GateFeatures,
+    SourceGate,
+)
 from adaptive_spec.planner.plan import Plan, StepResult, StepState
 from adaptive_spec.planner.sources import SourceRule, parse_source_rule
 from adaptive_spec.trees.lookup import lookup_match
@@ -77,6 +84,27 @@ def test_gate_plays_the_source_with_more_tokens_per_second() -> None:
     assert str(GatedSource(SourceGate(gate_data(5.0, -5.0, plain_s=0.03))).choose(state(0, [1, 2]))) == "lookup:2/block"
 
 
+def test_a_gate_reads_only_its_features() -> None:
+    """A gate trained without the draft's root features ignores them and asks for no draft forward."""
+    keep = [f for f in GATE_FEATURES if f not in ROOT_FEATURES]
+    data = gate_data(0.0, 0.0) | {"features": keep, "mean": [0.0] * len(keep), "scale": [1.0] * len(keep)}
+    w = np.zeros((4, len(keep)))
+    w[0, keep.index("shadow_rate")] = 1.0
+    data["layers"] = [[w.tolist(), [0.0] * 4], [[[1.0, 0, 0, 0], [0.0] * 4], [0.0, 0.0]]]
+    gate = SourceGate(data)
+    assert not gate.uses_root and GatedSource(gate).needs_features is False
+    assert GatedSource(SourceGate(gate_data(0.0, 0.0))).needs_features is True
+    x = np.zeros(F, dtype=np.float32)
+    x[GATE_FEATURES.index("shadow_rate")] = 2.0
+    y = x.copy()
+    y[[GATE_FEATURES.index(f) for f in ROOT_FEATURES]] = 9.0  # root features change nothing
+    assert np.allclose(gate.predict(x), gate.predict(y))
+    assert gate.predict(x)[0] == pytest.approx(8 / (1 + np.exp(-2.0)))
+    for bad in (["draft_top1", "lookup_ngram"], ["nope"], []):  # out of order, unknown, none
+        with pytest.raises(ValueError, match="retrain it"):
+            SourceGate(gate_data(0.0, 0.0) | {"features": bad})
+
+
 def test_gate_file_round_trip_and_errors(tmp_path) -> None:
     path = tmp_path / "gate.json"
     path.write_text(json.dumps(gate_data(1.0, 0.0)))
@@ -114,4 +142,4 @@ def test_the_shipped_pair_file_names_a_gate_that_loads() -> None:
         plan = parse_plan_or_rule(entry["plan"], base_dir=pair_file.parent)
         if isinstance(plan, GatedSource):
             assert plan.gate.path == pair_file.parent / "source_gate.json"
-            assert plan.gate.costs.plain_s > 0 and plan.gate.layers[0][0].shape[1] == F
+            assert plan.gate.costs.plain_s > 0 and plan.gate.layers[0][0].shape[1] == len(plan.gate.features)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from adaptive_spec.analysis.expected import expected_block_efficiency
-from adaptive_spec.planner.gate import GatedSource, SourceGate
+from adaptive_spec.planner.gate import GATE_FEATURES, GatedSource, SourceGate, StepCosts
 from adaptive_spec.selector.gate import (
     collect_gate_data,
     fit_gate,
@@ -113,3 +113,41 @@ def test_collect_fit_and_play_a_gate_on_the_tiny_pair(tiny_pair, tmp_path) -> No
         out = engine.generate(prompt, max_new_tokens=16, temperature=0, plan=planner)
         assert out.token_ids == ar.token_ids
         assert {s.plan.source for s in out.steps} <= {"model", "lookup"}
+
+
+@pytest.mark.slow
+def test_a_gate_without_draft_features_runs_no_draft_before_choosing(tiny_pair, tmp_path) -> None:
+    """Collected and fitted with ``root_features=False``: lookup and no-draft steps run no draft forward."""
+    from adaptive_spec.engine.load import load_engine
+    from adaptive_spec.planner.gate import ROOT_FEATURES
+    from adaptive_spec.selector.gate import data_root_features
+
+    engine = load_engine(None, None, "cpu", None)
+    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 3, 9, 3, 9, 3, 8], [4, 11, 12, 4, 11], [20, 21, 22, 20, 21]]
+    data = tmp_path / "steps.jsonl"
+    kwargs = dict(model="chain:2/block", lookup="lookup:4/block", max_new_tokens=24, explore=0.5, progress=False)
+    collect_gate_data(engine, prompts, [0.0], data, root_features=False, **kwargs)
+    records = read_gate_data(data)
+    assert data_root_features(records) is False
+    root_cols = [GATE_FEATURES.index(f) for f in ROOT_FEATURES]
+    assert all(step["x"][c] == 0.0 for r in records for step in r["steps"] for c in root_cols)
+    with pytest.raises(ValueError, match="collected without draft root features"):
+        collect_gate_data(engine, prompts, [1.0], data, **kwargs)  # the other kind into the same file
+    features = [f for f in GATE_FEATURES if f not in ROOT_FEATURES]
+    labelled = label_steps(records, "lookup:4/block")
+    gate, report = fit_gate(labelled, "chain:2/block", "lookup:4/block", epochs=50, features=features)
+    assert report["features"] == features and not gate.uses_root
+    path = write_gate(gate, tmp_path / "gate.json", report, {"test": True})
+    loaded = SourceGate.load(path)
+    assert loaded.features == tuple(features) and loaded.layers[0][0].shape[1] == len(features)
+    planner = GatedSource(loaded)
+    assert planner.needs_features is False
+    # Always the lookup where one is found, else no draft: no step runs the draft model.
+    planner.gate.costs = StepCosts(model_s=10.0, lookup_s=1e-3, per_token_s=0.0, plain_s=0.5)
+    prompt = prompts[0]
+    ar = engine.generate(prompt, max_new_tokens=16, temperature=0, plan=None)
+    out = engine.generate(prompt, max_new_tokens=16, temperature=0, plan=planner)
+    assert out.token_ids == ar.token_ids
+    assert all(s.plan.source == "lookup" or s.plan.shape.depth == 0 for s in out.steps)
+    assert any(s.plan.source == "lookup" for s in out.steps) and any(s.plan.shape.depth == 0 for s in out.steps)
+    assert out.stats.draft_forwards == 1  # the prompt's prefill only: no step ran the draft

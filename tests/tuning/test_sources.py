@@ -148,3 +148,30 @@ def test_a_learned_gate_is_trained_tuned_beside_the_rules_and_played_from_its_pl
     prompt = "w5 w6 w7 w5 w6 w7 w5 w6"
     ar = engine.generate(prompt, max_new_tokens=8, temperature=0, plan=None)
     assert engine.generate(prompt, max_new_tokens=8, temperature=0, plan=planner).token_ids == ar.token_ids
+
+
+@pytest.mark.slow
+def test_two_gates_without_rules_each_tried_at_the_enqueued_margins(prompt_files, tmp_path):
+    """``--gate`` twice (one without draft features) and ``--no-rules``: only gate trials, both gates tried."""
+    (tmp_path / "pair").mkdir(exist_ok=True)
+    gates = [tmp_path / "pair" / "gate_root.json", tmp_path / "pair" / "gate_free.json"]
+    train = ["selector", "gate", "--prompts", "chat.txt", "--prompts", "copy.txt", "--temperatures", "0,1"]
+    train += ["--explore", "0.5"]
+    train += ["--model-plan", "chain:2/block", "--lookup", "lookup:4/block", "--max-new-tokens", "16", "--no-progress"]
+    assert main([*train, "--data", "root.jsonl", "--out-file", str(gates[0])]) == 0
+    assert main([*train, "--data", "free.jsonl", "--out-file", str(gates[1]), "--no-draft-features"]) == 0
+    assert "draft_top1" not in json.loads(gates[1].read_text())["features"]
+    with pytest.raises(SystemExit, match="collected with draft root features"):
+        main([*train, "--data", "root.jsonl", "--skip-collect", "--out-file", "x.json", "--no-draft-features"])
+    out = tmp_path / "pair" / "adaptive.yaml"
+    args = ["tune", "sources", "--prompts", "copy.txt", "--temperatures", "0", "--max-new-tokens", "8", "--no-rules"]
+    args += ["--trials", "6", "--storage", f"sqlite:///{tmp_path}/o.db", "--static", "chain:2/block"]
+    args += ["--gate", str(gates[0]), "--gate", str(gates[1]), "--out-file", str(out), "--json", "out.json"]
+    with pytest.raises(SystemExit, match="--no-rules leaves nothing"):
+        main(["tune", "sources", "--prompts", "copy.txt", "--no-rules", "--no-progress"])
+    assert main([*args, "--no-progress"]) == 0
+    tried = [r["plan"] for r in json.loads((tmp_path / "out.json").read_text())["rules"]["0"]["results"]]
+    assert len(tried) == 6 and all("?gate=" in p for p in tried)  # no hand-written rule
+    assert sum(f"gate={gates[0]}&" in p for p in tried) == 3 and sum(f"gate={gates[1]}&" in p for p in tried) == 3
+    plan = yaml.safe_load(out.read_text())["plans"]["0"]["plan"]
+    assert "gate=gate_root.json&" in plan or "gate=gate_free.json&" in plan or "gate=" not in plan
