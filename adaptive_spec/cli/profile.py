@@ -55,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
+    parser.add_argument(
+        "--row-major-too",
+        action="store_true",
+        help="also time the target with its Linear weights in the stock row-major order, interleaved "
+        "(target_row_major_ms; on a CPU the engine stores them column-major)",
+    )
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG next to the JSON")
     add_progress_option(parser)
 
@@ -90,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             models=labels,
             verify_trees=args.verify_trees,
+            row_major_too=args.row_major_too,
         )
     except ValueError as err:
         raise SystemExit(f"profile: {err}") from None

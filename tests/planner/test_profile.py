@@ -141,3 +141,15 @@ def test_forwards_are_measured_with_an_eagle_head_as_the_draft():
     out = measure_forwards(target, head, contexts=[0, 8], tokens=[1, 3], warmup=0, repeats=1, progress=False)
     for name in ("draft_ms", "target_ms"):
         assert len(out[name]) == 2 and all(len(row) == 2 and all(ms > 0 for ms in row) for row in out[name])
+
+
+def test_profile_times_the_row_major_target_beside_the_engines(module_tiny_pair, tmp_path):
+    """``--row-major-too``: a stock-order copy of the target timed interleaved; the engine's own stays column-major."""
+    rc = main(
+        ["profile", "--out", str(tmp_path), "--contexts", "4", "--tokens", "1,3", "--warmup", "0", "--repeats", "1"]
+        + ["--calibration-plans", "", "--verify-trees", "1", "--row-major-too", "--no-plot", "--no-progress"]
+    )
+    assert rc == 0
+    profile = json.loads((tmp_path / "profile.json").read_text())
+    assert len(profile["target_row_major_ms"]) == 1 and all(ms > 0 for ms in profile["target_row_major_ms"][0])
+    assert len(profile["target_ms"][0]) == len(profile["target_row_major_ms"][0]) == 2

@@ -96,8 +96,12 @@ def measure_forwards(
     repeats: int = 10,
     seed: int = 0,
     progress: bool = True,
+    also: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Median block-forward milliseconds of both models over the (context, tokens) grid.
+
+    ``also``: more causal LMs measured the same way, interleaved, as ``{name}_ms`` (e.g. the target
+    with its weights in the stock row-major order, ``target_row_major``).
 
     Returns:
         ``{"contexts", "tokens", "draft_ms", "target_ms", "draft_q1_ms", "draft_q3_ms",
@@ -119,6 +123,7 @@ def measure_forwards(
         raise ValueError(f"warmup must be >= 0 and repeats >= 1, got {warmup} and {repeats}")
     eagle = is_eagle_head(draft)  # an EAGLE head reads the target's features of the context
     runners = {"draft": draft_runner(draft), "target": ModelRunner(target, keep_features=eagle)}
+    runners |= {name: ModelRunner(model) for name, model in (also or {}).items()}
     for name, r in runners.items():
         window = getattr(r.model.config.get_text_config(), "max_position_embeddings", None)
         if window and contexts[-1] + tokens[-1] > window:
@@ -156,7 +161,9 @@ def measure_forwards(
             target_runner.chain_forward(prefill[start:ctx], logits_to_keep=1)
             if eagle and ctx > start:
                 runners["draft"].set_target_features(start, target_runner.features)
-            runners["draft"].chain_forward(prefill[runners["draft"].cached : ctx], logits_to_keep=1)
+            for r in runners.values():
+                if r is not target_runner:
+                    r.chain_forward(prefill[r.cached : ctx], logits_to_keep=1)
             for ti, n in enumerate(tokens):
                 for i in range(warmup + repeats):
                     for name, r in runners.items():  # interleaved: load drift hits both models alike
@@ -348,6 +355,7 @@ def measure_profile(
     progress: bool = True,
     models: dict[str, Any] | None = None,
     verify_trees: int = 3,
+    row_major_too: bool = False,
 ) -> dict[str, Any]:
     """Measure a full latency profile (forwards, verifiers, bookkeeping) for ``engine``'s pair.
 
@@ -366,6 +374,8 @@ def measure_profile(
         progress: show progress bars.
         models: labels for the profile's ``models`` section (default: from the models).
         verify_trees: sampled trees per shape for the verifier curves.
+        row_major_too: also time a copy of the target with its ``Linear`` weights in the stock
+            row-major order, interleaved (``target_row_major_ms``; :mod:`adaptive_spec.engine.layout`).
 
     Returns:
         The profile dict (see :mod:`adaptive_spec.planner.latency`).
@@ -374,7 +384,15 @@ def measure_profile(
     from adaptive_spec.planner.latency import PROFILE_FORMAT, PROFILE_VERSION
 
     t0 = time.perf_counter()
-    fwd = measure_forwards(engine.target, engine.draft, contexts, tokens, warmup, repeats, seed, progress)
+    also = {}
+    if row_major_too:
+        import copy
+
+        from adaptive_spec.engine.layout import row_major_linears
+
+        also["target_row_major"] = copy.deepcopy(engine.target)
+        row_major_linears(also["target_row_major"])
+    fwd = measure_forwards(engine.target, engine.draft, contexts, tokens, warmup, repeats, seed, progress, also)
     verify_ms = measure_verifiers(
         engine.vocab_size, engine.device, repeats=repeats, trees_per_size=verify_trees, seed=seed, progress=progress
     )

@@ -57,9 +57,9 @@ def print_summary(profile: dict[str, Any]) -> None:
     dev = profile["device"]
     print(f"device {dev['name']} ({dev['type']}, {dev['torch_threads']} threads), dtype {profile['dtype']}")
     t_lo, t_hi = profile["tokens"][0], profile["tokens"][-1]
-    for name in ("draft", "target"):
-        grid = profile[f"{name}_ms"]
-        for ci in (0, len(profile["contexts"]) - 1):
+    for name in ("draft", "target", "target_row_major"):
+        grid = profile.get(f"{name}_ms")
+        for ci in sorted({0, len(profile["contexts"]) - 1}) if grid else ():
             print(
                 f"  {name:<6} context {profile['contexts'][ci]:>5}: {grid[ci][0]:8.3f} ms at {t_lo} tokens, "
                 f"{grid[ci][-1]:8.3f} ms at {t_hi}"
