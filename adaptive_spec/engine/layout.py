@@ -6,8 +6,9 @@ rows, which is every autoregressive step and every short draft. The same values 
 column-major (``W.T`` contiguous, seen as ``[out, in]``) take the fast one. Same math, same
 values, same state dict: only the memory order changes.
 
-Measured (``adaptive-spec profile``, SmolLM2-135M in float32 on 2 EPYC threads, context 256):
-one target token 44 -> 34 ms, two 74 -> 52 ms, three 93 -> 64 ms; four and more unchanged.
+Measured (``adaptive-spec profile --target smollm2 --row-major-too``: both orders interleaved,
+SmolLM2-135M in float32 on 2 EPYC threads, context 256): one target token 41.4 -> 33.1 ms, two
+65.2 -> 49.6 ms, three 79.8 -> 61.7 ms; four and more about the same.
 
 :meth:`SpecEngine.from_pretrained <adaptive_spec.engine.engine.SpecEngine.from_pretrained>`
 applies it to the models it loads onto a CPU (they are the engine's own). safetensors saves
