@@ -271,9 +271,8 @@ class SpecEngine:
         )
         kw = {"device": device, "draft_tokenizer": draft_tokenizer, **engine_kwargs}
         engine = cls(target_model, draft_model, tokenizer, **kw)
-        if engine.device.type == "cpu":  # the models are ours: the faster weight order for few-row forwards
-            column_major_linears(engine.target)
-            column_major_linears(engine.draft)
+        column_major_linears(engine.target)  # the models are ours: on a CPU, the faster weight order
+        column_major_linears(engine.draft)
         return engine
 
     # ------------------------------------------------------------------ public API

@@ -33,7 +33,7 @@ def _linear_weights(model: torch.nn.Module):
 
 
 def column_major_linears(model: torch.nn.Module) -> int:
-    """Store every CPU ``Linear`` weight of ``model`` column-major, in place; returns how many changed."""
+    """Store the CPU ``Linear`` weights of ``model`` column-major, in place (others stay); returns how many changed."""
     changed = 0
     with torch.no_grad():
         for w in _linear_weights(model):

@@ -41,9 +41,8 @@ def load_hf_draft(engine, name: str | None, target: str | None):
     model = AutoModelForCausalLM.from_pretrained(
         resolve_model(name, "draft"), dtype=engine.target.dtype, attn_implementation="sdpa"
     )
-    model = model.to(engine.device).eval()
-    if engine.device.type == "cpu":  # the weight order the engine's own models have (a fair baseline)
-        from adaptive_spec.engine.layout import column_major_linears
+    from adaptive_spec.engine.layout import column_major_linears
 
-        column_major_linears(model)
+    model = model.to(engine.device).eval()
+    column_major_linears(model)  # on a CPU, the weight order the engine's own models have (a fair baseline)
     return model

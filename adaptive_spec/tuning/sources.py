@@ -55,14 +55,13 @@ def suggest_rule(
     (``rules=False``: always a gate).
     """
     gates = [gate] if isinstance(gate, GatedSource) else list(gate or ())
-    if gates:
-        names = [_gate_names(i)[0] for i in range(len(gates))]
-        kind = trial.suggest_categorical("kind", names if rules is False else ["rule", *names])
-        for i, g in enumerate(gates):
-            name, margin_name = _gate_names(i)
-            if kind == name:
-                margin = trial.suggest_float(margin_name, 0.5, 2.0, log=True)
-                return f"source:{g.model}+{g.lookup}?gate={g.gate.path}&margin={margin:.3f}"
+    names = [_gate_names(i)[0] for i in range(len(gates))]
+    kind = trial.suggest_categorical("kind", ["rule", *names] if rules else names) if gates else "rule"
+    if kind != "rule":
+        i = names.index(kind)
+        margin = trial.suggest_float(_gate_names(i)[1], 0.5, 2.0, log=True)
+        g = gates[i]
+        return f"source:{g.model}+{g.lookup}?gate={g.gate.path}&margin={margin:.3f}"
     model = f"chain:{trial.suggest_int('model_depth', 1, 4)}/block"
     kind = trial.suggest_categorical("lookup", ["chain", "trie", "hybrid"])
     depth = trial.suggest_int("lookup_depth", 3, 12)

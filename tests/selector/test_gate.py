@@ -86,14 +86,20 @@ def test_label_steps_rebuilds_the_lookup_from_the_record() -> None:
     assert data["is_lookup"].tolist() == [0.0, 1.0, 0.0, 0.0] and data["x"].shape == (4, 12)
 
 
-@pytest.mark.slow
-def test_collect_fit_and_play_a_gate_on_the_tiny_pair(tiny_pair, tmp_path) -> None:
+# Collection on the tiny pair: prompts that repeat themselves (lookup finds something) and the plans.
+PROMPTS = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 3, 9, 3, 9, 3, 8], [4, 11, 12, 4, 11], [20, 21, 22, 20, 21]]
+COLLECT = dict(model="chain:2/block", lookup="lookup:4/block", max_new_tokens=24, explore=0.5, progress=False)
+
+
+def _tiny_engine():
     from adaptive_spec.engine.load import load_engine
 
-    engine = load_engine(None, None, "cpu", None)
-    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 3, 9, 3, 9, 3, 8], [4, 11, 12, 4, 11], [20, 21, 22, 20, 21]]
-    data = tmp_path / "steps.jsonl"
-    kwargs = dict(model="chain:2/block", lookup="lookup:4/block", max_new_tokens=24, explore=0.5, progress=False)
+    return load_engine(None, None, "cpu", None)
+
+
+@pytest.mark.slow
+def test_collect_fit_and_play_a_gate_on_the_tiny_pair(tiny_pair, tmp_path) -> None:
+    engine, prompts, kwargs, data = _tiny_engine(), PROMPTS, COLLECT, tmp_path / "steps.jsonl"
     collect_gate_data(engine, prompts, [0.0, 1.0], data, **kwargs)
     lines = data.read_text().splitlines()
     assert len(lines) == 8
@@ -118,14 +124,10 @@ def test_collect_fit_and_play_a_gate_on_the_tiny_pair(tiny_pair, tmp_path) -> No
 @pytest.mark.slow
 def test_a_gate_without_draft_features_runs_no_draft_before_choosing(tiny_pair, tmp_path) -> None:
     """Collected and fitted with ``root_features=False``: lookup and no-draft steps run no draft forward."""
-    from adaptive_spec.engine.load import load_engine
     from adaptive_spec.planner.gate import ROOT_FEATURES
     from adaptive_spec.selector.gate import data_root_features
 
-    engine = load_engine(None, None, "cpu", None)
-    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 3, 9, 3, 9, 3, 8], [4, 11, 12, 4, 11], [20, 21, 22, 20, 21]]
-    data = tmp_path / "steps.jsonl"
-    kwargs = dict(model="chain:2/block", lookup="lookup:4/block", max_new_tokens=24, explore=0.5, progress=False)
+    engine, prompts, kwargs, data = _tiny_engine(), PROMPTS, COLLECT, tmp_path / "steps.jsonl"
     collect_gate_data(engine, prompts, [0.0], data, root_features=False, **kwargs)
     records = read_gate_data(data)
     assert data_root_features(records) is False
