@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN ?= torch==2.13.0
 JOBS ?= 2
 
-.PHONY: help setup demo test test-fast lint bench-verifiers zoo drafts selector clean
+.PHONY: help setup demo test test-fast lint bench-verifiers gpu-check zoo drafts selector clean
 
 help:  ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
@@ -36,6 +36,12 @@ test: setup  ## ruff (lint and format check), then the whole test suite (slow te
 
 test-fast: setup  ## the test suite without the slow-marked tests
 	$(BIN)/python -m pytest -n $(JOBS) -q -m "not slow"
+
+# On a CUDA machine: the gpu tests, one pass per row count, bench e2e on the demo prompts (README: On a GPU).
+# DEVICE=cpu is the dry run. Writes data/gpu-check/.
+DEVICE ?= cuda
+gpu-check: setup  ## the GPU check: gpu tests, captured vs eager passes, bench e2e (DEVICE=cpu: the dry run)
+	PYTHON=$(BIN)/python tools/gpu-check.sh --device $(DEVICE) --out data/gpu-check
 
 # collect -> label -> train -> export -> bench; installs the selector that `make demo` uses
 # into the user data folder ($$ADAPTIVE_SPEC_HOME, default ~/.local/share/adaptive-spec).

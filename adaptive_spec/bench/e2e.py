@@ -76,12 +76,13 @@ class _Tally:
         if self.timeline is None:
             self.timeline = [[n, a] for n, a in zip(stats.tree_sizes, stats.accept_lengths, strict=True)]
 
-    def summary(self, ar_tps: float | None, hf_tps: float | None) -> dict:
+    def summary(self, ar_tps: float | None, hf_tps: float | None, gen_tps: float | None = None) -> dict:
         tps = self.tokens / self.seconds if self.seconds > 0 else 0.0
         return {
             "tokens_per_s": tps,
             "speedup_vs_ar": tps / ar_tps if ar_tps else None,
             "ratio_to_hf_assisted": tps / hf_tps if hf_tps else None,
+            "ratio_to_hf_generate": tps / gen_tps if gen_tps else None,
             "block_efficiency": self.tokens / self.steps if self.steps else None,
             "new_tokens": self.tokens,
             "seconds": self.seconds,
@@ -220,6 +221,7 @@ def measure(
     hf_draft: Any = None,
     lookup: bool = False,
     lookup_tokens: int = 10,
+    hf_generate: bool = False,
 ) -> dict:
     """Run the baseline, every plan and (optionally) HF assisted generation, interleaved per prompt.
 
@@ -241,6 +243,8 @@ def measure(
             transformers causal LM with the target's tokenizer), else with the engine's draft when it is
             a plain causal LM (not an EAGLE head).
         lookup: also run transformers' prompt lookup decoding (``prompt_lookup_num_tokens=lookup_tokens``).
+        hf_generate: also run transformers' plain ``generate`` (the baseline the engine's own plain
+            decoding is compared with: ``ratio_to_hf_generate`` in every row).
         progress: show a tqdm bar.
         long_prompts: ``"skip"`` (with a warning) or ``"error"``: a prompt that does not fit the
             context window with ``max_new_tokens`` more tokens; checked before the run.
@@ -262,7 +266,7 @@ def measure(
     temps = [float(temperatures)] if isinstance(temperatures, (int, float)) else [float(t) for t in temperatures]
     keys = [temperature_key(t) for t in temps]
     table = _per_temperature(plans, keys)
-    baselines = _hf_baselines(engine, hf, hf_draft, lookup, lookup_tokens)
+    baselines = _hf_baselines(engine, hf, hf_draft, lookup, lookup_tokens, hf_generate)
     hf = HF in baselines
     run = _Run(keys, table, keep_outputs)
     prompts = [render_prompt(engine.tokenizer, p) for p in prompts]  # chat records through the chat template
@@ -282,18 +286,22 @@ def measure(
                 print(f"warning: prompt {i + 1} failed and is left out for every method: {err}", file=sys.stderr)
                 continue
             run.add(done)
-    out: dict[str, Any] = {"runs": run.summary(hf, lookup), "skipped_prompts": skipped, "failed_prompts": run.errors}
+    summary = run.summary(hf, lookup, HF_PLAIN in baselines)
+    out: dict[str, Any] = {"runs": summary, "skipped_prompts": skipped, "failed_prompts": run.errors}
     if keep_outputs:
         out["outputs"] = run.outputs
     return out
 
 
-HF, LOOKUP = "__hf__", "__lookup__"  # transformers' assisted generation and prompt lookup, in a run's records
+# transformers' assisted generation, prompt lookup and plain generate, in a run's records
+HF, LOOKUP, HF_PLAIN = "__hf__", "__lookup__", "__generate__"
 
 
-def _hf_baselines(engine: Any, hf: bool, hf_draft: Any, lookup: bool, lookup_tokens: int) -> dict[str, dict]:
+def _hf_baselines(
+    engine: Any, hf: bool, hf_draft: Any, lookup: bool, lookup_tokens: int, generate: bool = False
+) -> dict[str, dict]:
     """Transformers' baselines to run, with their ``generate`` arguments: assisted generation with ``hf_draft``
-    (else the engine's draft when it is a plain causal LM), and prompt lookup decoding.
+    (else the engine's draft when it is a plain causal LM), prompt lookup decoding, plain ``generate``.
     """
     from adaptive_spec.engine.eagle import is_eagle_head
 
@@ -303,6 +311,8 @@ def _hf_baselines(engine: Any, hf: bool, hf_draft: Any, lookup: bool, lookup_tok
         out[HF] = {"assistant_model": assistant}
     if lookup:
         out[LOOKUP] = {"prompt_lookup_num_tokens": lookup_tokens}
+    if generate:
+        out[HF_PLAIN] = {}
     return out
 
 
@@ -352,7 +362,7 @@ class _Run:
     def __init__(self, keys: list[str], table: dict[str, dict[str, Any]], keep_outputs: bool) -> None:
         self.keys, self.table, self.keep_outputs = keys, table, keep_outputs
         self.ar = {k: _Tally() for k in keys}
-        self.hf = {k: {HF: _Tally(), LOOKUP: _Tally()} for k in keys}
+        self.hf = {k: {HF: _Tally(), LOOKUP: _Tally(), HF_PLAIN: _Tally()} for k in keys}
         self.plans = {k: {name: _Tally() for name in table} for k in keys}
         self.hf_error: dict[tuple[str, str], str] = {}
         self.errors: list[dict] = []
@@ -361,7 +371,7 @@ class _Run:
     def add(self, done: list[tuple]) -> None:
         """Tally one prompt's records (see :func:`_one_prompt`)."""
         for k, name, r, delta in done:
-            if name in (HF, LOOKUP):
+            if name in (HF, LOOKUP, HF_PLAIN):
                 if r is not None:
                     self.hf[k][name].tokens += r[0]
                     self.hf[k][name].seconds += r[1]
@@ -373,27 +383,37 @@ class _Run:
             if self.keep_outputs:
                 self.outputs[k].setdefault(name or "autoregressive", []).append(list(r.token_ids))
 
-    def summary(self, hf: bool, lookup: bool) -> dict[str, Any]:
+    def _tps(self, k: str, key: str) -> float | None:
+        tally = self.hf[k][key]
+        return tally.tokens / tally.seconds if tally.seconds and (key, k) not in self.hf_error else None
+
+    def summary(self, hf: bool, lookup: bool, generate: bool = False) -> dict[str, Any]:
         """Per temperature key: ``{"results": [per plan], "baselines": {...}}``."""
         runs = {}
         for k in self.keys:
-            ar, assisted = self.ar[k], self.hf[k][HF]
+            ar = self.ar[k]
             ar_tps = ar.tokens / ar.seconds if ar.seconds else None
-            ok = assisted.seconds and (HF, k) not in self.hf_error
-            hf_tps = assisted.tokens / assisted.seconds if ok else None
-            results = [self._plan_row(k, name, tally, ar_tps, hf_tps) for name, tally in self.plans[k].items()]
-            baselines = {"autoregressive": {"plan": "autoregressive", **ar.summary(ar_tps, hf_tps)}}
-            for key, on, label in ((HF, hf, "hf_assisted"), (LOOKUP, lookup, "hf_prompt_lookup")):
+            tps = (ar_tps, self._tps(k, HF), self._tps(k, HF_PLAIN))
+            results = [self._plan_row(k, name, tally, *tps) for name, tally in self.plans[k].items()]
+            baselines = {"autoregressive": {"plan": "autoregressive", **ar.summary(*tps)}}
+            labels = (
+                (HF, hf, "hf_assisted"),
+                (LOOKUP, lookup, "hf_prompt_lookup"),
+                (HF_PLAIN, generate, "hf_generate"),
+            )
+            for key, on, label in labels:
                 if on:
-                    row = {"plan": label, **self.hf[k][key].summary(ar_tps, hf_tps), "block_efficiency": None}
+                    row = {"plan": label, **self.hf[k][key].summary(*tps), "block_efficiency": None}
                     if (key, k) in self.hf_error:
                         row["error"] = self.hf_error[(key, k)]
                     baselines[label] = row
             runs[k] = {"results": results, "baselines": baselines}
         return runs
 
-    def _plan_row(self, k: str, name: str, tally: _Tally, ar_tps: float | None, hf_tps: float | None) -> dict:
-        row = {"plan": name, **tally.summary(ar_tps, hf_tps)}
+    def _plan_row(
+        self, k: str, name: str, tally: _Tally, ar_tps: float | None, hf_tps: float | None, gen_tps: float | None
+    ) -> dict:
+        row = {"plan": name, **tally.summary(ar_tps, hf_tps, gen_tps)}
         plan = self.table[name][k]
         if hasattr(plan, "choice_counts"):
             row.update(tally.planner_summary())
@@ -567,13 +587,17 @@ def print_table(rows: list[dict]) -> None:
 
     names = [f"{r['plan']} ({r['static_plan']})" if r.get("static_plan") else r["plan"] for r in rows]
     w = max([32, *map(len, names)])
-    head = f"{'plan':<{w}} {'tok/s':>9} {'vs AR':>7} {'vs HF':>7} {'BE':>6} {'tokens':>8}"
+    gen = any(r.get("ratio_to_hf_generate") is not None for r in rows)
+    head = f"{'plan':<{w}} {'tok/s':>9} {'vs AR':>7} {'vs HF':>7}" + (f" {'vs gen':>7}" if gen else "")
+    head += f" {'BE':>6} {'tokens':>8}"
     print(head)
     print("-" * len(head))
     for name, r in zip(names, rows, strict=True):
+        vs_gen = f" {fmt(r.get('ratio_to_hf_generate'), '7.2f')}" if gen else ""
         print(
             f"{name:<{w}} {fmt(r['tokens_per_s'], '9.1f')} {fmt(r['speedup_vs_ar'], '7.2f')} "
-            f"{fmt(r['ratio_to_hf_assisted'], '7.2f')} {fmt(r['block_efficiency'], '6.2f')} {r['new_tokens']:>8}"
+            f"{fmt(r['ratio_to_hf_assisted'], '7.2f')}{vs_gen} {fmt(r['block_efficiency'], '6.2f')} "
+            f"{r['new_tokens']:>8}"
         )
     for r in rows:
         if "chosen_actions" in r:

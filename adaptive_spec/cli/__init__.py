@@ -70,6 +70,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.cli.bench_overhead",
         "share of each step spent outside the two models' forward passes (16-node trees by default)",
     ),
+    ("bench", "passes"): (
+        "adaptive_spec.cli.bench_passes",
+        "milliseconds of one target pass and one draft level per row count, eager and as captured CUDA graphs",
+    ),
     ("bench", "latency-model"): (
         "adaptive_spec.cli.bench_latency_model",
         "compare the latency model's predicted step times with measured engine steps (MAPE per plan)",

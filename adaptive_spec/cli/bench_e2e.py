@@ -68,6 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-lookup", action="store_true", help="skip transformers' prompt lookup decoding (prompt_lookup_num_tokens)"
     )
+    parser.add_argument(
+        "--no-hf-generate",
+        action="store_true",
+        help="skip transformers' plain generate (the baseline of the engine's own plain decoding)",
+    )
     add_json_option(parser)
     add_progress_option(parser)
 
@@ -163,6 +168,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         hf_draft=hf_draft,
         lookup=not args.no_lookup,
+        hf_generate=not args.no_hf_generate,
     )
     report["config"] = {
         "target": args.target or "default pair",

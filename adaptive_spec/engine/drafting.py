@@ -170,6 +170,8 @@ def draft_tree(
     if D == 0:
         return _root_only(pending, shape, V, device)
     root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
+    if shape.law is DraftLaw.CHAIN:
+        return _draft_chain(runner, root, shape, probs_fn, generator, deterministic)
     p, base = root.pending, root.base
     # Block ancestor matrix: block index b < p is a pending token, tree node i sits at p - 1 + i.
     b = _Builder(p - 1 + shape.max_nodes, device, offset=p - 1)
@@ -200,6 +202,40 @@ def draft_tree(
     probs = torch.cat([*rows, torch.zeros(n - fed, V, dtype=rows[0].dtype, device=device)])  # [N, V]
     tree = DraftTree(b.tokens, b.parents, b.depths, probs, b.child_draws, shape)
     return DraftOutcome(tree, b.anc[p - 1 : p - 1 + n, p - 1 : p - 1 + n], p, fed)
+
+
+def _draft_chain(
+    runner: ModelRunner,
+    root: DraftRoot,
+    shape: TreeShape,
+    probs_fn: ProbsFn,
+    generator: torch.Generator,
+    deterministic: bool,
+) -> DraftOutcome:
+    """A chain drafted on the device: its shape is known, so the levels never wait for the host.
+
+    Each level draws one token from the last row (the same draw as :func:`_walker_level`'s lone
+    walker) and feeds it, as a device tensor, to the next forward; the tokens and the finiteness
+    of every row come back to the host in one read at the end.
+    """
+    D, p, base, device = shape.depth, root.pending, root.base, runner.device
+    rows, drawn, ok = [root.probs[-1:]], [], root.ok
+    for d in range(D):
+        token = draw_children(rows[-1], 1, generator, greedy=deterministic)[0][:, 0]  # [1]
+        drawn.append(token)
+        if d + 1 < D:  # node d + 1 sits at block row p + d, after every row before it
+            pos = torch.full((1,), base + p + d, dtype=torch.long, device=device)
+            anc = torch.ones(1, p + d + 1, dtype=torch.bool, device=device)
+            logits = runner.block_forward(token, pos, anc, logits_to_keep=1)
+            rows.append(probs_fn(logits))
+            ok = ok & finite_flag(logits, rows[-1])
+    flat = torch.cat([*drawn, ok.long()[None]]).tolist()  # the one host read
+    check_finite(flat.pop(), "draft")
+    probs = torch.cat([*rows, rows[0].new_zeros(1, rows[0].shape[1])])  # [D + 1, V]; the leaf is never fed
+    nodes = range(D + 1)
+    tree = DraftTree([-1, *flat], [n - 1 for n in nodes], list(nodes), probs, [[n + 1] for n in range(D)] + [[]], shape)
+    ancestors = torch.ones(D + 1, D + 1, dtype=torch.bool, device=device).tril_()
+    return DraftOutcome(tree, ancestors, p, D)
 
 
 def _root_only(pending: torch.Tensor | DraftRoot, shape: TreeShape, vocab: int, device: torch.device) -> DraftOutcome:

@@ -32,6 +32,7 @@ from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from adaptive_spec.engine.graphs import ModelSlot
 from adaptive_spec.engine.runner import ModelRunner
 
 __all__ = ["EagleConfig", "EagleHead", "EagleRunner", "is_eagle_head"]
@@ -199,10 +200,10 @@ class EagleRunner(ModelRunner):
 
     needs_target_features = True
 
-    def __init__(self, model: EagleHead, keep_hidden: bool = False) -> None:
+    def __init__(self, model: EagleHead, keep_hidden: bool = False, slot: ModelSlot | None = None) -> None:
         if not model.bound:
             raise ValueError("this EAGLE head is not bound to its target: call head.bind(target)")
-        super().__init__(model, keep_hidden=keep_hidden, input_limit=None)
+        super().__init__(model, keep_hidden=keep_hidden, input_limit=None, slot=slot)
         self.fast_parts = ()  # explicit masks for chains (the head has no causal mask of its own)
         self.vocab_ids = model.token_ids  # [N] target id of each logit column
         H = model.config.hidden_size
@@ -210,6 +211,21 @@ class EagleRunner(ModelRunner):
         self._known = 0
         self._block_pos: list[torch.Tensor] = []  # per forward this step: positions [n]
         self._block_feat: list[torch.Tensor] = []  # per forward this step: the feature each row passes on [n, H]
+
+    def _static_capable(self) -> bool:
+        return True  # the head's one decoder layer only calls the cache's ``update``
+
+    def _core(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        features: torch.Tensor,
+        keep: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The head over the static cache: logits of the last ``keep`` rows (None: all), every row's output."""
+        logits, h = self.model(input_ids[None], features[None], position_ids[None], mask, self.slot.kv)
+        return logits[0] if keep is None else logits[0, -keep:], h[0]
 
     def set_target_features(self, start: int, features: torch.Tensor) -> None:
         """The target's hidden states of committed positions ``start .. start + k - 1`` (Tensor[k, H])."""
@@ -256,22 +272,17 @@ class EagleRunner(ModelRunner):
             idx = torch.arange(cols, device=device)
             allowed = allowed & (idx[None, :] < own[:, None])
             parent = torch.where(allowed, idx, -1).max(dim=1).values  # [n]; -1: none (position 0)
-        in_new = parent > m_before  # the parent is a row of this same forward (a chain)
-        if bool(in_new.any()):
-            # Chains fed in one forward are pending context tokens: their parents' features are the target's.
-            par_pos = position_ids - 1
-            if int(par_pos[in_new].max()) >= self.known:
-                raise RuntimeError("a chain was fed whose target features are unknown")
-        feats = torch.zeros(n, H, dtype=self._target.dtype, device=device)
-        old = (parent >= 0) & ~in_new
-        if bool(old.any()):
-            feats[old] = table[parent[old]]
-        if bool(in_new.any()):
-            feats[in_new] = self._target[position_ids[in_new] - 1]
+        # A parent in this same forward (a chain) is a pending context token: its feature is the target's
+        # (the engine feeds chains only of committed tokens, whose features it has handed over).
+        # Gathered and selected on the device, without a host sync.
+        in_new = (parent > m_before)[:, None]
+        from_table = table[parent.clamp(0, m_before)]
+        from_target = self._target[(position_ids - 1).clamp(0, max(self.known - 1, 0))] if self.known else from_table
+        zero = torch.zeros((), dtype=table.dtype, device=device)
+        feats = torch.where(in_new, from_target, torch.where((parent >= 0)[:, None], from_table, zero))
         if past == 0:  # position 0 has no previous feature
-            feats[position_ids == 0] = 0
-        logits, h = self.model(input_ids[None], feats[None], position_ids[None], mask, self.cache)
-        h = h[0]
+            feats = torch.where((position_ids == 0)[:, None], zero, feats)
+        logits, h = self._static_forward(input_ids, position_ids, mask, logits_to_keep, (feats,))
         # The feature each new row passes on: the target's where known, else the head's own output.
         known = position_ids < self.known
         passed = (
@@ -283,7 +294,7 @@ class EagleRunner(ModelRunner):
         self._block_feat.append(passed)
         if self.keep_hidden:
             self.hidden = h[-logits_to_keep:]
-        return logits[0, -logits_to_keep:]
+        return logits
 
     def chain_forward(self, tokens: torch.Tensor, logits_to_keep: int) -> torch.Tensor | None:
         logits = super().chain_forward(tokens, logits_to_keep)
@@ -313,8 +324,10 @@ def _register() -> None:
 _register()
 
 
-def draft_runner(draft: Any, keep_hidden: bool = False, input_limit: int | None = None) -> ModelRunner:
+def draft_runner(
+    draft: Any, keep_hidden: bool = False, input_limit: int | None = None, slot: ModelSlot | None = None
+) -> ModelRunner:
     """The draft's runner: an :class:`EagleRunner` for an EAGLE head, else a :class:`ModelRunner`."""
     if is_eagle_head(draft):
-        return EagleRunner(draft, keep_hidden=keep_hidden)
-    return ModelRunner(draft, keep_hidden=keep_hidden, input_limit=input_limit)
+        return EagleRunner(draft, keep_hidden=keep_hidden, slot=slot)
+    return ModelRunner(draft, keep_hidden=keep_hidden, input_limit=input_limit, slot=slot)

@@ -47,6 +47,7 @@ from adaptive_spec.engine.drafting import (
 )
 from adaptive_spec.engine.eagle import EagleRunner, draft_runner, is_eagle_head
 from adaptive_spec.engine.features import LatencyFeatures, RootFeatures, RootTracker, planner_view
+from adaptive_spec.engine.graphs import BUCKETS, ModelSlot
 from adaptive_spec.engine.layout import column_major_linears
 from adaptive_spec.engine.logits import ProbsFn, build_logits_processor
 from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
@@ -61,7 +62,7 @@ from adaptive_spec.engine.pretrained import (
     place,
 )
 from adaptive_spec.engine.request import AUTO, GenerationRequest, build_request
-from adaptive_spec.engine.runner import ModelRunner
+from adaptive_spec.engine.runner import ModelRunner, fast_path_parts
 from adaptive_spec.engine.stopping import cut_at_stop, emit
 from adaptive_spec.formats.feature_log import prompt_key
 from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
@@ -87,6 +88,7 @@ class _Run:
     key: str  # the prompt's key in the feature log
     timer: PhaseTimer
     t_start: float
+    slots: dict[str, ModelSlot] = field(default_factory=dict)  # lent by the engine for this run
 
 
 @dataclass
@@ -121,6 +123,10 @@ class SpecEngine:
         latency_model: source of the latency features (anything with
             ``features(context_length)``, e.g. ``adaptive_spec.planner.LatencyModel``); they are
             0 without one.
+        cuda_graphs: capture the forwards of models with a static cache (Llama and Qwen2 targets
+            and drafts, EAGLE heads) as CUDA graphs, one per row bucket, on first use, and replay
+            them for every later request (:mod:`adaptive_spec.engine.graphs`). Default: on for a
+            CUDA device. A capture that fails logs one line and runs eagerly.
 
     Raises:
         ValueError: unsupported attention implementation or cache type, mismatched
@@ -139,6 +145,7 @@ class SpecEngine:
         planner: Plan | str | Any = None,
         feature_log: str | os.PathLike | FeatureLogger | None = None,
         latency_model: LatencyFeatures | None = None,
+        cuda_graphs: bool | None = None,
     ) -> None:
         device = torch.device(device) if device is not None else target.device
         if is_eagle_head(draft) and not draft.bound:
@@ -165,6 +172,9 @@ class SpecEngine:
         ModelRunner(self.target)
         draft_runner(self.draft)
         self.sync_timing = True  # CUDA: synchronise at phase boundaries so that phase times are real
+        self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
+        # Static caches and captured forwards, lent to one run at a time and reused across runs.
+        self._idle_slots: dict[str, list[ModelSlot]] = {"target": [], "draft": []}
         self.hidden_sizes = tuple(m.get_output_embeddings().weight.shape[1] for m in (self.draft, self.target))
         self.planner = planner
         self.latency_model = latency_model
@@ -389,7 +399,7 @@ class SpecEngine:
             stopping_criteria=stopping_criteria,
             generation_config=generation_config,
         )
-        result = _drain(self._run(request))
+        result = _drain(self._run(request, keep_state))
         if not keep_state:
             result.state = None
         return result
@@ -421,14 +431,35 @@ class SpecEngine:
             yield text[len(sent) :]
 
     # ------------------------------------------------------------------ the loop
-    def _run(self, request: GenerationRequest) -> Iterator[list[int]]:
+    def _run(self, request: GenerationRequest, keep_state: bool = False) -> Iterator[list[int]]:
         """Yield each step's emitted tokens; return the :class:`GenerationResult`.
 
         One decoding step is :meth:`_step` (plan -> draft -> one target pass -> verify ->
         commit); the emission rules (:meth:`_emit`), logging and streaming go around it.
+        The static caches lent to the run go back to the engine at its end (unless its state is kept).
         """
         run = self._setup(request)
-        self._prefill(run)
+        try:
+            self._prefill(run)
+            result = yield from self._loop(run)
+        finally:
+            if not keep_state:
+                for role, slot in run.slots.items():
+                    self._idle_slots[role].append(slot)
+        return result
+
+    def _lend(self, role: str, model: PreTrainedModel, capacity: int) -> ModelSlot | None:
+        """An idle static cache for ``model`` with room for ``capacity`` rows, or None for a dynamic cache."""
+        if fast_path_parts(model) is None and not is_eagle_head(model):
+            return None
+        idle = self._idle_slots[role]
+        slot = idle.pop() if idle else ModelSlot(model, capacity, graphs=self.cuda_graphs)
+        slot.ensure(capacity)
+        return slot
+
+    def _loop(self, run: _Run) -> Iterator[list[int]]:
+        """The decoding loop of :meth:`_run`, after the prefill."""
+        request = run.request
         while True:
             step = self._step(run)
             emitted, reason = emit(run.request, run.state, step.emitted, self.tokenizer)
@@ -464,11 +495,18 @@ class SpecEngine:
         else:
             generator.manual_seed(request.seed)
         eagle = planner is not None and is_eagle_head(self.draft)
+        # Committed rows plus the largest captured block: the static caches never grow mid-run.
+        capacity = len(request.prompt_ids) + request.budget + BUCKETS[-1]
+        slots = {"target": self._lend("target", self.target, capacity)}
+        if planner is not None:
+            slots["draft"] = self._lend("draft", self.draft, capacity)
         state = EngineState(
             context=list(request.prompt_ids),
             prompt_length=len(request.prompt_ids),
-            target=ModelRunner(self.target, keep_hidden=want_hidden, keep_features=eagle),
-            draft=None if planner is None else draft_runner(self.draft, want_hidden, self.draft_input_limit),
+            target=ModelRunner(self.target, keep_hidden=want_hidden, keep_features=eagle, slot=slots["target"]),
+            draft=None
+            if planner is None
+            else draft_runner(self.draft, want_hidden, self.draft_input_limit, slot=slots["draft"]),
             generator=generator,
             stats=GenerationStats(),
         )
@@ -486,6 +524,7 @@ class SpecEngine:
             key=prompt_key(request.prompt_ids) if log is not None else "",
             timer=PhaseTimer(state.stats.phase_times_s, self.device, self.sync_timing),
             t_start=t_start,
+            slots={role: slot for role, slot in slots.items() if slot is not None},
         )
 
     def _prefill(self, run: _Run) -> None:

@@ -9,8 +9,14 @@ token (an accepted leaf is never fed to the draft).
 A block is ``pending chain + tree nodes``; block token j has the parent set given by the
 caller's ancestor rows, and the KV rows of a block are appended to the cache in order.
 Committing keeps ``context[:cached]`` plus chosen block rows (the accepted path), gathered
-in place and then cropped with ``Cache.crop`` (which in transformers 5 takes a negative
-count of tokens to remove).
+in place and then cropped.
+
+Models of the fast path (:data:`FAST_PATH_TYPES`) and EAGLE heads keep their keys and values in a
+static cache (:class:`~adaptive_spec.engine.static_cache.StaticKV`, allocated once, written in
+place; a rollback moves a length), lent by the engine with the model's captured CUDA graphs
+(:class:`~adaptive_spec.engine.graphs.ModelSlot`); other architectures use transformers'
+``DynamicCache``, cropped with ``Cache.crop`` (which in transformers 5 takes a negative count
+of tokens to remove).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
+from adaptive_spec.engine.graphs import ModelSlot
 from adaptive_spec.trees import additive_mask
 
 SUPPORTED_ATTENTION = ("eager", "sdpa")
@@ -58,6 +65,7 @@ class ModelRunner:
         keep_hidden: bool = False,
         input_limit: int | None = None,
         keep_features: bool = False,
+        slot: ModelSlot | None = None,
     ) -> None:
         impl = getattr(model.config, "_attn_implementation", None) or "eager"
         if impl not in SUPPORTED_ATTENTION:
@@ -83,6 +91,16 @@ class ModelRunner:
         # for, e.g. a draft with a smaller vocabulary) are read as id input_limit - 1.
         self.input_limit = input_limit
         self.fast_parts = fast_path_parts(model)
+        # The static cache (and captured forwards) of the fast path; None: the DynamicCache above.
+        self.slot: ModelSlot | None = None
+        if slot is not None or self._static_capable():
+            self.slot = slot if slot is not None else ModelSlot(model, 256)
+            self.cache = self.slot.kv
+        self.length = 0  # static cache: rows written (committed plus fed this step)
+
+    def _static_capable(self) -> bool:
+        """Whether this runner can keep a static cache (the fast path's decoder layers only call ``update``)."""
+        return self.fast_parts is not None
 
     @property
     def device(self) -> torch.device:
@@ -93,7 +111,7 @@ class ModelRunner:
         return self.model.dtype
 
     def cache_length(self) -> int:
-        return self.cache.get_seq_length()
+        return self.length if self.slot is not None else self.cache.get_seq_length()
 
     def chain_forward(self, tokens: torch.Tensor, logits_to_keep: int) -> torch.Tensor | None:
         """Feed committed tokens (LongTensor[n]) with the model's own causal mask.
@@ -144,8 +162,13 @@ class ModelRunner:
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, logits_to_keep: int
     ) -> torch.Tensor:
         """One forward against the cache, by the fast path or the model's own forward; logits [logits_to_keep, V']."""
-        if self.fast_parts is not None:
-            return self._fast_forward(input_ids, position_ids, mask, logits_to_keep)
+        if self.slot is not None:
+            logits, h = self._static_forward(input_ids, position_ids, mask, logits_to_keep)
+            if self.keep_features:
+                self.features = h
+            if self.keep_hidden:
+                self.hidden = h[-logits_to_keep:]
+            return logits
         kwargs = {"attention_mask": mask} if mask is not None else {}
         out = self._forward(
             input_ids=input_ids[None],
@@ -157,28 +180,59 @@ class ModelRunner:
         )
         return out.logits[0]
 
-    def _fast_forward(
-        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, logits_to_keep: int
-    ) -> torch.Tensor:
-        """The model's own parts called in order (see :data:`FAST_PATH_TYPES`); logits [logits_to_keep, V']."""
+    def _static_forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        mask: torch.Tensor | None,
+        logits_to_keep: int,
+        extra: tuple[torch.Tensor, ...] = (),
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``n`` rows written at cache rows ``length ..``: a captured graph's replay, or :meth:`_core` eagerly.
+
+        ``mask``: additive, over the first ``length + n`` rows (None: one row attending to all).
+        ``extra``: per-row inputs of the core beyond ids, positions and mask (an EAGLE head's features).
+        Returns the last ``logits_to_keep`` logits rows and the final hidden states (every row when
+        features are kept or the forward replayed a graph, else the kept rows).
+        """
+        n, start, slot = input_ids.numel(), self.length, self.slot
+        slot.ensure(start + n, keep=start)
+        graph = slot.graph(n, self._core, extra)
+        if graph is not None:
+            logits, h = slot.replay(graph, n, start, input_ids, position_ids, mask, extra)
+            logits = logits[n - logits_to_keep :]
+        else:
+            kv = slot.kv
+            kv.rows, kv.width = torch.arange(start, start + n, device=input_ids.device), start + n
+            logits, h = self._core(input_ids, position_ids, mask, *extra, keep=logits_to_keep)
+            kv.width = None
+        self.length = start + n
+        return logits, h
+
+    def _core(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, keep: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fast path: the model's parts called in order (see :data:`FAST_PATH_TYPES`), writing the static cache.
+
+        Returns the logits of the last ``keep`` rows (None: every row) and the final hidden states
+        (the LM head's input) of every row when features are kept or ``keep`` is None, else of the
+        kept rows. This is the function a :class:`~adaptive_spec.engine.graphs.ModelSlot` captures.
+        """
         embed, layers, rotary, norm, head = self.fast_parts
         ids, pos = input_ids[None], position_ids[None]
         h = embed(ids)
         pe = rotary(h, pos)
-        cache = {_cache_kw(type(layers[0])): self.cache}
+        cache = {_cache_kw(type(layers[0])): self.slot.kv}
         for layer in layers:
             h = layer(h, attention_mask=mask, position_ids=pos, use_cache=True, position_embeddings=pe, **cache)
             if isinstance(h, tuple):
                 h = h[0]
-        if self.keep_features:
-            full = norm(h)
-            self.features = full[0]
-            h = full[:, -logits_to_keep:]
+        if keep is None or self.keep_features:
+            h = norm(h)
+            kept = h if keep is None else h[:, -keep:]
         else:
-            h = norm(h[:, -logits_to_keep:])
-        if self.keep_hidden:
-            self.hidden = h[0]
-        return head(h)[0]
+            h = kept = norm(h[:, -keep:])
+        return head(kept)[0], h[0]
 
     def _forward(self, **kwargs):  # the model's own forward (architectures without a fast path)
         if self.keep_features:
@@ -222,7 +276,9 @@ class ModelRunner:
                 order, to positions ``committed .. committed + k - 1``; None or empty for none.
         """
         k = 0 if block_rows is None else int(block_rows.numel())
-        if k:
+        if k and self.slot is not None:
+            self.slot.kv.move(committed, block_rows)
+        elif k:
             for layer in self.cache.layers:
                 # index_select copies first, so overlapping source and destination are safe.
                 layer.keys[..., committed : committed + k, :] = layer.keys.index_select(-2, block_rows)
@@ -231,6 +287,11 @@ class ModelRunner:
 
     def rollback(self, length: int) -> None:
         """Crop the cache to its first ``length`` rows and mark them committed."""
+        if self.slot is not None:  # a static cache: only the length moves
+            if length > self.length:
+                raise RuntimeError(f"cannot roll back a cache of {self.length} rows to {length}")
+            self.length = self.cached = length
+            return
         extra = self.cache_length() - length
         if extra < 0:
             raise RuntimeError(f"cannot roll back a cache of {self.cache_length()} rows to {length}")

@@ -134,3 +134,85 @@ def test_engine_with_the_selector_on_cuda(tmp_path):
     assert res.token_ids == plain.token_ids and len(res.steps) > 0
     sampled = engine.generate([0, 5, 6, 7], max_new_tokens=30, temperature=1.0, plan=planner, seed=1)
     assert len(sampled.token_ids) == 30
+
+
+# ---------------------------------------------------------------------- static caches and captured forwards
+def _graph_pair(V: int = 48):
+    target = tiny_model("llama", vocab=V, eos=None, max_positions=512).to(CUDA)
+    return target, perturbed(target, scale=0.3).to(CUDA)
+
+
+# Plans whose target blocks (pending root + drafted nodes) fall in every bucket: 1 (plain decoding),
+# 2, 4, 8, 16, 32 (chains), 64 and 128 (without-replacement trees of 37 and 73 nodes).
+BUCKET_PLANS = (
+    "autoregressive",
+    "chain:1/block",
+    "chain:3/block",
+    "chain:7/block",
+    "chain:15/block",
+    "chain:31/block",
+    "wor:6x5/traversal",
+    "wor:8x8/traversal",
+)
+
+
+def test_greedy_equals_transformers_in_every_bucket_with_cuda_graphs():
+    from adaptive_spec.engine.graphs import BUCKETS
+
+    target, draft = _graph_pair()
+    engine = SpecEngine(target, draft)
+    assert engine.cuda_graphs
+    for prompt in ([0, 5, 6], [0, 9, 3, 4, 11, 12, 13]):
+        ids = torch.tensor([prompt], device=CUDA)
+        expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=40)
+        expected = expected[0, len(prompt) :].tolist()
+        for plan in BUCKET_PLANS:
+            out = engine.generate(prompt, max_new_tokens=40, temperature=0, plan=plan)
+            assert out.token_ids == expected, plan
+    slot = engine._idle_slots["target"][0]
+    assert slot.failed is None
+    assert set(BUCKETS) <= set(slot.captured), slot.captured
+    assert engine._idle_slots["draft"][0].captured and engine._idle_slots["draft"][0].failed is None
+
+
+def test_padding_rows_write_only_scratch_rows():
+    from adaptive_spec.engine.graphs import ModelSlot
+
+    target, _ = _graph_pair()
+    slot = ModelSlot(target, 64, graphs=True)
+    runner = ModelRunner(target, slot=slot)
+    eager = ModelRunner(target, slot=ModelSlot(target, 64, graphs=False))
+    anc = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool, device=CUDA)
+    with torch.inference_mode():
+        for r in (runner, eager):
+            r.chain_forward(torch.tensor([0, 5, 9, 3, 7], device=CUDA), logits_to_keep=1)
+        keys = slot.kv.keys[0]
+        before = keys.clone()
+        pos = torch.tensor([5, 6, 6], device=CUDA)
+        ids = torch.tensor([7, 8, 9], device=CUDA)
+        got = runner.block_forward(ids, pos, anc, logits_to_keep=3)  # 3 rows: bucket 4, one padding row
+        want = eager.block_forward(ids, pos, anc, logits_to_keep=3)
+    assert 4 in slot.captured
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    cap = slot.kv.capacity
+    torch.testing.assert_close(keys[:, :, :5], before[:, :, :5])  # committed rows untouched
+    torch.testing.assert_close(keys[:, :, 8:cap], before[:, :, 8:cap])  # nothing past the block's rows
+    assert not torch.equal(keys[:, :, cap:], before[:, :, cap:])  # the padding row wrote a scratch row
+
+
+def test_eagle_head_forwards_are_captured():
+    from adaptive_spec.engine.eagle import EagleConfig, EagleHead
+
+    target = tiny_model("llama", vocab=48, eos=None, max_positions=512)
+    head = EagleHead(EagleConfig.for_target(target.config, draft_vocab_size=40)).eval()
+    head.set_vocabulary(torch.arange(40))
+    head.bind(target)
+    engine = SpecEngine(target.to(CUDA), head.to(CUDA))
+    prompt = [0, 5, 6, 7]
+    ids = torch.tensor([prompt], device=CUDA)
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24)
+    for plan in ("chain:4/block", "eagle:4:8:3:2:wor/traversal"):
+        out = engine.generate(prompt, max_new_tokens=24, temperature=0, plan=plan)
+        assert out.token_ids == expected[0, len(prompt) :].tolist(), plan
+    slot = engine._idle_slots["draft"][0]
+    assert slot.failed is None and slot.captured

@@ -1,0 +1,110 @@
+"""``adaptive-spec bench passes``: what one target pass and one draft level cost, eager against captured.
+
+A *pass* is what the engine runs once per step on the target: ``n`` block rows against a cache of
+``context`` committed rows (:meth:`~adaptive_spec.engine.runner.ModelRunner.block_forward`, its
+mask, positions and input copies included). A *draft level* is the same for the draft (an EAGLE
+head or a standalone draft model) over the nodes of one tree level. Each size is timed with the
+forwards eager and, on a CUDA device, replayed from the captured graphs
+(:mod:`adaptive_spec.engine.graphs`), interleaved repetition by repetition, median reported; on a
+GPU every timed call ends with a synchronisation.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["measure_passes"]
+
+
+def _runner(engine: Any, role: str, graphs: bool, context: int) -> Any:
+    from adaptive_spec.engine.eagle import EagleRunner, draft_runner, is_eagle_head
+    from adaptive_spec.engine.graphs import ModelSlot
+    from adaptive_spec.engine.runner import ModelRunner, fast_path_parts
+
+    model = engine.target if role == "target" else engine.draft
+    static = fast_path_parts(model) is not None or is_eagle_head(model)
+    slot = ModelSlot(model, context + 256, graphs=graphs) if static else None
+    if role == "target":
+        runner = ModelRunner(model, keep_features=is_eagle_head(engine.draft), slot=slot)
+    else:
+        runner = draft_runner(model, input_limit=engine.draft_input_limit, slot=slot)
+    if isinstance(runner, EagleRunner):  # the target's features of the context, as the engine hands them over
+        runner.set_target_features(0, torch.zeros(context, engine.hidden_sizes[1], device=engine.device))
+    return runner
+
+
+def _timer(engine: Any, runner: Any, context: int) -> Callable[[int], float]:
+    """``timed(n)``: seconds of one forward of ``n`` chained rows after ``context`` rows, rolled back after."""
+    device, vocab = engine.device, min(engine.vocab_size, engine.input_vocab_size)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, vocab, (context + 128,), generator=g).to(device)
+    with torch.inference_mode():
+        runner.chain_forward(ids[:context], logits_to_keep=1)
+    cuda = device.type == "cuda"
+
+    def timed(n: int) -> float:
+        block = ids[context : context + n].tolist()
+        with torch.inference_mode():
+            if cuda:
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            anc = torch.ones(n, n, dtype=torch.bool, device=device).tril_()
+            pos = torch.arange(context, context + n, device=device)
+            runner.block_forward(torch.tensor(block, device=device), pos, anc, logits_to_keep=n)
+            if cuda:
+                torch.cuda.synchronize(device)
+            seconds = time.perf_counter() - t0
+            runner.rollback(context)
+        return seconds
+
+    return timed
+
+
+def measure_passes(
+    engine: Any,
+    rows: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
+    draft_rows: Sequence[int] = (1, 2, 4, 8, 16),
+    context: int = 256,
+    repeats: int = 20,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Median milliseconds of a target pass and a draft level per row count, eager and (on CUDA) captured.
+
+    Returns one row per model and size: ``{"model", "rows", "eager_ms", "graph_ms", "speedup"}``
+    (``graph_ms`` None where no graph is captured: off CUDA, or past the largest bucket).
+    """
+    from tqdm.auto import tqdm
+
+    modes = ["eager", "graph"] if engine.device.type == "cuda" else ["eager"]
+    out = []
+    jobs = [("target", n) for n in rows] + [("draft", n) for n in draft_rows]
+    timers = {
+        (role, mode): _timer(engine, _runner(engine, role, mode == "graph", context), context)
+        for role in ("target", "draft")
+        for mode in modes
+    }
+    for role, n in tqdm(jobs, desc="passes", disable=not progress):
+        samples: dict[str, list[float]] = {m: [] for m in modes}
+        for i in range(repeats + 3):
+            for m in modes:  # interleaved, repetition by repetition
+                s = timers[(role, m)](n)
+                if i >= 3:  # warm-up (the graph's capture) excluded
+                    samples[m].append(s)
+        eager = 1e3 * statistics.median(samples["eager"])
+        graph = 1e3 * statistics.median(samples["graph"]) if "graph" in samples else None
+        out.append(
+            {
+                "model": role,
+                "rows": n,
+                "context": context,
+                "eager_ms": eager,
+                "graph_ms": graph,
+                "speedup": eager / graph if graph else None,
+            }
+        )
+    return out

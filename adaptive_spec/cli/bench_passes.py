@@ -1,0 +1,55 @@
+"""``adaptive-spec bench passes``: one target pass and one draft level per row count, eager and captured.
+
+The measurement is :func:`adaptive_spec.bench.passes.measure_passes`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated row counts, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"row counts must be >= 1, got {text!r}")
+    return sizes
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the ``bench passes`` options."""
+    from adaptive_spec.options import add_json_option, add_model_options, add_progress_option
+
+    add_model_options(parser)
+    parser.add_argument("--rows", type=_sizes, default="1,2,4,8,16,32,64", help="target rows (default: %(default)s)")
+    parser.add_argument("--draft-rows", type=_sizes, default="1,2,4,8,16", help="draft rows (default: %(default)s)")
+    parser.add_argument(
+        "--context", type=int, default=256, help="committed rows before the pass (default: %(default)s)"
+    )
+    parser.add_argument("--repeats", type=int, default=20, help="timed repetitions per size (default: %(default)s)")
+    add_json_option(parser, "the rows")
+    add_progress_option(parser)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Time the passes, print a table, write JSON."""
+    from adaptive_spec.bench.passes import measure_passes
+    from adaptive_spec.engine.load import load_engine
+
+    if args.context < 1 or args.repeats < 1:
+        raise ValueError("--context and --repeats must be >= 1")
+    engine = load_engine(args.target, args.draft, args.device, args.dtype)
+    rows = measure_passes(engine, args.rows, args.draft_rows, args.context, args.repeats, not args.no_progress)
+    print(f"{'model':<7} {'rows':>5} {'eager ms':>9} {'graph ms':>9} {'speedup':>8}")
+    for r in rows:
+        graph = "-" if r["graph_ms"] is None else f"{r['graph_ms']:9.2f}"
+        speedup = "-" if r["speedup"] is None else f"{r['speedup']:7.2f}x"
+        print(f"{r['model']:<7} {r['rows']:>5} {r['eager_ms']:9.2f} {graph:>9} {speedup:>8}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"device": str(engine.device), "rows": rows}, indent=2))
+        print(f"wrote {args.json}")
+    return 0

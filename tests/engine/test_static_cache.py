@@ -1,0 +1,128 @@
+"""Static KV caches and the engine's lending of them (the CUDA graphs themselves: tests/engine/test_cuda.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from adaptive_spec.engine import SpecEngine
+from adaptive_spec.engine.graphs import BUCKETS, ModelSlot, bucket_for
+from adaptive_spec.engine.runner import ModelRunner
+from adaptive_spec.engine.static_cache import SCRATCH, StaticKV, round_capacity
+from tests.helpers.tiny import perturbed, tiny_model
+
+
+def test_buckets() -> None:
+    assert [bucket_for(n) for n in (1, 2, 3, 5, 9, 64, 65, 128)] == [1, 2, 4, 8, 16, 64, 128, 128]
+    assert bucket_for(129) is None
+    assert BUCKETS[-1] <= SCRATCH
+    assert round_capacity(1) == 256 and round_capacity(257) == 512
+
+
+def test_rollback_moves_a_length_and_commit_moves_rows() -> None:
+    model = tiny_model("llama", vocab=48)
+    runner = ModelRunner(model)
+    assert runner.slot is not None and isinstance(runner.cache, StaticKV)
+    keys = runner.slot.kv.keys[0]
+    with torch.inference_mode():
+        runner.chain_forward(torch.tensor([0, 5, 9, 3]), logits_to_keep=1)
+        before = keys.clone()
+        anc = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+        runner.block_forward(torch.tensor([7, 8, 9]), torch.tensor([4, 5, 5]), anc, logits_to_keep=3)
+        assert runner.cache_length() == 7 and runner.cached == 4
+        written = keys.clone()
+        runner.commit(4, torch.tensor([4, 6]))  # keep rows 4 and 6, in that order
+    assert runner.cached == runner.cache_length() == 6
+    torch.testing.assert_close(keys[:, :, :4], before[:, :, :4])
+    torch.testing.assert_close(keys[:, :, 4], written[:, :, 4])
+    torch.testing.assert_close(keys[:, :, 5], written[:, :, 6])
+    runner.rollback(5)
+    assert runner.cached == runner.cache_length() == 5
+    try:
+        runner.rollback(6)
+    except RuntimeError as err:
+        assert "cannot roll back" in str(err)
+    else:
+        raise AssertionError("a rollback past the written rows must fail")
+
+
+def test_the_cache_grows_keeping_its_rows() -> None:
+    model = tiny_model("llama", vocab=48, max_positions=2048)
+    runner = ModelRunner(model)
+    first = runner.slot.kv
+    ids = torch.arange(300) % 40 + 3
+    with torch.inference_mode():
+        a = runner.chain_forward(ids[:200], logits_to_keep=1)
+        kept = first.keys[1][:, :, :200].clone()
+        b = runner.chain_forward(ids[200:], logits_to_keep=1)  # past the first capacity (256)
+    assert runner.slot.kv is not first and runner.slot.kv.capacity >= 300
+    torch.testing.assert_close(runner.slot.kv.keys[1][:, :, :200], kept)
+    with torch.inference_mode():
+        whole = model(input_ids=ids[None]).logits[0]
+    torch.testing.assert_close(a[0], whole[199], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(b[0], whole[-1], rtol=1e-4, atol=1e-4)
+
+
+def _pair():
+    target = tiny_model("llama", vocab=48, eos=None)
+    return target, perturbed(target, scale=0.3)
+
+
+def test_the_engine_lends_its_caches_to_one_run_at_a_time() -> None:
+    target, draft = _pair()
+    engine = SpecEngine(target, draft)
+    first = engine.generate([0, 5, 6], max_new_tokens=8, temperature=0, plan="chain:3/block")
+    slots = {role: list(v) for role, v in engine._idle_slots.items()}
+    assert len(slots["target"]) == 1 and len(slots["draft"]) == 1
+    again = engine.generate([0, 5, 6], max_new_tokens=8, temperature=0, plan="chain:3/block")
+    assert again.token_ids == first.token_ids
+    assert engine._idle_slots["target"] == slots["target"]  # reused, not reallocated
+    # A run left half-way (a stream) holds its caches; a generation meanwhile gets others, and both stay right.
+    from adaptive_spec.engine.request import build_request
+
+    it = engine._run(build_request(engine, [0, 9, 3, 4], 12, 0.0, plan="chain:2/block"))
+    head = next(it)
+    other = engine.generate([0, 5, 6], max_new_tokens=8, temperature=0, plan="chain:3/block")
+    assert other.token_ids == first.token_ids
+    rest = list(head)
+    for chunk in it:
+        rest.extend(chunk)
+    plain = engine.generate([0, 9, 3, 4], max_new_tokens=12, temperature=0, plan=None)
+    assert rest == plain.token_ids
+
+
+def test_kept_state_keeps_its_caches() -> None:
+    target, draft = _pair()
+    engine = SpecEngine(target, draft)
+    kept = engine.generate([0, 5, 6], max_new_tokens=6, temperature=0, plan="chain:2/block", keep_state=True)
+    engine.generate([0, 7, 8, 9, 10], max_new_tokens=6, temperature=0, plan="chain:2/block")
+    assert kept.state.target.slot not in engine._idle_slots["target"]
+    n = kept.state.target.cached
+    ctx = kept.state.context
+    with torch.inference_mode():
+        k_full = target(input_ids=torch.tensor([ctx[:n]]), use_cache=True).past_key_values.layers[0].keys
+    torch.testing.assert_close(kept.state.target.slot.kv.keys[0][:, :, :n], k_full[:, :, :n], rtol=1e-4, atol=1e-5)
+
+
+def test_a_failed_capture_logs_one_line_and_runs_eagerly(monkeypatch, caplog) -> None:
+    model = tiny_model("llama", vocab=48)
+    slot = ModelSlot(model, 64)
+    slot.graphs_on = True  # as on CUDA; the capture itself is made to fail
+
+    def fail(*_args, **_kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore detail")
+
+    monkeypatch.setattr(ModelSlot, "_capture", fail)
+    runner = ModelRunner(model, slot=slot)
+    eager = ModelRunner(tiny_model("llama", vocab=48))
+    with caplog.at_level(logging.WARNING, logger="adaptive_spec.engine"), torch.inference_mode():
+        a = runner.chain_forward(torch.tensor([0, 5, 9]), logits_to_keep=2)
+        b = runner.chain_forward(torch.tensor([4]), logits_to_keep=1)
+        ea = eager.chain_forward(torch.tensor([0, 5, 9]), logits_to_keep=2)
+        eb = eager.chain_forward(torch.tensor([4]), logits_to_keep=1)
+    torch.testing.assert_close(a, ea)
+    torch.testing.assert_close(b, eb)
+    lines = [r.getMessage() for r in caplog.records if "capture" in r.getMessage()]
+    assert len(lines) == 1 and "RuntimeError: operation not permitted" in lines[0] and "\n" not in lines[0]
+    assert slot.failed is not None and slot.captured == []

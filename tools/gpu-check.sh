@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One-call GPU check (issue: a speculative step that costs one captured target pass).
+#
+#   tools/gpu-check.sh [--device cuda|cpu] [--out DIR] [--limit N] [--tokens N] [--steps pytest,passes,e2e_t0,e2e_t1]
+#
+# Runs, each step under its own timeout, writing everything to DIR (default data/gpu-check):
+#   env.txt        the machine, torch, transformers, the GPU
+#   pytest.xml     the `gpu` tests (tests/engine/test_cuda.py; skipped without CUDA), JUnit XML
+#   passes.json    one SmolLM2 pass and one EAGLE-head level per row count, eager vs captured
+#   e2e_t0.json    bench e2e at T=0: transformers' generate, assisted and prompt lookup, the
+#                  engine's plain decoding and plans, on the 12 demo prompts, interleaved
+#   e2e_t1.json    the same at T=1
+#   status.txt     one line per step: its exit status and seconds
+# --device cpu is the dry run (the same steps, fewer prompts and tokens): it must pass anywhere.
+# On the GPU machine the whole check takes about 6 minutes (budget: 7).
+set -uo pipefail
+DEVICE=cuda OUT=data/gpu-check LIMIT="" TOKENS="" STEPS=pytest,passes,e2e_t0,e2e_t1
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --device) DEVICE=$2; shift 2;;
+    --out) OUT=$2; shift 2;;
+    --limit) LIMIT=$2; shift 2;;
+    --tokens) TOKENS=$2; shift 2;;
+    --steps) STEPS=$2; shift 2;;
+    -h|--help) sed -n '2,18p' "$0"; exit 0;;
+    *) echo "gpu-check: unknown argument $1 (see --help)"; exit 2;;
+  esac
+done
+if [ "$DEVICE" = cpu ]; then LIMIT=${LIMIT:-2} TOKENS=${TOKENS:-8}; else LIMIT=${LIMIT:-12} TOKENS=${TOKENS:-128}; fi
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1
+mkdir -p "$OUT"; touch "$OUT/status.txt"
+FAILED=0
+step() {  # step NAME SECONDS COMMAND...: runs when NAME is one of --steps
+  local name=$1 limit=$2; shift 2
+  case ",$STEPS," in *",$name,"*) ;; *) return 0;; esac
+  local t0=$SECONDS
+  echo "== $name (at most ${limit}s): $*"
+  timeout --kill-after=10 "$limit" "$@"
+  local rc=$?
+  echo "$name rc=$rc seconds=$((SECONDS - t0))" | tee -a "$OUT/status.txt"
+  [ $rc -eq 0 ] || FAILED=1
+}
+{
+  date -u; uname -a
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
+  lscpu | grep -m1 'Model name'
+} > "$OUT/env.txt" 2>&1
+step pytest 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_cuda.py -o addopts="-ra" \
+  --junitxml="$OUT/pytest.xml"
+PASSES_REPEATS=$([ "$DEVICE" = cpu ] && echo 2 || echo 20)
+step passes 60 $PY -m adaptive_spec bench passes --target smollm2 --device "$DEVICE" --repeats "$PASSES_REPEATS" \
+  --no-progress --json "$OUT/passes.json"
+PROMPTS=adaptive_spec/zoo/smollm2/prompts.jsonl
+PLANS="chain:3/block,eagle:6:48:6:4:wor/traversal,lookup:8/block,adaptive"
+for T in 0 1; do
+  step "e2e_t$T" 200 $PY -m adaptive_spec bench e2e --target smollm2 --device "$DEVICE" --prompts "$PROMPTS" \
+    --limit "$LIMIT" --max-new-tokens "$TOKENS" --temperatures "$T" --plans "$PLANS" --no-progress \
+    --json "$OUT/e2e_t$T.json"
+done
+echo "gpu-check: wrote $OUT ($(ls "$OUT" | tr '\n' ' '))"
+exit $FAILED
