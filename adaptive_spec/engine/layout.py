@@ -29,7 +29,14 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.nn import functional
 
-__all__ = ["PerSizeLinear", "column_major_linears", "linear_groups", "per_size_linears", "row_major_linears"]
+__all__ = [
+    "PerSizeLinear",
+    "column_major_linears",
+    "linear_groups",
+    "linear_orders",
+    "per_size_linears",
+    "row_major_linears",
+]
 
 
 def linear_groups(*models: torch.nn.Module) -> Iterator[tuple[torch.nn.Parameter, list[torch.nn.Linear]]]:
@@ -133,3 +140,13 @@ def per_size_linears(
         module.column_rows = tuple(bool(c) for c in column_rows)
         module.column_above = bool(column_above)
     return True
+
+
+def linear_orders(*models: torch.nn.Module) -> dict[str, int]:
+    """``{"column": n, "per-size": n, "row": n}``: how the CPU ``Linear`` weights of ``models`` are stored now."""
+    counts = {"column": 0, "per-size": 0, "row": 0}
+    for w, modules in linear_groups(*models):
+        if _reorderable(w):
+            per_size = any(type(m) is PerSizeLinear for m in modules)
+            counts["per-size" if per_size else "row" if w.is_contiguous() else "column"] += 1
+    return counts

@@ -2,18 +2,22 @@
 
 Which memory order of a ``Linear`` weight is faster (:mod:`adaptive_spec.engine.layout`) depends on
 the CPU's BLAS, the weight's shape and the rows (tokens) of the forward: on one EPYC host
-column-major wins at one to three tokens and ties above; on another it wins at one token and loses
-at eight. So :func:`arrange_linears` measures, for each distinct weight shape, ``F.linear`` in both
-orders at the forward sizes of :data:`SIZES` (interleaved, on a ring of distinct random weights of
-at least :data:`RING_BYTES` so that they come from memory as a model's do; at most
-:data:`MAX_TIMED_ROWS` output rows of a larger weight), and caches the medians in
+column-major wins at one to three tokens and ties above; on another it wins at one token (111
+against 128 ms) and loses at eight (292 against 272 ms). So :func:`arrange_linears` measures, for
+each distinct weight shape, ``F.linear`` in both orders at the forward sizes of :data:`SIZES`
+(interleaved pairs, alternating which goes first, on a ring of distinct random weights of about
+:data:`RING_BYTES` so that they come from memory as a model's do; a larger weight, a vocabulary
+head, on :data:`MAX_TIMED_ROWS` of its output rows), and caches the medians in
 ``<user data folder>/weight-order.json`` per host (CPU model, torch threads, torch version), shape and
-dtype. A later load reads them; an unreadable or malformed cache is measured again (delete the file
-to re-measure, e.g. after a measurement on a busy machine).
+dtype. Later loads read them. An unreadable or malformed cache, or entry, is measured again; delete
+the file to re-measure (e.g. after a measurement on a busy machine). One call measures for at most
+:data:`BUDGET_S` seconds, the shapes holding most of the weights first; a shape left over keeps the
+stock order and is measured on a later load.
 
 At each size column-major **wins** when its median is at least :data:`WIN_MARGIN` under the stock
-order's, the stock order **wins** when column-major's is more than :data:`TIE_TOLERANCE` over it,
-and it is a tie otherwise. Then, per shape:
+order's and it was the faster in at least :data:`AGREEMENT` of the pairs; the stock order wins when
+column-major's median is more than :data:`TIE_TOLERANCE` over and the stock order was the faster in
+that share of the pairs; anything else is a tie (no measurable difference). Then, per shape:
 
 - column-major wins somewhere and the stock order nowhere: stored column-major (one copy);
 - both win somewhere: both copies, each forward picking by its row count
@@ -23,7 +27,7 @@ and it is a tie otherwise. Then, per shape:
   :data:`COPY_MEMORY_SHARE` of the machine's memory; else the stock order;
 - else the stock order, untouched.
 
-So no measured size runs measurably slower than the stock order. ``ADAPTIVE_SPEC_WEIGHT_ORDER``
+So no forward size runs where the stock order measured faster. ``ADAPTIVE_SPEC_WEIGHT_ORDER``
 overrides the choice: ``auto`` (the default, as above), ``column`` (every weight column-major, no
 measurement) or ``row`` (the stock order).
 """
