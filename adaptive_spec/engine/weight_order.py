@@ -11,8 +11,8 @@ head, on :data:`MAX_TIMED_ROWS` of its output rows), and caches the medians in
 ``<user data folder>/weight-order.json`` per host (CPU model, torch threads, torch version), shape and
 dtype. Later loads read them. An unreadable or malformed cache, or entry, is measured again; delete
 the file to re-measure (e.g. after a measurement on a busy machine). One call measures for at most
-:data:`BUDGET_S` seconds, the shapes holding most of the weights first; a shape left over keeps the
-stock order and is measured on a later load.
+:data:`BUDGET_S` seconds, the shapes holding most of the weights first; a shape left over (a busy
+machine) keeps the stock order and is measured on a load at least :data:`RETRY_S` seconds later.
 
 At each size column-major **wins** when its median is at least :data:`WIN_MARGIN` under the stock
 order's and it was the faster in at least :data:`AGREEMENT` of the pairs; the stock order wins when
@@ -70,7 +70,7 @@ ORDERS = ("auto", "column", "row")
 CACHE_NAME = "weight-order.json"
 """The cache file in the user data folder."""
 CACHE_FORMAT, CACHE_VERSION = "adaptive-spec weight order", 1
-SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 32)
+SIZES = (1, 2, 3, 4, 8, 16, 32)
 """The forward sizes (rows, i.e. tokens) measured."""
 WIN_MARGIN = 0.05
 """Column-major wins at a size when its median is at least this share under the stock order's."""
@@ -80,9 +80,9 @@ COPY_MEMORY_SHARE = 1 / 8
 """The most of the machine's memory that the second copies of per-size weights may take."""
 RING_BYTES = 32 << 20
 """Each timed pass multiplies by distinct weights of at least this many bytes together (past the caches)."""
-MAX_TIMED_ROWS = 8192
+MAX_TIMED_ROWS = 4096
 """A weight with more output rows (a vocabulary head) is timed on this many of them."""
-MAX_RING = 32
+MAX_RING = 16
 """At most this many weights in the ring."""
 REPEATS = 5
 """Timed passes per size and order (after one untimed)."""
@@ -90,6 +90,8 @@ AGREEMENT = 0.8
 """A win also needs the winner to be the faster in at least this share of the interleaved pairs."""
 BUDGET_S = 5.0
 """The most seconds one call measures for; shapes left over keep the stock order until a later call."""
+RETRY_S = 3600.0
+"""A shape whose measurement ran out of time (a busy machine) is tried again after this many seconds."""
 
 
 def weight_order_setting(order: str | None = None) -> str:
@@ -205,9 +207,9 @@ def measure_shape(
     samples: dict[str, dict[int, list[float]]] = {name: {n: [] for n in sizes} for name in orders}
     with torch.inference_mode():
         for rep in range(1 + REPEATS):
-            if time.perf_counter() > deadline:
-                return None
             for n in sizes:
+                if time.perf_counter() > deadline:
+                    return None
                 for name in ("row", "column") if rep % 2 else ("column", "row"):  # interleaved, alternating
                     t0 = time.perf_counter()
                     for w in orders[name]:
@@ -232,6 +234,12 @@ def _valid_entry(entry: Any) -> bool:
     return lists and all(isinstance(x, (int, float)) and 0 <= x < math.inf for t in [*ms, share] for x in t)
 
 
+def _recently_given_up(entry: Any) -> bool:
+    """Whether ``entry`` records a measurement that ran out of time less than :data:`RETRY_S` ago."""
+    when = entry.get("given_up") if isinstance(entry, dict) else None
+    return isinstance(when, (int, float)) and 0 <= time.time() - when < RETRY_S
+
+
 def _read_cache(path: Path) -> dict[str, Any]:
     """The cache's entries, ``{}`` when the file is missing, unreadable or not a weight-order cache."""
     try:
@@ -247,7 +255,9 @@ def shape_choices(*models: torch.nn.Module, cache: str | os.PathLike | None = No
 
     Shapes are measured largest share of the models' weights first, within :data:`BUDGET_S` seconds
     in all; a shape left unmeasured is missing from the answer (it keeps the stock order) and is
-    measured on a later call. ``cache``: the JSON file (default ``<user data folder>/weight-order.json``).
+    measured on a call :data:`RETRY_S` seconds later or more.
+
+    ``cache``: the JSON file (default ``<user data folder>/weight-order.json``).
     """
     path = Path(cache) if cache is not None else user_data_dir() / CACHE_NAME
     entries, host = _read_cache(path), _host_key()
@@ -259,10 +269,11 @@ def shape_choices(*models: torch.nn.Module, cache: str | os.PathLike | None = No
             shapes[key] = (w, bias, shapes.get(key, (w, bias, 0))[2] + w.numel() * w.element_size())
     deadline, measured = time.perf_counter() + BUDGET_S, False
     for key, (w, bias, _) in sorted(shapes.items(), key=lambda kv: -kv[1][2]):
-        if not _valid_entry(entries.get(f"{host} | {key}")):
-            entry = measure_shape(w.shape[0], w.shape[1], w.dtype, bias, deadline=deadline)
-            if entry is not None:
-                entries[f"{host} | {key}"], measured = entry, True
+        entry = entries.get(f"{host} | {key}")
+        if _valid_entry(entry) or _recently_given_up(entry):
+            continue
+        entry = measure_shape(w.shape[0], w.shape[1], w.dtype, bias, deadline=deadline)
+        entries[f"{host} | {key}"], measured = entry or {"given_up": time.time()}, True
     if measured:
         with contextlib.suppress(OSError):  # a read-only data folder: measured again next time
             write_json_atomic({"format": CACHE_FORMAT, "version": CACHE_VERSION, "entries": entries}, path)

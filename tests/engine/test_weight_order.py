@@ -137,12 +137,28 @@ def test_no_second_copies_past_the_memory_share(auto, monkeypatch) -> None:
     assert not any(isinstance(m, PerSizeLinear) for m in model.modules())
 
 
-def test_an_unmeasured_shape_keeps_the_stock_order_and_is_not_cached(auto, monkeypatch) -> None:
-    monkeypatch.setattr(weight_order, "measure_shape", lambda *a, **k: None)  # the time budget ran out
+def test_a_shape_out_of_time_keeps_the_stock_order_and_is_retried_later(auto, monkeypatch) -> None:
+    calls: list = []
+
+    def out_of_time(*args, **kwargs):
+        calls.append(args)
+        return None
+
+    monkeypatch.setattr(weight_order, "measure_shape", out_of_time)
     model = _model()
     assert arrange_linears(model)["row"] > 0
     assert all(m.weight.is_contiguous() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    assert not auto.exists()
+    tried = len(calls)
+    assert tried == len(_shapes(model))
+    arrange_linears(_model())
+    assert len(calls) == tried  # not again within the hour
+    data = json.loads(auto.read_text())
+    for entry in data["entries"].values():
+        entry["given_up"] -= weight_order.RETRY_S
+    auto.write_text(json.dumps(data))
+    monkeypatch.setattr(weight_order, "measure_shape", _fake([0.5] * len(SIZES), calls))
+    assert arrange_linears(_model())["column"] > 0
+    assert len(calls) == 2 * tried
 
 
 @pytest.mark.parametrize("order", ["row", "column"])
