@@ -16,8 +16,8 @@ machine) keeps the stock order and is measured on a load at least :data:`RETRY_S
 
 At each size column-major **wins** when its median is at least :data:`WIN_MARGIN` under the stock
 order's and it was the faster in at least :data:`AGREEMENT` of the pairs; the stock order wins when
-column-major's median is more than :data:`TIE_TOLERANCE` over and the stock order was the faster in
-that share of the pairs; anything else is a tie (no measurable difference). Then, per shape:
+column-major's median is more than :data:`TIE_TOLERANCE` over; anything else is a tie (no measurable
+difference). Then, per shape:
 
 - column-major wins somewhere and the stock order nowhere: stored column-major (one copy);
 - both win somewhere: both copies, each forward picking by its row count
@@ -137,7 +137,7 @@ class ShapeChoice:
         for r, c, share in zip(self.row_ms, self.column_ms, self.column_faster, strict=True):
             if c <= (1 - WIN_MARGIN) * r and share >= AGREEMENT:
                 out.append("column")
-            elif c > (1 + TIE_TOLERANCE) * r and share <= 1 - AGREEMENT:
+            elif c > (1 + TIE_TOLERANCE) * r:  # no agreement asked: any doubt goes the stock order's way
                 out.append("row")
             else:
                 out.append("tie")

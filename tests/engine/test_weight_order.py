@@ -190,6 +190,7 @@ def test_a_win_needs_the_margin_and_the_agreement() -> None:
 
     assert choice([0.9, 0.9, 1.1], [1.0, 0.4, 0.0]).wins() == ["column", "tie", "row"]
     assert choice([0.9, 1.0, 1.0], [1.0, 0.6, 0.4]).order == "column"
+    assert choice([0.9, 1.5, 0.9], [1.0, 0.6, 1.0]).wins() == ["column", "row", "column"]  # slower: no agreement asked
     mixed = choice([0.9, 1.1, 0.9], [1.0, 0.0, 1.0])
     assert mixed.order == "per-size"
     rows, above = mixed.column_rows()
