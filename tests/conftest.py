@@ -11,6 +11,10 @@ from adaptive_spec.files import user_data_dir
 os.environ.setdefault("ADAPTIVE_SPEC_REAL_HOME", str(user_data_dir()))
 os.environ["ADAPTIVE_SPEC_HOME"] = tempfile.mkdtemp(prefix="adaptive-spec-home-")
 
+# The engine's models get column-major CPU weights without measuring the host (the weight order of
+# every run alike); tests/engine/test_weight_order.py sets "auto" itself.
+os.environ.setdefault("ADAPTIVE_SPEC_WEIGHT_ORDER", "column")
+
 # Two threads is what these machines have; more only adds contention under xdist.
 torch.set_num_threads(int(os.environ.get("ADAPTIVE_SPEC_TEST_THREADS", "1")))
 

@@ -49,8 +49,8 @@ step() {  # step NAME SECONDS COMMAND...: runs when NAME is one of --steps
 } > "$OUT/env.txt" 2>&1
 step pytest 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_cuda.py -o addopts="-ra" \
   --junitxml="$OUT/pytest.xml"
-PASSES_REPEATS=$([ "$DEVICE" = cpu ] && echo 2 || echo 20)
-step passes 60 $PY -m adaptive_spec bench passes --target smollm2 --device "$DEVICE" --repeats "$PASSES_REPEATS" \
+if [ "$DEVICE" = cpu ]; then PASSES="--repeats 1 --rows 1,2 --draft-rows 1 --context 32"; else PASSES="--repeats 20"; fi
+step passes 90 $PY -m adaptive_spec bench passes --target smollm2 --device "$DEVICE" $PASSES \
   --no-progress --json "$OUT/passes.json"
 PROMPTS=adaptive_spec/zoo/smollm2/prompts.jsonl
 PLANS="chain:3/block,eagle:6:48:6:4:wor/traversal,lookup:8/block,adaptive"

@@ -58,8 +58,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--row-major-too",
         action="store_true",
-        help="also time the target with its Linear weights in the stock row-major order, interleaved "
-        "(target_row_major_ms; on a CPU the engine stores them column-major)",
+        help="also time copies of the target with all its Linear weights in the stock row-major order and all "
+        "column-major, interleaved (target_row_major_ms, target_column_major_ms), and show the order this host's "
+        "calibration chose for the engine (ADAPTIVE_SPEC_WEIGHT_ORDER)",
     )
     parser.add_argument("--no-plot", action="store_true", help="skip the PNG next to the JSON")
     add_progress_option(parser)

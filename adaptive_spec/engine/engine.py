@@ -48,7 +48,6 @@ from adaptive_spec.engine.drafting import (
 from adaptive_spec.engine.eagle import EagleRunner, draft_runner, is_eagle_head
 from adaptive_spec.engine.features import LatencyFeatures, RootFeatures, RootTracker, planner_view
 from adaptive_spec.engine.graphs import BUCKETS, ModelSlot
-from adaptive_spec.engine.layout import column_major_linears
 from adaptive_spec.engine.logits import ProbsFn, build_logits_processor
 from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
 from adaptive_spec.engine.outputs import EngineState, GenerationResult
@@ -64,6 +63,7 @@ from adaptive_spec.engine.pretrained import (
 from adaptive_spec.engine.request import AUTO, GenerationRequest, build_request
 from adaptive_spec.engine.runner import ModelRunner, fast_path_parts
 from adaptive_spec.engine.stopping import cut_at_stop, emit
+from adaptive_spec.engine.weight_order import arrange_linears
 from adaptive_spec.formats.feature_log import prompt_key
 from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
 from adaptive_spec.trees import TreeShape, block_ancestors, block_positions
@@ -252,10 +252,10 @@ class SpecEngine:
         input embeddings, where the engine keeps its tensors. Give ``device`` or
         ``device_map``, not both. ``offload_folder`` goes with it, for modules mapped to ``"disk"``.
 
-        On a CPU, the loaded models' ``Linear`` weights are stored column-major (same values;
-        one- to three-token forwards about 1.3x faster, :mod:`adaptive_spec.engine.layout`);
-        call :func:`~adaptive_spec.engine.layout.row_major_linears` on a model before its
-        ``save_pretrained``.
+        On a CPU, the loaded models' ``Linear`` weights get the memory order that this host measured
+        faster, per forward size (same values; :mod:`adaptive_spec.engine.weight_order`,
+        ``ADAPTIVE_SPEC_WEIGHT_ORDER``); call :func:`~adaptive_spec.engine.layout.row_major_linears`
+        on a model before its ``save_pretrained``.
 
         A hub name (``org/name``) is checked before anything is downloaded: offline
         (``HF_HUB_OFFLINE=1``, or no connection to the hub) it loads from the local Hugging
@@ -281,8 +281,7 @@ class SpecEngine:
         )
         kw = {"device": device, "draft_tokenizer": draft_tokenizer, **engine_kwargs}
         engine = cls(target_model, draft_model, tokenizer, **kw)
-        column_major_linears(engine.target)  # the models are ours: on a CPU, the faster weight order
-        column_major_linears(engine.draft)
+        arrange_linears(engine.target, engine.draft)  # the models are ours: on a CPU, this host's faster weight order
         return engine
 
     # ------------------------------------------------------------------ public API

@@ -41,8 +41,8 @@ def load_hf_draft(engine, name: str | None, target: str | None):
     model = AutoModelForCausalLM.from_pretrained(
         resolve_model(name, "draft"), dtype=engine.target.dtype, attn_implementation="sdpa"
     )
-    from adaptive_spec.engine.layout import column_major_linears
+    from adaptive_spec.engine.weight_order import arrange_linears
 
     model = model.to(engine.device).eval()
-    column_major_linears(model)  # on a CPU, the weight order the engine's own models have (a fair baseline)
+    arrange_linears(model)  # on a CPU, the weight order the engine's own models have (a fair baseline)
     return model

@@ -270,15 +270,66 @@ def fit_gate(
     full = data["x"].astype(np.float32)
     x = full[:, [GATE_FEATURES.index(f) for f in features]]
     y = np.stack([data["lookup"], data["model"]], axis=1)
-    groups = np.unique(data["group"])
-    rng = np.random.default_rng(seed)
-    val_groups = rng.choice(groups, size=max(1, round(len(groups) * val_fraction)), replace=False)
-    val = np.isin(data["group"], val_groups)
-    if val.all() or not val.any():
-        raise ValueError("the gate data needs at least two prompts (one to validate on)")
+    val, val_groups = _validation_split(data["group"], val_fraction, seed)
     mean = x[~val].mean(0)
     scale = x[~val].std(0) + 1e-3
-    xt = torch.from_numpy((x - mean) / scale)
+    net = _train_gate_net((x - mean) / scale, y, val, depths, hidden, epochs, lr, weight_decay)
+    layers = [
+        [net[0].weight.detach().numpy().tolist(), net[0].bias.detach().numpy().tolist()],
+        [net[2].weight.detach().numpy().tolist(), net[2].bias.detach().numpy().tolist()],
+    ]
+    gate = SourceGate(
+        {
+            "version": GATE_VERSION,
+            "features": list(features),
+            "model_plan": str(model_plan),
+            "lookup_plan": str(lookup_plan),
+            "mean": mean.tolist(),
+            "scale": scale.tolist(),
+            "layers": layers,
+            "costs": fit_costs(data),
+        }
+    )
+    report: dict[str, Any] = {"steps": len(x), "val_steps": int(val.sum()), "val_prompts": len(val_groups)}
+    report["features"] = list(features)
+    report |= _validation_errors(gate.predict(full[val]), y, val)
+    report["costs"] = gate.data["costs"]
+    return gate, report
+
+
+def _validation_split(group: np.ndarray, val_fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(mask of the validation steps, the validation prompts)``: a random ``val_fraction`` of the prompts.
+
+    Raises:
+        ValueError: fewer than two prompts (one to train on and one to validate on).
+    """
+    groups = np.unique(group)
+    rng = np.random.default_rng(seed)
+    val_groups = rng.choice(groups, size=max(1, round(len(groups) * val_fraction)), replace=False)
+    val = np.isin(group, val_groups)
+    if val.all() or not val.any():
+        raise ValueError("the gate data needs at least two prompts (one to validate on)")
+    return val, val_groups
+
+
+def _train_gate_net(
+    x: np.ndarray,
+    y: np.ndarray,
+    val: np.ndarray,
+    depths: Any,
+    hidden: int,
+    epochs: int,
+    lr: float,
+    weight_decay: float,
+) -> Any:
+    """The perceptron (standardised ``x`` -> each source's accepted tokens, at most its ``depths``), early-stopped.
+
+    ``y`` is ``[steps, 2]`` (lookup, model) with NaN where a source is unlabelled; the loss is the
+    squared error on the labelled entries, and the epoch with the lowest loss on the ``val`` steps is kept.
+    """
+    import torch
+
+    xt = torch.from_numpy(x)
     yt = torch.from_numpy(np.nan_to_num(y, nan=0.0)).float()
     mt = torch.from_numpy(~np.isnan(y)).float()
     net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 2))
@@ -302,36 +353,24 @@ def fit_gate(
         if v < best:
             best, best_state = v, {k: t.clone() for k, t in net.state_dict().items()}
     net.load_state_dict(best_state)
-    layers = [
-        [net[0].weight.detach().numpy().tolist(), net[0].bias.detach().numpy().tolist()],
-        [net[2].weight.detach().numpy().tolist(), net[2].bias.detach().numpy().tolist()],
-    ]
-    gate = SourceGate(
-        {
-            "version": GATE_VERSION,
-            "features": list(features),
-            "model_plan": str(model_plan),
-            "lookup_plan": str(lookup_plan),
-            "mean": mean.tolist(),
-            "scale": scale.tolist(),
-            "layers": layers,
-            "costs": fit_costs(data),
-        }
-    )
-    pred = gate.predict(full[val])
-    report: dict[str, Any] = {"steps": len(x), "val_steps": int(val.sum()), "val_prompts": len(val_groups)}
-    report["features"] = list(features)
+    return net
+
+
+def _validation_errors(pred: np.ndarray, y: np.ndarray, val: np.ndarray) -> dict[str, dict[str, Any]]:
+    """Per source (``lookup``, ``model``): labelled steps, mean label, and the validation MAE of ``pred``
+    against that of the constant (training mean) predictor.
+    """
+    out: dict[str, dict[str, Any]] = {}
     for j, name in enumerate(("lookup", "model")):
         ok = ~np.isnan(y[val, j])
         truth = y[val, j][ok]
-        report[name] = {
+        out[name] = {
             "labelled": int((~np.isnan(y[:, j])).sum()),
             "mean_label": float(truth.mean()) if ok.any() else None,
             "val_mae": float(np.abs(pred[ok, j] - truth).mean()) if ok.any() else None,
             "val_mae_constant": float(np.abs(np.nanmean(y[~val, j]) - truth).mean()) if ok.any() else None,
         }
-    report["costs"] = gate.data["costs"]
-    return gate, report
+    return out
 
 
 def write_gate(gate: SourceGate, path: str | Path, report: dict[str, Any], provenance: dict[str, Any]) -> Path:

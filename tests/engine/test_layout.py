@@ -42,7 +42,8 @@ def test_column_major_keeps_values_and_logits(tmp_path) -> None:
     assert all(torch.equal(v, before[k]) for k, v in again.state_dict().items() if k in before)
 
 
-def test_from_pretrained_on_cpu_stores_linears_column_major(tiny_pair) -> None:
+def test_from_pretrained_on_cpu_stores_linears_column_major(tiny_pair, monkeypatch) -> None:
+    monkeypatch.setenv("ADAPTIVE_SPEC_WEIGHT_ORDER", "column")
     engine = SpecEngine.from_pretrained(device="cpu")
     for model in (engine.target, engine.draft):
         weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]

@@ -143,13 +143,21 @@ def test_forwards_are_measured_with_an_eagle_head_as_the_draft():
         assert len(out[name]) == 2 and all(len(row) == 2 and all(ms > 0 for ms in row) for row in out[name])
 
 
-def test_profile_times_the_row_major_target_beside_the_engines(module_tiny_pair, tmp_path):
-    """``--row-major-too``: a stock-order copy of the target timed interleaved; the engine's own stays column-major."""
+def test_profile_times_the_row_major_target_beside_the_engines(module_tiny_pair, tmp_path, capsys):
+    """``--row-major-too``: stock-order and column-major copies of the target timed interleaved, and the
+    order the host's calibration chose (the engine's own stays column-major: the tests' override)."""
     rc = main(
         ["profile", "--out", str(tmp_path), "--contexts", "4", "--tokens", "1,3", "--warmup", "0", "--repeats", "1"]
         + ["--calibration-plans", "", "--verify-trees", "1", "--row-major-too", "--no-plot", "--no-progress"]
     )
     assert rc == 0
     profile = json.loads((tmp_path / "profile.json").read_text())
-    assert len(profile["target_row_major_ms"]) == 1 and all(ms > 0 for ms in profile["target_row_major_ms"][0])
-    assert len(profile["target_ms"][0]) == len(profile["target_row_major_ms"][0]) == 2
+    for name in ("target_row_major_ms", "target_column_major_ms"):
+        assert len(profile[name]) == 1 and len(profile[name][0]) == 2 and all(ms > 0 for ms in profile[name][0])
+    assert len(profile["target_ms"][0]) == 2
+    order = profile["weight_order"]
+    assert order["setting"] == "column" and order["target"]["column"] > 0 == order["target"]["row"]
+    assert order["shapes"] and all(s["order"] in ("column", "per-size", "row") for s in order["shapes"])
+    assert all(len(s["row_ms"]) == len(s["column_ms"]) == len(s["sizes"]) for s in order["shapes"])
+    out = capsys.readouterr().out
+    assert "target_column_major" in out and "weight order (ADAPTIVE_SPEC_WEIGHT_ORDER=column)" in out

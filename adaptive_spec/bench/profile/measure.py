@@ -10,7 +10,6 @@ import platform
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from adaptive_spec.bench.profile.fit import fit_overhead
@@ -51,8 +50,10 @@ def device_info(device: Any) -> dict[str, Any]:
     import torch
     import transformers
 
+    from adaptive_spec.engine.weight_order import cpu_name
+
     device = torch.device(device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     return {
         "type": device.type,
         "name": name,
@@ -61,16 +62,6 @@ def device_info(device: Any) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "python": platform.python_version(),
     }
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def model_info(model: Any, label: str | None = None) -> dict[str, Any]:
@@ -113,24 +104,12 @@ def measure_forwards(
     import torch
     from tqdm.auto import tqdm
 
-    from adaptive_spec.engine.eagle import draft_runner, is_eagle_head
-    from adaptive_spec.engine.runner import ModelRunner
-
     contexts, tokens = sorted(set(contexts)), sorted(set(tokens))
     if not contexts or contexts[0] < 0 or not tokens or tokens[0] < 1:
         raise ValueError(f"contexts must be >= 0 and tokens >= 1, got {contexts} and {tokens}")
     if warmup < 0 or repeats < 1:
         raise ValueError(f"warmup must be >= 0 and repeats >= 1, got {warmup} and {repeats}")
-    eagle = is_eagle_head(draft)  # an EAGLE head reads the target's features of the context
-    runners = {"draft": draft_runner(draft), "target": ModelRunner(target, keep_features=eagle)}
-    runners |= {name: ModelRunner(model) for name, model in (also or {}).items()}
-    for name, r in runners.items():
-        window = getattr(r.model.config.get_text_config(), "max_position_embeddings", None)
-        if window and contexts[-1] + tokens[-1] > window:
-            raise ValueError(
-                f"the {name} model's context window is {window} tokens, but the grid needs "
-                f"{contexts[-1]} + {tokens[-1]}; lower --contexts or --tokens"
-            )
+    runners, eagle = _forward_runners(target, draft, also, contexts[-1], tokens[-1])
     device = runners["target"].device
     sync = _sync_fn(device)
     vocab = min(r.model.get_input_embeddings().weight.shape[0] for r in runners.values())
@@ -138,46 +117,88 @@ def measure_forwards(
     prefill = torch.randint(0, vocab, (contexts[-1],), generator=gen).to(device)
     block = torch.randint(0, vocab, (tokens[-1],), generator=gen).to(device)
     samples = {name: [[[] for _ in tokens] for _ in contexts] for name in runners}
-
-    def timed(r: ModelRunner, ctx: int, n: int) -> float:
-        anc = torch.ones(n, n, dtype=torch.bool, device=device).tril_()  # [n, n] a chain: one path of n nodes
-        if eagle and r is runners["draft"]:  # an EAGLE head drafts a level at a time: n children of the root
-            anc = torch.eye(n, dtype=torch.bool, device=device)
-        pos = torch.arange(ctx, ctx + n, device=device)
-        sync()
-        t0 = time.perf_counter()
-        r.block_forward(block[:n], pos, anc, logits_to_keep=n)
-        sync()
-        out = time.perf_counter() - t0
-        r.rollback(ctx)
-        return out
-
     bar = tqdm(total=len(contexts) * len(tokens), desc="profile forwards", disable=not progress)
     with torch.inference_mode():
         for r in runners.values():
             r.rollback(0)
         for ci, ctx in enumerate(contexts):
-            target_runner, start = runners["target"], runners["target"].cached  # extend both caches to ctx rows
-            target_runner.chain_forward(prefill[start:ctx], logits_to_keep=1)
-            if eagle and ctx > start:
-                runners["draft"].set_target_features(start, target_runner.features)
-            for r in runners.values():
-                if r is not target_runner:
-                    r.chain_forward(prefill[r.cached : ctx], logits_to_keep=1)
+            _extend_caches(runners, prefill, ctx, eagle)
             for ti, n in enumerate(tokens):
                 for i in range(warmup + repeats):
                     for name, r in runners.items():  # interleaved: load drift hits both models alike
-                        t = timed(r, ctx, n)
+                        level = eagle and name == "draft"  # an EAGLE head drafts a level at a time
+                        t = _time_block_forward(r, block[:n], ctx, level, sync)
                         if i >= warmup:
                             samples[name][ci][ti].append(t * 1e3)
                 bar.update()
     bar.close()
     out: dict[str, Any] = {"contexts": contexts, "tokens": tokens}
-    for name in runners:
-        q = [[_quartiles(s) for s in row] for row in samples[name]]
+    for name, grid in samples.items():
+        q = [[_quartiles(s) for s in row] for row in grid]
         out[f"{name}_ms"] = [[m for _, m, _ in row] for row in q]
         out[f"{name}_q1_ms"] = [[lo for lo, _, _ in row] for row in q]
         out[f"{name}_q3_ms"] = [[hi for _, _, hi in row] for row in q]
+    return out
+
+
+def _forward_runners(
+    target: Any, draft: Any, also: dict[str, Any] | None, context: int, tokens: int
+) -> tuple[dict[str, Any], bool]:
+    """``({"draft", "target", *also}: runner, whether the draft is an EAGLE head)``.
+
+    Raises:
+        ValueError: ``context`` plus ``tokens`` does not fit a model's context window.
+    """
+    from adaptive_spec.engine.eagle import draft_runner, is_eagle_head
+    from adaptive_spec.engine.runner import ModelRunner
+
+    eagle = is_eagle_head(draft)  # an EAGLE head reads the target's features of the context
+    runners = {"draft": draft_runner(draft), "target": ModelRunner(target, keep_features=eagle)}
+    runners |= {name: ModelRunner(model) for name, model in (also or {}).items()}
+    for name, r in runners.items():
+        window = getattr(r.model.config.get_text_config(), "max_position_embeddings", None)
+        if window and context + tokens > window:
+            raise ValueError(
+                f"the {name} model's context window is {window} tokens, but the grid needs "
+                f"{context} + {tokens}; lower --contexts or --tokens"
+            )
+    return runners, eagle
+
+
+def _extend_caches(runners: dict[str, Any], prefill: Any, ctx: int, eagle: bool) -> None:
+    """Extend every runner's KV cache to the first ``ctx`` tokens of ``prefill`` (the target's first:
+    an EAGLE draft reads its features).
+    """
+    target, start = runners["target"], runners["target"].cached
+    target.chain_forward(prefill[start:ctx], logits_to_keep=1)
+    if eagle and ctx > start:
+        runners["draft"].set_target_features(start, target.features)
+    for r in runners.values():
+        if r is not target:
+            r.chain_forward(prefill[r.cached : ctx], logits_to_keep=1)
+
+
+def _time_block_forward(r: Any, block: Any, ctx: int, level: bool, sync: Callable[[], None]) -> float:
+    """Seconds of one ``block_forward`` of ``block`` after ``ctx`` cached tokens, rolled back after.
+
+    The block is a chain (one path of ``n`` nodes), or with ``level`` ``n`` children of the root
+    (how an EAGLE head drafts, a level at a time).
+    """
+    import torch
+
+    n, device = len(block), block.device
+    anc = (
+        torch.eye(n, dtype=torch.bool, device=device)
+        if level
+        else torch.ones(n, n, dtype=torch.bool, device=device).tril_()
+    )
+    pos = torch.arange(ctx, ctx + n, device=device)
+    sync()
+    t0 = time.perf_counter()
+    r.block_forward(block, pos, anc, logits_to_keep=n)
+    sync()
+    out = time.perf_counter() - t0
+    r.rollback(ctx)
     return out
 
 
@@ -374,30 +395,43 @@ def measure_profile(
         progress: show progress bars.
         models: labels for the profile's ``models`` section (default: from the models).
         verify_trees: sampled trees per shape for the verifier curves.
-        row_major_too: also time a copy of the target with its ``Linear`` weights in the stock
-            row-major order, interleaved (``target_row_major_ms``; :mod:`adaptive_spec.engine.layout`).
+        row_major_too: also time copies of the target with all its ``Linear`` weights in the stock
+            row-major order and all column-major, interleaved (``target_row_major_ms``,
+            ``target_column_major_ms``; :mod:`adaptive_spec.engine.layout`), and record the order
+            the host's calibration chose for the engine's target (``weight_order``,
+            :func:`weight_order_report`).
 
     Returns:
         The profile dict (see :mod:`adaptive_spec.planner.latency`).
     """
     from adaptive_spec.planner.actions import parse_plans
-    from adaptive_spec.planner.latency import PROFILE_FORMAT, PROFILE_VERSION
 
     t0 = time.perf_counter()
-    also = {}
-    if row_major_too:
-        import copy
-
-        from adaptive_spec.engine.layout import row_major_linears
-
-        also["target_row_major"] = copy.deepcopy(engine.target)
-        row_major_linears(also["target_row_major"])
+    also = _weight_order_copies(engine.target) if row_major_too else {}
     fwd = measure_forwards(engine.target, engine.draft, contexts, tokens, warmup, repeats, seed, progress, also)
     verify_ms = measure_verifiers(
         engine.vocab_size, engine.device, repeats=repeats, trees_per_size=verify_trees, seed=seed, progress=progress
     )
-    models = models or {}
-    profile: dict[str, Any] = {
+    settings = {"warmup": warmup, "repeats": repeats, "verify_trees": verify_trees, "seed": seed}
+    profile = _profile_head(engine, models or {}, settings) | fwd | {"verify_ms": verify_ms, "overhead": {}}
+    if row_major_too:
+        profile["weight_order"] = weight_order_report(engine.target)
+    plans = parse_plans(CALIBRATION_PLANS) if calibration_plans is None else list(calibration_plans)
+    if plans:
+        prompts = list(calibration_prompts) if calibration_prompts else _calibration_prompts(engine, seed)
+        steps = measure_steps(
+            engine, prompts, plans, calibration_tokens, temperature, seed, progress, desc="profile bookkeeping"
+        )
+        profile["overhead"] = fit_overhead(profile, steps, temperature)
+    profile["settings"]["seconds"] = round(time.perf_counter() - t0, 2)
+    return profile
+
+
+def _profile_head(engine: Any, models: dict[str, str], settings: dict[str, Any]) -> dict[str, Any]:
+    """The profile's identification: format, date, device, dtype, models, vocabulary and settings."""
+    from adaptive_spec.planner.latency import PROFILE_FORMAT, PROFILE_VERSION
+
+    return {
         "format": PROFILE_FORMAT,
         "version": PROFILE_VERSION,
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -408,20 +442,36 @@ def measure_profile(
             "draft": model_info(engine.draft, models.get("draft")),
         },
         "vocab_size": engine.vocab_size,
-        "settings": {"warmup": warmup, "repeats": repeats, "verify_trees": verify_trees, "seed": seed},
-        **fwd,
-        "verify_ms": verify_ms,
-        "overhead": {},
+        "settings": settings,
     }
-    plans = parse_plans(CALIBRATION_PLANS) if calibration_plans is None else list(calibration_plans)
-    if plans:
-        prompts = list(calibration_prompts) if calibration_prompts else _calibration_prompts(engine, seed)
-        steps = measure_steps(
-            engine, prompts, plans, calibration_tokens, temperature, seed, progress, desc="profile bookkeeping"
-        )
-        profile["overhead"] = fit_overhead(profile, steps, temperature)
-    profile["settings"]["seconds"] = round(time.perf_counter() - t0, 2)
-    return profile
+
+
+def _weight_order_copies(target: Any) -> dict[str, Any]:
+    """Copies of ``target`` with every ``Linear`` weight in the stock row-major order and in column-major."""
+    import copy
+
+    from adaptive_spec.engine.layout import column_major_linears, row_major_linears
+
+    rows, columns = copy.deepcopy(target), copy.deepcopy(target)
+    row_major_linears(rows)
+    column_major_linears(columns)
+    return {"target_row_major": rows, "target_column_major": columns}
+
+
+def weight_order_report(target: Any) -> dict[str, Any]:
+    """What the engine's weight order is on this host: the setting, how ``target``'s CPU weights are
+    stored, and per weight shape this host's cached (else now measured) medians in both orders and what
+    they choose (:mod:`adaptive_spec.engine.weight_order`).
+    """
+    from adaptive_spec.engine.layout import linear_orders
+    from adaptive_spec.engine.weight_order import ORDER_ENV, shape_choices, weight_order_setting
+
+    return {
+        "setting": weight_order_setting(),
+        "variable": ORDER_ENV,
+        "target": linear_orders(target),
+        "shapes": [choice.as_dict() for choice in shape_choices(target).values()],
+    }
 
 
 def _calibration_prompts(engine: Any, seed: int, count: int = 2) -> list[Any]:

@@ -57,17 +57,41 @@ def print_summary(profile: dict[str, Any]) -> None:
     dev = profile["device"]
     print(f"device {dev['name']} ({dev['type']}, {dev['torch_threads']} threads), dtype {profile['dtype']}")
     t_lo, t_hi = profile["tokens"][0], profile["tokens"][-1]
-    for name in ("draft", "target", "target_row_major"):
-        grid = profile.get(f"{name}_ms")
-        for ci in sorted({0, len(profile["contexts"]) - 1}) if grid else ():
+    names = [n for n in ("draft", "target", "target_row_major", "target_column_major") if profile.get(f"{n}_ms")]
+    width = max(len(n) for n in names)
+    for name in names:
+        grid = profile[f"{name}_ms"]
+        for ci in sorted({0, len(profile["contexts"]) - 1}):
             print(
-                f"  {name:<6} context {profile['contexts'][ci]:>5}: {grid[ci][0]:8.3f} ms at {t_lo} tokens, "
+                f"  {name:<{width}} context {profile['contexts'][ci]:>5}: {grid[ci][0]:8.3f} ms at {t_lo} tokens, "
                 f"{grid[ci][-1]:8.3f} ms at {t_hi}"
             )
+    if profile.get("weight_order"):
+        _print_weight_order(profile["weight_order"])
     ovh = profile.get("overhead") or {}
     if ovh:
         print(
             f"  bookkeeping: {ovh['const_ms']:.3f} ms + {ovh['per_level_ms']:.3f} ms/level + "
             f"{ovh['per_node_ms']:.4f} ms/node, +{ovh['first_step_ms']:.2f} ms on a first step "
             f"(rms residual {ovh['residual_rms_ms']:.2f} ms over {ovh['steps']} steps)"
+        )
+
+
+def _print_weight_order(report: dict[str, Any]) -> None:
+    """The engine target's weight order on this host (:func:`.measure.weight_order_report`)."""
+    counts = report["target"]
+    print(
+        f"  weight order ({report['variable']}={report['setting']}): the engine's target has {counts['column']} "
+        f"weights column-major, {counts['per-size']} per forward size, {counts['row']} in the stock order"
+    )
+    for shape in report["shapes"]:
+        wins = {
+            w: [str(n) for n, x in zip(shape["sizes"], shape["wins"], strict=True) if x == w] for w in ("column", "row")
+        }
+        ratio = " ".join(
+            f"{n}:{c / r:.2f}" for n, r, c in zip(shape["sizes"], shape["row_ms"], shape["column_ms"], strict=True)
+        )
+        print(
+            f"    {shape['shape']}: {shape['order']} (column-major wins at {','.join(wins['column']) or 'no'} rows, "
+            f"the stock order at {','.join(wins['row']) or 'no'}; column/stock time {ratio})"
         )

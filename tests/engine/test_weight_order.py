@@ -1,0 +1,205 @@
+"""The weight order chosen per host: measured once and cached, re-measured after a corrupt cache,
+per forward size when the orders trade wins, overridden by ADAPTIVE_SPEC_WEIGHT_ORDER; same logits
+whatever it picks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from adaptive_spec.engine import weight_order
+from adaptive_spec.engine.layout import PerSizeLinear, row_major_linears
+from adaptive_spec.engine.weight_order import CACHE_NAME, ORDER_ENV, SIZES, ShapeChoice, arrange_linears
+from tests.engine.test_layout import _logits
+from tests.helpers.tiny import tiny_model
+
+ROW = [1.0] * len(SIZES)
+
+
+def _fake(column_ms: list[float], calls: list):
+    """A stand-in for measure_shape: the stock order 1 ms at every size, column-major ``column_ms``."""
+
+    def measure(out, inp, dtype, bias, sizes=SIZES, deadline=None):
+        calls.append((out, inp))
+        faster = [1.0 if c < 1 else 0.0 for c in column_ms]
+        return {"sizes": list(sizes), "row_ms": list(ROW), "column_ms": list(column_ms), "column_faster": faster}
+
+    return measure
+
+
+def _model():
+    model = tiny_model("llama", vocab=48).eval()
+    model.config.tie_word_embeddings = True
+    model.tie_weights()
+    return model
+
+
+def _shapes(model) -> set[tuple[int, int]]:
+    return {tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+
+
+@pytest.fixture
+def auto(monkeypatch, tmp_path):
+    """Auto order, a fresh user data folder; returns the cache path."""
+    monkeypatch.setenv(ORDER_ENV, "auto")
+    monkeypatch.setenv("ADAPTIVE_SPEC_HOME", str(tmp_path))
+    return tmp_path / CACHE_NAME
+
+
+def test_the_cache_is_written_once_and_reused(auto, monkeypatch) -> None:
+    calls: list = []
+    monkeypatch.setattr(weight_order, "measure_shape", _fake([0.5] * len(SIZES), calls))
+    model = _model()
+    counts = arrange_linears(model)
+    assert sorted(calls) == sorted(_shapes(model))  # each distinct shape measured once
+    assert counts["column"] == len({id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}) > 0
+    assert counts["per-size"] == counts["row"] == 0
+    entries = json.loads(auto.read_text())["entries"]
+    assert len(entries) == len(calls)
+
+    def no_measuring(*args, **kwargs):
+        raise AssertionError("measured again despite the cache")
+
+    monkeypatch.setattr(weight_order, "measure_shape", no_measuring)
+    again = _model()
+    assert arrange_linears(again) == counts
+    assert all(not m.weight.is_contiguous() for m in again.modules() if isinstance(m, torch.nn.Linear))
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"format": "adaptive-spec weight order", "version": 1, "entries": []}'])
+def test_a_corrupt_cache_is_measured_again(auto, monkeypatch, text) -> None:
+    auto.write_text(text)
+    calls: list = []
+    monkeypatch.setattr(weight_order, "measure_shape", _fake([0.5] * len(SIZES), calls))
+    arrange_linears(_model())
+    assert calls
+    assert len(json.loads(auto.read_text())["entries"]) == len(calls)
+
+
+def test_a_malformed_entry_is_measured_again(auto, monkeypatch) -> None:
+    calls: list = []
+    monkeypatch.setattr(weight_order, "measure_shape", _fake([0.5] * len(SIZES), calls))
+    arrange_linears(_model())
+    data = json.loads(auto.read_text())
+    first = sorted(data["entries"])[0]
+    data["entries"][first]["row_ms"] = [1.0]  # too short
+    auto.write_text(json.dumps(data))
+    calls.clear()
+    arrange_linears(_model())
+    assert len(calls) == 1
+
+
+def test_the_stock_order_where_column_major_wins_nowhere(auto, monkeypatch) -> None:
+    monkeypatch.setattr(weight_order, "measure_shape", _fake([1.01] * len(SIZES), []))  # a tie: within the margin
+    model = _model()
+    counts = arrange_linears(model)
+    assert counts["column"] == counts["per-size"] == 0 and counts["row"] > 0
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert all(m.weight.is_contiguous() and type(m) is torch.nn.Linear for m in linears)
+
+
+def test_per_size_when_the_orders_trade_wins_same_logits(auto, monkeypatch, tmp_path) -> None:
+    column = [0.5 if n <= 3 else 1.5 for n in SIZES]  # column-major wins at 1-3 rows, loses from 4 on
+    monkeypatch.setattr(weight_order, "measure_shape", _fake(column, []))
+    model = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    logits = _logits(model)
+    counts = arrange_linears(model)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert counts["per-size"] == len({id(m.weight) for m in linears}) and counts["column"] == counts["row"] == 0
+    assert all(type(m) is PerSizeLinear and m.weight.is_contiguous() for m in linears)
+    assert all(not m.weight_column_major.is_contiguous() for m in linears)
+    assert model.state_dict().keys() == before.keys()
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    torch.testing.assert_close(_logits(model), logits, rtol=1e-5, atol=1e-5)
+    # the forward size picks the copy: spoil the column-major copy, and only small forwards see it
+    layer = model.model.layers[0].mlp.down_proj
+    x1, x8 = torch.randn(1, 1, layer.in_features), torch.randn(1, 8, layer.in_features)
+    good1, good8 = layer(x1), layer(x8)
+    layer.weight_column_major = torch.zeros_like(layer.weight_column_major)
+    assert not torch.allclose(layer(x1), good1) and torch.equal(layer(x8), good8)
+    assert row_major_linears(model) == counts["per-size"]
+    assert all(type(m) is torch.nn.Linear and not hasattr(m, "weight_column_major") for m in linears)
+    model.save_pretrained(tmp_path / "saved")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    assert all(torch.equal(v, before[k]) for k, v in again.state_dict().items() if k in before)
+
+
+def test_no_second_copies_past_the_memory_share(auto, monkeypatch) -> None:
+    monkeypatch.setattr(weight_order, "measure_shape", _fake([0.5 if n <= 3 else 1.5 for n in SIZES], []))
+    monkeypatch.setattr(weight_order, "_physical_memory", lambda: 1024)
+    model = _model()
+    counts = arrange_linears(model)
+    assert counts["per-size"] == 0 and counts["row"] > 0
+    assert not any(isinstance(m, PerSizeLinear) for m in model.modules())
+
+
+def test_a_shape_out_of_time_keeps_the_stock_order_and_is_retried_later(auto, monkeypatch) -> None:
+    calls: list = []
+
+    def out_of_time(*args, **kwargs):
+        calls.append(args)
+        return None
+
+    monkeypatch.setattr(weight_order, "measure_shape", out_of_time)
+    model = _model()
+    assert arrange_linears(model)["row"] > 0
+    assert all(m.weight.is_contiguous() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    tried = len(calls)
+    assert tried == len(_shapes(model))
+    arrange_linears(_model())
+    assert len(calls) == tried  # not again within the hour
+    data = json.loads(auto.read_text())
+    for entry in data["entries"].values():
+        entry["given_up"] -= weight_order.RETRY_S
+    auto.write_text(json.dumps(data))
+    monkeypatch.setattr(weight_order, "measure_shape", _fake([0.5] * len(SIZES), calls))
+    assert arrange_linears(_model())["column"] > 0
+    assert len(calls) == 2 * tried
+
+
+@pytest.mark.parametrize("order", ["row", "column"])
+def test_the_override_needs_no_measurement(monkeypatch, tmp_path, order) -> None:
+    monkeypatch.setenv(ORDER_ENV, order)
+    monkeypatch.setenv("ADAPTIVE_SPEC_HOME", str(tmp_path))
+    monkeypatch.setattr(weight_order, "measure_shape", lambda *a, **k: pytest.fail("measured"))
+    model = _model()
+    logits = _logits(model)
+    counts = arrange_linears(model)
+    assert counts[order] > 0 and counts["per-size"] == 0 and sum(counts.values()) == counts[order]
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert all(w.is_contiguous() == (order == "row") for w in weights)
+    torch.testing.assert_close(_logits(model), logits, rtol=1e-5, atol=1e-5)
+    assert not (tmp_path / CACHE_NAME).exists()
+
+
+def test_a_bad_override_is_one_clear_line(monkeypatch) -> None:
+    monkeypatch.setenv(ORDER_ENV, "sideways")
+    with pytest.raises(ValueError, match=f"^{ORDER_ENV} must be one of auto, column, row, got 'sideways'$"):
+        arrange_linears(_model())
+
+
+def test_a_win_needs_the_margin_and_the_agreement() -> None:
+    sizes = (1, 2, 4)
+
+    def choice(column_ms, faster):
+        return ShapeChoice("8x8 float32", sizes, (1.0, 1.0, 1.0), tuple(column_ms), tuple(faster))
+
+    assert choice([0.9, 0.9, 1.1], [1.0, 0.4, 0.0]).wins() == ["column", "tie", "row"]
+    assert choice([0.9, 1.0, 1.0], [1.0, 0.6, 0.4]).order == "column"
+    assert choice([0.9, 1.5, 0.9], [1.0, 0.6, 1.0]).wins() == ["column", "row", "column"]  # slower: no agreement asked
+    mixed = choice([0.9, 1.1, 0.9], [1.0, 0.0, 1.0])
+    assert mixed.order == "per-size"
+    rows, above = mixed.column_rows()
+    assert rows == (False, True, False, False, True) and above  # 3 lies between a loss and a win: stock
+
+
+def test_measure_shape_reports_both_orders_and_stops_at_its_deadline() -> None:
+    got = weight_order.measure_shape(16, 24, torch.float32, True, sizes=(1, 3))
+    assert got["sizes"] == [1, 3] and len(got["row_ms"]) == len(got["column_ms"]) == 2
+    assert all(x > 0 for x in got["row_ms"] + got["column_ms"])
+    assert all(0 <= x <= 1 for x in got["column_faster"])
+    assert weight_order.measure_shape(16, 24, torch.float32, False, deadline=0.0) is None
