@@ -44,7 +44,7 @@ from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.trees.draw import draw_children
-from adaptive_spec.trees.lookup import hybrid_tree, lookup_trie, ngram_candidates, ngram_lookup
+from adaptive_spec.trees.lookup import hybrid_tree, lookup_trie, ngram_candidates, ngram_lookup, within_vocab
 from adaptive_spec.trees.masks import ancestor_matrix
 from adaptive_spec.trees.policy import ChainRule, DraftPolicy, NodeView, PolicyContext, clip_widths
 
@@ -315,7 +315,9 @@ def lookup_outcome(
     its last row is the draft model's row over the root, kept as the outcome's ``model_rows``.
     """
     # one path (lookup:L) is the chain of the most recent longest match, several (lookup:WxL) its trie
-    tree = lookup_trie(ngram_candidates(context, shape.paths, shape.depth), vocab_size, shape.paths, device)
+    # (ids outside the LM head, possible in a prompt, are never drafted: the target gives them probability 0)
+    found = within_vocab(ngram_candidates(context, shape.paths, shape.depth), vocab_size)
+    tree = lookup_trie(found, vocab_size, shape.paths, device)
     ancestors = ancestor_matrix(tree.parents).to(device)
     n = tree.num_nodes
     if root is None:  # the draft model was not run: its pending tokens wait for the next model step
@@ -346,7 +348,7 @@ def draft_hybrid(
     ``keep_rows``: also keep the draft model's rows over the root and the looked-up nodes but the
     last (the outcome's ``model_rows``, for features); the tree's rows there stay one-hot.
     """
-    found = ngram_lookup(context, lookup_depth)
+    found = next(iter(within_vocab([ngram_lookup(context, lookup_depth)], probs_fn.vocab_size)), [])
     if not found:
         return draft_tree(runner, pending, TreeShape.chain(model_depth), probs_fn, generator, deterministic)
     a = len(found)

@@ -44,6 +44,7 @@ __all__ = [
     "ngram_candidates",
     "ngram_lookup",
     "ngram_match",
+    "within_vocab",
 ]
 
 
@@ -131,6 +132,25 @@ def ngram_candidates(
                 out.append(cand)
                 if len(out) == paths:
                     return out
+    return out
+
+
+def within_vocab(candidates: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
+    """Each candidate cut before its first id outside ``[0, vocab_size)`` (empty ones dropped, duplicates merged).
+
+    A prompt may hold ids that the target's input embeddings know but its LM head does not (an
+    embedding table larger than the head): the target gives them probability 0, so a draft
+    never proposes them, and a draft row (``vocab_size`` wide) has no column for them.
+    """
+    out: list[list[int]] = []
+    for cand in candidates:
+        cut = list(cand)
+        for i, tok in enumerate(cut):
+            if not 0 <= tok < vocab_size:
+                cut = cut[:i]
+                break
+        if cut and cut not in out:
+            out.append(cut)
     return out
 
 

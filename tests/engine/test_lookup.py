@@ -161,3 +161,32 @@ def test_the_engine_shows_the_planner_the_lookup(engine) -> None:
     out = engine.generate([3, 5, 2, 3, 5], max_new_tokens=4, temperature=0, plan=Spy("chain:2/block"))
     assert seen[0] == ([2, 3, 5], 2)  # "3 5" recurs: what followed it, to the end of the context
     assert str(out.steps[0].plan) == "lookup:3/block"
+
+
+@pytest.mark.parametrize("inputs", [56, 48], ids=["embeddings-wider-than-head", "same-width"])
+def test_prompt_ids_and_the_lm_head_width(inputs: int) -> None:
+    """Prompt ids against a 48-wide LM head, with input embeddings as wide or wider (56).
+
+    Wider: a prompt id past the head (50) is a valid input, and a lookup never drafts it (the
+    target gives it probability 0; a draft row has no column for it): lookups, tries and hybrids
+    decode as the target does, and sample without an IndexError. Same width: an id past both is
+    refused in one line.
+    """
+    target = tiny_model("llama", vocab=48, eos=None, seed=5)
+    if inputs != 48:
+        torch.manual_seed(0)
+        target.set_input_embeddings(torch.nn.Embedding(inputs, 32))
+    engine = SpecEngine(target, perturbed(target, scale=0.1))
+    assert (engine.vocab_size, engine.input_vocab_size) == (48, inputs)
+    prompt = [0, 50, 7, 3, 0, 50, 7, 3, 0, 50]
+    if inputs == 48:
+        with pytest.raises(ValueError, match="50") as err:
+            engine.generate(prompt, max_new_tokens=4, plan="lookup:3/block")
+        assert "\n" not in str(err.value)
+        prompt = [0, 40, 7, 3, 0, 40, 7, 3, 0, 40]  # within the vocabulary: looked up as usual
+    want = engine.generate(prompt, max_new_tokens=10, temperature=0, plan="autoregressive").token_ids
+    for plan in ("lookup:3/block", "lookup:2x3/nss", "hybrid:2:1/block", "source:chain:1/block+lookup:4/block"):
+        out = engine.generate(prompt, max_new_tokens=10, temperature=0, plan=plan)
+        assert out.token_ids == want, plan
+        out = engine.generate(prompt, max_new_tokens=10, temperature=1.0, plan=plan, seed=0)  # no IndexError
+        assert len(out.token_ids) == 10 and max(out.token_ids) < 48
