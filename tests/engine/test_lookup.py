@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from adaptive_spec.engine.eagle import EagleConfig, EagleHead
 from adaptive_spec.engine.logits import SamplingConfig
 from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_planner
 from adaptive_spec.planner.sources import SourceRule, parse_source_rule
+from adaptive_spec.rng import as_sampler
 from tests.helpers.laws import chi_square_pvalue, exact_law
 from tests.helpers.tiny import perturbed, tiny_model
 
@@ -190,3 +193,70 @@ def test_prompt_ids_and_the_lm_head_width(inputs: int) -> None:
         assert out.token_ids == want, plan
         out = engine.generate(prompt, max_new_tokens=10, temperature=1.0, plan=plan, seed=0)  # no IndexError
         assert len(out.token_ids) == 10 and max(out.token_ids) < 48
+
+
+# ---------------------------------------------------------------- negative controls
+# Each wrong variant below must fail the chi-square test that the right one passes (same prompts,
+# plans, runs, statistic and threshold as each other, and as test_lossless_lookup but for fewer
+# runs): the test has the power to see these bugs. The wrongs are large: a few hundred runs do.
+CONTROL_RUNS = 300
+
+
+def law_pvalue(engine: SpecEngine, plan, prompt: list[int], runs: int) -> float:
+    """The chi-square p-value of the first three tokens' law after ``prompt`` against the target's."""
+    counts = torch.zeros(V, V, V, dtype=torch.long)
+    for seed in range(runs):
+        kw = {"temperature": SAMPLING.temperature, "top_k": SAMPLING.top_k, "seed": seed}
+        counts[tuple(engine.generate(prompt, max_new_tokens=3, plan=plan, **kw).token_ids)] += 1
+    return chi_square_pvalue(counts, exact_law(engine.target, SAMPLING, prompt, V))
+
+
+def corrupt_rows(monkeypatch, looked_up: bool, drawn: bool) -> list[int]:
+    """Make the verifier read rows the tokens were not drawn from: uniform rows at expanded nodes.
+
+    ``looked_up``: at nodes whose children were looked up (whose right rows are the lookup's);
+    ``drawn``: at nodes whose children the draft model drew. Returns a list counting the changed rows.
+    """
+    real = SpecEngine._draft
+    changed: list[int] = []
+
+    def wrong(self, run, plan, root, features):
+        outcome = real(self, run, plan, root, features)
+        rows = outcome.tree.draft_probs.clone()
+        for node in range(rows.shape[0]):
+            lookup_row = node < outcome.lookup_rows
+            if rows[node].sum() > 0 and (looked_up if lookup_row else drawn):
+                rows[node] = 1.0 / rows.shape[1]
+                changed.append(node)
+        outcome.tree = dataclasses.replace(outcome.tree, draft_probs=rows)
+        return outcome
+
+    monkeypatch.setattr(SpecEngine, "_draft", wrong)
+    return changed
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong"])
+@pytest.mark.parametrize("plan", ["lookup:2/block", "hybrid:1:1/token", "source"])
+def test_negative_control_wrong_rows(engine, monkeypatch, plan, wrong) -> None:
+    """Uniform rows over looked-up nodes (lookup, hybrid), or over every expanded node while switching sources."""
+    changed = corrupt_rows(monkeypatch, looked_up=wrong, drawn=wrong and plan == "source")
+    p = SourceRule("wor:2x1/traversal", "lookup:2/block", min_ngram=1) if plan == "source" else plan
+    assert (law_pvalue(engine, p, [3, 5, 3, 5], CONTROL_RUNS) < 1e-3) == wrong
+    assert bool(changed) == wrong
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong"])
+def test_negative_control_row_reading_verifier_on_a_trie(engine, monkeypatch, wrong) -> None:
+    """A lookup trie verified by traversal verification, which reads the trie's (uniform) rows as a draw's law."""
+    import adaptive_spec.engine.engine as engine_module
+    from adaptive_spec.verifiers import REGISTRY
+
+    played: list[int] = []
+
+    def verifier(name, tree, target_probs, generator, **kw):
+        played.append(tree.num_nodes)
+        return REGISTRY["traversal" if wrong else name].fn(tree, target_probs, as_sampler(generator))
+
+    monkeypatch.setattr(engine_module, "verify", verifier)
+    assert (law_pvalue(engine, "lookup:2x2/nss", [3, 5, 3, 6, 3], CONTROL_RUNS) < 1e-3) == wrong
+    assert max(played) > 3  # tries were drafted (a chain of two has 3 nodes)
