@@ -151,6 +151,12 @@ def test_source_rule_choices() -> None:
         as_planner("source:chain:2/block+chain:3/block")
     with pytest.raises(ValueError, match="not a source rule"):
         parse_source_rule("chain:2/block")
+    # lookups match n-grams of at most 3 tokens: a longer min_ngram would never look up
+    assert str(as_planner("source:chain:2/block?min_ngram=3").choose(_state(1, [4, 5], 3))) == "lookup:2/block"
+    for bad in ("source:chain:2/block?min_ngram=4", "source:chain:2/block?min_ngram=0"):
+        with pytest.raises(ValueError, match="min_ngram must be an integer from 1 to 3") as err:
+            as_planner(bad)
+        assert "\n" not in str(err.value)
 
 
 def test_the_engine_shows_the_planner_the_lookup(engine) -> None:
@@ -260,3 +266,42 @@ def test_negative_control_row_reading_verifier_on_a_trie(engine, monkeypatch, wr
     monkeypatch.setattr(engine_module, "verify", verifier)
     assert (law_pvalue(engine, "lookup:2x2/nss", [3, 5, 3, 6, 3], CONTROL_RUNS) < 1e-3) == wrong
     assert max(played) > 3  # tries were drafted (a chain of two has 3 nodes)
+
+
+def test_lossless_learned_gate(engine) -> None:
+    """The learned source gate at T > 0: the law of the first three tokens is the target's.
+
+    The gate reads the draft's root top-1 (so the draft's first forward runs before every choice,
+    and a lookup step follows it) and the previous target top-1, so its choice of lookup, model or
+    no draft varies with the sampled context.
+    """
+    from adaptive_spec.planner.gate import GATE_FEATURES, GATE_VERSION, GatedSource, SourceGate
+
+    F = len(GATE_FEATURES)
+    w = [[0.0] * F, [0.0] * F]
+    w[0][GATE_FEATURES.index("draft_top1")] = w[1][GATE_FEATURES.index("target_top1")] = 1.0
+    gate = SourceGate(
+        {
+            "version": GATE_VERSION,
+            "features": list(GATE_FEATURES),
+            "model_plan": "chain:2/block",
+            "lookup_plan": "lookup:2/block",
+            "mean": [0.0] * F,
+            "scale": [1.0] * F,
+            # lookup predicted good when the draft is confident at the root, the model when the target was
+            "layers": [[w, [-0.5, -0.5]], [[[40.0, 0.0], [0.0, 40.0]], [-2.0, -2.0]]],
+            "costs": {"model_s": 0.05, "lookup_s": 0.05, "per_token_s": 0.0, "plain_s": 0.06},
+        }
+    )
+    planner = GatedSource(gate)
+    assert planner.needs_features  # the draft's first forward runs before each choice
+    prompt, runs = [3, 5, 3, 5], 400
+    counts = torch.zeros(V, V, V, dtype=torch.long)
+    played: set[tuple[str, bool]] = set()
+    for seed in range(runs):
+        kw = {"temperature": SAMPLING.temperature, "top_k": SAMPLING.top_k, "seed": seed}
+        out = engine.generate(prompt, max_new_tokens=3, plan=planner, **kw)
+        counts[tuple(out.token_ids)] += 1
+        played |= {(s.plan.source, s.plan.shape.depth > 0) for s in out.steps}
+    assert {("lookup", True), ("model", True), ("model", False)} <= played
+    assert chi_square_pvalue(counts, exact_law(engine.target, SAMPLING, prompt, V)) > 1e-3
