@@ -246,8 +246,8 @@ class SpecEngine:
 
         On a CPU, the loaded models' ``Linear`` weights are stored column-major (same values;
         one- to three-token forwards about 1.3x faster, :mod:`adaptive_spec.engine.layout`);
-        call :func:`~adaptive_spec.engine.layout.row_major_linears` on a model before its
-        ``save_pretrained``.
+        ``save_pretrained`` saves them as they are (only a raw ``safetensors.torch.save_file``
+        of the state dict needs :func:`~adaptive_spec.engine.layout.row_major_linears` first).
 
         A hub name (``org/name``) is checked before anything is downloaded: offline
         (``HF_HUB_OFFLINE=1``, or no connection to the hub) it loads from the local Hugging

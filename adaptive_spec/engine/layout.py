@@ -11,8 +11,11 @@ SmolLM2-135M in float32 on 2 EPYC threads, context 256): one target token 41.4 -
 65.2 -> 49.6 ms, three 79.8 -> 61.7 ms; four and more about the same.
 
 :meth:`SpecEngine.from_pretrained <adaptive_spec.engine.engine.SpecEngine.from_pretrained>`
-applies it to the models it loads onto a CPU (they are the engine's own). safetensors saves
-only contiguous tensors: call :func:`row_major_linears` before ``save_pretrained``.
+applies it to the models it loads onto a CPU (they are the engine's own). Saving such a model
+needs nothing: transformers' ``save_pretrained`` (5.x) packs each tensor as it writes it, and
+``safetensors.torch.save_model`` does too. Only writing the raw state dict with
+``safetensors.torch.save_file`` refuses non-contiguous tensors: call :func:`row_major_linears`
+first there (``tests/engine/test_layout.py`` checks both).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def column_major_linears(model: torch.nn.Module) -> int:
 
 
 def row_major_linears(model: torch.nn.Module) -> int:
-    """Undo :func:`column_major_linears` (e.g. before ``save_pretrained``); returns how many changed."""
+    """Undo :func:`column_major_linears` (e.g. before ``safetensors.torch.save_file``); returns how many changed."""
     changed = 0
     with torch.no_grad():
         for w in _linear_weights(model):
