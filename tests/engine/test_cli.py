@@ -119,3 +119,28 @@ def test_generate_selector_errors(saved, selector, tmp_path) -> None:
         main([*args, "--selector", str(tmp_path / "junk.onnx")])
     with pytest.raises(SystemExit, match="needs --selector"):
         main([*args, "--profile", str(tmp_path / "p.json")])
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_a_truncated_weight_file_is_one_line(saved, tmp_path, role) -> None:
+    """A truncated model.safetensors (an interrupted download or build): one line naming the file and the fix,
+    from the API (ValueError) and from the CLI."""
+    import shutil
+
+    from adaptive_spec.engine import SpecEngine
+
+    for name in ("target", "draft"):
+        shutil.copytree(saved / name, tmp_path / name)
+    weights = tmp_path / role / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ValueError) as err:
+        SpecEngine.from_pretrained(str(tmp_path / "target"), str(tmp_path / "draft"))
+    text = str(err.value)
+    assert "\n" not in text and str(weights) in text and f"the {role} model" in text
+    assert "adaptive-spec zoo fetch" in text and "adaptive-spec zoo drafts" in text
+    args = ["generate", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--prompt", "w3"]
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    message = str(exit_.value.code)
+    assert "generate" in message.split(":")[0] and "\n" not in message
+    assert str(weights) in message and "truncated or corrupt" in message
