@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -44,7 +44,7 @@ from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.trees.draw import draw_children
-from adaptive_spec.trees.lookup import hybrid_tree, lookup_trie, ngram_candidates, ngram_lookup
+from adaptive_spec.trees.lookup import hybrid_tree, lookup_trie, ngram_candidates, ngram_lookup, within_vocab
 from adaptive_spec.trees.masks import ancestor_matrix
 from adaptive_spec.trees.policy import ChainRule, DraftPolicy, NodeView, PolicyContext, clip_widths
 
@@ -62,6 +62,11 @@ class DraftOutcome:
             ``cached + pending_fed - 1 + node`` (node 0 is the last pending token); for a
             policy-grown tree, the number of fed nodes, whose rows ``cache_rows`` gives.
         cache_rows: policy-grown trees: fed node -> offset of its row after the root (feed order).
+        lookup_rows: nodes ``0 .. lookup_rows - 1`` have rows made by a lookup (one-hot, or a trie's
+            uniform rows: the law their children were found under), not by the draft model; 0 for a
+            model-drafted tree. Their children were looked up, not drawn from the draft.
+        model_rows: of those nodes, the ones the draft model was run on -> its own row there
+            (Tensor[V]), for features (:meth:`model_row`); the verifier reads the tree's rows.
     """
 
     tree: DraftTree
@@ -71,6 +76,8 @@ class DraftOutcome:
     cache_rows: dict[int, int] | None = None
     policy_levels: int = 0
     policy_decision_s: float = 0.0
+    lookup_rows: int = 0
+    model_rows: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def draft_row(self, node: int) -> int | None:
         """Offset of ``node``'s KV row after the root in the draft cache, or None if it was never fed.
@@ -81,6 +88,22 @@ class DraftOutcome:
         if self.cache_rows is None:
             return node if node < self.fed_nodes else None
         return self.cache_rows.get(node)
+
+    def model_row(self, node: int) -> torch.Tensor | None:
+        """The draft model's own row over ``node`` (Tensor[V]), or None when the model gave none there.
+
+        The tree's row, except at a node whose children were looked up: there the tree's row is
+        the lookup's (what the verifier reads), and the model's row is the one it output when
+        the node was fed to it, if that row was kept (:func:`draft_hybrid`'s ``keep_rows``).
+        Features and logs of the draft's distribution read this, never a lookup's row.
+        """
+        if node < self.lookup_rows:
+            return self.model_rows.get(node)
+        return self.tree.draft_probs[node] if self.draft_row(node) is not None else None
+
+    def drawn_from_model(self) -> list[bool]:
+        """Per node, whether its token was drawn from the draft model's row at its parent (not: the root, looked up)."""
+        return [i > 0 and parent >= self.lookup_rows for i, parent in enumerate(self.tree.parents)]
 
 
 @dataclass
@@ -324,14 +347,20 @@ def lookup_outcome(
 ) -> DraftOutcome:
     """A lookup step's chain or trie (:mod:`adaptive_spec.trees.lookup`): no draft forward.
 
-    ``root``: the step's first draft forward, when it was run for the root features (else None).
+    ``root``: the step's first draft forward, when it was run for the root features (else None);
+    its last row is the draft model's row over the root, kept as the outcome's ``model_rows``.
     """
     # one path (lookup:L) is the chain of the most recent longest match, several (lookup:WxL) its trie
-    tree = lookup_trie(ngram_candidates(context, shape.paths, shape.depth), vocab_size, shape.paths, device)
+    # (ids outside the LM head, possible in a prompt, are never drafted: the target gives them probability 0)
+    found = within_vocab(ngram_candidates(context, shape.paths, shape.depth), vocab_size)
+    tree = lookup_trie(found, vocab_size, shape.paths, device)
     ancestors = ancestor_matrix(tree.parents).to(device)
+    n = tree.num_nodes
     if root is None:  # the draft model was not run: its pending tokens wait for the next model step
-        return DraftOutcome(tree, ancestors, pending_fed=0, fed_nodes=0)
-    return DraftOutcome(tree, ancestors, pending_fed=root.pending, fed_nodes=1)  # only the root has a draft row
+        return DraftOutcome(tree, ancestors, pending_fed=0, fed_nodes=0, lookup_rows=n)
+    # only the root is in the draft cache; the tree's row there is the lookup's, the model's is root.probs[-1]
+    rows = {0: root.probs[-1]}
+    return DraftOutcome(tree, ancestors, pending_fed=root.pending, fed_nodes=1, lookup_rows=n, model_rows=rows)
 
 
 def draft_hybrid(
@@ -343,6 +372,7 @@ def draft_hybrid(
     probs_fn: ProbsFn,
     generator: torch.Generator,
     deterministic: bool,
+    keep_rows: bool = False,
 ) -> DraftOutcome:
     """A looked-up run extended by the model (:func:`adaptive_spec.trees.lookup.hybrid_tree`).
 
@@ -350,22 +380,32 @@ def draft_hybrid(
     tokens, as if committed; the model then drafts a chain of ``model_depth`` tokens from the last
     of them. Node ``i`` of the hybrid chain sits at block row ``p - 1 + i`` like a static tree's,
     so the engine commits it the same way. Without a match, it is the model's chain alone.
+
+    ``keep_rows``: also keep the draft model's rows over the root and the looked-up nodes but the
+    last (the outcome's ``model_rows``, for features); the tree's rows there stay one-hot.
     """
-    found = ngram_lookup(context, lookup_depth)
+    found = next(iter(within_vocab([ngram_lookup(context, lookup_depth)], probs_fn.vocab_size)), [])
     if not found:
         return draft_tree(runner, pending, TreeShape.chain(model_depth), probs_fn, generator, deterministic)
-    root = _extend_root(runner, pending, found, probs_fn)
+    a = len(found)
+    root = _extend_root(runner, pending, found, probs_fn, a + 1 if keep_rows else 1)
     tail = draft_tree(runner, root, TreeShape.chain(model_depth), probs_fn, generator, deterministic)
     tree = hybrid_tree(found, tail.tree)
     n = tree.num_nodes
     ancestors = torch.ones(n, n, dtype=torch.bool, device=runner.device).tril_()
-    return DraftOutcome(tree, ancestors, pending_fed=root.pending - len(found), fed_nodes=len(found) + tail.fed_nodes)
+    kept = root.probs.shape[0] - 1  # rows over the nodes before node a (whose row is the tail's root row)
+    rows = {a - kept + i: root.probs[i] for i in range(kept)}
+    fed = a + tail.fed_nodes
+    return DraftOutcome(tree, ancestors, root.pending - a, fed, lookup_rows=a, model_rows=rows)
 
 
 def _extend_root(
-    runner: ModelRunner, pending: torch.Tensor | DraftRoot, found: list[int], probs_fn: ProbsFn
+    runner: ModelRunner, pending: torch.Tensor | DraftRoot, found: list[int], probs_fn: ProbsFn, keep: int = 1
 ) -> DraftRoot:
     """The pending tokens' forward with ``found`` fed after them (appended to an already-run forward if given).
+
+    Its ``probs`` are the rows over the last ``keep`` fed tokens (at most ``len(found) + 1``: the
+    old root and the looked-up tokens), the last one being the row over ``found[-1]``.
 
     An EAGLE-style head reads the target's features only for committed tokens, so it takes the
     looked-up tokens one at a time, each reading the head's own output for the one before.
@@ -374,20 +414,25 @@ def _extend_root(
     ids = torch.tensor(found, dtype=torch.long, device=device)
     one_by_one = isinstance(runner, EagleRunner)
     if not isinstance(pending, DraftRoot) and not one_by_one:
-        return draft_root(runner, torch.cat([pending, ids]), probs_fn)
+        return draft_root(runner, torch.cat([pending, ids]), probs_fn, keep)
     root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
     p, a = root.pending, len(found)
     positions = torch.arange(root.base + p, root.base + p + a, device=device)
     if one_by_one:
+        parts = []
         for i in range(a):
             mask = torch.ones(1, p + i + 1, dtype=torch.bool, device=device)  # every earlier block row: a chain
-            logits = runner.block_forward(ids[i : i + 1], positions[i : i + 1], mask, logits_to_keep=1)
+            parts.append(runner.block_forward(ids[i : i + 1], positions[i : i + 1], mask, logits_to_keep=1))
+        logits = torch.cat(parts[-min(keep, a) :])  # [min(keep, a), V']
     else:
         mask = torch.ones(a, p + a, dtype=torch.bool, device=device).tril_(diagonal=p)  # causal after the block
-        logits = runner.block_forward(ids, positions, mask, logits_to_keep=1)
+        logits = runner.block_forward(ids, positions, mask, logits_to_keep=min(keep, a))
     probs = probs_fn(logits)
+    ok = finite_flag(logits, probs) & root.ok
+    if keep > a:  # the old root's row too
+        probs = torch.cat([root.probs[-1:], probs])
     causal = torch.ones(p + a, p + a, dtype=torch.bool, device=device).tril_()
-    return DraftRoot(p + a, root.base, probs, finite_flag(logits, probs), causal, runner.hidden)
+    return DraftRoot(p + a, root.base, probs, ok, causal, runner.hidden)
 
 
 def draft_policy_tree(

@@ -183,10 +183,12 @@ class SpecEngine:
         self._fingerprints: dict[str, str] | None = None
         self._default_plans: dict[tuple[Any, float], Plan] = {}
         self.feature_log: FeatureLogger | None = None
-        # Called as node_log(tree, fed, target_probs, temperature) after each speculative step's
-        # target pass, with ``fed[i]`` whether node i was run through the draft (the in-draft
-        # decisions): :class:`adaptive_spec.formats.nodes.NodeLogger` logs per-node features and
-        # soft acceptance labels for the acceptance model. Its time counts in the step's "other".
+        # Called as node_log(tree, fed, target_probs, temperature, drawn=drawn) after each speculative
+        # step's target pass, with ``fed[i]`` whether node i was run through the draft (the in-draft
+        # decisions) and ``drawn[i]`` whether its token was drawn from the draft model (False for the
+        # root and looked-up nodes): :class:`adaptive_spec.formats.nodes.NodeLogger` logs per-node
+        # features and soft acceptance labels of the drawn nodes for the acceptance model. Its time
+        # counts in the step's "other".
         self.node_log: Any = None
         if feature_log is not None:
             from adaptive_spec.formats.feature_log import FeatureLogger
@@ -254,8 +256,9 @@ class SpecEngine:
 
         On a CPU, the loaded models' ``Linear`` weights get the memory order that this host measured
         faster, per forward size (same values; :mod:`adaptive_spec.engine.weight_order`,
-        ``ADAPTIVE_SPEC_WEIGHT_ORDER``); call :func:`~adaptive_spec.engine.layout.row_major_linears`
-        on a model before its ``save_pretrained``.
+        ``ADAPTIVE_SPEC_WEIGHT_ORDER``); ``save_pretrained`` saves them as they are (only a raw
+        ``safetensors.torch.save_file`` of the state dict needs
+        :func:`~adaptive_spec.engine.layout.row_major_linears` first).
 
         A hub name (``org/name``) is checked before anything is downloaded: offline
         (``HF_HUB_OFFLINE=1``, or no connection to the hub) it loads from the local Hugging
@@ -678,7 +681,8 @@ class SpecEngine:
         law = (run.draft_probs_fn, state.generator, sampling.greedy)
         if plan.source == "hybrid":  # looked up, then extended by the model
             b = plan.shape.depth - plan.lookup_depth
-            return draft_hybrid(draft, pending, state.context, plan.lookup_depth, b, *law)
+            keep = state.root is not None  # the draft's rows over the looked-up nodes, for the next root's features
+            return draft_hybrid(draft, pending, state.context, plan.lookup_depth, b, *law, keep_rows=keep)
         if plan.policy is not None and plan.shape.depth > 0:
             kw = {"temperature": sampling.temperature, "features": features}
             return draft_policy_tree(draft, pending, plan.policy, *law, **kw)
@@ -712,13 +716,15 @@ class SpecEngine:
             node = result.node
             # At T=0 the target's rows are one-hot; features use its plain softmax.
             target_row = run.soft_probs_fn(logits[node : node + 1])[0] if run.request.greedy else target_probs[node]
-            draft_row = tree.draft_probs[node] if outcome.draft_row(node) is not None else None  # None: never fed
+            # The draft model's own row there (not a lookup's one-hot row); None: the model gave none
+            draft_row = outcome.model_row(node)
             hidden = state.target.hidden[node] if state.target.keep_hidden else None
             state.root.set_previous(target_row, draft_row, hidden)
             state.root.after_step(result.num_accepted)
         if self.node_log is not None:
             fed = [outcome.draft_row(i) is not None for i in range(tree.num_nodes)]
-            self.node_log(tree, fed, target_probs, run.request.sampling.temperature)
+            drawn = outcome.drawn_from_model()  # looked-up nodes are not the draft's: not logged
+            self.node_log(tree, fed, target_probs, run.request.sampling.temperature, drawn=drawn)
 
     @torch.inference_mode()
     def _root_features(self, run: _Run) -> tuple[DraftRoot, RootFeatures]:

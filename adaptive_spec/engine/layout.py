@@ -20,6 +20,10 @@ state dict: only the memory order changes.
 Which order each weight gets on this host is measured and cached by
 :mod:`adaptive_spec.engine.weight_order`, which
 :meth:`SpecEngine.from_pretrained <adaptive_spec.engine.engine.SpecEngine.from_pretrained>` applies.
+Saving such a model needs nothing: transformers' ``save_pretrained`` (5.x) packs each tensor as it
+writes it, and ``safetensors.torch.save_model`` does too. Only writing the raw state dict with
+``safetensors.torch.save_file`` refuses non-contiguous tensors: call :func:`row_major_linears`
+first there (``tests/engine/test_layout.py`` checks both).
 """
 
 from __future__ import annotations
@@ -102,8 +106,8 @@ def column_major_linears(*models: torch.nn.Module) -> int:
 
 
 def row_major_linears(*models: torch.nn.Module) -> int:
-    """Back to the stock order (e.g. before ``save_pretrained``): undoes :func:`column_major_linears` and
-    :func:`per_size_linears`; returns how many weights changed.
+    """Back to the stock order (e.g. before ``safetensors.torch.save_file``): undoes :func:`column_major_linears`
+    and :func:`per_size_linears`; returns how many weights changed.
     """
     changed = 0
     with torch.no_grad():

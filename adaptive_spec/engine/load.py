@@ -30,16 +30,15 @@ def load_hf_draft(engine, name: str | None, target: str | None):
     standalone draft of a short-named target (``smollm2`` -> ``smollm2-draft``); else None (the engine's draft
     is used when it is a plain causal LM).
     """
-    from transformers import AutoModelForCausalLM
-
     from adaptive_spec.engine.models import SHORT_NAMES, resolve_model
+    from adaptive_spec.engine.pretrained import load_causal_lm
 
     if name is None and target is not None and f"{target}-draft" in SHORT_NAMES:
         name = f"{target}-draft"
     if name is None:
         return None
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve_model(name, "draft"), dtype=engine.target.dtype, attn_implementation="sdpa"
+    model = load_causal_lm(
+        resolve_model(name, "draft"), "assisted draft", dtype=engine.target.dtype, attn_implementation="sdpa"
     )
     from adaptive_spec.engine.weight_order import arrange_linears
 

@@ -83,6 +83,43 @@ def check_model_path(role: str, path: str) -> None:
         raise ValueError(f"{role} model {path!r}: {what} (a model directory holds config.json and the weights)")
 
 
+def load_causal_lm(path: str | os.PathLike, role: str, **kwargs: Any) -> PreTrainedModel:
+    """``AutoModelForCausalLM.from_pretrained(path, **kwargs)``, with one line for an unreadable weight file.
+
+    A truncated or corrupt ``*.safetensors`` file (an interrupted download or build) makes
+    safetensors raise a ``SafetensorError`` that names no file; this raises a ValueError that
+    names it (the first unreadable one in the folder) and how to get it again.
+    """
+    from safetensors import SafetensorError
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except SafetensorError as err:
+        raise ValueError(
+            f"the {role} model's weight file {unreadable_weights(path) or path} cannot be read ({err}): it is "
+            "truncated or corrupt. Fetch it again (`adaptive-spec zoo fetch NAME`), rebuild it (`adaptive-spec "
+            "zoo drafts NAME` for a head or standalone draft, `adaptive-spec zoo build` for the built-in pair), "
+            "or save the model there again"
+        ) from None
+
+
+def unreadable_weights(path: str | os.PathLike) -> str | None:
+    """The first ``*.safetensors`` file in the folder ``path`` whose header cannot be read, or None."""
+    from pathlib import Path
+
+    from safetensors import SafetensorError, safe_open
+
+    folder = Path(path).expanduser()
+    for file in sorted(folder.glob("*.safetensors")) if folder.is_dir() else []:
+        try:
+            with safe_open(file, "pt"):
+                pass
+        except (SafetensorError, OSError):
+            return str(file)
+    return None
+
+
 def hub_offline() -> bool:
     """Offline mode, read now (``HF_HUB_OFFLINE``/``TRANSFORMERS_OFFLINE``; huggingface_hub reads them at import)."""
     from huggingface_hub import constants
@@ -224,7 +261,7 @@ def load_pair(
 
     ``draft_tokenizer`` is None when the draft was saved without one (it shares the target's).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     if isinstance(dtype, str):
         dtype = parse_dtype(dtype)
@@ -245,10 +282,10 @@ def load_pair(
     if device_map is not None:
         check_accelerate()
         offload = {"offload_folder": str(offload_folder)} if offload_folder is not None else {}
-        target_model = AutoModelForCausalLM.from_pretrained(target, device_map=device_map, **offload, **model_kw)
-        models = [target_model, AutoModelForCausalLM.from_pretrained(draft, **model_kw).to(target_model.device)]
+        target_model = load_causal_lm(target, "target", device_map=device_map, **offload, **model_kw)
+        models = [target_model, load_causal_lm(draft, "draft", **model_kw).to(target_model.device)]
     else:
-        models = [AutoModelForCausalLM.from_pretrained(path, **model_kw) for path in (target, draft)]
+        models = [load_causal_lm(path, role, **model_kw) for role, path in (("target", target), ("draft", draft))]
     tokenizer = AutoTokenizer.from_pretrained(target, **kw)
     try:
         draft_tokenizer = AutoTokenizer.from_pretrained(draft, **kw)

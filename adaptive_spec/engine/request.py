@@ -97,6 +97,7 @@ def build_request(
     )
     if gen.stop_strings:
         stop = [*([stop] if isinstance(stop, (str, int)) else list(stop or [])), *gen.stop_strings]
+    # Any id the target can embed is a valid input; ids past its LM head are never drafted (trees.lookup.within_vocab)
     ids = prompt_ids(prompt, engine.tokenizer, engine.input_vocab_size)
     max_new = gen.max_new_tokens
     if max_new is None and gen.max_length is not None:  # transformers: max_length counts the prompt

@@ -2,7 +2,8 @@
 
 Set ``engine.node_log = NodeLogger(directory)``: after each speculative step's target pass the
 engine hands it the tree, which nodes were fed to the draft (the in-draft decisions) and the
-target's rows. Every drafted node (root excluded) becomes one row:
+target's rows. Every node drawn from the draft model becomes one row (the root and looked-up
+nodes, whose tree rows are a lookup's, not the draft's, get none):
 
 * the acceptance model's features, :data:`ACCEPTANCE_FEATURES`,
   computed from the tree's draft rows exactly as the drafting policy saw them;
@@ -57,10 +58,15 @@ def acceptance_row(
     )
 
 
-def node_rows(tree: Any, fed: list[bool], target_probs: torch.Tensor, temperature: float) -> dict[str, list]:
+def node_rows(
+    tree: Any, fed: list[bool], target_probs: torch.Tensor, temperature: float, drawn: list[bool] | None = None
+) -> dict[str, list]:
     """Features and labels of every drafted node of ``tree`` (columns of :data:`NODE_COLUMNS` but the first two).
 
     ``tree`` is a :class:`~adaptive_spec.trees.DraftTree` (its tokens, parents, depths and draft rows).
+    ``drawn[i]``: whether node ``i``'s token was drawn from the draft model's row at its parent;
+    nodes that were not (looked up in the context: their parent's row is the lookup's one-hot
+    row, q = 1, not the draft's) get no row. None: every node was drawn.
     """
     n = tree.num_nodes
     if n < 2:
@@ -85,6 +91,8 @@ def node_rows(tree: Any, fed: list[bool], target_probs: torch.Tensor, temperatur
     out: dict[str, list] = {c: [] for c in NODE_COLUMNS[2:]}
     for i in range(1, n):
         path[i] = path[tree.parents[i]] * q_list[i - 1]
+        if drawn is not None and not drawn[i]:
+            continue
         row = acceptance_row(tree.depths[i], q_list[i - 1], top1[i - 1], ent_l[i - 1], path[i], temperature)
         out["node"].append(i)
         for name, value in zip(ACCEPTANCE_FEATURES, row, strict=True):
@@ -124,8 +132,16 @@ class NodeLogger:
                 max(pq.read_table(s, columns=["generation"]).column(0).to_pylist(), default=-1) for s in shards
             )
 
-    def __call__(self, tree: Any, fed: list[bool], target_probs: torch.Tensor, temperature: float) -> None:
-        rows = node_rows(tree, fed, target_probs, temperature)
+    def __call__(
+        self,
+        tree: Any,
+        fed: list[bool],
+        target_probs: torch.Tensor,
+        temperature: float,
+        drawn: list[bool] | None = None,
+    ) -> None:
+        """Buffer the rows of one step's tree (:func:`node_rows`), and write a shard when enough are buffered."""
+        rows = node_rows(tree, fed, target_probs, temperature, drawn)
         k = len(rows["node"])
         self._buf["generation"].extend([self.generation] * k)
         self._buf["step"].extend([self.step] * k)

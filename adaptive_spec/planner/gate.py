@@ -1,7 +1,12 @@
 """The learned source choice: a small model predicts, per step, what a lookup and what the model draft would earn.
 
-Before each step, :class:`GateFeatures` reads what the planner may see (draft-side information
-only, so the choice keeps every verifier exact):
+Before each step, :class:`GateFeatures` reads what the planner may see: the committed context,
+past steps and the draft's first forward, plus one target-side number, the target's top-1 over
+the root token. That row was computed at the previous step's target pass, over tokens already
+committed, so it is a function of the committed prefix like everything else the gate reads; it
+says nothing about the target's rows over this step's draft. The choice (which tree to draft,
+under which law) is therefore fixed before anything is drawn, and every verifier stays exact
+(docs/algorithms.md §8). The features:
 
 - the lookup: the n-gram that matched, its number of earlier occurrences, how far back the most
   recent one agrees with the context's end (SAM-Decoding's match length), how many tokens it found;
@@ -10,7 +15,8 @@ only, so the choice keeps every verifier exact):
   they agree with a deterministic proposal token by token is the chance that a lookup step
   would have accepted it: an unbiased running rate whichever source was played;
 - the draft's confidence at the root (its top-1 probability and entropy), the target's top-1 over
-  the root token, the running acceptance of model steps, and the temperature.
+  the root token (from the previous step, as above), the running acceptance of model steps, and
+  the temperature.
 
 :class:`SourceGate` maps those features to the expected accepted tokens of the lookup plan and of
 the model plan (a two-layer perceptron, in NumPy: the engine never imports a training

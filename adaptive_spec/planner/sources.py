@@ -6,9 +6,10 @@ proposes nothing the target accepts. :class:`SourceRule` is the rule-based basel
 per-step choice: look up when the context's last n-gram recurs (with at least ``min_ngram``
 tokens) and looked-up tokens have recently been accepted; else play the model plan.
 
-The choice reads only the context and past steps (draft-side information), and each plan is
-verified by its own exact verifier, so every mix of sources is lossless
-(docs/algorithms.md §8).
+The choice reads only the context and past steps (and, for the learned gate, the draft's first
+forward and the target's row over the root token, computed at the previous step: all functions
+of the committed prefix), and each plan is verified by its own exact verifier, so every mix of
+sources is lossless (docs/algorithms.md §8).
 
 Plan strings: ``source:<model plan>[+<lookup plan>][?min_ngram=N&min_rate=R&decay=D]``, e.g.
 ``source:chain:2/block``, ``source:chain:2/block+lookup:3x8/nss`` or
@@ -23,6 +24,7 @@ from typing import Any
 
 from adaptive_spec.planner.gate import GatedSource
 from adaptive_spec.planner.plan import Plan, Planner, StepResult, StepState, as_plan
+from adaptive_spec.trees.lookup import MAX_NGRAM
 
 SOURCE_PREFIX = "source:"
 DEFAULT_LOOKUP = "lookup:8/block"
@@ -36,7 +38,8 @@ class SourceRule(Planner):
         lookup: the plan of lookup steps: a chain (``lookup:L/<verifier>``, cut to the tokens found),
             a trie of several continuations (``lookup:WxL/nss``) or a hybrid (``hybrid:A:B/<verifier>``:
             the run found, up to A tokens, extended by B model tokens).
-        min_ngram: the shortest recurring n-gram that triggers a lookup (1 looks up after any repeated token).
+        min_ngram: the shortest recurring n-gram that triggers a lookup (1 looks up after any repeated token;
+            at most :data:`~adaptive_spec.trees.lookup.MAX_NGRAM`, the longest n-gram a lookup matches).
         min_rate: a lookup step is tried while the running acceptance rate of looked-up tokens is at least this.
         decay: weight of the past in that running rate (it starts at 1 with every generation).
 
@@ -54,9 +57,10 @@ class SourceRule(Planner):
         min_rate: float = 0.3,
         decay: float = 0.5,
     ) -> None:
-        if not (isinstance(min_ngram, int) and min_ngram >= 1 and 0 <= min_rate <= 1 and 0 <= decay < 1):
+        if not (isinstance(min_ngram, int) and 1 <= min_ngram <= MAX_NGRAM and 0 <= min_rate <= 1 and 0 <= decay < 1):
             raise ValueError(
-                f"source rule: min_ngram must be an integer >= 1, min_rate in [0, 1] and decay in [0, 1); got "
+                f"source rule: min_ngram must be an integer from 1 to {MAX_NGRAM} (lookups match n-grams of at "
+                f"most {MAX_NGRAM} tokens), min_rate in [0, 1] and decay in [0, 1); got "
                 f"{min_ngram!r}, {min_rate!r}, {decay!r}"
             )
         self.model = model if isinstance(model, Planner) else as_plan(model)

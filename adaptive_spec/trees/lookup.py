@@ -36,6 +36,7 @@ from adaptive_spec.trees.shapes import TreeShape
 from adaptive_spec.trees.tree import DraftTree
 
 __all__ = [
+    "MAX_NGRAM",
     "LookupMatch",
     "hybrid_tree",
     "lookup_match",
@@ -44,10 +45,14 @@ __all__ = [
     "ngram_candidates",
     "ngram_lookup",
     "ngram_match",
+    "within_vocab",
 ]
 
 
-def ngram_lookup(context: Sequence[int], max_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> list[int]:
+MAX_NGRAM = 3  # the longest n-gram matched (the default max_ngram below)
+
+
+def ngram_lookup(context: Sequence[int], max_tokens: int, max_ngram: int = MAX_NGRAM, min_ngram: int = 1) -> list[int]:
     """Up to ``max_tokens`` tokens that followed the most recent earlier occurrence of the context's last n-gram.
 
     Tries ``n = max_ngram .. min_ngram`` and returns the continuation of the first ``n`` that matches
@@ -58,7 +63,7 @@ def ngram_lookup(context: Sequence[int], max_tokens: int, max_ngram: int = 3, mi
 
 
 def ngram_match(
-    context: Sequence[int], max_tokens: int, max_ngram: int = 3, min_ngram: int = 1
+    context: Sequence[int], max_tokens: int, max_ngram: int = MAX_NGRAM, min_ngram: int = 1
 ) -> tuple[list[int], int]:
     """``(continuation, n)``: :func:`ngram_lookup`'s tokens and the length of the n-gram that matched (0: none)."""
     found = lookup_match(context, max_tokens, max_ngram, min_ngram)
@@ -86,7 +91,9 @@ class LookupMatch:
 MAX_MATCH_LENGTH = 32
 
 
-def lookup_match(context: Sequence[int], max_tokens: int, max_ngram: int = 3, min_ngram: int = 1) -> LookupMatch:
+def lookup_match(
+    context: Sequence[int], max_tokens: int, max_ngram: int = MAX_NGRAM, min_ngram: int = 1
+) -> LookupMatch:
     """The continuation :func:`ngram_lookup` proposes, with the n-gram, its number of matches and the match length."""
     if max_tokens <= 0 or len(context) < min_ngram + 1:
         return LookupMatch([], 0)
@@ -108,13 +115,18 @@ def lookup_match(context: Sequence[int], max_tokens: int, max_ngram: int = 3, mi
 
 
 def ngram_candidates(
-    context: Sequence[int], paths: int, max_tokens: int, max_ngram: int = 3, min_ngram: int = 1
+    context: Sequence[int], paths: int, max_tokens: int, max_ngram: int = MAX_NGRAM, min_ngram: int = 1
 ) -> list[list[int]]:
     """Up to ``paths`` distinct continuations of up to ``max_tokens`` tokens that followed the context's last n-gram.
 
     Matches of the longest ``n`` come first, the most recent first, then those of shorter n-grams;
     a continuation that is a prefix of one already kept (or equal to it) adds nothing and is
-    skipped. The first candidate is :func:`ngram_lookup`'s.
+    skipped, and one that extends kept ones replaces them, taking its own place at the end of the
+    list. So :func:`ngram_lookup`'s continuation is the first candidate unless a later match's
+    continuation extends it (it was cut short by the end of the context): then that extension
+    replaces it further down, and the first candidate is another match's; e.g. after
+    ``[1, 1, 0, 1, 2, 1, 1, 1, 1]`` with 3 tokens, ``ngram_lookup`` finds ``[1]`` and the
+    candidates are ``[[0, 1, 2], [1, 1, 1], [2, 1, 1]]``.
     """
     if max_tokens <= 0 or paths <= 0 or len(context) < min_ngram + 1:
         return []
@@ -131,6 +143,25 @@ def ngram_candidates(
                 out.append(cand)
                 if len(out) == paths:
                     return out
+    return out
+
+
+def within_vocab(candidates: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:
+    """Each candidate cut before its first id outside ``[0, vocab_size)`` (empty ones dropped, duplicates merged).
+
+    A prompt may hold ids that the target's input embeddings know but its LM head does not (an
+    embedding table larger than the head): the target gives them probability 0, so a draft
+    never proposes them, and a draft row (``vocab_size`` wide) has no column for them.
+    """
+    out: list[list[int]] = []
+    for cand in candidates:
+        cut = list(cand)
+        for i, tok in enumerate(cut):
+            if not 0 <= tok < vocab_size:
+                cut = cut[:i]
+                break
+        if cut and cut not in out:
+            out.append(cut)
     return out
 
 

@@ -37,8 +37,9 @@ import lightning as L  # noqa: N812 (Lightning's own convention)
 import torch
 import transformers
 from lightning.pytorch.callbacks import TQDMProgressBar
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedModel, PreTrainedTokenizerFast
 
+from adaptive_spec.engine.pretrained import load_causal_lm
 from adaptive_spec.files import PROMPTS
 from adaptive_spec.zoo.config import DEFAULT_MINUTES, ZooConfig
 from adaptive_spec.zoo.corpus import (
@@ -141,7 +142,7 @@ def _save(model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast, path: Path
 
 def _load(path: Path) -> PreTrainedModel:
     """A saved model in float32 (the CPU compute dtype), as the evaluation and distillation see it."""
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).eval()
+    return load_causal_lm(path, path.name, dtype=torch.float32, local_files_only=True).eval()
 
 
 @dataclass
@@ -331,8 +332,8 @@ def load_pair(
     if dtype is None:
         dtype = torch.float32 if device.type == "cpu" else "auto"
     kw = {"dtype": dtype, "local_files_only": True}
-    target = AutoModelForCausalLM.from_pretrained(path / "target", **kw).to(device).eval()
-    draft = AutoModelForCausalLM.from_pretrained(path / "draft", **kw).to(device).eval()
+    target = load_causal_lm(path / "target", "target", **kw).to(device).eval()
+    draft = load_causal_lm(path / "draft", "draft", **kw).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path / "target", local_files_only=True)
     return target, draft, tokenizer
 

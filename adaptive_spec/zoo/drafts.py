@@ -571,9 +571,10 @@ def build_drafts(
     ``eagle/`` and ``draft/`` (fp16 safetensors) and ``build_info.json`` (default: the package's
     ``zoo/<name>`` folder, the committed copy).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from adaptive_spec.engine.models import MODELS, fetch_model, shipped_drafts_dir
+    from adaptive_spec.engine.pretrained import load_causal_lm
     from adaptive_spec.files import user_data_dir
     from adaptive_spec.zoo.selfdistill import generate_conversations
 
@@ -590,7 +591,7 @@ def build_drafts(
     t_all = time.time()
     target_dir = fetch_model(name)
     tok = AutoTokenizer.from_pretrained(target_dir)
-    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+    target = load_causal_lm(target_dir, "target", dtype=torch.float32).eval()
     for p in target.parameters():
         p.requires_grad_(False)
 

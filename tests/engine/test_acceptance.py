@@ -109,6 +109,26 @@ def test_engine_node_log_and_greedy_equality(tiny_engine: SpecEngine, tmp_path) 
         assert out.stats.policy_levels > 0
 
 
+def test_node_log_skips_looked_up_nodes(tiny_engine: SpecEngine, tmp_path) -> None:
+    """A looked-up node's tree row is the lookup's one-hot row (q = 1), not the draft's: it gets no node-log row.
+
+    A hybrid:2:1 step draws exactly one token from the draft model, so one row per step; a lookup
+    step draws none.
+    """
+    prompt = [0, 7, 3, 9, 5, 0, 7, 3, 9, 5, 0, 7]
+    for plan, per_step in (("hybrid:2:1/block", 1), ("lookup:3/block", 0)):
+        logger = NodeLogger(tmp_path / plan.replace(":", "-").replace("/", "-"))
+        tiny_engine.node_log = logger
+        try:
+            out = tiny_engine.generate(prompt, plan=plan, temperature=1.0, max_new_tokens=12, seed=3)
+        finally:
+            tiny_engine.node_log = None
+            logger.close()
+        deep = [s for s in out.steps if s.num_nodes > 1]
+        assert deep and any(s.num_nodes > 2 for s in deep)  # looked-up tokens were drafted
+        assert logger.rows == per_step * len(deep), plan
+
+
 def _synthetic(n: int, seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     x = np.stack(
@@ -183,8 +203,8 @@ def test_runtime_features_equal_the_node_logs(tiny_engine: SpecEngine) -> None:
 
     logged: list[dict] = []
 
-    def node_log(tree, fed, target_probs, temperature):
-        logged.append(node_rows(tree, fed, target_probs, temperature))
+    def node_log(tree, fed, target_probs, temperature, drawn=None):
+        logged.append(node_rows(tree, fed, target_probs, temperature, drawn))
         seen.append([])  # the next step's decisions
 
     plan = Plan(LearnedChain(depth=5, cost_ratio=0.05, predictor=Recorder(2)), "block")

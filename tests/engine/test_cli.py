@@ -119,3 +119,69 @@ def test_generate_selector_errors(saved, selector, tmp_path) -> None:
         main([*args, "--selector", str(tmp_path / "junk.onnx")])
     with pytest.raises(SystemExit, match="needs --selector"):
         main([*args, "--profile", str(tmp_path / "p.json")])
+
+
+@pytest.mark.parametrize("role", ["target", "draft"])
+def test_a_truncated_weight_file_is_one_line(saved, tmp_path, role) -> None:
+    """A truncated model.safetensors (an interrupted download or build): one line naming the file and the fix,
+    from the API (ValueError) and from the CLI."""
+    import shutil
+
+    from adaptive_spec.engine import SpecEngine
+
+    for name in ("target", "draft"):
+        shutil.copytree(saved / name, tmp_path / name)
+    weights = tmp_path / role / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ValueError) as err:
+        SpecEngine.from_pretrained(str(tmp_path / "target"), str(tmp_path / "draft"))
+    text = str(err.value)
+    assert "\n" not in text and str(weights) in text and f"the {role} model" in text
+    assert "adaptive-spec zoo fetch" in text and "adaptive-spec zoo drafts" in text
+    args = ["generate", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--prompt", "w3"]
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    message = str(exit_.value.code)
+    assert "generate" in message.split(":")[0] and "\n" not in message
+    assert str(weights) in message and "truncated or corrupt" in message
+
+
+def test_hf_baselines_print_no_generation_config_deprecation() -> None:
+    """The assisted and prompt-lookup baselines of ``bench e2e`` log no "Passing `generation_config` together
+    with generation-related arguments is deprecated" warning; transformers' assisted generation, called
+    directly, does (its own assistant call): the negative control that shows the check can fail."""
+    import logging
+
+    import torch
+
+    from adaptive_spec.bench.e2e import _hf_generate
+    from adaptive_spec.engine import SpecEngine
+
+    class Records(logging.Handler):
+        def __init__(self) -> None:
+            super().__init__()
+            self.messages: list[str] = []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.messages.append(record.getMessage())
+
+    target = tiny_model("llama", vocab=48, eos=1)
+    engine = SpecEngine(target, perturbed(target, 0.3), tiny_tokenizer(48))
+    hf_log = logging.getLogger("transformers")  # transformers' loggers do not propagate to the root
+    records, level = Records(), hf_log.level
+    hf_log.addHandler(records)
+    hf_log.setLevel(logging.WARNING)  # whatever verbosity earlier tests set
+    deprecated = "Passing `generation_config` together with generation-related"
+    try:
+        for how in ({"assistant_model": engine.draft}, {"prompt_lookup_num_tokens": 3}):
+            for temperature in (0.0, 1.0):
+                logging.Logger.warning_once.cache_clear()  # transformers warns once per process
+                _hf_generate(engine, [0, 5, 7, 5, 7], temperature, 6, 0, **how)
+        assert not [m for m in records.messages if m.startswith(deprecated)]
+        logging.Logger.warning_once.cache_clear()
+        ids = torch.tensor([[0, 5, 7, 5, 7]])
+        target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, assistant_model=engine.draft)
+        assert [m for m in records.messages if m.startswith(deprecated)]
+    finally:
+        hf_log.removeHandler(records)
+        hf_log.setLevel(level)

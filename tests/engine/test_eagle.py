@@ -3,7 +3,8 @@
 - greedy decoding through the engine equals transformers' greedy ``generate`` of the target, for
   every plan family;
 - the law of the first three tokens at T > 0 is the target's (chi-square, as in test_lossless),
-  with a reduced draft vocabulary that leaves some target tokens at q = 0;
+  with a reduced draft vocabulary that leaves some target tokens at q = 0; the same test fails
+  when the verifier reads rows the head's tokens were not drawn from (negative control);
 - the head reads the target's hidden states: its root row equals a hand computation from a
   teacher-forced target pass, and differs when the features are withheld (negative control);
 - a saved head loads back through ``AutoModelForCausalLM`` and ``SpecEngine.from_pretrained``.
@@ -144,6 +145,22 @@ def test_lossless_with_an_eagle_head(small_engine, plan, prompt) -> None:
         counts[tuple(out.token_ids)] += 1
     law = exact_law(small_engine.target, SAMPLING, list(prompt), V)
     assert chi_square_pvalue(counts, law) > 1e-3
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["right", "negative-control"])
+def test_chi_square_sees_wrong_head_rows(small_engine, monkeypatch, wrong) -> None:
+    """The head's tokens verified against rows they were not drawn from (uniform, so q > 0 outside the
+    head's vocabulary too) fail the chi-square test that the head's own rows pass (300 runs each)."""
+    from tests.engine.test_lookup import corrupt_rows
+
+    changed = corrupt_rows(monkeypatch, looked_up=False, drawn=wrong)
+    counts = torch.zeros(V, V, V, dtype=torch.long)
+    for seed in range(300):
+        kw = {"temperature": SAMPLING.temperature, "top_k": SAMPLING.top_k, "seed": seed}
+        counts[tuple(small_engine.generate([3, 5, 2], max_new_tokens=3, plan="chain:2/block", **kw).token_ids)] += 1
+    law = exact_law(small_engine.target, SAMPLING, [3, 5, 2], V)
+    assert (chi_square_pvalue(counts, law) < 1e-3) == wrong
+    assert bool(changed) == wrong
 
 
 def test_save_and_load(pair, tmp_path) -> None:

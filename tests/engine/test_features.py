@@ -203,3 +203,31 @@ def test_engine_planner_is_the_default_plan(models) -> None:
     out = engine.generate([0, 7], max_new_tokens=6, temperature=0, seed=0)
     assert out.steps and len(rec.states) == len(out.steps)
     assert engine.generate([0, 7], max_new_tokens=6, temperature=0, plan=None).steps == []  # explicit None: AR
+
+
+REPEATING = (0, 7, 3, 9, 5, 0, 7, 3, 9, 5, 0, 7)  # the context's n-grams recur: lookups find continuations
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize(
+    "plans",
+    [
+        ["lookup:3/block", "chain:1/token"],
+        ["lookup:2x3/nss", "chain:1/token"],
+        ["hybrid:2:1/block"],
+        ["hybrid:2:1/block", "lookup:3/block", "iid:2x2/specinfer"],
+    ],
+)
+def test_features_after_lookup_and_hybrid_steps(models, plans: list[str], temperature: float) -> None:
+    """The previous draft row after a lookup or hybrid step is the draft model's row, not the tree's one-hot one.
+
+    The hand computation (:func:`expected_features`) runs both models over the whole context.
+    """
+    if temperature == 0 and any(p.endswith("/nss") for p in plans):
+        plans = [p.replace("/nss", "/greedy") for p in plans]
+    out, _ = check_run(models, plans, temperature, prompt=REPEATING, tokens=20)
+    sources = [s.plan.source for s in out.steps]
+    # The case that was wrong: a looked-up step that accepted nothing (its root's row was the lookup's).
+    looked = [k for k, s in enumerate(out.steps[:-1]) if s.plan.source != "model"]
+    assert looked, sources
+    assert any(out.steps[k].num_accepted < out.steps[k].plan.shape.depth for k in looked), sources

@@ -1,4 +1,4 @@
-"""Column-major Linear weights: the same logits, the same state dict, undone before saving."""
+"""Column-major Linear weights: the same logits, the same state dict, saved by save_pretrained as they are."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_column_major_keeps_values_and_logits(tmp_path) -> None:
     assert column_major_linears(model) == 0  # idempotent
     assert row_major_linears(model) == changed
     assert all(m.weight.is_contiguous() for m in linears)
-    model.save_pretrained(tmp_path / "saved")  # safetensors needs contiguous weights
+    model.save_pretrained(tmp_path / "saved")
     again = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
     assert all(torch.equal(v, before[k]) for k, v in again.state_dict().items() if k in before)
 
@@ -55,3 +55,23 @@ def test_from_pretrained_on_cpu_stores_linears_column_major(tiny_pair, monkeypat
     a = engine.generate(prompt, max_new_tokens=12, temperature=0.0, plan="chain:2/block")
     b = plain.generate(prompt, max_new_tokens=12, temperature=0.0, plan="chain:2/block")
     assert a.token_ids == b.token_ids
+
+
+def test_what_column_major_weights_can_and_cannot_be_saved_by(tmp_path) -> None:
+    """transformers' ``save_pretrained`` writes column-major weights as they are (it packs each tensor);
+    ``safetensors.torch.save_file`` of the raw state dict refuses them until :func:`row_major_linears`."""
+    import pytest
+    from safetensors.torch import save_file
+
+    model = tiny_model("llama", vocab=48).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert column_major_linears(model) > 0
+    model.save_pretrained(tmp_path / "saved")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    assert all(torch.equal(v, before[k]) for k, v in again.state_dict().items() if k in before)
+    weights = {k: v for k, v in model.state_dict().items() if not v.is_contiguous()}
+    assert weights
+    with pytest.raises(ValueError, match="non contiguous"):
+        save_file(weights, tmp_path / "raw.safetensors")
+    row_major_linears(model)
+    save_file({k: v for k, v in model.state_dict().items() if k in weights}, tmp_path / "raw.safetensors")

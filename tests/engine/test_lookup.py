@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -10,6 +12,7 @@ from adaptive_spec.engine.eagle import EagleConfig, EagleHead
 from adaptive_spec.engine.logits import SamplingConfig
 from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_planner
 from adaptive_spec.planner.sources import SourceRule, parse_source_rule
+from adaptive_spec.rng import as_sampler
 from tests.helpers.laws import chi_square_pvalue, exact_law
 from tests.helpers.tiny import perturbed, tiny_model
 
@@ -148,6 +151,12 @@ def test_source_rule_choices() -> None:
         as_planner("source:chain:2/block+chain:3/block")
     with pytest.raises(ValueError, match="not a source rule"):
         parse_source_rule("chain:2/block")
+    # lookups match n-grams of at most 3 tokens: a longer min_ngram would never look up
+    assert str(as_planner("source:chain:2/block?min_ngram=3").choose(_state(1, [4, 5], 3))) == "lookup:2/block"
+    for bad in ("source:chain:2/block?min_ngram=4", "source:chain:2/block?min_ngram=0"):
+        with pytest.raises(ValueError, match="min_ngram must be an integer from 1 to 3") as err:
+            as_planner(bad)
+        assert "\n" not in str(err.value)
 
 
 def test_the_engine_shows_the_planner_the_lookup(engine) -> None:
@@ -161,3 +170,138 @@ def test_the_engine_shows_the_planner_the_lookup(engine) -> None:
     out = engine.generate([3, 5, 2, 3, 5], max_new_tokens=4, temperature=0, plan=Spy("chain:2/block"))
     assert seen[0] == ([2, 3, 5], 2)  # "3 5" recurs: what followed it, to the end of the context
     assert str(out.steps[0].plan) == "lookup:3/block"
+
+
+@pytest.mark.parametrize("inputs", [56, 48], ids=["embeddings-wider-than-head", "same-width"])
+def test_prompt_ids_and_the_lm_head_width(inputs: int) -> None:
+    """Prompt ids against a 48-wide LM head, with input embeddings as wide or wider (56).
+
+    Wider: a prompt id past the head (50) is a valid input, and a lookup never drafts it (the
+    target gives it probability 0; a draft row has no column for it): lookups, tries and hybrids
+    decode as the target does, and sample without an IndexError. Same width: an id past both is
+    refused in one line.
+    """
+    target = tiny_model("llama", vocab=48, eos=None, seed=5)
+    if inputs != 48:
+        torch.manual_seed(0)
+        target.set_input_embeddings(torch.nn.Embedding(inputs, 32))
+    engine = SpecEngine(target, perturbed(target, scale=0.1))
+    assert (engine.vocab_size, engine.input_vocab_size) == (48, inputs)
+    prompt = [0, 50, 7, 3, 0, 50, 7, 3, 0, 50]
+    if inputs == 48:
+        with pytest.raises(ValueError, match="50") as err:
+            engine.generate(prompt, max_new_tokens=4, plan="lookup:3/block")
+        assert "\n" not in str(err.value)
+        prompt = [0, 40, 7, 3, 0, 40, 7, 3, 0, 40]  # within the vocabulary: looked up as usual
+    want = engine.generate(prompt, max_new_tokens=10, temperature=0, plan="autoregressive").token_ids
+    for plan in ("lookup:3/block", "lookup:2x3/nss", "hybrid:2:1/block", "source:chain:1/block+lookup:4/block"):
+        out = engine.generate(prompt, max_new_tokens=10, temperature=0, plan=plan)
+        assert out.token_ids == want, plan
+        out = engine.generate(prompt, max_new_tokens=10, temperature=1.0, plan=plan, seed=0)  # no IndexError
+        assert len(out.token_ids) == 10 and max(out.token_ids) < 48
+
+
+# ---------------------------------------------------------------- negative controls
+# Each wrong variant below must fail the chi-square test that the right one passes (same prompts,
+# plans, runs, statistic and threshold as each other, and as test_lossless_lookup but for fewer
+# runs): the test has the power to see these bugs. The wrongs are large: a few hundred runs do.
+CONTROL_RUNS = 300
+
+
+def law_pvalue(engine: SpecEngine, plan, prompt: list[int], runs: int) -> float:
+    """The chi-square p-value of the first three tokens' law after ``prompt`` against the target's."""
+    counts = torch.zeros(V, V, V, dtype=torch.long)
+    for seed in range(runs):
+        kw = {"temperature": SAMPLING.temperature, "top_k": SAMPLING.top_k, "seed": seed}
+        counts[tuple(engine.generate(prompt, max_new_tokens=3, plan=plan, **kw).token_ids)] += 1
+    return chi_square_pvalue(counts, exact_law(engine.target, SAMPLING, prompt, V))
+
+
+def corrupt_rows(monkeypatch, looked_up: bool, drawn: bool) -> list[int]:
+    """Make the verifier read rows the tokens were not drawn from: uniform rows at expanded nodes.
+
+    ``looked_up``: at nodes whose children were looked up (whose right rows are the lookup's);
+    ``drawn``: at nodes whose children the draft model drew. Returns a list counting the changed rows.
+    """
+    real = SpecEngine._draft
+    changed: list[int] = []
+
+    def wrong(self, run, plan, root, features):
+        outcome = real(self, run, plan, root, features)
+        rows = outcome.tree.draft_probs.clone()
+        for node in range(rows.shape[0]):
+            lookup_row = node < outcome.lookup_rows
+            if rows[node].sum() > 0 and (looked_up if lookup_row else drawn):
+                rows[node] = 1.0 / rows.shape[1]
+                changed.append(node)
+        outcome.tree = dataclasses.replace(outcome.tree, draft_probs=rows)
+        return outcome
+
+    monkeypatch.setattr(SpecEngine, "_draft", wrong)
+    return changed
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong"])
+@pytest.mark.parametrize("plan", ["lookup:2/block", "hybrid:1:1/token", "source"])
+def test_negative_control_wrong_rows(engine, monkeypatch, plan, wrong) -> None:
+    """Uniform rows over looked-up nodes (lookup, hybrid), or over every expanded node while switching sources."""
+    changed = corrupt_rows(monkeypatch, looked_up=wrong, drawn=wrong and plan == "source")
+    p = SourceRule("wor:2x1/traversal", "lookup:2/block", min_ngram=1) if plan == "source" else plan
+    assert (law_pvalue(engine, p, [3, 5, 3, 5], CONTROL_RUNS) < 1e-3) == wrong
+    assert bool(changed) == wrong
+
+
+@pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong"])
+def test_negative_control_row_reading_verifier_on_a_trie(engine, monkeypatch, wrong) -> None:
+    """A lookup trie verified by traversal verification, which reads the trie's (uniform) rows as a draw's law."""
+    import adaptive_spec.engine.engine as engine_module
+    from adaptive_spec.verifiers import REGISTRY
+
+    played: list[int] = []
+
+    def verifier(name, tree, target_probs, generator, **kw):
+        played.append(tree.num_nodes)
+        return REGISTRY["traversal" if wrong else name].fn(tree, target_probs, as_sampler(generator))
+
+    monkeypatch.setattr(engine_module, "verify", verifier)
+    assert (law_pvalue(engine, "lookup:2x2/nss", [3, 5, 3, 6, 3], CONTROL_RUNS) < 1e-3) == wrong
+    assert max(played) > 3  # tries were drafted (a chain of two has 3 nodes)
+
+
+def test_lossless_learned_gate(engine) -> None:
+    """The learned source gate at T > 0: the law of the first three tokens is the target's.
+
+    The gate reads the draft's root top-1 (so the draft's first forward runs before every choice,
+    and a lookup step follows it) and the previous target top-1, so its choice of lookup, model or
+    no draft varies with the sampled context.
+    """
+    from adaptive_spec.planner.gate import GATE_FEATURES, GATE_VERSION, GatedSource, SourceGate
+
+    F = len(GATE_FEATURES)
+    w = [[0.0] * F, [0.0] * F]
+    w[0][GATE_FEATURES.index("draft_top1")] = w[1][GATE_FEATURES.index("target_top1")] = 1.0
+    gate = SourceGate(
+        {
+            "version": GATE_VERSION,
+            "features": list(GATE_FEATURES),
+            "model_plan": "chain:2/block",
+            "lookup_plan": "lookup:2/block",
+            "mean": [0.0] * F,
+            "scale": [1.0] * F,
+            # lookup predicted good when the draft is confident at the root, the model when the target was
+            "layers": [[w, [-0.5, -0.5]], [[[40.0, 0.0], [0.0, 40.0]], [-2.0, -2.0]]],
+            "costs": {"model_s": 0.05, "lookup_s": 0.05, "per_token_s": 0.0, "plain_s": 0.06},
+        }
+    )
+    planner = GatedSource(gate)
+    assert planner.needs_features  # the draft's first forward runs before each choice
+    prompt, runs = [3, 5, 3, 5], 400
+    counts = torch.zeros(V, V, V, dtype=torch.long)
+    played: set[tuple[str, bool]] = set()
+    for seed in range(runs):
+        kw = {"temperature": SAMPLING.temperature, "top_k": SAMPLING.top_k, "seed": seed}
+        out = engine.generate(prompt, max_new_tokens=3, plan=planner, **kw)
+        counts[tuple(out.token_ids)] += 1
+        played |= {(s.plan.source, s.plan.shape.depth > 0) for s in out.steps}
+    assert {("lookup", True), ("model", True), ("model", False)} <= played
+    assert chi_square_pvalue(counts, exact_law(engine.target, SAMPLING, prompt, V)) > 1e-3

@@ -30,9 +30,11 @@ SHAPE_FOR_LAW = {
     DraftLaw.DYNAMIC_CHAIN: "conf-chain:3:0.35",
     DraftLaw.DYNAMIC_IID: "conf-delayed:3:0.5:2",
     DraftLaw.DYNAMIC_WOR: "eagle:2:4:1:2:wor",
-    # Found in the context once a token recurs (tests/engine/test_lookup.py prompts a repeat to force tries).
+    # Found in the context: a trie 3 -> {6 3, 5 3} after PROMPT_FOR_LAW's prompt.
     DraftLaw.DETERMINISTIC: "lookup:2x2",
 }
+# Laws that need more than PROMPT to draft their trees: "3" recurs with two continuations.
+PROMPT_FOR_LAW = {DraftLaw.DETERMINISTIC: [3, 5, 3, 6, 3]}
 ALL_CASES = [
     (name, law)
     for name, spec in REGISTRY.items()
@@ -63,20 +65,25 @@ def engine():
     torch.set_num_threads(threads)
 
 
-def exact_law(model, sampling: SamplingConfig) -> torch.Tensor:
-    """Tensor[V, V, V]: the target's law of the first three tokens after PROMPT under ``sampling``."""
-    return laws.exact_law(model, sampling, PROMPT, V)
+def exact_law(model, sampling: SamplingConfig, prompt: list[int] = PROMPT) -> torch.Tensor:
+    """Tensor[V, V, V]: the target's law of the first three tokens after ``prompt`` under ``sampling``."""
+    return laws.exact_law(model, sampling, prompt, V)
 
 
 def run_case(engine: SpecEngine, verifier: str, law: DraftLaw, runs: int) -> float:
     plan = f"{SHAPE_FOR_LAW[law]}/{verifier}"
+    prompt = PROMPT_FOR_LAW.get(law, PROMPT)
     counts = torch.zeros(V, V, V, dtype=torch.long)
+    largest = 0
     for seed in range(runs):
         out = engine.generate(
-            PROMPT, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k, plan=plan, seed=seed
+            prompt, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k, plan=plan, seed=seed
         )
         counts[tuple(out.token_ids)] += 1
-    return chi_square_pvalue(counts, exact_law(engine.target, SAMPLING))
+        largest = max(largest, *out.stats.tree_sizes)
+    if law is DraftLaw.DETERMINISTIC:
+        assert largest > 3, "no trie was drafted (a chain of two has 3 nodes)"
+    return chi_square_pvalue(counts, exact_law(engine.target, SAMPLING, prompt))
 
 
 def test_autoregressive_baseline_is_the_target_law(engine: SpecEngine) -> None:

@@ -114,11 +114,14 @@ def test_collect_fit_and_play_a_gate_on_the_tiny_pair(tiny_pair, tmp_path) -> No
     path = write_gate(gate, tmp_path / "gate.json", report, {"test": True})
     assert json.loads(path.read_text())["report"]["steps"] == report["steps"]
     planner = GatedSource(SourceGate.load(path))
-    for prompt in prompts[:2]:  # lossless: at temperature 0 the text is the target's greedy text
+    played = set()
+    for prompt in prompts:  # lossless: at temperature 0 the text is the target's greedy text
         ar = engine.generate(prompt, max_new_tokens=16, temperature=0, plan=None)
         out = engine.generate(prompt, max_new_tokens=16, temperature=0, plan=planner)
         assert out.token_ids == ar.token_ids
-        assert {s.plan.source for s in out.steps} <= {"model", "lookup"}
+        # a no-draft step reports source "model" with depth 0: count the sources that drafted something
+        played |= {s.plan.source for s in out.steps if s.plan.shape.depth > 0}
+    assert played == {"model", "lookup"}  # both sources were played
 
 
 @pytest.mark.slow

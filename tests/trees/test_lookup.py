@@ -201,3 +201,11 @@ def test_negative_control_row_verifiers_are_lossy_on_a_trie(name) -> None:
         law = output_law(fn, drafter, inst.draft_fn, inst.target_fn)
         worst = max(worst, completed_tv(law, inst.target_fn, inst.vocab, drafter.depth + 1)[0])
     assert worst > 1e-3, name
+
+
+def test_the_first_candidate_is_not_always_ngram_lookups() -> None:
+    """As ngram_candidates' docstring says: a cut-short continuation is replaced, further down, by its extension."""
+    context = [1, 1, 0, 1, 2, 1, 1, 1, 1]
+    assert ngram_lookup(context, 3) == [1]
+    assert ngram_candidates(context, 3, 3) == [[0, 1, 2], [1, 1, 1], [2, 1, 1]]
+    assert ngram_candidates([1, 2, 1, 2, 9, 1, 2, 1], 2, 4)[0] == ngram_lookup([1, 2, 1, 2, 9, 1, 2, 1], 4)
