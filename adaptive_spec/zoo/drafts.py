@@ -165,12 +165,13 @@ def _batches(seqs: list, batch_tokens: int, generator: torch.Generator, max_len:
 def _collate(batch: list, max_len: int = 512) -> dict[str, torch.Tensor]:
     L = max(min(e - s, max_len) for _, s, e, _ in batch)
     B = len(batch)
-    H = batch[0][0]["feat"].shape[1]
-    ids = torch.zeros(B, L, dtype=torch.long)
-    feat = torch.zeros(B, L, H)
-    top_ids = torch.zeros(B, L, TOP_K, dtype=torch.long)
-    top_p = torch.zeros(B, L, TOP_K)
-    loss_mask = torch.zeros(B, L, dtype=torch.bool)
+    H, K = batch[0][0]["feat"].shape[1], batch[0][0]["top_ids"].shape[1]
+    dev = batch[0][0]["feat"].device  # the shards' device: features kept on a GPU stay there
+    ids = torch.zeros(B, L, dtype=torch.long, device=dev)
+    feat = torch.zeros(B, L, H, device=dev)
+    top_ids = torch.zeros(B, L, K, dtype=torch.long, device=dev)
+    top_p = torch.zeros(B, L, K, device=dev)
+    loss_mask = torch.zeros(B, L, dtype=torch.bool, device=dev)
     for r, (d, s, e, a) in enumerate(batch):
         e = min(e, s + L)
         n = e - s
@@ -233,7 +234,9 @@ def _train_loop(
     seed: int,
     progress: bool,
     label: str,
+    device: torch.device | str = "cpu",
 ) -> dict[str, Any]:
+    device = torch.device(device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     saver = _Checkpointed(ckpt)
@@ -243,10 +246,11 @@ def _train_loop(
     t0, last_save, tokens, ema = time.time(), time.time(), 0, None
     model.train()
     while step < steps and spent + (time.time() - t0) < minutes * 60:
-        batch = _collate(next(batches))
+        batch = {k: v.to(device, non_blocking=True) for k, v in _collate(next(batches)).items()}
         for g in opt.param_groups:
             g["lr"] = _lr(step, (spent + time.time() - t0) / (minutes * 60), lr)
-        loss = loss_fn(model, batch)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = loss_fn(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -262,10 +266,18 @@ def _train_loop(
         if time.time() - last_save > 180:
             saver.save(model, opt, step, spent + time.time() - t0)
             last_save = time.time()
-    spent += time.time() - t0
+    run_s = time.time() - t0
+    spent += run_s
     saver.save(model, opt, step, spent)
     model.eval()
-    return {"steps": step, "seconds": round(spent, 1), "tokens_this_run": tokens, "final_loss": ema}
+    return {
+        "steps": step,
+        "seconds": round(spent, 1),
+        "tokens_this_run": tokens,
+        "tok_per_s": round(tokens / max(run_s, 1e-9), 1),
+        "device": str(device),
+        "final_loss": ema,
+    }
 
 
 # ---------------------------------------------------------------------- the head
@@ -334,6 +346,7 @@ def train_head(
     labels_from: int | None = None,
     passes: int = 2,
     progress: bool = True,
+    device: torch.device | str = "cpu",
 ) -> dict[str, Any]:
     """Train a bound :class:`EagleHead` (soft CE over its vocabulary + smooth-L1 feature regression).
 
@@ -343,8 +356,9 @@ def train_head(
     token at depth ``k`` of a chain on the head's own features, weighted ``0.8 ** (k - 1)``.
     """
     head.lm_head.weight.requires_grad_(False)
-    t2d = torch.full((head.config.target_vocab_size,), -1, dtype=torch.long)
-    t2d[head.token_ids] = torch.arange(head.token_ids.numel())
+    device = torch.device(device)
+    t2d = torch.full((head.config.target_vocab_size,), -1, dtype=torch.long, device=device)
+    t2d[head.token_ids.to(device)] = torch.arange(head.token_ids.numel(), device=device)
     scale = float(torch.cat([d["feat"][:4096].float() for d in shards]).abs().mean())
     masks: dict[int, list[torch.Tensor]] = {}
 
@@ -353,10 +367,10 @@ def train_head(
         B, L = feat.shape[:2]
         prev = shift_right(feat)  # position j reads f_{j-1}
         prev = prev + (torch.rand_like(prev) * 2 - 1) * noise * scale
-        pos = torch.arange(L)[None].expand(B, -1)
+        pos = torch.arange(L, device=feat.device)[None].expand(B, -1)
         if L not in masks:
             masks.clear()
-            masks[L] = unroll_masks(L, passes)
+            masks[L] = [m.to(feat.device) for m in unroll_masks(L, passes)]
         total, weight = 0.0, 1.0
         for h in unrolled_hidden(model, b["ids"], prev, pos, masks[L]):
             ce = _soft_ce(model.lm_head, h[m], t2d[b["top_ids"][m]], b["top_p"][m])
@@ -377,6 +391,7 @@ def train_head(
         seed=seed,
         progress=progress,
         label="head",
+        device=device,
     )
 
 
@@ -432,6 +447,7 @@ def train_standalone(
     seed: int = 0,
     labels_from: int | None = None,
     progress: bool = True,
+    device: torch.device | str = "cpu",
 ) -> dict[str, Any]:
     """Train the standalone draft on the target's soft labels (soft cross-entropy over the whole vocabulary)."""
 
@@ -452,6 +468,7 @@ def train_standalone(
         seed=seed,
         progress=progress,
         label="standalone",
+        device=device,
     )
 
 
@@ -469,21 +486,22 @@ def evaluate_drafts(
 
     sums = {k: [0.0, 0.0, 0] for k in drafts}
     seen = 0
+    device = target.device
     for d, s, e, a in _sequences(shards):
         if seen >= max_tokens:
             break
-        ids = d["ids"][s:e].long()[None]
+        ids = d["ids"][s:e].long()[None].to(device)
         h = target.model(input_ids=ids).last_hidden_state
         p = torch.softmax(target.lm_head(h).float(), -1)[0]  # [n, V]
         rows = slice(max(a - 1 - s, 0), e - s - 1)
         for name, m in drafts.items():
             if is_eagle_head(m):
                 prev = shift_right(h)
-                logits, _ = m(ids, prev, torch.arange(ids.shape[1])[None], None, None)
+                logits, _ = m(ids, prev.to(m.dtype), torch.arange(ids.shape[1], device=device)[None], None, None)
                 q = torch.zeros_like(p)
                 q[:, m.token_ids] = torch.softmax(logits[0].float(), -1)
             else:
-                q = torch.softmax(m(input_ids=ids).logits[0].float(), -1)
+                q = torch.softmax(m(input_ids=ids).logits[0].float(), -1)[:, : p.shape[-1]]
             pr, qr = p[rows], q[rows]
             sums[name][0] += float(torch.minimum(pr, qr).sum())
             sums[name][1] += float((pr.argmax(-1) == qr.argmax(-1)).sum())
