@@ -71,6 +71,17 @@ def records_to_shard(records: Sequence[dict[str, Any]]) -> dict[str, torch.Tenso
     }
 
 
+def drop_evaluation_records(records: Sequence[dict[str, Any]], tokenizer: Any) -> list[dict[str, Any]]:
+    """The logged generations whose prompt (decoded) holds no Spec-Bench question or demo prompt."""
+    from adaptive_spec.zoo.user_prompts import evaluation_hit
+
+    return [
+        r
+        for r in records
+        if evaluation_hit(tokenizer.decode(r["ids"][: r["prompt_length"]].tolist(), skip_special_tokens=True)) is None
+    ]
+
+
 def split_records(records: Sequence[dict[str, Any]], every: int = 10) -> tuple[list, list]:
     """(training, held-out) generations: a prompt is held out when its key's number is ``every - 1`` mod ``every``."""
     train, held = [], []
@@ -132,10 +143,13 @@ def fine_tune_from_logs(
     seed: int = 0,
     progress: bool = True,
     records: Sequence[dict[str, Any]] | None = None,
+    tokenizer: Any = None,
 ) -> dict[str, Any]:
     """Fine-tune a bound EAGLE ``head`` on a draft log; returns figures for ``build_info.json``.
 
-    ``max_tokens``: train on the first that many labelled positions of the training split. The held-out
+    ``max_tokens``: train on the first that many labelled positions of the training split. With a
+    ``tokenizer``, generations whose prompt holds a Spec-Bench question or a demo prompt are dropped first
+    (evaluation only, :mod:`adaptive_spec.zoo.user_prompts`). The held-out
     split (whole prompts) is evaluated before and after. Resumable: the checkpoint is ``work/head.ckpt``.
 
     Raises:
@@ -145,6 +159,10 @@ def fine_tune_from_logs(
 
     device = torch.device(device)
     records = list(records) if records is not None else read_draft_log(log_dir)
+    dropped = 0
+    if tokenizer is not None:
+        kept = drop_evaluation_records(records, tokenizer)
+        records, dropped = kept, len(records) - len(kept)
     train_r, held_r = split_records(records, held_out_every)
     if not train_r or not held_r:
         raise ValueError(
@@ -156,7 +174,7 @@ def fine_tune_from_logs(
     held = [records_to_shard(held_r)]
     info: dict[str, Any] = {
         "log": str(log_dir),
-        "generations": {"train": len(train_r), "held_out": len(held_r)},
+        "generations": {"train": len(train_r), "held_out": len(held_r), "dropped_evaluation": dropped},
         "labelled_tokens": {"train": sum(map(labelled, train_r)), "held_out": sum(map(labelled, held_r))},
         "held_out_before": evaluate_drafts(target, {"eagle": head}, held)["eagle"],
     }

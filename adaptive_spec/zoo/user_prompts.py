@@ -101,6 +101,17 @@ class _Reserved:
         return None
 
 
+def evaluation_hit(text: str, name: str = "smollm2") -> str | None:
+    """The evaluation-only text that ``text`` equals, holds or is held in (normalised), or None."""
+    global _RESERVED
+    if _RESERVED is None:
+        _RESERVED = _Reserved(evaluation_texts(name))
+    return _RESERVED.hit(text)
+
+
+_RESERVED: _Reserved | None = None
+
+
 def exclude_evaluation(prompts: Sequence[str], name: str = "smollm2") -> tuple[list[str], int]:
     """``prompts`` without those that match an evaluation-only text (see the module docstring), and duplicates.
 

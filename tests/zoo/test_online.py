@@ -109,3 +109,69 @@ def test_logger_refuses_bad_settings(tmp_path) -> None:
         DraftDataLogger(tmp_path, run_id="a/b")
     with pytest.raises(FileNotFoundError, match="not a draft log"):
         read_draft_log(tmp_path)
+
+
+def test_evaluation_prompts_are_never_training_prompts(tmp_path) -> None:
+    """Spec-Bench questions and the demo's prompts are dropped from training prompt files, however written."""
+    from adaptive_spec.zoo.user_prompts import (
+        ONLINE_PROMPTS,
+        check_no_evaluation,
+        demo_prompts,
+        exclude_evaluation,
+        read_prompt_file,
+        spec_bench_sample,
+    )
+
+    question, demo = spec_bench_sample(5)[2], demo_prompts()[1]
+    mine = ["How do I fold a paper crane?", "how do i fold a paper crane"]
+    prompts = [question.upper() + "  ", f"Please answer: {demo}", *mine]
+    kept, dropped = exclude_evaluation(prompts)
+    assert kept == mine[:1] and dropped == 3
+    with pytest.raises(ValueError, match="evaluation only"):
+        check_no_evaluation([mine[0], question], "train")
+    check_no_evaluation(mine, "train")  # no false alarm
+    path = tmp_path / "p.jsonl"
+    import json
+
+    lines = [{"messages": [{"role": "user", "content": demo}]}, {"prompt": "Name three birds."}]
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    got, desc = read_prompt_file(path)
+    assert got == ["Name three birds."] and desc["dropped_evaluation_or_duplicate"] == 1
+    assert "unknown" in desc["licence"]
+    path.write_text('{"text": 3}\n')
+    with pytest.raises(ValueError, match="line 1: no prompt"):
+        read_prompt_file(path)
+    # the project's own prompts are clean
+    own, _ = read_prompt_file(ONLINE_PROMPTS)
+    assert len(own) == sum(1 for line in ONLINE_PROMPTS.read_text().splitlines() if line.strip())
+
+
+def test_a_sharded_head_loads_through_the_engine(pair, tmp_path) -> None:
+    """A head saved in several small files (as the 16 MiB limit does to the real head) loads through the engine."""
+    from adaptive_spec.zoo.drafts import MAX_SHARD, save_sharded
+    from tests.helpers.tiny import tiny_tokenizer
+
+    assert MAX_SHARD == "16MB"
+    target, head = pair
+    target.save_pretrained(tmp_path / "target")
+    tiny_tokenizer(8).save_pretrained(tmp_path / "target")
+    import copy
+
+    import adaptive_spec.zoo.drafts as drafts
+
+    small = copy.deepcopy(head)
+    small._embed = []
+    old = drafts.MAX_SHARD
+    drafts.MAX_SHARD = "2KB"
+    try:
+        save_sharded(small, tmp_path / "head")
+    finally:
+        drafts.MAX_SHARD = old
+    files = list((tmp_path / "head").glob("*.safetensors"))
+    assert len(files) > 1 and (tmp_path / "head" / "model.safetensors.index.json").exists()
+    engine = SpecEngine.from_pretrained(str(tmp_path / "target"), str(tmp_path / "head"), dtype="float32")
+    ref = SpecEngine(target, small.float().bind(target)).generate(
+        [5, 6], max_new_tokens=12, temperature=0, plan="chain:3/block"
+    )
+    out = engine.generate([5, 6], max_new_tokens=12, temperature=0, plan="chain:3/block")
+    assert out.token_ids == ref.token_ids and sum(out.stats.accept_lengths) == sum(ref.stats.accept_lengths)
