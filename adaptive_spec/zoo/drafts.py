@@ -170,9 +170,9 @@ def choose_vocabulary(shards: Sequence[dict[str, torch.Tensor]], size: int, voca
 # ---------------------------------------------------------------------- batches
 def _batches(seqs: list, batch_tokens: int, generator: torch.Generator, max_len: int = 512):
     """Endless shuffled batches of whole sequences (cut at ``max_len``), about ``batch_tokens`` each."""
+    cur, n = [], 0  # a batch may span two epochs (a data set smaller than one batch still yields)
     while True:
         perm = torch.randperm(len(seqs), generator=generator).tolist()
-        cur, n = [], 0
         for i in perm:
             cur.append(seqs[i])
             n += min(seqs[i][2] - seqs[i][1], max_len)
