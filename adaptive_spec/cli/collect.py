@@ -50,6 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also log every drafted node's in-draft features, feed decision and soft acceptance labels as "
         "Parquet in DIR (training data of `selector acceptance --skip-collect`)",
     )
+    parser.add_argument(
+        "--draft-data",
+        default=None,
+        metavar="DIR",
+        help="also log the token, the target's feature and its top-32 law of every committed position (a draft log, "
+        "for `zoo drafts --from-logs DIR`)",
+    )
     add_progress_option(parser)
 
 
@@ -132,6 +139,13 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as err:  # e.g. the directory holds a log of other models
         raise SystemExit(f"collect: {err}") from None
+    if args.draft_data:
+        from adaptive_spec.engine.draft_data import log_draft_data
+
+        try:
+            log_draft_data(engine, args.draft_data, manifest_extra=settings)
+        except ValueError as err:
+            raise SystemExit(f"collect: {err}") from None
     if args.node_log:
         from adaptive_spec.formats.nodes import NodeLogger
 

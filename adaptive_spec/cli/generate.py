@@ -55,6 +55,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the hub")
     parser.add_argument("--stream", action="store_true", help="print text as it is generated")
     parser.add_argument(
+        "--draft-data",
+        default=None,
+        metavar="DIR",
+        help="also log the token, the target's feature and its top-32 law of every committed position (a draft log, "
+        "for `zoo drafts --from-logs DIR`)",
+    )
+    parser.add_argument(
         "--json", action="store_true", help="print one JSON document: the text, the plan and the statistics"
     )
 
@@ -96,6 +103,13 @@ def run(args: argparse.Namespace) -> int:
         )
     except ValueError as err:  # a missing directory, an offline hub name, mismatched tokenizers
         raise SystemExit(f"generate: {err}") from None
+    if args.draft_data:
+        from adaptive_spec.engine.draft_data import log_draft_data
+
+        try:
+            log_draft_data(engine, args.draft_data)
+        except ValueError as err:
+            raise SystemExit(f"generate: {err}") from None
     if warning:  # the selector has no profile for its latency features: measure one once
         from adaptive_spec.bench.profile import latency_for_selector
 
@@ -142,4 +156,5 @@ def run(args: argparse.Namespace) -> int:
             top = ", ".join(f"{a} x{n}" for a, n in list(selector["chosen_actions"].items())[:5])
             median = f"{lat['median']:.0f} us" if lat.get("median") is not None else "-"
             print(f"[selector: {lat['n']} decisions, median {median}; chose {top}]", file=sys.stderr)
+    engine.close()  # writes the draft log, if any
     return 0

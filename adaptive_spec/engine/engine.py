@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from transformers import PreTrainedModel
 
+from adaptive_spec.engine.draft_data import log_committed, log_prefill
 from adaptive_spec.engine.drafting import (
     DraftOutcome,
     DraftRoot,
@@ -190,6 +191,9 @@ class SpecEngine:
         # features and soft acceptance labels of the drawn nodes for the acceptance model. Its time
         # counts in the step's "other".
         self.node_log: Any = None
+        # A DraftDataLogger (adaptive_spec.engine.draft_data.log_draft_data): the token, target feature and
+        # target top-k law of every committed position of speculative generations, for online distillation.
+        self.draft_data: Any = None
         if feature_log is not None:
             from adaptive_spec.formats.feature_log import FeatureLogger
 
@@ -211,6 +215,8 @@ class SpecEngine:
         """Flush and close the feature log, if any (also done at interpreter exit)."""
         if self.feature_log is not None:
             self.feature_log.close()
+        if self.draft_data is not None:
+            self.draft_data.close()
 
     def __enter__(self) -> SpecEngine:
         return self
@@ -497,6 +503,7 @@ class SpecEngine:
         else:
             generator.manual_seed(request.seed)
         eagle = planner is not None and is_eagle_head(self.draft)
+        draft_data = planner is not None and self.draft_data is not None
         # Committed rows plus the largest captured block: the static caches never grow mid-run.
         capacity = len(request.prompt_ids) + request.budget + BUCKETS[-1]
         slots = {"target": self._lend("target", self.target, capacity)}
@@ -505,7 +512,9 @@ class SpecEngine:
         state = EngineState(
             context=list(request.prompt_ids),
             prompt_length=len(request.prompt_ids),
-            target=ModelRunner(self.target, keep_hidden=want_hidden, keep_features=eagle, slot=slots["target"]),
+            target=ModelRunner(
+                self.target, keep_hidden=want_hidden, keep_features=eagle or draft_data, slot=slots["target"]
+            ),
             draft=None
             if planner is None
             else draft_runner(self.draft, want_hidden, self.draft_input_limit, slot=slots["draft"]),
@@ -542,6 +551,8 @@ class SpecEngine:
             logits_d = None
             if isinstance(state.draft, EagleRunner) and logits_t is not None:
                 state.draft.set_target_features(0, state.target.features)
+            if self.draft_data is not None and state.draft is not None:
+                log_prefill(self.draft_data, state, run.request.sampling.temperature)
             if state.draft is not None:
                 with timer.phase("draft"):
                     logits_d = state.draft.chain_forward(prompt_t[:-1], logits_to_keep=1)
@@ -605,6 +616,8 @@ class SpecEngine:
         run.timer.switch(None)
         if run.log is not None:
             run.log.end_generation()
+        if self.draft_data is not None:
+            self.draft_data.end_generation()
         if request.streamer is not None:
             request.streamer.end()
         stats.new_tokens = len(state.generated)
@@ -665,6 +678,8 @@ class SpecEngine:
         # 4) commit the accepted path to both KV caches
         accepted = tree.path(result.node)[1:]  # accepted nodes, root excluded
         self._commit(state, outcome, accepted, base)
+        if self.draft_data is not None:
+            log_committed(self.draft_data, state, tree.tokens, accepted, base, logits)
         self._record(run, outcome, result, logits, target_probs)
         return StepResult(plan, tree.num_nodes, result.num_accepted, result.tokens, result.bonus, timer.take_step())
 

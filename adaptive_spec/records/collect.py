@@ -73,6 +73,8 @@ def collect(
     for n, (_, i, temperature) in enumerate(bar):
         if log is not None:
             log.prompt_index = i
+        if engine.draft_data is not None:
+            engine.draft_data.prompt_index = i
         out = engine.generate(
             prompts[i],
             max_new_tokens=max_new_tokens,

@@ -61,20 +61,29 @@ def _shards(conv_dir: Path) -> list[int]:
 # ---------------------------------------------------------------------- features
 @torch.inference_mode()
 def extract_features(
-    target: Any, conv_dir: str | Path, out_dir: str | Path, *, batch: int = 16, progress: bool = True
+    target: Any,
+    conv_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    batch: int = 16,
+    progress: bool = True,
+    keep: dict[int, dict[str, torch.Tensor]] | None = None,
 ) -> int:
     """Teacher-forced target pass over each conversation shard not yet done; returns tokens processed now.
 
-    One file ``feat-SSSSS.pt`` per conversation shard: ``ids`` (int32 [T]), ``starts`` (int64 [n + 1],
+    The pass runs on the target's device. With ``keep`` (a dict), each shard's tensors stay on that device in
+    ``keep[shard]`` instead of going to a file (a shard already in ``keep`` or on disk is skipped).
+    One file ``feat-SSSSS.pt`` per conversation shard otherwise: ``ids`` (int32 [T]), ``starts`` (int64 [n + 1],
     sequence offsets), ``answer`` (int64 [n], where each answer starts), ``feat`` (fp16 [T, H]),
     ``top_ids`` (int32 [T, K]) and ``top_p`` (fp16 [T, K]) of the target's next-token law at T = 1.
     """
     conv_dir, out_dir = Path(conv_dir), Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     done = 0
+    device = target.device
     for shard in _shards(conv_dir):
         path = out_dir / f"feat-{shard:05d}.pt"
-        if path.exists():
+        if path.exists() or (keep is not None and shard in keep):
             continue
         t0 = time.time()
         convs = read_conversations(conv_dir, [shard])
@@ -89,6 +98,7 @@ def extract_features(
             for r, i in enumerate(idx):
                 ids[r, : len(seqs[i])] = torch.tensor(seqs[i])
                 mask[r, : len(seqs[i])] = 1
+            ids, mask = ids.to(device), mask.to(device)
             h = target.model(input_ids=ids, attention_mask=mask).last_hidden_state  # [B, L, H], after the norm
             probs = torch.softmax(target.lm_head(h).float(), dim=-1)
             top = probs.topk(TOP_K, dim=-1)
@@ -99,14 +109,18 @@ def extract_features(
         for s in seqs:
             starts.append(starts[-1] + len(s))
         data = {
-            "ids": torch.tensor([t for s in seqs for t in s], dtype=torch.int32),
+            "ids": torch.tensor([t for s in seqs for t in s], dtype=torch.int32, device=device),
             "starts": torch.tensor(starts),
             "answer": torch.tensor([len(c["prompt_ids"]) for c in convs]),
             "feat": torch.cat([rows[i][0] for i in range(len(seqs))]),
             "top_ids": torch.cat([rows[i][1] for i in range(len(seqs))]),
             "top_p": torch.cat([rows[i][2] for i in range(len(seqs))]),
         }
-        atomic_write(path, lambda f, data=data: torch.save(data, f))
+        if keep is not None:
+            keep[shard] = data
+        else:
+            data = {k: v.cpu() for k, v in data.items()}
+            atomic_write(path, lambda f, data=data: torch.save(data, f))
         done += starts[-1]
         if progress:
             dt = time.time() - t0
@@ -114,12 +128,17 @@ def extract_features(
     return done
 
 
-def load_features(feat_dir: str | Path, *, held: bool) -> list[dict[str, torch.Tensor]]:
-    """The feature shards, training (``held=False``) or held-out (``held=True``)."""
+def load_features(
+    feat_dir: str | Path, *, held: bool, memory: dict[int, dict[str, torch.Tensor]] | None = None
+) -> list[dict[str, torch.Tensor]]:
+    """The feature shards, training (``held=False``) or held-out (``held=True``): files, then those in ``memory``."""
     out = []
     for p in sorted(Path(feat_dir).glob("feat-*.pt")):
         if held_out(int(p.stem.split("-")[1])) == held:
             out.append(torch.load(p))
+    for shard, data in sorted((memory or {}).items()):
+        if held_out(shard) == held:
+            out.append(data)
     return out
 
 
@@ -143,7 +162,7 @@ def choose_vocabulary(shards: Sequence[dict[str, torch.Tensor]], size: int, voca
     """The ``size`` most frequent answer tokens (sorted by id), and the share of answer tokens they cover."""
     counts = torch.zeros(vocab, dtype=torch.long)
     for d, _, e, a in _sequences(shards):
-        counts += torch.bincount(d["ids"][a:e].long(), minlength=vocab)
+        counts += torch.bincount(d["ids"][a:e].long().cpu(), minlength=vocab)
     top = counts.topk(size).indices
     return top.sort().values, float(counts[top].sum() / counts.sum())
 
@@ -151,9 +170,9 @@ def choose_vocabulary(shards: Sequence[dict[str, torch.Tensor]], size: int, voca
 # ---------------------------------------------------------------------- batches
 def _batches(seqs: list, batch_tokens: int, generator: torch.Generator, max_len: int = 512):
     """Endless shuffled batches of whole sequences (cut at ``max_len``), about ``batch_tokens`` each."""
+    cur, n = [], 0  # a batch may span two epochs (a data set smaller than one batch still yields)
     while True:
         perm = torch.randperm(len(seqs), generator=generator).tolist()
-        cur, n = [], 0
         for i in perm:
             cur.append(seqs[i])
             n += min(seqs[i][2] - seqs[i][1], max_len)
@@ -165,12 +184,13 @@ def _batches(seqs: list, batch_tokens: int, generator: torch.Generator, max_len:
 def _collate(batch: list, max_len: int = 512) -> dict[str, torch.Tensor]:
     L = max(min(e - s, max_len) for _, s, e, _ in batch)
     B = len(batch)
-    H = batch[0][0]["feat"].shape[1]
-    ids = torch.zeros(B, L, dtype=torch.long)
-    feat = torch.zeros(B, L, H)
-    top_ids = torch.zeros(B, L, TOP_K, dtype=torch.long)
-    top_p = torch.zeros(B, L, TOP_K)
-    loss_mask = torch.zeros(B, L, dtype=torch.bool)
+    H, K = batch[0][0]["feat"].shape[1], batch[0][0]["top_ids"].shape[1]
+    dev = batch[0][0]["feat"].device  # the shards' device: features kept on a GPU stay there
+    ids = torch.zeros(B, L, dtype=torch.long, device=dev)
+    feat = torch.zeros(B, L, H, device=dev)
+    top_ids = torch.zeros(B, L, K, dtype=torch.long, device=dev)
+    top_p = torch.zeros(B, L, K, device=dev)
+    loss_mask = torch.zeros(B, L, dtype=torch.bool, device=dev)
     for r, (d, s, e, a) in enumerate(batch):
         e = min(e, s + L)
         n = e - s
@@ -233,7 +253,9 @@ def _train_loop(
     seed: int,
     progress: bool,
     label: str,
+    device: torch.device | str = "cpu",
 ) -> dict[str, Any]:
+    device = torch.device(device)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
     saver = _Checkpointed(ckpt)
@@ -243,10 +265,11 @@ def _train_loop(
     t0, last_save, tokens, ema = time.time(), time.time(), 0, None
     model.train()
     while step < steps and spent + (time.time() - t0) < minutes * 60:
-        batch = _collate(next(batches))
+        batch = {k: v.to(device, non_blocking=True) for k, v in _collate(next(batches)).items()}
         for g in opt.param_groups:
             g["lr"] = _lr(step, (spent + time.time() - t0) / (minutes * 60), lr)
-        loss = loss_fn(model, batch)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            loss = loss_fn(model, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -262,10 +285,18 @@ def _train_loop(
         if time.time() - last_save > 180:
             saver.save(model, opt, step, spent + time.time() - t0)
             last_save = time.time()
-    spent += time.time() - t0
+    run_s = time.time() - t0
+    spent += run_s
     saver.save(model, opt, step, spent)
     model.eval()
-    return {"steps": step, "seconds": round(spent, 1), "tokens_this_run": tokens, "final_loss": ema}
+    return {
+        "steps": step,
+        "seconds": round(spent, 1),
+        "tokens_this_run": tokens,
+        "tok_per_s": round(tokens / max(run_s, 1e-9), 1),
+        "device": str(device),
+        "final_loss": ema,
+    }
 
 
 # ---------------------------------------------------------------------- the head
@@ -334,6 +365,7 @@ def train_head(
     labels_from: int | None = None,
     passes: int = 2,
     progress: bool = True,
+    device: torch.device | str = "cpu",
 ) -> dict[str, Any]:
     """Train a bound :class:`EagleHead` (soft CE over its vocabulary + smooth-L1 feature regression).
 
@@ -343,8 +375,9 @@ def train_head(
     token at depth ``k`` of a chain on the head's own features, weighted ``0.8 ** (k - 1)``.
     """
     head.lm_head.weight.requires_grad_(False)
-    t2d = torch.full((head.config.target_vocab_size,), -1, dtype=torch.long)
-    t2d[head.token_ids] = torch.arange(head.token_ids.numel())
+    device = torch.device(device)
+    t2d = torch.full((head.config.target_vocab_size,), -1, dtype=torch.long, device=device)
+    t2d[head.token_ids.to(device)] = torch.arange(head.token_ids.numel(), device=device)
     scale = float(torch.cat([d["feat"][:4096].float() for d in shards]).abs().mean())
     masks: dict[int, list[torch.Tensor]] = {}
 
@@ -353,10 +386,10 @@ def train_head(
         B, L = feat.shape[:2]
         prev = shift_right(feat)  # position j reads f_{j-1}
         prev = prev + (torch.rand_like(prev) * 2 - 1) * noise * scale
-        pos = torch.arange(L)[None].expand(B, -1)
+        pos = torch.arange(L, device=feat.device)[None].expand(B, -1)
         if L not in masks:
             masks.clear()
-            masks[L] = unroll_masks(L, passes)
+            masks[L] = [m.to(feat.device) for m in unroll_masks(L, passes)]
         total, weight = 0.0, 1.0
         for h in unrolled_hidden(model, b["ids"], prev, pos, masks[L]):
             ce = _soft_ce(model.lm_head, h[m], t2d[b["top_ids"][m]], b["top_p"][m])
@@ -377,6 +410,7 @@ def train_head(
         seed=seed,
         progress=progress,
         label="head",
+        device=device,
     )
 
 
@@ -432,6 +466,7 @@ def train_standalone(
     seed: int = 0,
     labels_from: int | None = None,
     progress: bool = True,
+    device: torch.device | str = "cpu",
 ) -> dict[str, Any]:
     """Train the standalone draft on the target's soft labels (soft cross-entropy over the whole vocabulary)."""
 
@@ -452,6 +487,7 @@ def train_standalone(
         seed=seed,
         progress=progress,
         label="standalone",
+        device=device,
     )
 
 
@@ -469,21 +505,22 @@ def evaluate_drafts(
 
     sums = {k: [0.0, 0.0, 0] for k in drafts}
     seen = 0
+    device = target.device
     for d, s, e, a in _sequences(shards):
         if seen >= max_tokens:
             break
-        ids = d["ids"][s:e].long()[None]
+        ids = d["ids"][s:e].long()[None].to(device)
         h = target.model(input_ids=ids).last_hidden_state
         p = torch.softmax(target.lm_head(h).float(), -1)[0]  # [n, V]
         rows = slice(max(a - 1 - s, 0), e - s - 1)
         for name, m in drafts.items():
             if is_eagle_head(m):
                 prev = shift_right(h)
-                logits, _ = m(ids, prev, torch.arange(ids.shape[1])[None], None, None)
+                logits, _ = m(ids, prev.to(m.dtype), torch.arange(ids.shape[1], device=device)[None], None, None)
                 q = torch.zeros_like(p)
                 q[:, m.token_ids] = torch.softmax(logits[0].float(), -1)
             else:
-                q = torch.softmax(m(input_ids=ids).logits[0].float(), -1)
+                q = torch.softmax(m(input_ids=ids).logits[0].float(), -1)[:, : p.shape[-1]]
             pr, qr = p[rows], q[rows]
             sums[name][0] += float(torch.minimum(pr, qr).sum())
             sums[name][1] += float((pr.argmax(-1) == qr.argmax(-1)).sum())
@@ -553,6 +590,48 @@ def new_head(target: Any, train: Sequence[dict[str, torch.Tensor]], vocab_size: 
     return head, coverage
 
 
+MAX_SHARD = "16MB"  # weight files of at most 16 MiB: the GPU machine returns nothing larger
+
+
+def save_sharded(model: Any, folder: str | Path) -> None:
+    """``save_pretrained`` in fp16 files of at most :data:`MAX_SHARD` (with an index when there are several)."""
+    model.half().save_pretrained(folder, max_shard_size=MAX_SHARD)
+
+
+def _fits_on(device: torch.device, conv_tokens: int, hidden: int) -> bool:
+    """Whether the features of ``conv_tokens`` positions (fp16, plus top-K labels) fit in half the free memory."""
+    if device.type != "cuda":
+        return False
+    free, _ = torch.cuda.mem_get_info(device)
+    return conv_tokens * (2 * hidden + 6 * TOP_K) < free // 2
+
+
+def _budget(minutes: float | None, t_all: float) -> dict[str, float] | None:
+    """Deadlines (``time.time()``) of a total budget: generation 40%, training to 85%, the rest for evaluation."""
+    if minutes is None:
+        return None
+    return {"generate": t_all + 0.40 * minutes * 60, "train": t_all + 0.85 * minutes * 60}
+
+
+@torch.inference_mode()
+def user_like_evaluation(
+    target: Any, tokenizer: Any, drafts: dict[str, Any], *, name: str, spec_bench: int = 48, answer_tokens: int = 128
+) -> dict[str, Any]:
+    """The drafts' figures on the target's greedy answers to the demo's prompts and a fixed Spec-Bench sample.
+
+    Both sets are for evaluation only (:mod:`adaptive_spec.zoo.user_prompts`).
+    """
+    from adaptive_spec.zoo.online import answer_shard
+    from adaptive_spec.zoo.user_prompts import demo_prompts, spec_bench_sample
+
+    sets = {"demo_prompts": demo_prompts(name), f"spec_bench_{spec_bench}": spec_bench_sample(spec_bench)}
+    out = {}
+    for key, prompts in sets.items():
+        shard = answer_shard(target, tokenizer, prompts, answer_tokens)
+        out[key] = {"prompts": len(prompts), **evaluate_drafts(target, drafts, [shard], max_tokens=10**9)}
+    return out
+
+
 def build_drafts(
     name: str = "smollm2",
     *,
@@ -564,12 +643,23 @@ def build_drafts(
     vocab_size: int = 8192,
     seed: int = 0,
     progress: bool = True,
+    device: str | torch.device = "cpu",
+    minutes: float | None = None,
+    prompt_files: Sequence[str | Path] = (),
+    spec_bench: int = 48,
 ) -> dict[str, Any]:
     """Every stage of the module docstring for model ``name``; each resumes where it stopped.
 
     ``work`` holds the data and checkpoints (default ``<user data>/distill/<name>``); ``out`` gets
-    ``eagle/`` and ``draft/`` (fp16 safetensors) and ``build_info.json`` (default: the package's
-    ``zoo/<name>`` folder, the committed copy).
+    ``eagle/`` and ``draft/`` (fp16 safetensors in files of at most 16 MiB) and ``build_info.json``
+    (default: the package's ``zoo/<name>`` folder, the committed copy).
+
+    ``device``: where every stage runs (``cuda``: batched generation sized for it, features kept in its
+    memory when they fit, bf16 training). ``minutes``: a total budget (generation stops starting shards at
+    40% of it, the head and the standalone draft share the training time up to 85%, 70/30), instead of
+    ``head_minutes``/``draft_minutes``. ``prompt_files``: JSONL prompt sets (:func:`read_prompt_file`) whose
+    prompts make every other conversation shard's requests. The figures are reported on the held-out
+    shards, the demo's prompts and ``spec_bench`` Spec-Bench questions (both evaluation only).
     """
     from transformers import AutoTokenizer
 
@@ -577,59 +667,111 @@ def build_drafts(
     from adaptive_spec.engine.pretrained import load_causal_lm
     from adaptive_spec.files import user_data_dir
     from adaptive_spec.zoo.selfdistill import generate_conversations
+    from adaptive_spec.zoo.user_prompts import read_prompt_file
 
+    t_all = time.time()
+    device = torch.device(device)
+    deadlines = _budget(minutes, t_all)
     torch.manual_seed(seed)
     work = Path(work) if work is not None else user_data_dir() / "distill" / name
     out = Path(out) if out is not None else shipped_drafts_dir(name)
+    user_prompts: list[str] = []
+    sources = []
+    for f in prompt_files:
+        got, desc = read_prompt_file(f, name=name)
+        user_prompts += got
+        sources.append(desc)
     info: dict[str, Any] = {
         "target": name,
         "source": MODELS[name].description,
         "load_before": machine_load(),
         "threads": torch.get_num_threads(),
         "seed": seed,
+        "device": str(device) + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else ""),
+        "minutes_budget": minutes,
     }
-    t_all = time.time()
     target_dir = fetch_model(name)
     tok = AutoTokenizer.from_pretrained(target_dir)
-    target = load_causal_lm(target_dir, "target", dtype=torch.float32).eval()
+    target = load_causal_lm(target_dir, "target", dtype=torch.float32).to(device).eval()
     for p in target.parameters():
         p.requires_grad_(False)
 
     t = time.time()
-    conv = generate_conversations(target, tok, work / "conv", shards=shards, seed=seed, progress=progress)
+    conv = generate_conversations(
+        target,
+        tok,
+        work / "conv",
+        shards=shards,
+        seed=seed,
+        progress=progress,
+        batch=384 if device.type == "cuda" else 96,
+        user_prompts=user_prompts,
+        deadline=deadlines["generate"] if deadlines else None,
+    )
     info["conversations"] = {
         **conv,
         "seconds_this_run": round(time.time() - t, 1),
         "data": "the target's own requests and answers (self-distillation); no benchmark text",
         "licence": f"generated by {name} ({MODELS[name].licence})",
     }
+    if sources:
+        info["conversations"]["data"] = (
+            "the target's own requests and answers, and the target's answers to the prompt files' requests "
+            "(every other shard); no benchmark text"
+        )
+        info["conversations"]["prompt_files"] = sources
     t = time.time()
-    n = extract_features(target, work / "conv", work / "feat", progress=progress)
-    info["features"] = {"tokens_this_run": n, "seconds_this_run": round(time.time() - t, 1), "top_k": TOP_K}
-    train, held = load_features(work / "feat", held=False), load_features(work / "feat", held=True)
+    n_conv = sum(len(c["prompt_ids"]) + len(c["answer_ids"]) for c in read_conversations(work / "conv"))
+    memory: dict[int, dict[str, torch.Tensor]] | None = (
+        {} if _fits_on(device, n_conv, target.config.hidden_size) else None
+    )
+    n = extract_features(target, work / "conv", work / "feat", progress=progress, keep=memory)
+    info["features"] = {
+        "tokens_this_run": n,
+        "seconds_this_run": round(time.time() - t, 1),
+        "tok_per_s": round(n / max(time.time() - t, 1e-9), 1) if n else None,
+        "top_k": TOP_K,
+        "kept_in": f"{device} memory" if memory is not None else "fp16 files",
+    }
+    train = load_features(work / "feat", held=False, memory=memory)
+    held = load_features(work / "feat", held=True, memory=memory)
+    if device.type == "cuda":  # one device for every shard (those read from files too)
+        train = [{k: v.to(device) if k not in ("starts", "answer") else v for k, v in d.items()} for d in train]
     info["tokens"] = {
         "train": sum(int(d["starts"][-1]) for d in train),
         "held_out": sum(int(d["starts"][-1]) for d in held),
     }
 
     head, coverage = new_head(target, train, vocab_size)
+    head.to(device)
     info["draft_vocabulary"] = {"size": vocab_size, "answer_token_coverage": round(coverage, 4)}
+    if deadlines:  # the training share of the budget, 70% head / 30% standalone draft
+        left = max(deadlines["train"] - time.time(), 60.0) / 60
+        head_minutes, draft_minutes = 0.7 * left, 0.3 * left
     # Labels: the target's own text, its self-written request included (the fixed system prompt is not).
     from adaptive_spec.zoo.selfdistill import user_prefix
 
     first = len(user_prefix(tok))
+    kw = {"seed": seed, "labels_from": first, "progress": progress, "device": device}
     info["labels"] = "every position after the chat template's fixed opening: the request and the answer"
-    info["head"] = train_head(head, train, work, minutes=head_minutes, seed=seed, labels_from=first, progress=progress)
-    standalone = init_standalone(target, seed=seed)
-    info["standalone"] = train_standalone(
-        standalone, train, work, minutes=draft_minutes, seed=seed, labels_from=first, progress=progress
-    )
-    info["held_out"] = evaluate_drafts(target, {"eagle": head, "draft": standalone}, held)
+    info["head"] = train_head(head, train, work, minutes=head_minutes, **kw)
+    standalone = init_standalone(target, seed=seed).to(device)
+    info["standalone"] = train_standalone(standalone, train, work, minutes=draft_minutes, **kw)
+    drafts = {"eagle": head, "draft": standalone}
+    info["held_out"] = evaluate_drafts(target, drafts, held)
+    info["user_like"] = user_like_evaluation(target, tok, drafts, name=name, spec_bench=spec_bench)
+    info["speed"] = {
+        "device": str(device),
+        "generation_tok_per_s": conv.get("tok_per_s"),
+        "features_tok_per_s": info["features"]["tok_per_s"],
+        "head_training_tok_per_s": info["head"].get("tok_per_s"),
+        "standalone_training_tok_per_s": info["standalone"].get("tok_per_s"),
+    }
     ms = {k: draft_ms_per_token(m) for k, m in (("eagle", head), ("draft", standalone), ("target", target))}
-    info["ms_per_draft_token"] = {**ms, "context": 256, "threads": torch.get_num_threads()}
+    info["ms_per_draft_token"] = {**ms, "context": 256, "device": str(device), "threads": torch.get_num_threads()}
     info["load_after"] = machine_load()
     info["seconds_this_run"] = round(time.time() - t_all, 1)
-    head.half().save_pretrained(out / "eagle")
-    standalone.half().save_pretrained(out / "draft")
+    save_sharded(head.cpu(), out / "eagle")
+    save_sharded(standalone.cpu(), out / "draft")
     write_info(out / "build_info.json", info)
     return info

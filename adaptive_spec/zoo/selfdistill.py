@@ -45,10 +45,16 @@ def generate_conversations(
     answer_tokens: int = 320,
     seed: int = 0,
     progress: bool = True,
+    user_prompts: Sequence[str] = (),
+    deadline: float | None = None,
 ) -> dict[str, Any]:
     """Write ``shards`` shards of ``batch`` self-generated conversations each into ``out`` (resumable).
 
-    Returns totals: shards present, conversations and answer tokens in them, seconds spent here.
+    With ``user_prompts`` (public instruction or chat prompts, evaluation texts already excluded), every
+    odd-numbered shard takes its requests from them instead (the next ``batch`` of them, in turn); the target
+    still writes every answer. No new shard is started after ``deadline`` (a ``time.time()`` value).
+    Returns totals: shards present, conversations and answer tokens in them, seconds spent here, and the
+    generation speed of this run (answer tokens per second, on the model's device).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -59,10 +65,16 @@ def generate_conversations(
         path = out / f"conv-{i:05d}.jsonl"
         if path.exists():
             continue
+        if deadline is not None and time.time() >= deadline:
+            break
         ts = time.time()
         temperature = ANSWER_TEMPERATURES[i % len(ANSWER_TEMPERATURES)]
+        requests = None
+        if user_prompts and i % 2 == 1:
+            k = (i // 2) * batch
+            requests = [user_prompts[(k + j) % len(user_prompts)] for j in range(min(batch, len(user_prompts)))]
         lines, n_requests, n_tok = _one_shard(
-            model, tokenizer, eos, batch, request_tokens, answer_tokens, temperature, seed + i
+            model, tokenizer, eos, batch, request_tokens, answer_tokens, temperature, seed + i, requests
         )
         atomic_write(path, "\n".join(lines) + "\n")
         made += n_tok
@@ -80,6 +92,9 @@ def generate_conversations(
         "answer_tokens": sum(len(c["answer_ids"]) for c in convs),
         "seconds": round(time.time() - t0, 1),
         "new_answer_tokens": made,
+        "tok_per_s": round(made / max(time.time() - t0, 1e-9), 1) if made else None,
+        "device": str(next(model.parameters()).device),
+        "batch": batch,
     }
 
 
@@ -92,8 +107,9 @@ def _one_shard(
     answer_tokens: int,
     temperature: float,
     seed: int,
+    given: Sequence[str] | None = None,
 ) -> tuple[list[str], int, int]:
-    """One shard: ``batch`` self-written requests (T = 1), then the answers at ``temperature``.
+    """One shard: ``batch`` self-written requests (T = 1), or the ``given`` ones, then the answers at ``temperature``.
 
     Returns the JSON lines, the number of conversations and of answer tokens.
     """
@@ -101,29 +117,31 @@ def _one_shard(
 
     torch.manual_seed(seed)
     prefix = user_prefix(tokenizer)
+    device = next(model.parameters()).device
     with torch.inference_mode():
-        ids = torch.tensor([prefix] * batch)
-        req = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=True,
-            temperature=1.0,
-            top_k=0,
-            top_p=1.0,
-            max_new_tokens=request_tokens,
-            eos_token_id=eos,
-            pad_token_id=eos,
-        )
-        requests = []
-        for row in req[:, len(prefix) :].tolist():
-            if eos not in row:
-                continue  # an unfinished request
-            text = tokenizer.decode(row[: row.index(eos)], skip_special_tokens=True).strip()
-            if len(text) >= 8:
-                requests.append(text)
+        requests = list(given) if given is not None else []
+        if given is None:
+            ids = torch.tensor([prefix] * batch, device=device)
+            req = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=True,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+                max_new_tokens=request_tokens,
+                eos_token_id=eos,
+                pad_token_id=eos,
+            )
+            for row in req[:, len(prefix) :].tolist():
+                if eos not in row:
+                    continue  # an unfinished request
+                text = tokenizer.decode(row[: row.index(eos)], skip_special_tokens=True).strip()
+                if len(text) >= 8:
+                    requests.append(text)
         chats = [[{"role": "user", "content": r}] for r in requests]
         rendered = [tokenizer.apply_chat_template(c, add_generation_prompt=True, tokenize=False) for c in chats]
-        enc = tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         if temperature > 0:
             sample = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
         else:
@@ -138,6 +156,8 @@ def _one_shard(
             answer = answer[: answer.index(eos) + 1]
         n_tok += len(answer)
         record = {"request": request, "prompt_ids": prompt, "answer_ids": answer, "temperature": temperature}
+        if given is not None:
+            record["source"] = "user prompts"
         lines.append(json.dumps({**record, "seed": seed}))
     return lines, len(requests), n_tok
 
