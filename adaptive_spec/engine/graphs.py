@@ -68,7 +68,10 @@ class ModelSlot:
         """Room for ``capacity`` committed rows (the first ``keep`` rows kept); growing drops the graphs."""
         if capacity > self.kv.capacity:
             self.kv = self.kv.grown(round_capacity(capacity), keep)
+            # The graphs read the old buffers; with them goes their memory pool (a pool whose graphs
+            # are all freed cannot take another capture).
             self._graphs.clear()
+            self._pool = None
 
     @property
     def captured(self) -> list[int]:

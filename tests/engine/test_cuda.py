@@ -186,6 +186,11 @@ def test_padding_rows_write_only_scratch_rows():
     with torch.inference_mode():
         for r in (runner, eager):
             r.chain_forward(torch.tensor([0, 5, 9, 3, 7], device=CUDA), logits_to_keep=1)
+        # A 4-row block first (bucket 4, no padding), rolled back: the graph's 4th input row now holds
+        # a real token, which the next 3-row block's padding row reads.
+        four = torch.ones(4, 4, dtype=torch.bool, device=CUDA).tril_()
+        runner.block_forward(torch.tensor([11, 12, 13, 14], device=CUDA), torch.arange(5, 9, device=CUDA), four, 4)
+        runner.rollback(5)
         keys = slot.kv.keys[0]
         before = keys.clone()
         pos = torch.tensor([5, 6, 6], device=CUDA)
