@@ -77,7 +77,8 @@ def perturbed(model, scale: float = 0.05, seed: int = 1):
     out = copy.deepcopy(model)
     with torch.no_grad():
         for p in out.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * scale * (p.std() if p.numel() > 1 else 1.0))
+            noise = torch.randn(p.shape, generator=g).to(p.device)  # CPU generator: same values on every device
+            p.add_(noise * scale * (p.std() if p.numel() > 1 else 1.0))
     return out
 
 
