@@ -69,16 +69,23 @@ CASES = {
         {"h2d": 4},
     ),
     "host_reads": (_host_reads, {"d2h": 1}),
-    "no_sync": (lambda d, m: (d + 1, d[1:3], d.to(torch.long), torch.tensor([1, 2]), d[torch.arange(2)]), {}),
+    "no_sync": (
+        lambda d, m: (d + 1, d[1:3], d.to(torch.long), torch.tensor([1, 2]), d[torch.arange(2, device=d.device)]),
+        {},
+    ),
 }
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("case", CASES)
-def test_each_kind_of_sync_is_counted(case):
+def test_each_kind_of_sync_is_counted(case, device):
+    """On a CPU the counter reads tensors made by ops as device tensors; on CUDA they are."""
+    if case == "numpy" and device == "cuda":
+        pytest.skip("a CUDA tensor has no numpy view")
     fn, expected = CASES[case]
-    d = torch.arange(6.0) * 1  # made before the counter: a device tensor in its eyes
+    d = torch.arange(6.0, device=device) * 1  # made before the counter: a device tensor in its eyes
     m = d.remainder(2) == 0
-    with torch.inference_mode(), HostSyncCounter() as counter:
+    with torch.inference_mode(), HostSyncCounter(device=device) as counter:
         fn(d, m)
     assert counter.by_kind() == expected
     assert counter.by_kind(where="engine") == expected  # no forward ran
