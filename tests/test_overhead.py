@@ -47,6 +47,12 @@ def _host_reads(d, m):
     h[torch.tensor([True, False])]
 
 
+def _on_the_device(d, m):
+    y = torch.tensor([1.0, 2.0], device=d.device)  # one host-to-device copy; y is then a device tensor
+    (y * 2).to(d.device)  # already there: no copy
+    (y + 1).sum().to(d.device, torch.float64)
+
+
 CASES = {
     "item": (lambda d, m: d.sum().item(), {"item": 1}),
     "int_float_index": (lambda d, m: (int(d[1]), float(d[2]), [0, 1, 2][d[1].long()]), {"item": 3}),
@@ -69,6 +75,7 @@ CASES = {
         {"h2d": 4},
     ),
     "host_reads": (_host_reads, {"d2h": 1}),
+    "on_the_device": (_on_the_device, {"h2d": 1}),
     "no_sync": (
         lambda d, m: (d + 1, d[1:3], d.to(torch.long), torch.tensor([1, 2]), d[torch.arange(2, device=d.device)]),
         {},

@@ -242,13 +242,16 @@ class HostSyncCounter:
     (``PhaseTimer``; ``untimed`` between phases).
 
     On a device (``device`` not a CPU) a tensor on the CPU is a host tensor and a copy counts when
-    it crosses devices. On a CPU every tensor counts as a device tensor except those the counter
-    saw made on the host: results of ``.cpu()``/``.to("cpu")``, ``torch.tensor``/``as_tensor`` of
-    host data without a device, Python scalars made tensors, the outputs of ops whose tensor inputs
-    are all host tensors, and views of those. Outside the forwards a ``.to(<torch.device>)`` counts
-    as a host-to-device copy (the engine's idiom for moving a host-built tensor; inside the forwards
-    such calls are same-device no-ops). There, moves between host and device return copies, as they
-    do from a device, so that the tensor moved keeps being what it was.
+    it crosses devices. On a CPU the counter tracks where each tensor was made: on the host (results
+    of ``.cpu()``/``.to("cpu")``, ``torch.tensor``/``as_tensor`` of host data without a device,
+    Python scalars made tensors, outputs of ops whose tensor inputs all are host tensors), on the
+    device (outputs of ops inside a forward or with a device tensor among their inputs, copies to
+    the device), or unknown (factories such as ``torch.zeros(..., device=...)`` outside the
+    forwards); views inherit their base's. Reads of host tensors are no syncs, reads of the others
+    are; a ``.to(<torch.device>)`` outside the forwards counts as a host-to-device copy unless the
+    tensor is a device tensor (inside the forwards such calls are same-device no-ops). There, moves
+    between host and device return copies, as they do from a device, so that the tensor moved
+    keeps being what it was.
 
     Attributes:
         syncs: Counter over ``(stage, where, kind)``.
@@ -269,7 +272,7 @@ class HostSyncCounter:
         self._modules = modules
         self._roles = {id(m): role for role, m in (roles or {}).items() if m is not None}
         self._device_host = torch.device(device if device is not None else "cpu").type == "cpu"
-        self._host: dict[int, weakref.ref] = {}  # id -> tensor made on the host (see _is_host)
+        self._where_made: dict[int, tuple] = {}  # id -> (weakref, "host" or "device"), on a CPU (see _is_host)
         self._depth = 0  # forward depth
         self._setup = 0  # depth inside PER_GENERATION methods
         self._quiet = 0  # inside a Python-level counted call: its aten ops are not syncs again
@@ -315,7 +318,7 @@ class HostSyncCounter:
                 counter._on_op(func, args, kwargs)
                 out = func(*args, **kwargs)
                 if counter._device_host and not counter._quiet:
-                    counter._propagate_host(func, args, kwargs, out)
+                    counter._propagate(func, args, kwargs, out)
                 return out
 
         self._patch(torch.Tensor, "tolist", self._method("tolist"))
@@ -419,38 +422,51 @@ class HostSyncCounter:
             return True
         if not self._device_host:
             return t.device.type == "cpu"
-        return self._made_on_host(t) or (t._base is not None and self._made_on_host(t._base))
+        return self._made(t) == "host"
 
-    def _made_on_host(self, t) -> bool:
-        ref = self._host.get(id(t))
-        return ref is not None and ref() is t
+    def _made(self, t) -> str | None:
+        """On a CPU: where the counter saw ``t`` (or the tensor it views) made, "host" or "device", else None."""
+        for x in (t, t._base):
+            entry = self._where_made.get(id(x)) if x is not None else None
+            if entry is not None and entry[0]() is x:
+                return entry[1]
+        return None
 
-    def _mark_host(self, t) -> None:
-        key, host = id(t), self._host
+    def _mark(self, t, where: str | None) -> None:
+        """Record that ``t`` was made on the host or the device (None: forget it)."""
+        key, table = id(t), self._where_made
+        if where is None:
+            table.pop(key, None)
+            return
 
         def forget(ref) -> None:
-            if host.get(key) is ref:
-                del host[key]
+            entry = table.get(key)
+            if entry is not None and entry[0] is ref:
+                del table[key]
 
-        host[key] = weakref.ref(t, forget)
+        table[key] = (weakref.ref(t, forget), where)
 
-    def _propagate_host(self, func, args, kwargs, out) -> None:
-        """On a CPU: an op's outputs are host tensors when its tensor inputs all are (a Python scalar
-        made a tensor, ``lift_fresh``, is one).
+    def _mark_host(self, t) -> None:
+        self._mark(t, "host")
+
+    def _propagate(self, func, args, kwargs, out) -> None:
+        """On a CPU: an op's outputs are device tensors inside a forward or when one of its tensor inputs
+        is; host tensors when all its inputs are (a Python scalar made a tensor, ``lift_fresh``, is one).
+        Factories outside the forwards stay unknown.
         """
         import torch
 
-        if func is torch.ops.aten.lift_fresh.default:
-            host = True
-        elif not self._host:
-            return
+        if self._depth:
+            where = "device"
+        elif func is torch.ops.aten.lift_fresh.default:
+            where = "host"
         else:
-            inputs = [a for a in _tensor_args(args, kwargs)]
-            host = bool(inputs) and all(self._is_host(a) for a in inputs)
-        if host:
+            made = [self._made(a) for a in _tensor_args(args, kwargs)]
+            where = "device" if "device" in made else ("host" if made and all(m == "host" for m in made) else None)
+        if where is not None:
             for t in out if isinstance(out, (list, tuple)) else (out,):
                 if isinstance(t, torch.Tensor):
-                    self._mark_host(t)
+                    self._mark(t, where)
 
     def _on_op(self, func, args, kwargs) -> None:
         import torch
@@ -532,7 +548,9 @@ class HostSyncCounter:
             return None  # the same device: no copy
         if text:  # .to("cpu") on a CPU host: a device-to-host move in intent
             return None if self._is_host(tensor) else "d2h"
-        return None if self._depth else "h2d"  # inside a forward, .to(x.device) is a same-device no-op
+        # .to(device) outside the forwards: a copy unless the tensor is known to be on the device already
+        # (inside a forward, .to(x.device) is a same-device no-op)
+        return None if self._depth or self._made(tensor) == "device" else "h2d"
 
     def _cpu(self, original):
         counter = self
@@ -589,10 +607,7 @@ class HostSyncCounter:
                 out = out.clone()
             finally:
                 self._paused -= 1
-        if kind == "d2h":
-            self._mark_host(out)
-        else:
-            self._host.pop(id(out), None)
+        self._mark(out, "host" if kind == "d2h" else "device")
         return out
 
     def _construct(self, original, has_device_positional: bool):
@@ -606,19 +621,16 @@ class HostSyncCounter:
                 device = kwargs.get("device")
                 if device is None and has_device_positional and len(args) >= 2:
                     device = args[1]
+                on_host = device is None or (isinstance(device, str) and torch.device(device).type == "cpu")
+                kind, n = None, 1
                 if isinstance(data, torch.Tensor):
-                    kind, n = (counter._transfer(data, device) if device is not None else None), 1
+                    kind = None if device is None else counter._transfer(data, device)
                 else:
                     n = _count_tensors(data) if isinstance(data, (list, tuple)) else 0
                     if n:
-                        kind = "tensor_of_tensors"
-                    elif device is None or (isinstance(device, str) and torch.device(device).type == "cpu"):
-                        kind = None  # a host tensor
-                    elif isinstance(data, (list, tuple)) and not data:
-                        kind = None  # empty: nothing to copy
-                    else:
-                        on_cpu = torch.device(device).type == "cpu"
-                        kind, n = ("h2d" if (counter._device_host or not on_cpu) else None), 1
+                        kind = "tensor_of_tensors"  # each tensor read on the host
+                    elif not on_host and not (isinstance(data, (list, tuple)) and not data):  # empty: no copy
+                        kind, n = ("h2d" if counter._device_host or torch.device(device).type != "cpu" else None), 1
                 counter._quiet += 1
                 try:
                     out = original(data, *args, **kwargs)
@@ -626,8 +638,10 @@ class HostSyncCounter:
                     counter._quiet -= 1
                 if kind is not None:
                     counter._count(kind, n)
-                if counter._device_host and kind is None and not isinstance(data, torch.Tensor) and not n:
-                    counter._mark_host(out)  # host data, kept on the host
+                if isinstance(data, torch.Tensor):
+                    return out if kind is None else counter._moved(data, out, kind)
+                if counter._device_host:
+                    counter._mark(out, "host" if on_host else "device")
                 return out
 
             return construct
