@@ -301,7 +301,8 @@ class HostSyncCounter:
         return out
 
     # -- context manager
-    def __enter__(self) -> HostSyncCounter:
+    def _start(self) -> HostSyncCounter:
+        """Patch, hook and enter the dispatch mode (each step recorded in ``_restore``)."""
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -342,8 +343,20 @@ class HostSyncCounter:
         self._mode.__enter__()
         return self
 
+    def __enter__(self) -> HostSyncCounter:
+        try:
+            return self._start()
+        except BaseException:
+            self._undo()
+            raise
+
     def __exit__(self, *exc: object) -> None:
         self._mode.__exit__(*exc)
+        self._mode = None
+        self._undo()
+
+    def _undo(self) -> None:
+        """Undo every patch and hook, last first."""
         for undo in reversed(self._restore):
             undo()
         self._restore.clear()
@@ -496,7 +509,7 @@ class HostSyncCounter:
                     kind = "h2d"
             elif packet is aten.repeat_interleave and func is aten.repeat_interleave.Tensor:
                 kind = "data_dependent" if kwargs.get("output_size") is None else None
-            elif packet in (aten.copy_, aten._to_copy):
+            elif packet in (aten.copy_, aten._to_copy, aten.to):
                 kind = self._cross_device(func, args, kwargs)
         if kind in self._reads and isinstance(args[0], torch.Tensor) and self._is_host(args[0]):
             kind = None  # a read of a host tensor: nothing to wait for
@@ -511,8 +524,11 @@ class HostSyncCounter:
             return None
         if func.overloadpacket is torch.ops.aten.copy_:
             dst, src = args[0].device, args[1].device
-        else:
-            src, dst = args[0].device, kwargs.get("device") or args[0].device
+        else:  # _to_copy, to.*: the device as a keyword, a positional device or another tensor
+            src, dst = args[0].device, kwargs.get("device")
+            for a in args[1:2]:
+                dst = a.device if isinstance(a, torch.Tensor) else (a if isinstance(a, (str, torch.device)) else dst)
+            dst = dst if dst is not None else src
         if src == dst:
             return None
         return "d2h" if torch.device(dst).type == "cpu" else "h2d"
