@@ -1,0 +1,207 @@
+"""The host-sync and aten-op counter of ``bench overhead --syncs`` (adaptive_spec.bench.overhead).
+
+- each kind of host synchronisation is counted once per occurrence in a hand-written snippet,
+  and reads of host tensors are not (negative controls);
+- counts inside a forward are attributed to the code they happen in (this package's runners,
+  transformers, other code), counts outside to the engine;
+- aten ops are counted outside the forwards only, per engine phase; forwards and per-generation
+  work are counted apart; every patch is undone on exit;
+- the CLI covers every plan family and writes the per-step figures.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import adaptive_spec
+from adaptive_spec.bench.overhead import FAMILY_PLANS, FORWARD_ENTRY, HostSyncCounter, summarize_counts
+from adaptive_spec.cli import main
+from adaptive_spec.engine import SpecEngine
+from adaptive_spec.engine.eagle import EagleRunner
+from adaptive_spec.engine.metrics import PhaseTimer
+from adaptive_spec.engine.runner import ModelRunner
+from tests.engine.test_eagle import make_head
+from tests.helpers.tiny import perturbed, tiny_model
+
+
+def _mask_write(d, m):
+    x = d.clone()
+    x[m] = d[:3]  # a tensor value: index_put_ with a mask (nonzero on a device)
+
+
+def _mask_fill(d, m):
+    x = d.clone()
+    x[m] = 0.0  # a Python scalar: runs as masked_fill_, no sync
+
+
+def _host_reads(d, m):
+    h = torch.tensor([1.0, 2.0])  # host data, kept on the host
+    h.sum().item()
+    h.tolist()
+    d.cpu()[:2].tolist()  # one device-to-host copy, then host reads
+    h[torch.tensor([True, False])]
+
+
+def _on_the_device(d, m):
+    y = torch.tensor([1.0, 2.0], device=d.device)  # one host-to-device copy; y is then a device tensor
+    (y * 2).to(d.device)  # already there: no copy
+    (y + 1).sum().to(d.device, torch.float64)
+
+
+CASES = {
+    "item": (lambda d, m: d.sum().item(), {"item": 1}),
+    "int_float_index": (lambda d, m: (int(d[1]), float(d[2]), [0, 1, 2][d[1].long()]), {"item": 3}),
+    "bool": (lambda d, m: (bool(d[0] > 0), 1 if (d > 0).any() else 0), {"bool": 2}),
+    "tolist": (lambda d, m: d.tolist(), {"tolist": 1}),
+    "numpy": (lambda d, m: d.numpy(), {"numpy": 1}),
+    "d2h": (lambda d, m: (d.cpu(), d.to("cpu"), d.to(device="cpu")), {"d2h": 3}),
+    "nonzero": (lambda d, m: (m.nonzero(), torch.where(m), torch.argwhere(m)), {"nonzero": 3}),
+    "mask_index": (lambda d, m: (d[m], d.masked_select(m), _mask_write(d, m)), {"mask_index": 3}),
+    "masked_fill": (_mask_fill, {}),
+    "data_dependent": (lambda d, m: (d.unique(), torch.repeat_interleave(m.long())), {"data_dependent": 2}),
+    "tensor_of_tensors": (lambda d, m: torch.tensor([d[0], d[1], d[2]]), {"tensor_of_tensors": 3}),
+    "h2d": (
+        lambda d, m: (
+            torch.tensor([1, 2], device=d.device),
+            torch.tensor([1, 2]).to(d.device),
+            d[torch.tensor([0, 1])],  # host index tensor: copied to the device
+            torch.as_tensor([3], device=d.device),
+        ),
+        {"h2d": 4},
+    ),
+    "host_reads": (_host_reads, {"d2h": 1}),
+    "on_the_device": (_on_the_device, {"h2d": 1}),
+    "no_sync": (
+        lambda d, m: (d + 1, d[1:3], d.to(torch.long), torch.tensor([1, 2]), d[torch.arange(2, device=d.device)]),
+        {},
+    ),
+}
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("case", CASES)
+def test_each_kind_of_sync_is_counted(case, device):
+    """On a CPU the counter reads tensors made by ops as device tensors; on CUDA they are."""
+    if case == "numpy" and device == "cuda":
+        pytest.skip("a CUDA tensor has no numpy view")
+    fn, expected = CASES[case]
+    d = torch.arange(6.0, device=device) * 1  # made before the counter: a device tensor in its eyes
+    m = d.remainder(2) == 0
+    with torch.inference_mode(), HostSyncCounter(device=device) as counter:
+        fn(d, m)
+    assert counter.by_kind() == expected
+    assert counter.by_kind(where="engine") == expected  # no forward ran
+
+
+def test_counts_inside_forwards_are_attributed_to_their_code():
+    lin = torch.nn.Linear(2, 2)
+
+    class Syncing(torch.nn.Module):
+        def forward(self, x):
+            x.sum().item()  # a sync inside a forward, in neither this package nor transformers
+            return lin(x)
+
+    model = Syncing()
+    hf = tiny_model("llama", attn="sdpa")
+    with torch.inference_mode(), HostSyncCounter([model, hf]) as counter:
+        t = torch.ones(3) * 1
+        t.sum().item()
+        t.tolist()
+        bool(t[0] > 0)
+        model(torch.ones(1, 2))
+        # transformers checks a 2-D padding mask on the host before choosing sdpa's causal path
+        hf(torch.tensor([[3, 4, 5]]), attention_mask=torch.tensor([[0, 1, 1]]))
+    assert counter.by_kind(where="engine") == {"item": 1, "tolist": 1, "bool": 1}
+    assert counter.by_kind(where="other") == {"item": 1}
+    in_hf = counter.by_kind(where="transformers")
+    assert in_hf.get("bool", 0) >= 1
+    assert all(site.startswith("transformers/") for (_, where, _, site) in counter.sites if where == "transformers")
+    assert counter.engine == 3 and counter.model == 1 + sum(in_hf.values())
+    assert counter.forwards == {("step", "model"): 2}
+    assert torch.Tensor.tolist is not None and torch.ones(1).tolist() == [1.0]  # restored
+
+
+def test_syncs_in_the_eagle_runner_count_as_runner_code():
+    target = tiny_model("llama", vocab=48, hidden=32, seed=3, eos=None)
+    head = make_head(target, 40, range(8, 48))
+    engine = SpecEngine(target, head)
+    with HostSyncCounter(roles={"target": target, "draft": head}) as counter:
+        r = engine.generate([5, 6, 7], max_new_tokens=6, temperature=1.0, plan="chain:3/block", seed=0)
+    runner = {site for (stage, where, _, site), n in counter.sites.items() if where == "runner" and stage == "step"}
+    assert runner and all(site.startswith("engine/eagle.py:") for site in runner)
+    assert counter.forwards["step", "target"] == r.stats.steps
+    assert counter.by_kind(where="transformers") == {}
+
+
+def test_ops_are_counted_outside_forwards_only():
+    lin = torch.nn.Linear(2, 2)
+    x = torch.ones(1, 2)
+    with torch.inference_mode(), HostSyncCounter([lin]) as counter:
+        y = x + 1
+        y * 2
+        lin(x)
+    assert counter.ops == {("step", "untimed"): 2}
+    assert sum(counter.model_ops.values()) >= 1  # the linear's own ops, counted apart
+    with torch.inference_mode(), HostSyncCounter() as unhooked:  # negative control: no forward marked
+        lin(x)
+    assert sum(unhooked.ops.values()) >= 1 and not unhooked.model_ops
+
+
+def test_engine_forwards_phases_and_stages_are_counted_and_patches_undone():
+    target = tiny_model("llama", vocab=48, seed=3, eos=None)
+    draft = perturbed(target, 0.2, 4)
+    engine = SpecEngine(target, draft)
+    saved = (ModelRunner._run_model, EagleRunner._run_model, PhaseTimer.switch, torch.tensor, torch.as_tensor)
+    with HostSyncCounter(roles={"target": target, "draft": draft}) as counter:
+        r = engine.generate([5, 6, 7], max_new_tokens=9, temperature=1.0, plan="chain:3/block", seed=0)
+    steps = r.stats.steps
+    assert counter.forwards["setup", "target"] == 1 and counter.forwards["setup", "draft"] == 1  # the prefill
+    assert counter.forwards["step", "target"] == steps
+    assert steps <= counter.forwards["step", "draft"] <= 3 * steps
+    assert counter.forwards["step", "target"] + counter.forwards["setup", "target"] == r.stats.target_forwards
+    phases = {phase for (stage, phase) in counter.ops if stage == "step"}
+    assert {"draft", "target", "verify", "other"} <= phases
+    assert counter.syncs["step", "engine", "tolist"] >= steps  # each level's sampled tokens come to the host
+    row = summarize_counts(counter, steps, 1)
+    levels = counter.forwards["step", "draft"]
+    assert row["draft_ops_per_level"] == counter.ops["step", "draft"] / levels
+    assert row["draft_levels_per_step"] == levels / steps
+    assert row["ops_per_step"] == pytest.approx(sum(row["ops_per_step_by_phase"].values()))
+    assert row["syncs_per_step"] == pytest.approx(sum(row["syncs_per_step_by_kind"].values()))
+    assert (ModelRunner._run_model, EagleRunner._run_model, PhaseTimer.switch, torch.tensor, torch.as_tensor) == saved
+    assert FORWARD_ENTRY in vars(ModelRunner) and "to" not in vars(torch.Tensor)
+
+
+def test_bench_overhead_counts_every_plan_family(tiny_pair, tmp_path, capsys):
+    # learned-chain reads the acceptance model next to the pair: the built-in pair's (draft-side features only)
+    shutil.copy(Path(adaptive_spec.__file__).parent / "zoo" / "default" / "acceptance.onnx", tiny_pair)
+    out = tmp_path / "syncs.json"
+    rc = main(
+        [
+            "bench",
+            "overhead",
+            "--syncs",
+            "--plans",
+            "families",
+            "--max-new-tokens",
+            "6",
+            "--limit",
+            "1",
+            "--json",
+            str(out),
+        ]
+    )
+    assert rc == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["plan"] for r in rows] == FAMILY_PLANS.split(",")
+    for r in rows:
+        assert r["steps"] > 0 and r["syncs_per_step"] > 0 and r["ops_per_step"] > 0
+        assert r["target_forwards_per_step"] == 1
+        lookup = r["plan"].startswith("lookup")
+        assert (r["draft_levels_per_step"] == 0) == lookup and (r["draft_ops_per_level"] is None) == lookup
+    assert "ver+com" in capsys.readouterr().out
