@@ -126,16 +126,34 @@ def test_counts_inside_forwards_are_attributed_to_their_code():
     assert torch.Tensor.tolist is not None and torch.ones(1).tolist() == [1.0]  # restored
 
 
-def test_syncs_in_the_eagle_runner_count_as_runner_code():
+def test_the_eagle_runner_forward_reads_nothing_back_and_planted_syncs_count_as_runner_code(monkeypatch):
+    from adaptive_spec.engine.drafting import check_finite
+
     target = tiny_model("llama", vocab=48, hidden=32, seed=3, eos=None)
     head = make_head(target, 40, range(8, 48))
     engine = SpecEngine(target, head)
+
+    def runner_sites(counter):
+        return {site for (stage, where, _, site), n in counter.sites.items() if where == "runner" and stage == "step"}
+
     with HostSyncCounter(roles={"target": target, "draft": head}) as counter:
         r = engine.generate([5, 6, 7], max_new_tokens=6, temperature=1.0, plan="chain:3/block", seed=0)
-    runner = {site for (stage, where, _, site), n in counter.sites.items() if where == "runner" and stage == "step"}
-    assert runner and all(site.startswith("engine/eagle.py:") for site in runner)
+    assert runner_sites(counter) == set()  # parents and features are gathered on the device
     assert counter.forwards["step", "target"] == r.stats.steps
     assert counter.by_kind(where="transformers") == {}
+    # Control: a sync made by the package's code inside the head's forward is the runner's.
+    core = EagleRunner._core
+
+    def core_with_a_sync(self, *args, **kwargs):
+        out = core(self, *args, **kwargs)
+        check_finite(torch.isfinite(out[0]).all(), "draft")  # bool() of a device value
+        return out
+
+    monkeypatch.setattr(EagleRunner, "_core", core_with_a_sync)
+    with HostSyncCounter(roles={"target": target, "draft": head}) as planted:
+        engine.generate([5, 6, 7], max_new_tokens=6, temperature=1.0, plan="chain:3/block", seed=0)
+    sites = runner_sites(planted)
+    assert sites and all(site.startswith("engine/drafting.py:") for site in sites)
 
 
 def test_ops_are_counted_outside_forwards_only():

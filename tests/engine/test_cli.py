@@ -51,11 +51,13 @@ def test_bench_e2e_command(saved, tmp_path, capsys) -> None:
         assert set(row) >= {"plan", "tokens_per_s", "speedup_vs_ar", "block_efficiency", "new_tokens"}
         assert row["block_efficiency"] >= 1.0
         assert "chosen_actions" not in row and "static_plan" not in row
-    assert set(run["baselines"]) == {"autoregressive", "hf_assisted", "hf_prompt_lookup"}
+    assert set(run["baselines"]) == {"autoregressive", "hf_assisted", "hf_prompt_lookup", "hf_generate"}
     assert run["baselines"]["autoregressive"]["block_efficiency"] == 1.0
-    for name in ("hf_assisted", "hf_prompt_lookup"):
+    for name in ("hf_assisted", "hf_prompt_lookup", "hf_generate"):
         assert "error" not in run["baselines"][name], run["baselines"][name]
         assert run["baselines"][name]["new_tokens"] == 16  # 2 prompts x 8 tokens
+    gen = run["baselines"]["hf_generate"]["tokens_per_s"]
+    assert run["results"][0]["ratio_to_hf_generate"] == pytest.approx(run["results"][0]["tokens_per_s"] / gen)
     assert "chain:3/block" in capsys.readouterr().out
 
 
