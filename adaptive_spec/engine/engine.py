@@ -27,27 +27,14 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import PreTrainedModel
 
-from adaptive_spec.engine.draft_data import log_committed, log_prefill
-from adaptive_spec.engine.drafting import (
-    DraftOutcome,
-    DraftRoot,
-    check_finite,
-    draft_hybrid,
-    draft_policy_tree,
-    draft_root,
-    draft_tree,
-    finite_flag,
-    lookup_outcome,
-    sample_categorical,
-)
+from adaptive_spec.engine.draft_data import log_prefill
 from adaptive_spec.engine.eagle import EagleRunner, draft_runner, is_eagle_head
-from adaptive_spec.engine.features import LatencyFeatures, RootFeatures, RootTracker, planner_view
+from adaptive_spec.engine.features import LatencyFeatures, RootTracker
 from adaptive_spec.engine.graphs import BUCKETS, ModelSlot
 from adaptive_spec.engine.logits import ProbsFn, build_logits_processor
 from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
@@ -63,12 +50,11 @@ from adaptive_spec.engine.pretrained import (
 )
 from adaptive_spec.engine.request import AUTO, GenerationRequest, build_request
 from adaptive_spec.engine.runner import ModelRunner, fast_path_parts
+from adaptive_spec.engine.step import Run, StepMixin, StepOutput
 from adaptive_spec.engine.stopping import cut_at_stop, emit
 from adaptive_spec.engine.weight_order import arrange_linears
 from adaptive_spec.formats.feature_log import prompt_key
-from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
-from adaptive_spec.trees import TreeShape, block_ancestors, block_positions
-from adaptive_spec.verifiers import REGISTRY, verify
+from adaptive_spec.planner.plan import Plan
 
 if TYPE_CHECKING:
     from adaptive_spec.formats.feature_log import FeatureLogger
@@ -76,35 +62,7 @@ if TYPE_CHECKING:
 _log = logging.getLogger("adaptive_spec.engine")
 
 
-@dataclass
-class _Run:
-    """One generation: its request, its state and the functions built for it by ``SpecEngine._setup``."""
-
-    request: GenerationRequest
-    state: EngineState
-    target_probs_fn: ProbsFn  # the target's rows as the verifier reads them (one-hot at T=0)
-    draft_probs_fn: ProbsFn  # the draft's rows (over its reduced vocabulary, if any)
-    soft_probs_fn: ProbsFn  # the processed softmax of the target's rows, for features (one-hot rows at T=0 are not)
-    log: FeatureLogger | None
-    key: str  # the prompt's key in the feature log
-    timer: PhaseTimer
-    t_start: float
-    slots: dict[str, ModelSlot] = field(default_factory=dict)  # lent by the engine for this run
-
-
-@dataclass
-class _StepOutput:
-    """What one decoding step produced, before the emission rules."""
-
-    step: int  # the step's number, from 0 (stats.steps before it ran)
-    context_length: int
-    emitted: list[int] = field(default_factory=list)
-    result: StepResult | None = None
-    features: Any = None
-    propensity: float | None = None
-
-
-class SpecEngine:
+class SpecEngine(StepMixin):
     """Lossless speculative decoding with a target and a draft transformers model.
 
     Args:
@@ -465,7 +423,7 @@ class SpecEngine:
         slot.ensure(capacity)
         return slot
 
-    def _loop(self, run: _Run) -> Iterator[list[int]]:
+    def _loop(self, run: Run) -> Iterator[list[int]]:
         """The decoding loop of :meth:`_run`, after the prefill."""
         request = run.request
         while True:
@@ -483,7 +441,7 @@ class SpecEngine:
                 break
         return self._finish(run)
 
-    def _setup(self, request: GenerationRequest) -> _Run:
+    def _setup(self, request: GenerationRequest) -> Run:
         """Build the sampling functions, the models' runners, the generator and the state of one generation."""
         t_start = time.perf_counter()
         planner, sampling = request.planner, request.sampling
@@ -525,7 +483,7 @@ class SpecEngine:
             state.root = RootTracker(
                 sampling.temperature, sampling.top_p, self.latency_model, want_hidden, self.hidden_sizes
             )
-        return _Run(
+        return Run(
             request=request,
             state=state,
             target_probs_fn=ProbsFn(processors, self.vocab_size, one_hot=sampling.greedy),
@@ -538,7 +496,7 @@ class SpecEngine:
             slots={role: slot for role, slot in slots.items() if slot is not None},
         )
 
-    def _prefill(self, run: _Run) -> None:
+    def _prefill(self, run: Run) -> None:
         """Feed the prompt but its last token (the first step's root) to both models."""
         state, timer = run.state, run.timer
         if run.request.streamer is not None:
@@ -560,36 +518,7 @@ class SpecEngine:
                 hidden = state.target.hidden[-1] if state.target.keep_hidden else None
                 state.root.set_previous(run.soft_probs_fn(logits_t)[0], run.draft_probs_fn(logits_d)[0], hidden)
 
-    def _step(self, run: _Run) -> _StepOutput:
-        """One decoding step: plan -> draft -> one target pass -> verify -> commit (or one autoregressive token)."""
-        state, planner = run.state, run.request.planner
-        out = _StepOutput(step=state.stats.steps, context_length=len(state.context))
-        if planner is None:
-            out.emitted = self._autoregressive_step(run)
-        else:
-            root = None
-            if state.root is not None:  # the first draft forward runs before the planner chooses
-                root, out.features = self._root_features(run)
-            step_state = planner_view(run.request, state, out.step, out.features)
-            plan = self._plan(run, step_state)  # 1) plan
-            out.propensity = planner.last_propensity
-            out.result = self._speculative_step(run, plan, root, step_state.features)  # 2) draft ... 5) commit
-            state.steps.append(out.result)
-            out.emitted = list(out.result.tokens)
-            planner.observe(out.result)
-        state.stats.steps += 1
-        return out
-
-    def _plan(self, run: _Run, step_state: StepState) -> Plan:
-        """The planner's plan for this step, cut to the budget (the bonus token counts) and checked."""
-        plan = as_plan(run.request.planner.choose(step_state)).truncated(step_state.remaining - 1)
-        if not run.request.greedy and REGISTRY[plan.verifier].greedy_only:
-            raise ValueError(
-                f"verifier {plan.verifier!r} is only lossless at temperature 0; use temperature=0 or another verifier"
-            )
-        return plan
-
-    def _log_step(self, run: _Run, step: _StepOutput, emitted: list[int]) -> None:
+    def _log_step(self, run: Run, step: StepOutput, emitted: list[int]) -> None:
         """Append the step's root features and outcome to the feature log, if any."""
         if run.log is None or step.result is None:
             return
@@ -610,7 +539,7 @@ class SpecEngine:
             propensity=step.propensity,
         )
 
-    def _finish(self, run: _Run) -> GenerationResult:
+    def _finish(self, run: Run) -> GenerationResult:
         """Close the log and the streamer; fill the statistics; the result."""
         state, stats, request = run.state, run.state.stats, run.request
         run.timer.switch(None)
@@ -628,130 +557,6 @@ class SpecEngine:
         if text is not None and stats.stop_reason == "stop" and request.stop_strings:
             text = cut_at_stop(text, request.stop_strings)
         return GenerationResult(list(state.generated), text, stats, state.steps, state)
-
-    @torch.inference_mode()
-    def _autoregressive_step(self, run: _Run) -> list[int]:
-        """One plain target decoding step (the baseline): feed the pending token, sample the next."""
-        state, target = run.state, run.state.target
-        with run.timer.phase("target"):
-            pending = torch.tensor(state.context[target.cached :], dtype=torch.long, device=self.device)
-            logits = target.chain_forward(pending, logits_to_keep=1)  # [1, V']
-            probs = run.target_probs_fn(logits)  # [1, V]
-            check_finite(finite_flag(logits, probs), "target")
-            # Greedy: the target's rows are one-hot at the processed argmax.
-            token = probs[0].argmax() if run.request.greedy else sample_categorical(probs, state.generator)[0]
-            state.stats.accept_lengths.append(0)
-            state.stats.tree_sizes.append(1)
-        return [int(token.item())]
-
-    @torch.inference_mode()
-    def _speculative_step(
-        self, run: _Run, plan: Plan, root: DraftRoot | None, features: Mapping[str, float] | None
-    ) -> StepResult:
-        """Draft, score, verify and commit one tree (``root``: the step's first draft forward, if already run).
-
-        ``features``: the step's root features, passed on to a drafting policy.
-        """
-        state, timer, target = run.state, run.timer, run.state.target
-        verifier = "greedy" if run.request.greedy else plan.verifier
-        n_ctx, base = len(state.context), target.cached  # the target's block starts at ``base``
-
-        # 1) draft the tree
-        with timer.phase("draft"):
-            outcome = self._draft(run, plan, root, features)
-        tree = outcome.tree
-
-        # 2) score every node in one target forward: block = pending (root last) + drafted nodes
-        with timer.phase("target"):
-            ids = torch.tensor(state.context[base:] + tree.tokens[1:], dtype=torch.long, device=self.device)
-            pos = block_positions(base, n_ctx - base, tree.depths, self.device)
-            mask = block_ancestors(n_ctx - base, outcome.ancestors)  # [block, block]
-            logits = target.block_forward(ids, pos, mask, logits_to_keep=tree.num_nodes)  # [N, V']
-            target_probs = run.target_probs_fn(logits)  # [N, V]
-            check_finite(finite_flag(logits, target_probs), "target")
-
-        # 3) verify
-        with timer.phase("verify"):
-            lossy = plan.allow_lossy
-            result = verify(verifier, tree, target_probs, state.generator, allow_lossy=lossy, check_inputs=False)
-
-        # 4) commit the accepted path to both KV caches
-        accepted = tree.path(result.node)[1:]  # accepted nodes, root excluded
-        self._commit(state, outcome, accepted, base)
-        if self.draft_data is not None:
-            log_committed(self.draft_data, state, tree.tokens, accepted, base, logits)
-        self._record(run, outcome, result, logits, target_probs)
-        return StepResult(plan, tree.num_nodes, result.num_accepted, result.tokens, result.bonus, timer.take_step())
-
-    def _draft(
-        self, run: _Run, plan: Plan, root: DraftRoot | None, features: Mapping[str, float] | None
-    ) -> DraftOutcome:
-        """Draft the step's tree by the plan's source: lookup in the context, a drafting policy, or a static shape."""
-        state, sampling, draft = run.state, run.request.sampling, run.state.draft
-        if plan.source == "lookup":  # found in the context: one-hot rows, no draft forward
-            return lookup_outcome(state.context, plan.shape, self.vocab_size, self.device, root)
-        pending = root  # the first draft forward, if already run; else the pending tokens (root last)
-        if pending is None:
-            pending = torch.tensor(state.context[draft.cached :], dtype=torch.long, device=self.device)
-        law = (run.draft_probs_fn, state.generator, sampling.greedy)
-        if plan.source == "hybrid":  # looked up, then extended by the model
-            b = plan.shape.depth - plan.lookup_depth
-            keep = state.root is not None  # the draft's rows over the looked-up nodes, for the next root's features
-            return draft_hybrid(draft, pending, state.context, plan.lookup_depth, b, *law, keep_rows=keep)
-        if plan.policy is not None and plan.shape.depth > 0:
-            kw = {"temperature": sampling.temperature, "features": features}
-            return draft_policy_tree(draft, pending, plan.policy, *law, **kw)
-        return draft_tree(draft, pending, plan.shape if plan.policy is None else TreeShape.chain(0), *law)
-
-    def _commit(self, state: EngineState, outcome: DraftOutcome, accepted: list[int], base: int) -> None:
-        """Keep the accepted nodes' KV rows in both caches (and the target's features for an EAGLE head).
-
-        ``base``: the target's cache length before the step; the block's first ``p`` rows are the
-        pending tokens (root last), then one row per drafted node.
-        """
-        n_ctx, p, device = len(state.context), len(state.context) - base, self.device
-        state.target.commit(n_ctx, torch.tensor([n_ctx - 1 + a for a in accepted], dtype=torch.long, device=device))
-        if isinstance(state.draft, EagleRunner):  # the target's features of the newly committed positions
-            keep = [*range(p - 1), *(p - 1 + a for a in [0, *accepted])]
-            state.draft.set_target_features(base, state.target.features[torch.tensor(keep, device=device)])
-        if outcome.pending_fed:
-            fed = [r for r in map(outcome.draft_row, accepted) if r is not None]  # a prefix of the path
-            state.draft.commit(n_ctx, torch.tensor([n_ctx - 1 + r for r in fed], dtype=torch.long, device=device))
-
-    def _record(
-        self, run: _Run, outcome: DraftOutcome, result: Any, logits: torch.Tensor, target_probs: torch.Tensor
-    ) -> None:
-        """A speculative step's statistics, the next root's previous rows, and the node log."""
-        state, stats, tree = run.state, run.state.stats, outcome.tree
-        stats.policy_levels += outcome.policy_levels
-        stats.policy_decision_s += outcome.policy_decision_s
-        stats.accept_lengths.append(result.num_accepted)
-        stats.tree_sizes.append(tree.num_nodes)
-        if state.root is not None:  # the rows over the next root token: at the last accepted node
-            node = result.node
-            # At T=0 the target's rows are one-hot; features use its plain softmax.
-            target_row = run.soft_probs_fn(logits[node : node + 1])[0] if run.request.greedy else target_probs[node]
-            # The draft model's own row there (not a lookup's one-hot row); None: the model gave none
-            draft_row = outcome.model_row(node)
-            hidden = state.target.hidden[node] if state.target.keep_hidden else None
-            state.root.set_previous(target_row, draft_row, hidden)
-            state.root.after_step(result.num_accepted)
-        if self.node_log is not None:
-            fed = [outcome.draft_row(i) is not None for i in range(tree.num_nodes)]
-            drawn = outcome.drawn_from_model()  # looked-up nodes are not the draft's: not logged
-            self.node_log(tree, fed, target_probs, run.request.sampling.temperature, drawn=drawn)
-
-    @torch.inference_mode()
-    def _root_features(self, run: _Run) -> tuple[DraftRoot, RootFeatures]:
-        """Run the step's first draft forward (pending tokens, root last) and compute the root features."""
-        state = run.state
-        assert state.draft is not None and state.root is not None
-        with run.timer.phase("draft"):
-            pending = torch.tensor(state.context[state.draft.cached :], dtype=torch.long, device=self.device)
-            keep = 2 if state.root.needs_draft_row() else 1  # row -2: the draft's row over the root token
-            root = draft_root(state.draft, pending, run.draft_probs_fn, keep)
-        features = state.root.features(root.probs, root.hidden, root.ok, len(state.context), run.log is not None)
-        return root, features
 
 
 # ---------------------------------------------------------------------- module helpers
