@@ -19,6 +19,7 @@ from pathlib import Path
 
 __all__ = [
     "MODEL_OPTIONS",
+    "add_draft_data_option",
     "add_json_option",
     "add_limit_option",
     "add_model_options",
@@ -124,3 +125,14 @@ def out_file(out: str | Path, name: str) -> Path:
         )
     out.mkdir(parents=True, exist_ok=True)
     return out / name
+
+
+def add_draft_data_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--draft-data DIR``: log every committed position's token, target feature and top-32 law there."""
+    parser.add_argument(
+        "--draft-data",
+        default=None,
+        metavar="DIR",
+        help="also log the token, the target's feature and its top-32 law of every committed position (a draft log, "
+        "for `zoo drafts --from-logs DIR`)",
+    )

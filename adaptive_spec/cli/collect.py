@@ -9,7 +9,13 @@ import argparse
 import sys
 from typing import Any
 
-from adaptive_spec.options import add_limit_option, add_model_options, add_progress_option, add_temperatures_option
+from adaptive_spec.options import (
+    add_draft_data_option,
+    add_limit_option,
+    add_model_options,
+    add_progress_option,
+    add_temperatures_option,
+)
 from adaptive_spec.planner.presets import COLLECT_PLAN
 from adaptive_spec.records.collect import DEFAULT_TEMPERATURES, collect, make_planner
 from adaptive_spec.temperatures import parse_temperatures
@@ -50,13 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also log every drafted node's in-draft features, feed decision and soft acceptance labels as "
         "Parquet in DIR (training data of `selector acceptance --skip-collect`)",
     )
-    parser.add_argument(
-        "--draft-data",
-        default=None,
-        metavar="DIR",
-        help="also log the token, the target's feature and its top-32 law of every committed position (a draft log, "
-        "for `zoo drafts --from-logs DIR`)",
-    )
+    add_draft_data_option(parser)
     add_progress_option(parser)
 
 

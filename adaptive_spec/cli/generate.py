@@ -14,7 +14,7 @@ import json
 import sys
 from typing import Any
 
-from adaptive_spec.options import add_model_options, add_profile_option
+from adaptive_spec.options import add_draft_data_option, add_model_options, add_profile_option
 
 DEFAULT_PLAN = "auto"  # the tuned plan for the loaded pair, else a default static plan (SpecEngine.default_plan)
 
@@ -54,13 +54,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser, ("device", "dtype"))
     parser.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the hub")
     parser.add_argument("--stream", action="store_true", help="print text as it is generated")
-    parser.add_argument(
-        "--draft-data",
-        default=None,
-        metavar="DIR",
-        help="also log the token, the target's feature and its top-32 law of every committed position (a draft log, "
-        "for `zoo drafts --from-logs DIR`)",
-    )
+    add_draft_data_option(parser)
     parser.add_argument(
         "--json", action="store_true", help="print one JSON document: the text, the plan and the statistics"
     )

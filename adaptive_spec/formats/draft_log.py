@@ -37,7 +37,14 @@ from typing import Any
 import torch
 
 from adaptive_spec.files import atomic_write
-from adaptive_spec.formats.feature_log import _differences, _json_normal, _version, new_run_id, prompt_key
+from adaptive_spec.formats.feature_log import (
+    _differences,
+    _json_normal,
+    _version,
+    first_free_shard,
+    new_run_id,
+    prompt_key,
+)
 
 __all__ = ["DRAFT_LOG_FORMAT", "DraftDataLogger", "logged_keys", "read_draft_log", "read_draft_manifest"]
 
@@ -253,13 +260,7 @@ class DraftDataLogger:
 
     def _next_seq(self) -> int:
         if self._seq == 0:
-            prefix = f"shard-{self.run_id}-"
-            taken = [
-                int(p.stem[len(prefix) :])
-                for p in self.directory.glob(f"{prefix}*.parquet")
-                if p.stem[len(prefix) :].isdigit()
-            ]
-            self._seq = max(taken, default=-1) + 1
+            self._seq = first_free_shard(self.directory, self.run_id)
         seq, self._seq = self._seq, self._seq + 1
         return seq
 

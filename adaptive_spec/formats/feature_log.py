@@ -96,6 +96,15 @@ def new_run_id() -> str:
     return time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
+def first_free_shard(directory: Path, run_id: str) -> int:
+    """The sequence number after every ``shard-<run_id>-NNNNN.parquet`` in ``directory`` (never overwrite one)."""
+    prefix = f"shard-{run_id}-"
+    taken = [
+        int(p.stem[len(prefix) :]) for p in directory.glob(f"{prefix}*.parquet") if p.stem[len(prefix) :].isdigit()
+    ]
+    return max(taken, default=-1) + 1
+
+
 class FeatureLogger:
     """Buffers step records and appends them to ``directory`` as Parquet shards.
 
@@ -287,15 +296,8 @@ class FeatureLogger:
         return path
 
     def _next_seq(self) -> int:
-        # Continue after any shard of this run id already there (never overwrite one).
         if self._seq == 0:
-            prefix = f"shard-{self.run_id}-"
-            taken = [
-                int(p.stem[len(prefix) :])
-                for p in self.directory.glob(f"{prefix}*.parquet")
-                if p.stem[len(prefix) :].isdigit()
-            ]
-            self._seq = max(taken, default=-1) + 1
+            self._seq = first_free_shard(self.directory, self.run_id)
         seq, self._seq = self._seq, self._seq + 1
         return seq
 
