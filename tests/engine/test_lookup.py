@@ -254,7 +254,7 @@ def test_negative_control_wrong_rows(engine, monkeypatch, plan, wrong) -> None:
 @pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong"])
 def test_negative_control_row_reading_verifier_on_a_trie(engine, monkeypatch, wrong) -> None:
     """A lookup trie verified by traversal verification, which reads the trie's (uniform) rows as a draw's law."""
-    import adaptive_spec.engine.engine as engine_module
+    import adaptive_spec.engine.step as step_module
     from adaptive_spec.verifiers import REGISTRY
 
     played: list[int] = []
@@ -263,7 +263,7 @@ def test_negative_control_row_reading_verifier_on_a_trie(engine, monkeypatch, wr
         played.append(tree.num_nodes)
         return REGISTRY["traversal" if wrong else name].fn(tree, target_probs, as_sampler(generator))
 
-    monkeypatch.setattr(engine_module, "verify", verifier)
+    monkeypatch.setattr(step_module, "verify", verifier)
     assert (law_pvalue(engine, "lookup:2x2/nss", [3, 5, 3, 6, 3], CONTROL_RUNS) < 1e-3) == wrong
     assert max(played) > 3  # tries were drafted (a chain of two has 3 nodes)
 
