@@ -286,11 +286,7 @@ def log_batched(
     torch.manual_seed(seed)
     for b in range(0, len(prompts), batch):
         chunk = prompts[b : b + batch]
-        rendered = [
-            tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-            for p in chunk
-        ]
-        enc = tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        enc = _encode_chats(tokenizer, chunk, device)
         sample = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {}
         t0 = time.time()
         out = target.generate(
@@ -318,6 +314,15 @@ def log_batched(
     return {"tokens": tokens, "generate_s": round(t_gen, 1), "features_s": round(t_feat, 1)}
 
 
+def _encode_chats(tokenizer: Any, prompts: Sequence[str], device: Any) -> Any:
+    """One user turn per prompt through the chat template, left-padded into one batch on ``device``."""
+    rendered = [
+        tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+        for p in prompts
+    ]
+    return tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+
+
 # ---------------------------------------------------------------------- the measurement
 @torch.inference_mode()
 def answer_shard(target: Any, tokenizer: Any, prompts: Sequence[str], max_new_tokens: int = 128, batch: int = 16):
@@ -328,11 +333,7 @@ def answer_shard(target: Any, tokenizer: Any, prompts: Sequence[str], max_new_to
     seqs, answer = [], []
     for b in range(0, len(prompts), batch):
         chunk = prompts[b : b + batch]
-        rendered = [
-            tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
-            for p in chunk
-        ]
-        enc = tokenizer(rendered, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
+        enc = _encode_chats(tokenizer, chunk, device)
         out = target.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=eos)
         width = enc["input_ids"].shape[1]
         for j in range(len(chunk)):
