@@ -287,7 +287,7 @@ def log_batched(
     for b in range(0, len(prompts), batch):
         chunk = prompts[b : b + batch]
         enc = _encode_chats(tokenizer, chunk, device)
-        sample = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {}
+        sample = {"temperature": temperature, "top_k": 0, "top_p": 1.0} if temperature > 0 else {}
         t0 = time.time()
         out = target.generate(
             **enc, max_new_tokens=max_new_tokens, pad_token_id=eos, do_sample=temperature > 0, **sample

@@ -175,3 +175,32 @@ def test_a_sharded_head_loads_through_the_engine(pair, tmp_path) -> None:
     )
     out = engine.generate([5, 6], max_new_tokens=12, temperature=0, plan="chain:3/block")
     assert out.token_ids == ref.token_ids and sum(out.stats.accept_lengths) == sum(ref.stats.accept_lengths)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_batched_logging_writes_the_engines_records(tmp_path, temperature) -> None:
+    """``log_batched`` (batched ``generate`` + one teacher-forced pass) logs each chat's committed positions."""
+    from adaptive_spec.zoo.online import log_batched
+    from tests.helpers.tiny import tiny_tokenizer
+
+    target = tiny_model("llama", vocab=48, hidden=16, eos=1, init_range=0.5, seed=5, layers=1)
+    tok = tiny_tokenizer(48)
+    tok.pad_token = "<bos>"
+    tok.chat_template = "{% for m in messages %}w3 {{ m['content'] }} w4{% endfor %}"
+    prompts = ["w5 w6 w7", "w9", "w10 w11 w12 w13 w14", "w20 w21"]
+    logger = log_draft_data(SpecEngine(target, make_head(target, 6, list(range(6))), tok), tmp_path / "log", top_k=4)
+    got = log_batched(target, tok, prompts, logger, max_new_tokens=12, temperature=temperature, batch=3, index_offset=7)
+    logger.close()
+    recs = sorted(read_draft_log(tmp_path / "log"), key=lambda r: r["prompt_index"])
+    assert [r["prompt_index"] for r in recs] == [7, 8, 9, 10]
+    assert got["tokens"] == sum(r["ids"].numel() - r["prompt_length"] + 1 for r in recs)
+    for p, r in zip(prompts, recs, strict=True):
+        P = int(r["prompt_length"])
+        assert r["ids"][:P].tolist() == tok(f"w3 {p} w4", add_special_tokens=False)["input_ids"]
+        feat, probs = _teacher_forced(target, r["ids"].tolist())
+        assert torch.allclose(r["feat"].float(), feat, atol=2e-2)
+        assert r["law_positions"].tolist() == list(range(P - 1, r["ids"].numel()))
+        top = probs[r["law_positions"]].topk(4, -1)
+        assert torch.equal(r["top_ids"].long(), top.indices)
+        if temperature == 0:  # greedy: every logged token after the prompt is the target's top-1 there
+            assert r["ids"][P:].tolist() == top.indices[:-1, 0].tolist()
