@@ -436,7 +436,10 @@ def measure_online(
     # 1) the log: rounds over the training prompts (prompt index = round * len + i) until max(tokens) labels
     log_dir = work / f"log-{train_domain}"
     need = max(tokens)
-    have = sum(map(labelled, read_draft_log(log_dir))) if (log_dir / "manifest.json").exists() else 0
+    try:  # a stopped run resumes from its complete shards
+        have = sum(map(labelled, read_draft_log(log_dir)))
+    except FileNotFoundError:
+        have = 0
     done = {i for _, i in logged_keys(log_dir)}
     t0 = time.time()
     if have < need:
