@@ -147,6 +147,9 @@ def test_a_built_wheel_ships_configs_and_runs_generate_without_extras(tmp_path):
         "zoo/default/build_info.json",
         "zoo/default/target/model.safetensors",
         "planner/default_actions.yaml",
+        "zoo/online_prompts.jsonl",
+        "zoo/user_prompt_sets/self_instruct.jsonl",
+        "zoo/user_prompt_sets/self_instruct.jsonl.licence",
     )
     for shipped in shipped_files:
         assert f"adaptive_spec/{shipped}" in names, shipped

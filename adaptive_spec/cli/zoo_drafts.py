@@ -49,12 +49,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--prompts",
-        type=Path,
         action="append",
-        default=[],
+        default=None,
         metavar="FILE",
         help="JSONL instruction/chat prompts whose requests make every other conversation shard (the target "
-        "answers; Spec-Bench and demo prompts are dropped); repeatable",
+        "answers; Spec-Bench and demo prompts are dropped); repeatable; 'self-instruct' is the shipped set "
+        "(427 user-oriented and seed instructions of Self-Instruct, Apache-2.0), the default; 'none' for "
+        "self-written requests only",
+    )
+    parser.add_argument(
+        "--init",
+        choices=("new", "shipped"),
+        default="new",
+        help="new drafts, or go on training the committed ones (their vocabularies kept) (default: %(default)s)",
     )
     parser.add_argument(
         "--spec-bench", type=int, default=48, help="Spec-Bench questions in the evaluation sample (default: 48)"
@@ -133,13 +140,24 @@ def run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
             device=args.device,
             minutes=args.minutes,
-            prompt_files=args.prompts,
+            prompt_files=prompt_files(args.prompts),
             spec_bench=args.spec_bench,
+            init=args.init,
         )
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"zoo drafts: {err}") from None
     print(json.dumps({"held_out": info["held_out"], "user_like": info["user_like"]}, indent=2))
     return 0
+
+
+def prompt_files(given: list[str] | None) -> list[Path]:
+    """The prompt files of ``--prompts``: named sets resolved, the shipped set when none is given."""
+    from adaptive_spec.zoo.user_prompts import PROMPT_SETS
+
+    names = given if given is not None else ["self-instruct"]
+    if names == ["none"]:
+        return []
+    return [PROMPT_SETS.get(n, Path(n)) for n in names]
 
 
 def _measure(args: argparse.Namespace) -> int:

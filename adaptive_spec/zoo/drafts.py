@@ -590,6 +590,30 @@ def new_head(target: Any, train: Sequence[dict[str, torch.Tensor]], vocab_size: 
     return head, coverage
 
 
+def vocabulary_coverage(train: Sequence[dict[str, torch.Tensor]], token_ids: torch.Tensor) -> float:
+    """The share of ``train``'s answer tokens that a draft vocabulary (``token_ids``) holds."""
+    hit = total = 0
+    vocab = set(token_ids.tolist())
+    for d, _, e, a in _sequences(train):
+        answer = d["ids"][a:e].tolist()
+        hit += sum(t in vocab for t in answer)
+        total += len(answer)
+    return hit / max(total, 1)
+
+
+def shipped_drafts(target: Any, folder: str | Path) -> tuple[Any, Any]:
+    """The committed EAGLE head (bound to ``target``) and standalone draft of ``folder``, in float32, to train on."""
+    from transformers import AutoModelForCausalLM
+
+    folder = Path(folder)
+    for sub in ("eagle", "draft"):
+        if not (folder / sub / "config.json").is_file():
+            raise FileNotFoundError(f"no committed drafts to start from: {folder / sub} has no config.json")
+    head = AutoModelForCausalLM.from_pretrained(folder / "eagle", dtype=torch.float32).bind(target)
+    standalone = AutoModelForCausalLM.from_pretrained(folder / "draft", dtype=torch.float32)
+    return head, standalone
+
+
 MAX_SHARD = "16MB"  # weight files of at most 16 MiB: the GPU machine returns nothing larger
 
 
@@ -647,6 +671,7 @@ def build_drafts(
     minutes: float | None = None,
     prompt_files: Sequence[str | Path] = (),
     spec_bench: int = 48,
+    init: str = "new",
 ) -> dict[str, Any]:
     """Every stage of the module docstring for model ``name``; each resumes where it stopped.
 
@@ -660,7 +685,12 @@ def build_drafts(
     ``head_minutes``/``draft_minutes``. ``prompt_files``: JSONL prompt sets (:func:`read_prompt_file`) whose
     prompts make every other conversation shard's requests. The figures are reported on the held-out
     shards, the demo's prompts and ``spec_bench`` Spec-Bench questions (both evaluation only).
+    ``init``: ``"new"`` (a head over this data's most frequent tokens, a fresh standalone draft) or
+    ``"shipped"`` (go on training the committed head and draft, their vocabularies kept, at a lower peak
+    learning rate: what this data adds to what they learned before).
     """
+    if init not in ("new", "shipped"):
+        raise ValueError(f"init must be 'new' or 'shipped', got {init!r}")
     from transformers import AutoTokenizer
 
     from adaptive_spec.engine.models import MODELS, fetch_model, shipped_drafts_dir
@@ -742,8 +772,17 @@ def build_drafts(
         "held_out": sum(int(d["starts"][-1]) for d in held),
     }
 
-    head, coverage = new_head(target, train, vocab_size)
+    if init == "shipped":
+        head, standalone = shipped_drafts(target, shipped_drafts_dir(name))
+        vocab_size = head.token_ids.numel()
+        coverage = vocabulary_coverage(train, head.token_ids)
+        info["init"] = f"the committed drafts of {shipped_drafts_dir(name)} (trained on further)"
+    else:
+        head, coverage = new_head(target, train, vocab_size)
+        standalone = init_standalone(target, seed=seed)
+        info["init"] = "new"
     head.to(device)
+    standalone.to(device)
     info["draft_vocabulary"] = {"size": vocab_size, "answer_token_coverage": round(coverage, 4)}
     if deadlines:  # the training share of the budget, 70% head / 30% standalone draft
         left = max(deadlines["train"] - time.time(), 60.0) / 60
@@ -754,9 +793,9 @@ def build_drafts(
     first = len(user_prefix(tok))
     kw = {"seed": seed, "labels_from": first, "progress": progress, "device": device}
     info["labels"] = "every position after the chat template's fixed opening: the request and the answer"
-    info["head"] = train_head(head, train, work, minutes=head_minutes, **kw)
-    standalone = init_standalone(target, seed=seed).to(device)
-    info["standalone"] = train_standalone(standalone, train, work, minutes=draft_minutes, **kw)
+    lr = {"lr": 3e-4} if init == "shipped" else {}
+    info["head"] = train_head(head, train, work, minutes=head_minutes, **kw, **lr)
+    info["standalone"] = train_standalone(standalone, train, work, minutes=draft_minutes, **kw, **lr)
     drafts = {"eagle": head, "draft": standalone}
     info["held_out"] = evaluate_drafts(target, drafts, held)
     info["user_like"] = user_like_evaluation(target, tok, drafts, name=name, spec_bench=spec_bench)

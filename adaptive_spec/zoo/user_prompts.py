@@ -12,6 +12,8 @@ still holds one.
 taken) or ``{"conversations": [{"from": "human", "value": "..."}, ...]}`` (ShareGPT style); an optional
 ``"domain"`` field is kept. Only the prompts are taken: the target writes the answers. A file's licence is
 recorded from a sidecar ``<file>.licence`` (or ``LICENSE``/``LICENCE`` beside it) when there is one.
+:data:`PROMPT_SETS` names the public sets shipped with the package: ``self-instruct`` (the 252 user-oriented
+instructions and 175 seed tasks of Self-Instruct, Wang et al. 2023, Apache-2.0; prompts only).
 ``adaptive_spec/zoo/online_prompts.jsonl`` holds this project's own code prompts and prompts of other domains
 (written for this project, public domain), for the online-distillation measurement.
 """
@@ -29,6 +31,7 @@ from typing import Any
 
 __all__ = [
     "ONLINE_PROMPTS",
+    "PROMPT_SETS",
     "check_no_evaluation",
     "demo_prompts",
     "evaluation_texts",
@@ -41,6 +44,8 @@ __all__ = [
 _PACKAGE = Path(__file__).resolve().parents[1]
 SPEC_BENCH = _PACKAGE / "bench" / "questions" / "spec_bench.jsonl.gz"  # read as data: bench is a higher layer
 ONLINE_PROMPTS = Path(__file__).resolve().parent / "online_prompts.jsonl"
+# Named public prompt sets shipped with the package (prompts only; licence in <file>.licence).
+PROMPT_SETS = {"self-instruct": Path(__file__).resolve().parent / "user_prompt_sets" / "self_instruct.jsonl"}
 _MIN_CONTAINED = 24
 
 

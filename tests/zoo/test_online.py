@@ -141,9 +141,16 @@ def test_evaluation_prompts_are_never_training_prompts(tmp_path) -> None:
     path.write_text('{"text": 3}\n')
     with pytest.raises(ValueError, match="line 1: no prompt"):
         read_prompt_file(path)
-    # the project's own prompts are clean
+    # the project's own prompts and the shipped public set are clean, and the set's licence is recorded
     own, _ = read_prompt_file(ONLINE_PROMPTS)
     assert len(own) == sum(1 for line in ONLINE_PROMPTS.read_text().splitlines() if line.strip())
+    from adaptive_spec.cli.zoo_drafts import prompt_files
+    from adaptive_spec.zoo.user_prompts import PROMPT_SETS
+
+    public, desc = read_prompt_file(PROMPT_SETS["self-instruct"])
+    assert len(public) == 427 and desc["licence"].startswith("Apache-2.0") and desc["prompts_kept"] == 427
+    assert prompt_files(None) == [PROMPT_SETS["self-instruct"]] and prompt_files(["none"]) == []
+    assert prompt_files(["self-instruct", str(path)]) == [PROMPT_SETS["self-instruct"], path]
 
 
 def test_a_sharded_head_loads_through_the_engine(pair, tmp_path) -> None:
@@ -204,3 +211,21 @@ def test_batched_logging_writes_the_engines_records(tmp_path, temperature) -> No
         assert torch.equal(r["top_ids"].long(), top.indices)
         if temperature == 0:  # greedy: every logged token after the prompt is the target's top-1 there
             assert r["ids"][P:].tolist() == top.indices[:-1, 0].tolist()
+
+
+def test_training_goes_on_from_committed_drafts(pair, tmp_path) -> None:
+    """``init="shipped"`` loads a committed head (bound, its vocabulary kept) and standalone draft to train on."""
+    from adaptive_spec.zoo.drafts import save_sharded, shipped_drafts, vocabulary_coverage
+    from tests.helpers.tiny import perturbed
+
+    target, head = pair
+    save_sharded(make_head(target, 6, [0, 1, 2, 3, 5, 6], seed=2, init=0.5), tmp_path / "eagle")
+    save_sharded(perturbed(target, 0.1), tmp_path / "draft")
+    got, standalone = shipped_drafts(target, tmp_path)
+    assert got.token_ids.tolist() == [0, 1, 2, 3, 5, 6] and got.lm_head.weight.dtype == torch.float32
+    assert standalone.config.vocab_size == 8
+    shard = {"ids": torch.tensor([4, 1, 4, 4, 7, 2]), "starts": torch.tensor([0, 3, 6]), "answer": torch.tensor([1, 1])}
+    # answers: [1, 4] and [7, 2]: tokens 1 and 2 are in the vocabulary, 4 and 7 are not
+    assert vocabulary_coverage([shard], got.token_ids) == 0.5
+    with pytest.raises(FileNotFoundError, match="no committed drafts"):
+        shipped_drafts(target, tmp_path / "nothing")
