@@ -218,7 +218,7 @@ def test_training_goes_on_from_committed_drafts(pair, tmp_path) -> None:
     from adaptive_spec.zoo.drafts import save_sharded, shipped_drafts, vocabulary_coverage
     from tests.helpers.tiny import perturbed
 
-    target, head = pair
+    target, _head = pair
     save_sharded(make_head(target, 6, [0, 1, 2, 3, 5, 6], seed=2, init=0.5), tmp_path / "eagle")
     save_sharded(perturbed(target, 0.1), tmp_path / "draft")
     got, standalone = shipped_drafts(target, tmp_path)
