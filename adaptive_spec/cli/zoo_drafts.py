@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--shards",
         type=int,
         default=40,
-        help="conversation shards to generate (96 requests each; every 10th is held out) (default: %(default)s)",
+        help="conversation shards to generate (--batch requests each; every 10th is held out) (default: %(default)s)",
     )
     parser.add_argument("--head-minutes", type=float, default=20.0, help="head training budget (default: %(default)s)")
     parser.add_argument(
@@ -56,6 +56,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "answers; Spec-Bench and demo prompts are dropped); repeatable; 'self-instruct' is the shipped set "
         "(427 user-oriented and seed instructions of Self-Instruct, Apache-2.0), the default; 'none' for "
         "self-written requests only",
+    )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        help="conversations per shard, generated together (default: 384 on cuda, 96 on a cpu)",
     )
     parser.add_argument(
         "--init",
@@ -143,6 +149,7 @@ def run(args: argparse.Namespace) -> int:
             prompt_files=prompt_files(args.prompts),
             spec_bench=args.spec_bench,
             init=args.init,
+            batch=args.batch,
         )
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"zoo drafts: {err}") from None

@@ -39,6 +39,18 @@ SUPPORTED_ATTENTION = ("eager", "sdpa")
 FAST_PATH_TYPES = ("llama", "qwen2")
 
 
+def _dynamic_cache(model: PreTrainedModel) -> DynamicCache:
+    """A new ``DynamicCache`` for ``model``; refused for layers that cannot be gathered row by row."""
+    cache = DynamicCache(config=model.config)
+    for layer in cache.layers:
+        if type(layer) is not DynamicLayer or isinstance(layer, DynamicSlidingWindowLayer):
+            raise ValueError(
+                f"{type(model).__name__}: cache layer {type(layer).__name__} is not supported "
+                "(sliding-window or hybrid caches cannot be gathered row by row); disable sliding windows"
+            )
+    return cache
+
+
 class ModelRunner:
     """A causal LM plus its ``DynamicCache``; the engine keeps one per model.
 
@@ -74,13 +86,6 @@ class ModelRunner:
                 f"mask, supported by {SUPPORTED_ATTENTION}: load it with attn_implementation='sdpa'"
             )
         self.model = model
-        self.cache = DynamicCache(config=model.config)
-        for layer in self.cache.layers:
-            if type(layer) is not DynamicLayer or isinstance(layer, DynamicSlidingWindowLayer):
-                raise ValueError(
-                    f"{type(model).__name__}: cache layer {type(layer).__name__} is not supported "
-                    "(sliding-window or hybrid caches cannot be gathered row by row); disable sliding windows"
-                )
         self.cached = 0
         self.forwards = 0
         self.keep_hidden = keep_hidden
@@ -96,6 +101,8 @@ class ModelRunner:
         if slot is not None or self._static_capable():
             self.slot = slot if slot is not None else ModelSlot(model, 256)
             self.cache = self.slot.kv
+        else:
+            self.cache = _dynamic_cache(model)
         self.length = 0  # static cache: rows written (committed plus fed this step)
 
     def _static_capable(self) -> bool:

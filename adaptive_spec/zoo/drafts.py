@@ -672,6 +672,7 @@ def build_drafts(
     prompt_files: Sequence[str | Path] = (),
     spec_bench: int = 48,
     init: str = "new",
+    batch: int | None = None,
 ) -> dict[str, Any]:
     """Every stage of the module docstring for model ``name``; each resumes where it stopped.
 
@@ -687,7 +688,9 @@ def build_drafts(
     shards, the demo's prompts and ``spec_bench`` Spec-Bench questions (both evaluation only).
     ``init``: ``"new"`` (a head over this data's most frequent tokens, a fresh standalone draft) or
     ``"shipped"`` (go on training the committed head and draft, their vocabularies kept, at a lower peak
-    learning rate: what this data adds to what they learned before).
+    learning rate: what this data adds to what they learned before; the committed ones are evaluated
+    beside them as ``eagle_before`` and ``draft_before``). ``batch``: conversations per shard, generated
+    together (default 384 on CUDA, 96 on a CPU; smaller shards let a short budget stop sooner).
     """
     if init not in ("new", "shipped"):
         raise ValueError(f"init must be 'new' or 'shipped', got {init!r}")
@@ -734,7 +737,7 @@ def build_drafts(
         shards=shards,
         seed=seed,
         progress=progress,
-        batch=384 if device.type == "cuda" else 96,
+        batch=batch if batch is not None else (384 if device.type == "cuda" else 96),
         user_prompts=user_prompts,
         deadline=deadlines["generate"] if deadlines else None,
     )
@@ -772,8 +775,11 @@ def build_drafts(
         "held_out": sum(int(d["starts"][-1]) for d in held),
     }
 
+    before: dict[str, Any] = {}
     if init == "shipped":
         head, standalone = shipped_drafts(target, shipped_drafts_dir(name))
+        b_head, b_draft = shipped_drafts(target, shipped_drafts_dir(name))  # evaluated beside the new ones
+        before = {"eagle_before": b_head.to(device).eval(), "draft_before": b_draft.to(device).eval()}
         vocab_size = head.token_ids.numel()
         coverage = vocabulary_coverage(train, head.token_ids)
         info["init"] = f"the committed drafts of {shipped_drafts_dir(name)} (trained on further)"
@@ -797,8 +803,8 @@ def build_drafts(
     info["head"] = train_head(head, train, work, minutes=head_minutes, **kw, **lr)
     info["standalone"] = train_standalone(standalone, train, work, minutes=draft_minutes, **kw, **lr)
     drafts = {"eagle": head, "draft": standalone}
-    info["held_out"] = evaluate_drafts(target, drafts, held)
-    info["user_like"] = user_like_evaluation(target, tok, drafts, name=name, spec_bench=spec_bench)
+    info["held_out"] = evaluate_drafts(target, {**drafts, **before}, held)
+    info["user_like"] = user_like_evaluation(target, tok, {**drafts, **before}, name=name, spec_bench=spec_bench)
     info["speed"] = {
         "device": str(device),
         "generation_tok_per_s": conv.get("tok_per_s"),

@@ -290,3 +290,14 @@ def test_json_prompt_record_with_turns(tmp_path):
     f = tmp_path / "chat.jsonl"
     f.write_text(json.dumps({"turns": ["hello", "again"]}) + "\n")
     assert read_prompts(f) == ["hello"]
+
+
+def test_a_sliding_window_model_is_refused_in_one_line() -> None:
+    """A sliding-window cache cannot be gathered row by row: the engine refuses such a model, naming the fix."""
+    target = tiny_model("qwen2", vocab=48, eos=1)
+    target.config.use_sliding_window = True
+    target.config.sliding_window = 8
+    target.config.layer_types = ["sliding_attention"] * target.config.num_hidden_layers
+    with pytest.raises(ValueError) as err:
+        SpecEngine(target, perturbed(target, 0.1)).generate([3, 4, 5], max_new_tokens=2)
+    assert "disable sliding windows" in str(err.value) and "\n" not in str(err.value)
