@@ -7,6 +7,13 @@ the positions the scan reaches. The recovered token at τ < γ is drawn from
 norm((w_τ p - q)_+); at τ = γ a bonus token is drawn from p.
 
 ``block_verify_path`` is also the last stage of GBV, which runs BV with a skewed draft law.
+
+On a chain drawn with a ``torch.Generator`` (the engine's case), :func:`verify_block` runs the same law on
+the rows' device without reading them one by one: :func:`chain_block_law` computes every ``w_i``, ``h_i``
+and candidate row at once (``w_i = exp(L_i - max_{j<=i} L_j)`` with ``L`` the cumulative log-ratios, the
+closed form of the recursion), the backward scan becomes "the largest ``i`` whose uniform is below
+``h_i``", and one host read brings back ``tau`` and the token. Its law equals the scan's exactly
+(``tests/verifiers/test_block_device.py`` compares them by enumeration).
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from collections.abc import Callable
 
 import torch
 
-from adaptive_spec.rng import Sampler
+from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftTree
 from adaptive_spec.verifiers.base import VerifyResult, edge_probs, positive_part, result_for
 
@@ -72,8 +79,62 @@ def block_verify_path(
     return result_for(tree, 0, sampler.categorical(weights), bonus=False)
 
 
+def chain_block_law(
+    target_probs: torch.Tensor, draft_probs: torch.Tensor, tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BV's acceptance probabilities and candidate rows along a chain, all at once, on the rows' device.
+
+    Args:
+        target_probs / draft_probs: Tensor[γ + 1, V], the chain's nodes in order (root first).
+        tokens: LongTensor[γ], node ``i + 1``'s token.
+
+    Returns:
+        ``h``: Tensor[γ + 1] (float64), ``h[i]`` for ``1 <= i <= γ`` (``h[γ] = w_γ``; ``h[0] = 0``, unused);
+        ``rows``: Tensor[γ + 1, V], the unnormalised law of the emitted token when ``τ = i``: the residual
+        ``(w_i p_i - q_i)_+`` for ``i < γ`` (``p_0`` when the root's residual is all zero) and ``p_γ``.
+    """
+    P, Q = target_probs.double(), draft_probs.double()
+    g = tokens.numel()
+    if g == 0:
+        return P.new_zeros(1), P
+    pe = P[:-1].gather(1, tokens[:, None]).squeeze(1)
+    qe = Q[:-1].gather(1, tokens[:, None]).squeeze(1)
+    ratio = torch.where(qe > 0, pe / qe.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
+    L = torch.cat([P.new_zeros(1), ratio.log().cumsum(0)])  # -inf once a ratio is 0: w stays 0 after it
+    w = (L - L.cummax(0).values).exp()  # w_i = min(1, w_{i-1} * ratio_i), in closed form
+    R = (w[:-1, None] * P[:-1] - Q[:-1]).clamp_min(0.0)  # [γ, V]
+    S = R.sum(-1)
+    denom = S + (1.0 - w[:-1])
+    h = torch.where(denom > 0, S / denom.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
+    h = torch.cat([h[1:].new_zeros(1), h[1:], w[-1:]])  # h_0 unused; h_γ = w_γ
+    root = torch.where(S[0] > 0, R[0], P[0])
+    rows = torch.cat([root[None], R[1:], P[-1:]])
+    return h, rows
+
+
+def chain_block_draw(h: torch.Tensor, rows: torch.Tensor, generator: torch.Generator) -> tuple[int, int]:
+    """``(τ, token)`` of BV from :func:`chain_block_law`'s output, drawn on the device; one host read."""
+    g = h.numel() - 1
+    u = torch.rand(g + 1, generator=generator, dtype=torch.float64, device=generator.device).to(h.device)
+    idx = torch.arange(g + 1, device=h.device)
+    tau = torch.where(u < h, idx, 0).max()  # the backward scan's stop: the largest i with η_i < h_i, else 0
+    row = rows.index_select(0, tau[None])[0]
+    cdf = row.cumsum(0)
+    token = torch.searchsorted(cdf, (u[0] * cdf[-1])[None], right=True).clamp_(max=row.numel() - 1)
+    tau_i, token_i = torch.stack([tau, token[0]]).tolist()
+    return int(tau_i), int(token_i)
+
+
+def _is_chain(tree: DraftTree) -> bool:
+    return tree.parents == list(range(-1, tree.num_nodes - 1))
+
+
 def verify_block(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:
-    """Block verification of a chain."""
+    """Block verification of a chain (on the rows' device with a ``torch.Generator``'s sampler)."""
+    if isinstance(sampler, TorchSampler) and _is_chain(tree):
+        tokens = tree.tokens_tensor(target_probs.device)[1:]
+        tau, token = chain_block_draw(*chain_block_law(target_probs, tree.draft_probs, tokens), sampler.generator)
+        return result_for(tree, tau, token, bonus=tau == tree.num_nodes - 1)
     path = tree.path(tree.num_nodes - 1)
     q_edge = edge_probs(tree, tree.draft_probs)
     return block_verify_path(
