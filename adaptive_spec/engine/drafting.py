@@ -252,11 +252,14 @@ def _draft_chain(
             logits = runner.block_forward(token, pos, anc, logits_to_keep=1)
             rows.append(probs_fn(logits))
             ok = ok & finite_flag(logits, rows[-1])
-    flat = torch.cat([*drawn, ok.long()[None]]).tolist()  # the one host read
+    on_device = torch.cat([torch.full((1,), -1, dtype=torch.long, device=device), *drawn, ok.long()[None]])
+    flat = on_device.tolist()  # the one host read
     check_finite(flat.pop(), "draft")
     probs = torch.cat([*rows, rows[0].new_zeros(1, rows[0].shape[1])])  # [D + 1, V]; the leaf is never fed
     nodes = range(D + 1)
-    tree = DraftTree([-1, *flat], [n - 1 for n in nodes], list(nodes), probs, [[n + 1] for n in range(D)] + [[]], shape)
+    tree = DraftTree(flat, [n - 1 for n in nodes], list(nodes), probs, [[n + 1] for n in range(D)] + [[]], shape)
+    depths = torch.arange(D + 1, device=device)
+    tree.keep_tensors(tokens=on_device[:-1], parents=depths - 1, depths=depths)
     ancestors = torch.ones(D + 1, D + 1, dtype=torch.bool, device=device).tril_()
     return DraftOutcome(tree, ancestors, p, D)
 

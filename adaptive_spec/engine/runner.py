@@ -274,14 +274,20 @@ class ModelRunner:
         out.logits = out.logits[:, -keep:]
         return out
 
-    def commit(self, committed: int, block_rows: torch.Tensor | None) -> None:
+    def commit(self, committed: int, block_rows: torch.Tensor | list[int] | None) -> None:
         """Keep ``committed`` context rows, then the block rows ``block_rows`` (cache indices), drop the rest.
 
         Args:
             committed: number of leading cache rows that stay as they are.
-            block_rows: LongTensor[k] of cache row indices (all >= ``committed``) to move, in
-                order, to positions ``committed .. committed + k - 1``; None or empty for none.
+            block_rows: LongTensor[k] (or a list) of cache row indices (all >= ``committed``) to move, in
+                order, to positions ``committed .. committed + k - 1``; None or empty for none. Rows already
+                in place (a chain's accepted prefix: ``committed, committed + 1, ...``) move nothing.
         """
+        if isinstance(block_rows, list):
+            if block_rows == list(range(committed, committed + len(block_rows))):
+                self.rollback(committed + len(block_rows))
+                return
+            block_rows = torch.tensor(block_rows, dtype=torch.long, device=self.device)
         k = 0 if block_rows is None else int(block_rows.numel())
         if k and self.slot is not None:
             self.slot.kv.move(committed, block_rows)

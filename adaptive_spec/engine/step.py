@@ -40,7 +40,7 @@ from adaptive_spec.engine.metrics import PhaseTimer
 from adaptive_spec.engine.outputs import EngineState
 from adaptive_spec.engine.request import GenerationRequest
 from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
-from adaptive_spec.trees import TreeShape, block_ancestors, block_positions
+from adaptive_spec.trees import TreeShape, block_ancestors, block_inputs
 from adaptive_spec.verifiers import REGISTRY, verify
 
 if TYPE_CHECKING:
@@ -146,8 +146,7 @@ class StepMixin:
 
         # 2) score every node in one target forward: block = pending (root last) + drafted nodes
         with timer.phase("target"):
-            ids = torch.tensor(state.context[base:] + tree.tokens[1:], dtype=torch.long, device=self.device)
-            pos = block_positions(base, n_ctx - base, tree.depths, self.device)
+            ids, pos = block_inputs(state.context[base:], tree, base, self.device)
             mask = block_ancestors(n_ctx - base, outcome.ancestors)  # [block, block]
             logits = target.block_forward(ids, pos, mask, logits_to_keep=tree.num_nodes)  # [N, V']
             target_probs = run.target_probs_fn(logits)  # [N, V]
@@ -193,13 +192,15 @@ class StepMixin:
         pending tokens (root last), then one row per drafted node.
         """
         n_ctx, p, device = len(state.context), len(state.context) - base, self.device
-        state.target.commit(n_ctx, torch.tensor([n_ctx - 1 + a for a in accepted], dtype=torch.long, device=device))
+        state.target.commit(n_ctx, [n_ctx - 1 + a for a in accepted])
         if isinstance(state.draft, EagleRunner):  # the target's features of the newly committed positions
             keep = [*range(p - 1), *(p - 1 + a for a in [0, *accepted])]
-            state.draft.set_target_features(base, state.target.features[torch.tensor(keep, device=device)])
+            feats = state.target.features
+            rows = feats[: len(keep)] if keep == list(range(len(keep))) else feats[torch.tensor(keep, device=device)]
+            state.draft.set_target_features(base, rows)  # a chain's rows are a prefix: nothing copied
         if outcome.pending_fed:
             fed = [r for r in map(outcome.draft_row, accepted) if r is not None]  # a prefix of the path
-            state.draft.commit(n_ctx, torch.tensor([n_ctx - 1 + r for r in fed], dtype=torch.long, device=device))
+            state.draft.commit(n_ctx, [n_ctx - 1 + r for r in fed])
 
     def _record(
         self, run: Run, outcome: DraftOutcome, result: Any, logits: torch.Tensor, target_probs: torch.Tensor

@@ -8,7 +8,12 @@ position it would have in sequential decoding.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from adaptive_spec.trees.tree import DraftTree
 
 
 def ancestor_matrix(parents: torch.Tensor | list[int]) -> torch.Tensor:
@@ -47,12 +52,16 @@ def block_ancestors(pending: int, tree_ancestors: torch.Tensor) -> torch.Tensor:
 
 
 def block_positions(
-    base: int, pending: int, depths: list[int], device: torch.device | str | None = None
+    base: int, pending: int, depths: list[int] | torch.Tensor, device: torch.device | str | None = None
 ) -> torch.Tensor:
     """LongTensor[p - 1 + N]: positions of a block (see :func:`block_ancestors`) after ``base`` cached
     tokens: the pending tokens in order, then each node at its root's position plus its depth.
+
+    ``depths`` as a device tensor: built there, nothing copied from the host.
     """
     root = base + pending - 1
+    if isinstance(depths, torch.Tensor):
+        return torch.cat([torch.arange(base, root, device=depths.device), depths + root])
     return torch.tensor([*range(base, root), *(root + d for d in depths)], dtype=torch.long, device=device)
 
 
@@ -92,3 +101,24 @@ def tree_position_ids(
     """LongTensor[1, N]: position ``past_length + depth`` for every node."""
     depths = torch.as_tensor(depths, dtype=torch.long, device=device)
     return (past_length + depths)[None]
+
+
+def block_inputs(
+    pending: list[int], tree: DraftTree, base: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's block for ``tree``: ids (the pending tokens, root last, then the drafted nodes) and
+    positions (:func:`block_positions`), on ``device``.
+
+    A tree drawn on the device (its tokens and depths handed over with ``keep_tensors``) costs one copy, the
+    pending tokens; otherwise ids and positions are one copy each, and the tree keeps their device views
+    of its tokens and depths for the verifiers.
+    """
+    p = len(pending)
+    if tree.has_tensors(device, "tokens", "depths"):
+        ids = torch.cat([torch.tensor(pending, dtype=torch.long, device=device), tree.tokens_tensor(device)[1:]])
+        return ids, block_positions(base, p, tree.depths_tensor(device))
+    ids = torch.tensor(pending + tree.tokens[1:], dtype=torch.long, device=device)
+    pos = block_positions(base, p, tree.depths, device)
+    root = torch.full((1,), -1, dtype=torch.long, device=device)
+    tree.keep_tensors(tokens=torch.cat([root, ids[p:]]), depths=pos[p - 1 :] - (base + p - 1))
+    return ids, pos

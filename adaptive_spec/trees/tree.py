@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -38,6 +38,8 @@ class DraftTree:
     draft_probs: torch.Tensor  # [N, V]
     child_draws: list[list[int]]
     shape: TreeShape
+    # Device copies of tokens/parents/depths, made once (or handed over by a drafter that drew on the device).
+    _tensors: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -109,12 +111,40 @@ class DraftTree:
 
     def parents_tensor(self, device: torch.device | None = None) -> torch.Tensor:
         """LongTensor[N] of parent indices (-1 for the root)."""
-        return torch.tensor(self.parents, dtype=torch.long, device=device or self.device)
+        return self._tensor("parents", device)
 
     def tokens_tensor(self, device: torch.device | None = None) -> torch.Tensor:
         """LongTensor[N] of node tokens (-1 for the root)."""
-        return torch.tensor(self.tokens, dtype=torch.long, device=device or self.device)
+        return self._tensor("tokens", device)
 
     def depths_tensor(self, device: torch.device | None = None) -> torch.Tensor:
         """LongTensor[N] of node depths."""
-        return torch.tensor(self.depths, dtype=torch.long, device=device or self.device)
+        return self._tensor("depths", device)
+
+    def keep_tensors(self, **tensors: torch.Tensor) -> None:
+        """Hand over device copies of ``tokens``, ``parents`` or ``depths`` (equal to the lists), e.g. from a
+        drafter that drew the tokens on the device: the ``*_tensor`` methods then copy nothing.
+        """
+        for name, t in tensors.items():
+            if name not in ("tokens", "parents", "depths") or t.shape != (self.num_nodes,):
+                raise ValueError(f"DraftTree.keep_tensors: {name} must be one of tokens/parents/depths, [num_nodes]")
+            self._tensors[name, _resolved(t.device)] = t
+
+    def has_tensors(self, device: torch.device | str, *names: str) -> bool:
+        """Whether the tree holds device copies of ``names`` (e.g. ``"tokens"``) on ``device``."""
+        device = _resolved(device)
+        return all((n, device) in self._tensors for n in names)
+
+    def _tensor(self, name: str, device: torch.device | None) -> torch.Tensor:
+        key = (name, _resolved(device if device is not None else self.device))
+        if key not in self._tensors:
+            self._tensors[key] = torch.tensor(getattr(self, name), dtype=torch.long, device=key[1])
+        return self._tensors[key]
+
+
+def _resolved(device: torch.device | str) -> torch.device:
+    """``device`` with its index ("cuda" and "cuda:0" name one device)."""
+    device = torch.device(device)
+    if device.type != "cpu" and device.index is None:
+        device = torch.empty(0, device=device).device
+    return device

@@ -115,7 +115,9 @@ def chain_block_law(
 def chain_block_draw(h: torch.Tensor, rows: torch.Tensor, generator: torch.Generator) -> tuple[int, int]:
     """``(τ, token)`` of BV from :func:`chain_block_law`'s output, drawn on the device; one host read."""
     g = h.numel() - 1
-    u = torch.rand(g + 1, generator=generator, dtype=torch.float64, device=generator.device).to(h.device)
+    u = torch.rand(g + 1, generator=generator, dtype=torch.float64, device=generator.device)
+    if u.device != h.device:  # a generator on another device than the rows (the engine keeps them together)
+        u = u.to(h.device)
     idx = torch.arange(g + 1, device=h.device)
     tau = torch.where(u < h, idx, 0).max()  # the backward scan's stop: the largest i with η_i < h_i, else 0
     row = rows.index_select(0, tau[None])[0]

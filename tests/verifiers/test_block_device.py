@@ -126,9 +126,7 @@ def test_the_draw_follows_the_law_and_a_wrong_draw_fails() -> None:
     tree, target = _chain(inst, [3, 1, 1])
     h, rows = chain_block_law(target, tree.draft_probs, tree.tokens_tensor()[1:])
     tp = tau_probs(h)
-    exact = {
-        (t, y): float(tp[t] * rows[t][y] / rows[t].sum()) for t in range(4) for y in range(4) if rows[t][y] > 0
-    }
+    exact = {(t, y): float(tp[t] * rows[t][y] / rows[t].sum()) for t in range(4) for y in range(4) if rows[t][y] > 0}
     assert sum(exact.values()) == pytest.approx(1.0)
     assert min(tp.tolist()) > 0.2  # every τ occurs often enough to be checked
 
