@@ -11,6 +11,10 @@
 #                  engine's plain decoding and plans, on the 12 demo prompts, interleaved
 #   e2e_t1.json    the same at T=1
 #   status.txt     one line per step: its exit status and seconds
+# and, only when named in --steps (a call of its own: it takes the whole budget of one device call):
+#   drafts.tar.*   `zoo drafts --device cuda --minutes 7 --init shipped`: the SmolLM2 head and draft trained
+#                  further on the device, with build_info.json (the figures before and after), as a tar
+#                  split into 15 MiB parts (the machine returns files of at most 16 MiB)
 # --device cpu is the dry run (the same steps, fewer prompts and tokens): it must pass anywhere.
 # On the GPU machine the whole check takes about 6 minutes (budget: 7).
 set -uo pipefail
@@ -22,7 +26,7 @@ while [ $# -gt 0 ]; do
     --limit) LIMIT=$2; shift 2;;
     --tokens) TOKENS=$2; shift 2;;
     --steps) STEPS=$2; shift 2;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0;;
     *) echo "gpu-check: unknown argument $1 (see --help)"; exit 2;;
   esac
 done
@@ -59,5 +63,17 @@ for T in 0 1; do
     --limit "$LIMIT" --max-new-tokens "$TOKENS" --temperatures "$T" --plans "$PLANS" --no-progress \
     --json "$OUT/e2e_t$T.json"
 done
+# The drafts build: a budget of 8 minutes on the device; a token run of it on a CPU.
+if [ "$DEVICE" = cpu ]; then
+  DRAFTS="--minutes 3 --shards 1 --batch 4 --spec-bench 2"
+else
+  DRAFTS="--minutes 7"
+fi
+step drafts 520 $PY -m adaptive_spec zoo drafts smollm2 --device "$DEVICE" --init shipped $DRAFTS \
+  --work "$OUT/drafts-work" --out "$OUT/drafts" --no-progress
+case ",$STEPS," in *",drafts,"*)
+  rm -rf "$OUT/drafts-work"
+  [ -d "$OUT/drafts" ] && tar -cf - -C "$OUT" drafts | split -b 15M - "$OUT/drafts.tar." && rm -rf "$OUT/drafts";;
+esac
 echo "gpu-check: wrote $OUT ($(ls "$OUT" | tr '\n' ' '))"
 exit $FAILED
