@@ -110,15 +110,20 @@ def block_inputs(
     positions (:func:`block_positions`), on ``device``.
 
     A tree drawn on the device (its tokens and depths handed over with ``keep_tensors``) costs one copy, the
-    pending tokens; otherwise ids and positions are one copy each, and the tree keeps their device views
+    pending tokens; otherwise ids and positions are one copy together, and the tree keeps their device views
     of its tokens and depths for the verifiers.
     """
     p = len(pending)
     if tree.has_tensors(device, "tokens", "depths"):
         ids = torch.cat([torch.tensor(pending, dtype=torch.long, device=device), tree.tokens_tensor(device)[1:]])
         return ids, block_positions(base, p, tree.depths_tensor(device))
-    ids = torch.tensor(pending + tree.tokens[1:], dtype=torch.long, device=device)
-    pos = block_positions(base, p, tree.depths, device)
-    root = torch.full((1,), -1, dtype=torch.long, device=device)
-    tree.keep_tensors(tokens=torch.cat([root, ids[p:]]), depths=pos[p - 1 :] - (base + p - 1))
+    root = base + p - 1  # the root's position
+    both = torch.tensor(
+        [*pending, *tree.tokens[1:], *range(base, root), *(root + d for d in tree.depths)],
+        dtype=torch.long,
+        device=device,
+    )  # ids and positions (as many) in one copy
+    ids, pos = both[: both.numel() // 2], both[both.numel() // 2 :]
+    no_token = torch.full((1,), -1, dtype=torch.long, device=device)
+    tree.keep_tensors(tokens=torch.cat([no_token, ids[p:]]), depths=pos[p - 1 :] - root)
     return ids, pos
