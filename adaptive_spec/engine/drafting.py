@@ -202,6 +202,7 @@ def draft_tree(
     ok = root.ok  # checked at the level's host sync, before any drawn token is used
     rows = [root.probs[-1:]]  # per level: Tensor[nodes at that depth, V]
     level_first, walkers = 0, [0]  # chain / i.i.d. laws: the node each walker stands on
+    at = torch.zeros(1, dtype=torch.long, device=device)  # the walkers' rows in the level's probabilities
 
     for d in range(D):
         new_first = len(b.tokens)
@@ -209,12 +210,13 @@ def draft_tree(
             _wor_level(b, rows[-1], min(shape.widths[d], V), level_first, generator, deterministic, ok)
         else:
             if shape.law in (DraftLaw.IID, DraftLaw.DELAYED) and d == shape.trunk:
-                walkers = walkers * shape.paths  # the rollouts start at the trunk's end
-            walkers = _walker_level(b, rows[-1], walkers, level_first, generator, deterministic, ok)
-        new = b.link(new_first)  # block rows of the new level
+                walkers, at = walkers * shape.paths, at.repeat(shape.paths)  # the rollouts start at the trunk's end
+            walkers = _walker_level(b, rows[-1][at], walkers, generator, deterministic, ok)
+        # block rows and tokens of the new level, and where the walkers stand in it, in one copy
+        walking = shape.law is not DraftLaw.WITHOUT_REPLACEMENT
+        new, ids, at = b.link(new_first, extra=[w - new_first for w in walkers] if walking else [])
         level_first = new_first
         if d + 1 < D:  # feed the new level so that it can be expanded
-            ids = torch.tensor(b.tokens[new_first:], device=device)
             pos = torch.full((len(ids),), base + p - 1 + d + 1, device=device)
             logits = runner.block_forward(ids, pos, b.anc[new, : p - 1 + len(b.tokens)], logits_to_keep=len(ids))
             rows.append(probs_fn(logits))
@@ -290,17 +292,22 @@ class _Builder:
         self.child_draws.append([])
         return len(self.tokens) - 1
 
-    def link(self, first: int, nodes: list[int] | None = None) -> torch.Tensor:
+    def link(
+        self, first: int, nodes: list[int] | None = None, extra: list[int] = ()
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Fill the ancestor rows of the new nodes (``first`` onwards, or ``nodes``): the parent's row plus themselves.
 
-        Returns their row indices.
+        Returns their row indices, their tokens and ``extra`` (any ints the caller needs there next), on the
+        device, in one copy.
         """
         nodes = list(range(first, len(self.tokens))) if nodes is None else nodes
-        rows = torch.tensor(nodes, device=self.device) + self.offset
-        par = torch.tensor([self.parents[c] for c in nodes], device=self.device) + self.offset
+        k = len(nodes)
+        host = [*nodes, *(self.parents[c] for c in nodes), *(self.tokens[c] for c in nodes), *extra]
+        rows, par, tokens, extra_t = torch.tensor(host, device=self.device).split([k, k, k, len(extra)])
+        rows, par = rows + self.offset, par + self.offset
         self.anc[rows] = self.anc[par]
         self.anc[rows, rows] = True
-        return rows
+        return rows, tokens, extra_t
 
 
 def _wor_level(
@@ -319,18 +326,17 @@ def _wor_level(
 
 def _walker_level(
     b: _Builder,
-    R: torch.Tensor,
+    sel: torch.Tensor,
     walkers: list[int],
-    first: int,
     generator: torch.Generator,
     deterministic: bool,
     ok: torch.Tensor,
 ) -> list[int]:
     """Each walker draws one child of the node it stands on (i.i.d.; merged when two draw the same token there).
 
-    A lone walker takes the argmax at temperature 0. Returns where the walkers stand now.
+    ``sel``: Tensor[W, V], the draft's row at each walker's node. A lone walker takes the argmax at
+    temperature 0. Returns where the walkers stand now.
     """
-    sel = R[torch.tensor([w - first for w in walkers], device=R.device)]  # [W, V]
     drawn, _ = draw_children(sel, 1, generator, greedy=deterministic and len(walkers) == 1)
     drawn = torch.cat([drawn[:, 0], ok.long()[None]]).tolist()  # one host sync
     check_finite(drawn.pop(), "draft")
@@ -483,11 +489,10 @@ def draft_policy_tree(
         frontier = g.feed(new)
         if not frontier:
             break
-        fr_t = torch.tensor(frontier, device=device)
-        fed_t = torch.tensor(g.fed_order, device=device)
-        allowed = torch.cat([pending_pos.expand(len(frontier), -1), g.b.anc[fr_t][:, fed_t]], dim=1)
-        ids = torch.tensor([g.b.tokens[c] for c in frontier], device=device)
-        pos = torch.tensor([base + p - 1 + g.b.depths[c] for c in frontier], device=device)
+        F = len(frontier)
+        host = [*frontier, *(g.b.tokens[c] for c in frontier), *(base + p - 1 + g.b.depths[c] for c in frontier)]
+        fr_t, ids, pos, fed_t = torch.tensor(host + g.fed_order, device=device).split([F, F, F, len(g.fed_order)])
+        allowed = torch.cat([pending_pos.expand(F, -1), g.b.anc[fr_t][:, fed_t]], dim=1)
         logits = runner.block_forward(ids, pos, allowed, logits_to_keep=len(frontier))  # [F', V']
         R = probs_fn(logits)
         ok = finite_flag(logits, R)
