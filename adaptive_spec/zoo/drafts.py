@@ -74,7 +74,8 @@ def extract_features(
     The pass runs on the target's device. With ``keep`` (a dict), each shard's tensors stay on that device in
     ``keep[shard]`` instead of going to a file (a shard already in ``keep`` or on disk is skipped).
     One file ``feat-SSSSS.pt`` per conversation shard otherwise: ``ids`` (int32 [T]), ``starts`` (int64 [n + 1],
-    sequence offsets), ``answer`` (int64 [n], where each answer starts), ``feat`` (fp16 [T, H]),
+    sequence offsets), ``answer`` (int64 [n], where each answer starts), ``given`` (bool [n]: the request came
+    from a prompt file), ``feat`` (fp16 [T, H]),
     ``top_ids`` (int32 [T, K]) and ``top_p`` (fp16 [T, K]) of the target's next-token law at T = 1.
     """
     conv_dir, out_dir = Path(conv_dir), Path(out_dir)
@@ -112,6 +113,8 @@ def extract_features(
             "ids": torch.tensor([t for s in seqs for t in s], dtype=torch.int32, device=device),
             "starts": torch.tensor(starts),
             "answer": torch.tensor([len(c["prompt_ids"]) for c in convs]),
+            # requests taken from a prompt file (not the target's own text): labelled from the answer only
+            "given": torch.tensor([c.get("source") == "user prompts" for c in convs]),
             "feat": torch.cat([rows[i][0] for i in range(len(seqs))]),
             "top_ids": torch.cat([rows[i][1] for i in range(len(seqs))]),
             "top_p": torch.cat([rows[i][2] for i in range(len(seqs))]),
@@ -146,13 +149,15 @@ def _sequences(
     shards: Sequence[dict[str, torch.Tensor]], labels_from: int | None = None
 ) -> list[tuple[dict[str, torch.Tensor], int, int, int]]:
     """(shard, start, end, first labelled token) of every sequence: the answer's start, or position
-    ``labels_from`` (e.g. the start of the self-written request) when given.
+    ``labels_from`` (e.g. the start of the self-written request) when given and the request is the
+    target's own (a request from a prompt file, ``given``, is never a label: the target did not write it).
     """
     out = []
     for d in shards:
         st = d["starts"].tolist()
+        given = d["given"].tolist() if "given" in d else [False] * (len(st) - 1)
         for k in range(len(st) - 1):
-            first = labels_from if labels_from is not None else int(d["answer"][k])
+            first = labels_from if labels_from is not None and not given[k] else int(d["answer"][k])
             out.append((d, st[k], st[k + 1], st[k] + first))
     return out
 
@@ -769,7 +774,9 @@ def build_drafts(
     train = load_features(work / "feat", held=False, memory=memory)
     held = load_features(work / "feat", held=True, memory=memory)
     if device.type == "cuda":  # one device for every shard (those read from files too)
-        train = [{k: v.to(device) if k not in ("starts", "answer") else v for k, v in d.items()} for d in train]
+        train = [
+            {k: v.to(device) if k not in ("starts", "answer", "given") else v for k, v in d.items()} for d in train
+        ]
     info["tokens"] = {
         "train": sum(int(d["starts"][-1]) for d in train),
         "held_out": sum(int(d["starts"][-1]) for d in held),

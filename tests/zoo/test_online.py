@@ -229,3 +229,20 @@ def test_training_goes_on_from_committed_drafts(pair, tmp_path) -> None:
     assert vocabulary_coverage([shard], got.token_ids) == 0.5
     with pytest.raises(FileNotFoundError, match="no committed drafts"):
         shipped_drafts(target, tmp_path / "nothing")
+
+
+def test_a_request_from_a_prompt_file_is_never_a_label() -> None:
+    """Labels start at the self-written request (the target's own text), but at the answer after a given one."""
+    from adaptive_spec.zoo.drafts import _sequences
+
+    shard = {
+        "ids": torch.arange(12),
+        "starts": torch.tensor([0, 6, 12]),
+        "answer": torch.tensor([4, 3]),
+        "given": torch.tensor([False, True]),
+    }
+    got = [(s, e, first) for _, s, e, first in _sequences([shard], labels_from=1)]
+    assert got == [(0, 6, 1), (6, 12, 9)]
+    assert [first for *_, first in _sequences([shard])] == [4, 9]
+    old = {k: v for k, v in shard.items() if k != "given"}  # feature files written before the flag
+    assert [first for *_, first in _sequences([old], labels_from=1)] == [1, 7]
