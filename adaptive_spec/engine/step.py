@@ -139,14 +139,21 @@ class StepMixin:
         verifier = "greedy" if run.request.greedy else plan.verifier
         n_ctx, base = len(state.context), target.cached  # the target's block starts at ``base``
 
+        # pending tokens (root last): the draft's (when it is fed) and the target's, copied to the device together
+        pending, draft_pending = state.context[base:], root
+        if root is None and state.draft is not None and plan.source != "lookup":
+            lo = min(base, state.draft.cached)
+            tail = torch.tensor(state.context[lo:], dtype=torch.long, device=self.device)
+            pending, draft_pending = tail[base - lo :], tail[state.draft.cached - lo :]
+
         # 1) draft the tree
         with timer.phase("draft"):
-            outcome = self._draft(run, plan, root, features)
+            outcome = self._draft(run, plan, draft_pending, features)
         tree = outcome.tree
 
         # 2) score every node in one target forward: block = pending (root last) + drafted nodes
         with timer.phase("target"):
-            ids, pos = block_inputs(state.context[base:], tree, base, self.device)
+            ids, pos = block_inputs(pending, tree, base, self.device)
             mask = block_ancestors(n_ctx - base, outcome.ancestors)  # [block, block]
             logits = target.block_forward(ids, pos, mask, logits_to_keep=tree.num_nodes)  # [N, V']
             target_probs = run.target_probs_fn(logits)  # [N, V]
@@ -166,15 +173,17 @@ class StepMixin:
         return StepResult(plan, tree.num_nodes, result.num_accepted, result.tokens, result.bonus, timer.take_step())
 
     def _draft(
-        self, run: Run, plan: Plan, root: DraftRoot | None, features: Mapping[str, float] | None
+        self, run: Run, plan: Plan, pending: DraftRoot | torch.Tensor | None, features: Mapping[str, float] | None
     ) -> DraftOutcome:
-        """Draft the step's tree by the plan's source: lookup in the context, a drafting policy, or a static shape."""
+        """Draft the step's tree by the plan's source: lookup in the context, a drafting policy, or a static shape.
+
+        ``pending``: the step's first draft forward, if already run; else the draft's pending tokens (root last),
+        or None without a draft model.
+        """
         state, sampling, draft = run.state, run.request.sampling, run.state.draft
         if plan.source == "lookup":  # found in the context: one-hot rows, no draft forward
+            root = pending if isinstance(pending, DraftRoot) else None
             return lookup_outcome(state.context, plan.shape, self.vocab_size, self.device, root)
-        pending = root  # the first draft forward, if already run; else the pending tokens (root last)
-        if pending is None:
-            pending = torch.tensor(state.context[draft.cached :], dtype=torch.long, device=self.device)
         law = (run.draft_probs_fn, state.generator, sampling.greedy)
         if plan.source == "hybrid":  # looked up, then extended by the model
             b = plan.shape.depth - plan.lookup_depth

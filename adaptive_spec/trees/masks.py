@@ -104,26 +104,31 @@ def tree_position_ids(
 
 
 def block_inputs(
-    pending: list[int], tree: DraftTree, base: int, device: torch.device | str
+    pending: list[int] | torch.Tensor, tree: DraftTree, base: int, device: torch.device | str
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The target's block for ``tree``: ids (the pending tokens, root last, then the drafted nodes) and
     positions (:func:`block_positions`), on ``device``.
 
-    A tree drawn on the device (its tokens and depths handed over with ``keep_tensors``) costs one copy, the
-    pending tokens; otherwise ids and positions are one copy together, and the tree keeps their device views
-    of its tokens and depths for the verifiers.
+    ``pending`` already on the device and a tree drawn there (its tokens and depths handed over with
+    ``keep_tensors``) copy nothing; otherwise what is on the host goes over in one copy, and the tree keeps
+    the device views of its tokens and depths for the verifiers.
     """
     p = len(pending)
+    on_device = isinstance(pending, torch.Tensor)
     if tree.has_tensors(device, "tokens", "depths"):
-        ids = torch.cat([torch.tensor(pending, dtype=torch.long, device=device), tree.tokens_tensor(device)[1:]])
-        return ids, block_positions(base, p, tree.depths_tensor(device))
+        head = pending if on_device else torch.tensor(pending, dtype=torch.long, device=device)
+        return torch.cat([head, tree.tokens_tensor(device)[1:]]), block_positions(base, p, tree.depths_tensor(device))
     root = base + p - 1  # the root's position
+    host = [] if on_device else list(pending)
+    n = len(host) + tree.num_nodes - 1  # ids copied
     both = torch.tensor(
-        [*pending, *tree.tokens[1:], *range(base, root), *(root + d for d in tree.depths)],
+        [*host, *tree.tokens[1:], *range(base, root), *(root + d for d in tree.depths)],
         dtype=torch.long,
         device=device,
-    )  # ids and positions (as many) in one copy
-    ids, pos = both[: both.numel() // 2], both[both.numel() // 2 :]
+    )  # what is on the host of the ids, and the positions, in one copy
+    ids, pos = both[:n], both[n:]
+    if on_device:
+        ids = torch.cat([pending, ids])
     no_token = torch.full((1,), -1, dtype=torch.long, device=device)
     tree.keep_tensors(tokens=torch.cat([no_token, ids[p:]]), depths=pos[p - 1 :] - root)
     return ids, pos

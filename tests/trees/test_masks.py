@@ -28,5 +28,8 @@ def test_block_inputs_from_lists_and_from_device_tensors_agree() -> None:
     on_device.keep_tensors(tokens=torch.tensor([-1, 5, 6, 7]), depths=torch.tensor([0, 1, 2, 1]))
     ids, pos = block_inputs(pending, on_device, base, "cpu")
     assert ids.tolist() == want_ids and pos.tolist() == want_pos
+    for t in (tree(), on_device):  # pending tokens already on the device
+        ids, pos = block_inputs(torch.tensor(pending), t, base, "cpu")
+        assert ids.tolist() == want_ids and pos.tolist() == want_pos
     with pytest.raises(ValueError, match="tokens/parents/depths"):
         on_device.keep_tensors(tokens=torch.tensor([1, 2]))
