@@ -115,18 +115,20 @@ def test_collect_fit_and_play_a_gate_on_the_tiny_pair(tiny_pair, tmp_path) -> No
     assert json.loads(path.read_text())["report"]["steps"] == report["steps"]
     loaded = SourceGate.load(path)
     # The fitted costs are this host's step times, measured while collecting, so which source wins
-    # would vary with the machine's load: play the gate with equal step costs, where its choice is its
-    # own prediction of the accepted tokens (deterministic: fixed seeds and training seed).
-    loaded.costs = StepCosts(model_s=1.0, lookup_s=1.0, per_token_s=0.0, plain_s=1.0)
-    planner = GatedSource(loaded)
-    played = set()
-    for prompt in prompts:  # lossless: at temperature 0 the text is the target's greedy text
-        ar = engine.generate(prompt, max_new_tokens=16, temperature=0, plan=None)
-        out = engine.generate(prompt, max_new_tokens=16, temperature=0, plan=planner)
-        assert out.token_ids == ar.token_ids
-        # a no-draft step reports source "model" with depth 0: count the sources that drafted something
-        played |= {s.plan.source for s in out.steps if s.plan.shape.depth > 0}
-    assert played == {"model", "lookup"}  # both sources were played
+    # would vary with the machine's load: play the gate with fixed step costs (a lookup step at half a
+    # model step's cost: it runs no draft forward), where its choice is its own prediction of the
+    # accepted tokens (deterministic: fixed seeds and training seed); a lookup priced out is never played.
+    for lookup_s, want in ((0.5, {"model", "lookup"}), (100.0, {"model"})):
+        loaded.costs = StepCosts(model_s=1.0, lookup_s=lookup_s, per_token_s=0.0, plain_s=1.0)
+        planner = GatedSource(loaded)
+        played = set()
+        for prompt in prompts:  # lossless: at temperature 0 the text is the target's greedy text
+            ar = engine.generate(prompt, max_new_tokens=16, temperature=0, plan=None)
+            out = engine.generate(prompt, max_new_tokens=16, temperature=0, plan=planner)
+            assert out.token_ids == ar.token_ids
+            # a no-draft step reports source "model" with depth 0: count the sources that drafted something
+            played |= {s.plan.source for s in out.steps if s.plan.shape.depth > 0}
+        assert played == want, lookup_s
 
 
 @pytest.mark.slow
