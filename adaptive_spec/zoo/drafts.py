@@ -163,11 +163,17 @@ def _sequences(
 
 
 # ---------------------------------------------------------------------- vocabulary
-def choose_vocabulary(shards: Sequence[dict[str, torch.Tensor]], size: int, vocab: int) -> tuple[torch.Tensor, float]:
-    """The ``size`` most frequent answer tokens (sorted by id), and the share of answer tokens they cover."""
+def _answer_counts(shards: Sequence[dict[str, torch.Tensor]], vocab: int) -> torch.Tensor:
+    """How often each token id (below ``vocab``) occurs in the shards' answers."""
     counts = torch.zeros(vocab, dtype=torch.long)
     for d, _, e, a in _sequences(shards):
         counts += torch.bincount(d["ids"][a:e].long().cpu(), minlength=vocab)
+    return counts
+
+
+def choose_vocabulary(shards: Sequence[dict[str, torch.Tensor]], size: int, vocab: int) -> tuple[torch.Tensor, float]:
+    """The ``size`` most frequent answer tokens (sorted by id), and the share of answer tokens they cover."""
+    counts = _answer_counts(shards, vocab)
     top = counts.topk(size).indices
     return top.sort().values, float(counts[top].sum() / counts.sum())
 
@@ -597,13 +603,9 @@ def new_head(target: Any, train: Sequence[dict[str, torch.Tensor]], vocab_size: 
 
 def vocabulary_coverage(train: Sequence[dict[str, torch.Tensor]], token_ids: torch.Tensor) -> float:
     """The share of ``train``'s answer tokens that a draft vocabulary (``token_ids``) holds."""
-    hit = total = 0
-    vocab = set(token_ids.tolist())
-    for d, _, e, a in _sequences(train):
-        answer = d["ids"][a:e].tolist()
-        hit += sum(t in vocab for t in answer)
-        total += len(answer)
-    return hit / max(total, 1)
+    vocab = max(int(token_ids.max()), *(int(d["ids"].max()) for d in train)) + 1
+    counts = _answer_counts(train, vocab)
+    return float(counts[token_ids.long().cpu()].sum() / counts.sum().clamp_min(1))
 
 
 def shipped_drafts(target: Any, folder: str | Path) -> tuple[Any, Any]:
