@@ -45,7 +45,6 @@ from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.trees.draw import draw_children
 from adaptive_spec.trees.lookup import hybrid_tree, lookup_trie, ngram_candidates, ngram_lookup, within_vocab
-from adaptive_spec.trees.masks import ancestor_matrix
 from adaptive_spec.trees.policy import ChainRule, DraftPolicy, NodeView, PolicyContext, clip_widths
 
 
@@ -67,6 +66,8 @@ class DraftOutcome:
             model-drafted tree. Their children were looked up, not drawn from the draft.
         model_rows: of those nodes, the ones the draft model was run on -> its own row there
             (Tensor[V]), for features (:meth:`model_row`); the verifier reads the tree's rows.
+        ok: 0-dim bool tensor, whether the draft's logits were finite, when that is not checked yet (a tree
+            drafted without a host read: the engine checks it with the verifier's read); None once checked.
     """
 
     tree: DraftTree
@@ -78,6 +79,7 @@ class DraftOutcome:
     policy_decision_s: float = 0.0
     lookup_rows: int = 0
     model_rows: dict[int, torch.Tensor] = field(default_factory=dict)
+    ok: torch.Tensor | None = None
 
     def draft_row(self, node: int) -> int | None:
         """Offset of ``node``'s KV row after the root in the draft cache, or None if it was never fed.
@@ -240,8 +242,9 @@ def _draft_chain(
     """A chain drafted on the device: its shape is known, so the levels never wait for the host.
 
     Each level draws one token from the last row (the same draw as :func:`_walker_level`'s lone
-    walker) and feeds it, as a device tensor, to the next forward; the tokens and the finiteness
-    of every row come back to the host in one read at the end.
+    walker) and feeds it, as a device tensor, to the next forward. Nothing is read back: the tree's
+    tokens stay on the device and the finiteness of every row is the outcome's ``ok``, both read by
+    the engine with the verifier's one host read (before any drawn token is used on the host).
     """
     D, p, base, device = shape.depth, root.pending, root.base, runner.device
     rows, drawn, ok = [root.probs[-1:]], [], root.ok
@@ -254,16 +257,14 @@ def _draft_chain(
             logits = runner.block_forward(token, pos, anc, logits_to_keep=1)
             rows.append(probs_fn(logits))
             ok = ok & finite_flag(logits, rows[-1])
-    on_device = torch.cat([torch.full((1,), -1, dtype=torch.long, device=device), *drawn, ok.long()[None]])
-    flat = on_device.tolist()  # the one host read
-    check_finite(flat.pop(), "draft")
+    tokens = torch.cat([torch.full((1,), -1, dtype=torch.long, device=device), *drawn])  # [D + 1], on the device
     probs = torch.cat([*rows, rows[0].new_zeros(1, rows[0].shape[1])])  # [D + 1, V]; the leaf is never fed
     nodes = range(D + 1)
-    tree = DraftTree(flat, [n - 1 for n in nodes], list(nodes), probs, [[n + 1] for n in range(D)] + [[]], shape)
+    tree = DraftTree(tokens, [n - 1 for n in nodes], list(nodes), probs, [[n + 1] for n in range(D)] + [[]], shape)
     depths = torch.arange(D + 1, device=device)
-    tree.keep_tensors(tokens=on_device[:-1], parents=depths - 1, depths=depths)
+    tree.keep_tensors(parents=depths - 1, depths=depths)
     ancestors = torch.ones(D + 1, D + 1, dtype=torch.bool, device=device).tril_()
-    return DraftOutcome(tree, ancestors, p, D)
+    return DraftOutcome(tree, ancestors, p, D, ok=ok)
 
 
 def _root_only(pending: torch.Tensor | DraftRoot, shape: TreeShape, vocab: int, device: torch.device) -> DraftOutcome:
@@ -362,8 +363,8 @@ def lookup_outcome(
     # one path (lookup:L) is the chain of the most recent longest match, several (lookup:WxL) its trie
     # (ids outside the LM head, possible in a prompt, are never drafted: the target gives them probability 0)
     found = within_vocab(ngram_candidates(context, shape.paths, shape.depth), vocab_size)
-    tree = lookup_trie(found, vocab_size, shape.paths, device)
-    ancestors = ancestor_matrix(tree.parents).to(device)
+    tree = lookup_trie(found, vocab_size, shape.paths, device)  # with its device copies, made in one copy
+    ancestors = tree.ancestors_tensor(device)
     n = tree.num_nodes
     if root is None:  # the draft model was not run: its pending tokens wait for the next model step
         return DraftOutcome(tree, ancestors, pending_fed=0, fed_nodes=0, lookup_rows=n)
@@ -397,35 +398,36 @@ def draft_hybrid(
     if not found:
         return draft_tree(runner, pending, TreeShape.chain(model_depth), probs_fn, generator, deterministic)
     a = len(found)
-    root = _extend_root(runner, pending, found, probs_fn, a + 1 if keep_rows else 1)
+    ids = torch.tensor(found, dtype=torch.long, device=runner.device)  # the step's one copy to the device
+    root = _extend_root(runner, pending, ids, probs_fn, a + 1 if keep_rows else 1)
     tail = draft_tree(runner, root, TreeShape.chain(model_depth), probs_fn, generator, deterministic)
-    tree = hybrid_tree(found, tail.tree)
+    tree = hybrid_tree(found, tail.tree, ids)
     n = tree.num_nodes
     ancestors = torch.ones(n, n, dtype=torch.bool, device=runner.device).tril_()
     kept = root.probs.shape[0] - 1  # rows over the nodes before node a (whose row is the tail's root row)
     rows = {a - kept + i: root.probs[i] for i in range(kept)}
     fed = a + tail.fed_nodes
-    return DraftOutcome(tree, ancestors, root.pending - a, fed, lookup_rows=a, model_rows=rows)
+    return DraftOutcome(tree, ancestors, root.pending - a, fed, lookup_rows=a, model_rows=rows, ok=tail.ok)
 
 
 def _extend_root(
-    runner: ModelRunner, pending: torch.Tensor | DraftRoot, found: list[int], probs_fn: ProbsFn, keep: int = 1
+    runner: ModelRunner, pending: torch.Tensor | DraftRoot, ids: torch.Tensor, probs_fn: ProbsFn, keep: int = 1
 ) -> DraftRoot:
-    """The pending tokens' forward with ``found`` fed after them (appended to an already-run forward if given).
+    """The pending tokens' forward with the looked-up ``ids`` (LongTensor[a]) fed after them (appended to an
+    already-run forward if given).
 
-    Its ``probs`` are the rows over the last ``keep`` fed tokens (at most ``len(found) + 1``: the
-    old root and the looked-up tokens), the last one being the row over ``found[-1]``.
+    Its ``probs`` are the rows over the last ``keep`` fed tokens (at most ``a + 1``: the
+    old root and the looked-up tokens), the last one being the row over ``ids[-1]``.
 
     An EAGLE-style head reads the target's features only for committed tokens, so it takes the
     looked-up tokens one at a time, each reading the head's own output for the one before.
     """
     device = runner.device
-    ids = torch.tensor(found, dtype=torch.long, device=device)
     one_by_one = isinstance(runner, EagleRunner)
     if not isinstance(pending, DraftRoot) and not one_by_one:
         return draft_root(runner, torch.cat([pending, ids]), probs_fn, keep)
     root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
-    p, a = root.pending, len(found)
+    p, a = root.pending, ids.numel()
     positions = torch.arange(root.base + p, root.base + p + a, device=device)
     if one_by_one:
         parts = []

@@ -43,6 +43,17 @@ class GenerationResult:
 
 
 @dataclass
+class DeviceTail:
+    """Committed tokens ``context[start:]`` that are on the device already (``tokens``), with their host values
+    (``host``, compared with the context before use: a cut at a stop string makes the tail stale).
+    """
+
+    start: int
+    host: list[int]
+    tokens: torch.Tensor
+
+
+@dataclass
 class EngineState:
     """Everything one ``generate`` call mutates, passed explicitly through the loop.
 
@@ -55,6 +66,8 @@ class EngineState:
         stats: running statistics.
         steps: step results so far.
         root: the root-feature tracker, when features are computed (else None).
+        tail: the last step's emitted tokens as they already are on the device, so that the next step feeds
+            them without copying them over (:meth:`pending`); None before the first step.
     """
 
     context: list[int]
@@ -65,6 +78,16 @@ class EngineState:
     stats: GenerationStats
     steps: list[StepResult] = field(default_factory=list)
     root: RootTracker | None = None
+    tail: DeviceTail | None = None
+
+    def pending(self, start: int, device: torch.device) -> torch.Tensor:
+        """``context[start:]`` as a LongTensor on ``device``: a view of :attr:`tail` when it holds them (nothing is
+        copied), else one host-to-device copy.
+        """
+        t = self.tail
+        if t is not None and t.start <= start and self.context[t.start :] == t.host:
+            return t.tokens[start - t.start :]
+        return torch.tensor(self.context[start:], dtype=torch.long, device=device)
 
     @property
     def generated(self) -> list[int]:

@@ -37,11 +37,12 @@ from adaptive_spec.engine.features import RootFeatures, planner_view
 from adaptive_spec.engine.graphs import ModelSlot
 from adaptive_spec.engine.logits import ProbsFn
 from adaptive_spec.engine.metrics import PhaseTimer
-from adaptive_spec.engine.outputs import EngineState
+from adaptive_spec.engine.outputs import DeviceTail, EngineState
 from adaptive_spec.engine.request import GenerationRequest
 from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
-from adaptive_spec.trees import TreeShape, block_ancestors, block_inputs
-from adaptive_spec.verifiers import REGISTRY, verify
+from adaptive_spec.trees import DraftTree, TreeShape, block_ancestors, block_inputs
+from adaptive_spec.verifiers import REGISTRY, VerifyResult, verify
+from adaptive_spec.verifiers.base import host_read
 
 if TYPE_CHECKING:
     from adaptive_spec.formats.feature_log import FeatureLogger
@@ -114,18 +115,20 @@ class StepMixin:
 
     @torch.inference_mode()
     def _autoregressive_step(self, run: Run) -> list[int]:
-        """One plain target decoding step (the baseline): feed the pending token, sample the next."""
+        """One plain target decoding step (the baseline): feed the pending token, sample the next; one host read."""
         state, target = run.state, run.state.target
         with run.timer.phase("target"):
-            pending = torch.tensor(state.context[target.cached :], dtype=torch.long, device=self.device)
+            pending = state.pending(target.cached, self.device)  # the last step's token is on the device already
             logits = target.chain_forward(pending, logits_to_keep=1)  # [1, V']
             probs = run.target_probs_fn(logits)  # [1, V]
-            check_finite(finite_flag(logits, probs), "target")
             # Greedy: the target's rows are one-hot at the processed argmax.
-            token = probs[0].argmax() if run.request.greedy else sample_categorical(probs, state.generator)[0]
+            token = probs[0].argmax()[None] if run.request.greedy else sample_categorical(probs, state.generator)
+            value, ok = torch.cat([token, finite_flag(logits, probs).long()[None]]).tolist()  # the one host read
+            check_finite(ok, "target")
+            state.tail = DeviceTail(len(state.context), [value], token)
             state.stats.accept_lengths.append(0)
             state.stats.tree_sizes.append(1)
-        return [int(token.item())]
+        return [value]
 
     @torch.inference_mode()
     def _speculative_step(
@@ -139,12 +142,12 @@ class StepMixin:
         verifier = "greedy" if run.request.greedy else plan.verifier
         n_ctx, base = len(state.context), target.cached  # the target's block starts at ``base``
 
-        # pending tokens (root last): the draft's (when it is fed) and the target's, copied to the device together
-        pending, draft_pending = state.context[base:], root
-        if root is None and state.draft is not None and plan.source != "lookup":
-            lo = min(base, state.draft.cached)
-            tail = torch.tensor(state.context[lo:], dtype=torch.long, device=self.device)
-            pending, draft_pending = tail[base - lo :], tail[state.draft.cached - lo :]
+        # pending tokens (root last): the draft's (when it is fed) and the target's, on the device together (the
+        # last step's tokens are there already; anything older is copied once)
+        fed = root is None and state.draft is not None and plan.source != "lookup"
+        lo = min(base, state.draft.cached) if fed else base
+        tail = state.pending(lo, self.device)
+        pending, draft_pending = tail[base - lo :], tail[state.draft.cached - lo :] if fed else root
 
         # 1) draft the tree
         with timer.phase("draft"):
@@ -157,12 +160,20 @@ class StepMixin:
             mask = block_ancestors(n_ctx - base, outcome.ancestors)  # [block, block]
             logits = target.block_forward(ids, pos, mask, logits_to_keep=tree.num_nodes)  # [N, V']
             target_probs = run.target_probs_fn(logits)  # [N, V]
-            check_finite(finite_flag(logits, target_probs), "target")
 
-        # 3) verify
+        # 3) verify; the finite checks (the target's, the draft's if not done) ride the verifier's host read
         with timer.phase("verify"):
-            lossy = plan.allow_lossy
-            result = verify(verifier, tree, target_probs, state.generator, allow_lossy=lossy, check_inputs=False)
+            checks = finite_flag(logits, target_probs)[None]
+            if outcome.ok is not None:
+                checks = torch.cat([outcome.ok[None], checks])
+            kw = {"allow_lossy": plan.allow_lossy, "check_inputs": False}
+            if REGISTRY[verifier].rides:
+                result = verify(verifier, tree, target_probs, state.generator, ride=checks, **kw)
+                _check_finite(result.ride)
+            else:  # checked before the verifier runs on the host
+                _check_finite(host_read(tree, checks)[0])
+                result = verify(verifier, tree, target_probs, state.generator, **kw)
+            state.tail = _emitted_tail(tree, result, n_ctx)
 
         # 4) commit the accepted path to both KV caches
         accepted = tree.path(result.node)[1:]  # accepted nodes, root excluded
@@ -240,8 +251,33 @@ class StepMixin:
         state = run.state
         assert state.draft is not None and state.root is not None
         with run.timer.phase("draft"):
-            pending = torch.tensor(state.context[state.draft.cached :], dtype=torch.long, device=self.device)
+            pending = state.pending(state.draft.cached, self.device)
             keep = 2 if state.root.needs_draft_row() else 1  # row -2: the draft's row over the root token
             root = draft_root(state.draft, pending, run.draft_probs_fn, keep)
         features = state.root.features(root.probs, root.hidden, root.ok, len(state.context), run.log is not None)
         return root, features
+
+
+def _check_finite(flags: list[int] | tuple[int, ...]) -> None:
+    """Raise if a finite flag read back is 0: ``[draft, target]``, or ``[target]`` when the draft was checked."""
+    if len(flags) == 2:
+        check_finite(flags[0], "draft")
+    check_finite(flags[-1], "target")
+
+
+def _emitted_tail(tree: DraftTree, result: VerifyResult, n_ctx: int) -> DeviceTail | None:
+    """The step's emitted tokens that are on the device already, for the next step's pending tokens.
+
+    The next token when the verifier drew it there, after the accepted tokens when they are a prefix of a tree
+    whose tokens are on the device (a chain: a view) or after the accepted node's token (the draft may need it).
+    """
+    nxt = result.next_on_device
+    if nxt is None:
+        return None
+    k, node = result.num_accepted, result.node
+    tokens = tree.tokens_tensor(nxt.device) if tree.has_tensors(nxt.device, "tokens") else None
+    if tokens is None or k == 0:
+        return DeviceTail(n_ctx + k, [result.tokens[-1]], nxt)
+    if node == k:  # the accepted path is nodes 1 .. k: a view
+        return DeviceTail(n_ctx, list(result.tokens), torch.cat([tokens[1 : k + 1], nxt]))
+    return DeviceTail(n_ctx + k - 1, list(result.tokens[-2:]), torch.cat([tokens[node : node + 1], nxt]))

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from adaptive_spec.trees.shapes import TreeShape
-from adaptive_spec.trees.tree import DraftTree
+from adaptive_spec.trees.tree import DraftTree, ancestor_rows
 
 __all__ = [
     "MAX_NGRAM",
@@ -192,44 +192,78 @@ def lookup_trie(
                 child_draws.append([])
                 child_draws[node].append(child)
             node = child
-    probs = torch.zeros(len(tokens), vocab_size, dtype=torch.float32)
-    for node, kids in enumerate(child_draws):
-        for c in kids:
-            probs[node, tokens[c]] = 1.0 / len(kids)
-    return DraftTree(tokens, parents, depths, probs.to(device), child_draws, shape)
+    weights = [(node, tokens[c], 1.0 / len(kids)) for node, kids in enumerate(child_draws) for c in kids]
+    return _on_device(tokens, parents, depths, child_draws, weights, vocab_size, shape, device)
 
 
 def lookup_tree(tokens: Sequence[int], vocab_size: int, device: torch.device | str | None = None) -> DraftTree:
     """The chain drafting ``tokens`` with one-hot draft rows (law ``CHAIN``; no tokens: the root alone)."""
     n = len(tokens)
-    probs = torch.zeros(n + 1, vocab_size, dtype=torch.float32, device=device)
-    if n:
-        probs[torch.arange(n, device=device), torch.as_tensor(list(tokens), device=device)] = 1.0
-    return DraftTree(
-        tokens=[-1, *map(int, tokens)],
-        parents=[-1, *range(n)],
-        depths=list(range(n + 1)),
-        draft_probs=probs,
-        child_draws=[[i + 1] for i in range(n)] + [[]],
-        shape=TreeShape.chain(n),
+    toks = [-1, *map(int, tokens)]
+    weights = [(i, toks[i + 1], 1.0) for i in range(n)]
+    child_draws = [[i + 1] for i in range(n)] + [[]]
+    return _on_device(
+        toks, [-1, *range(n)], list(range(n + 1)), child_draws, weights, vocab_size, TreeShape.chain(n), device
     )
 
 
-def hybrid_tree(found: Sequence[int], tail: DraftTree) -> DraftTree:
+def _on_device(
+    tokens: list[int],
+    parents: list[int],
+    depths: list[int],
+    child_draws: list[list[int]],
+    weights: list[tuple[int, int, float]],
+    vocab_size: int,
+    shape: TreeShape,
+    device: torch.device | str | None,
+) -> DraftTree:
+    """A looked-up tree whose device copies (tokens, parents, depths, ancestor matrix, the rows' nonzero entries
+    ``(node, token, weight)``) go over in one copy; the tree keeps them, so nothing copies them again.
+    """
+    n, m = len(tokens), len(weights)
+    anc = ancestor_rows(parents)
+    host = [*tokens, *parents, *depths, *(float(x) for row in anc for x in row)]
+    host += [w[0] for w in weights] + [w[1] for w in weights] + [w[2] for w in weights]
+    flat = torch.tensor(host, dtype=torch.float64, device=device)  # ids < 2**53: exact in float64; the one copy
+    ints = flat[: 3 * n].long()
+    ancestors = flat[3 * n : 3 * n + n * n].view(n, n).bool()
+    at = flat[3 * n + n * n :]
+    probs = torch.zeros(n, vocab_size, dtype=torch.float32, device=flat.device)
+    if m:
+        probs[at[:m].long(), at[m : 2 * m].long()] = at[2 * m :].float()
+    tree = DraftTree(tokens, parents, depths, probs, child_draws, shape)
+    t, par, dep = ints.split(n)
+    tree.keep_tensors(tokens=t, parents=par, depths=dep, ancestors=ancestors)
+    return tree
+
+
+def hybrid_tree(found: Sequence[int], tail: DraftTree, found_ids: torch.Tensor | None = None) -> DraftTree:
     """The chain ``root -> found -> tail's drafted tokens``: one-hot rows over ``found``, then ``tail``'s rows.
 
     ``tail`` is a chain drafted by the model from the last looked-up token (its root); law ``CHAIN``.
+    ``found_ids``: ``found`` already on the rows' device (LongTensor[a]); with a tail drawn there, the hybrid's
+    tokens stay there too (nothing is read or copied).
     """
     a = len(found)
     n = a + tail.num_nodes  # the root, the looked-up tokens, then tail's root (= found[-1]) onwards
-    rows = torch.zeros(a, tail.draft_probs.shape[1], dtype=tail.draft_probs.dtype, device=tail.draft_probs.device)
+    device = tail.draft_probs.device
+    ids = found_ids if found_ids is not None else torch.as_tensor(list(found), dtype=torch.long, device=device)
+    rows = torch.zeros(a, tail.draft_probs.shape[1], dtype=tail.draft_probs.dtype, device=device)
     if a:
-        rows[torch.arange(a, device=rows.device), torch.as_tensor(list(found), device=rows.device)] = 1.0
-    return DraftTree(
-        tokens=[-1, *map(int, found), *tail.tokens[1:]],
+        rows[torch.arange(a, device=device), ids] = 1.0
+    if tail.tokens_on_host:
+        tokens: list[int] | torch.Tensor = [-1, *map(int, found), *tail.tokens[1:]]
+    else:  # drawn on the device: keep them there (the tail's root row holds -1)
+        tail_t = tail.tokens_tensor(device)
+        tokens = torch.cat([tail_t[:1], ids, tail_t[1:]])
+    tree = DraftTree(
+        tokens=tokens,
         parents=[-1, *range(n - 1)],
         depths=list(range(n)),
         draft_probs=torch.cat([rows, tail.draft_probs]),
         child_draws=[[i + 1] for i in range(n - 1)] + [[]],
         shape=TreeShape.chain(n - 1),
     )
+    depths = torch.arange(n, device=device)
+    tree.keep_tensors(parents=depths - 1, depths=depths)
+    return tree

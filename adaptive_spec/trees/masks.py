@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from adaptive_spec.trees.tree import ancestor_rows
+
 if TYPE_CHECKING:
     from adaptive_spec.trees.tree import DraftTree
 
@@ -23,16 +25,9 @@ def ancestor_matrix(parents: torch.Tensor | list[int]) -> torch.Tensor:
         parents: LongTensor[N] (or list) of parent indices, -1 for the root; every parent
             index is smaller than its child's.
     """
-    parents = torch.as_tensor(parents, dtype=torch.long)
-    n = parents.shape[0]
-    anc = torch.eye(n, dtype=torch.bool, device=parents.device)
-    # Row i = row parent(i) | e_i; parents precede children, so one pass in order suffices.
-    # The Python loop is over tree nodes (<= a few hundred), never over the vocabulary.
-    par = parents.tolist()
-    for i in range(1, n):
-        if par[i] >= 0:
-            anc[i] |= anc[par[i]]
-    return anc
+    device = parents.device if isinstance(parents, torch.Tensor) else None
+    par = parents.tolist() if isinstance(parents, torch.Tensor) else list(parents)
+    return torch.tensor(ancestor_rows(par), dtype=torch.bool, device=device).reshape(len(par), len(par))
 
 
 def block_ancestors(pending: int, tree_ancestors: torch.Tensor) -> torch.Tensor:

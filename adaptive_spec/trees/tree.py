@@ -19,7 +19,9 @@ class DraftTree:
     always has a smaller index than its children.
 
     Attributes:
-        tokens: ``tokens[i]`` is node i's last token (-1 for the root).
+        tokens: ``tokens[i]`` is node i's last token (-1 for the root). A drafter that drew the tokens on the
+            device may pass them as a LongTensor[N]: the host list is then read on first use (one host sync),
+            or handed over by a caller that read them together with something else (:meth:`set_host_tokens`).
         parents: ``parents[i]`` is node i's parent index (-1 for the root).
         depths: ``depths[i]`` is the number of drafted tokens in node i's prefix.
         draft_probs: Tensor[num_nodes, V]; row i is the draft's next-token distribution after
@@ -42,8 +44,8 @@ class DraftTree:
     _tensors: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        n = len(self.tokens)
-        if not (len(self.parents) == len(self.depths) == len(self.child_draws) == n):
+        n = len(self.parents)
+        if not (len(self._tokens_any) == len(self.depths) == len(self.child_draws) == n):
             raise ValueError("DraftTree: tokens, parents, depths and child_draws must have one entry per node")
         if self.draft_probs.dim() != 2 or self.draft_probs.shape[0] != n:
             raise ValueError(f"DraftTree: draft_probs must be [num_nodes={n}, V], got {tuple(self.draft_probs.shape)}")
@@ -52,6 +54,9 @@ class DraftTree:
         for i in range(1, n):
             if not 0 <= self.parents[i] < i:
                 raise ValueError(f"DraftTree: node {i} has parent {self.parents[i]}, which is not an earlier node")
+        if not self.tokens_on_host:  # tokens drawn on the device: they are the tree's device copy
+            t = self.__dict__["_device_tokens"]
+            self._tensors["tokens", _resolved(t.device)] = t
 
     # ----------------------------------------------------------------- structure
     @property
@@ -61,7 +66,23 @@ class DraftTree:
 
     @property
     def num_nodes(self) -> int:
-        return len(self.tokens)
+        return len(self.parents)
+
+    @property
+    def tokens_on_host(self) -> bool:
+        """Whether the host list of tokens is there (False: only on the device until first read)."""
+        return self.__dict__.get("_host_tokens") is not None
+
+    def set_host_tokens(self, values: list[int]) -> None:
+        """Hand over the host list of a tree drafted on the device, read by the caller in its own host read."""
+        if len(values) != self.num_nodes:
+            raise ValueError(f"DraftTree.set_host_tokens: {len(values)} tokens for {self.num_nodes} nodes")
+        self.__dict__["_host_tokens"] = [int(t) for t in values]
+
+    @property
+    def _tokens_any(self) -> list[int] | torch.Tensor:
+        host = self.__dict__.get("_host_tokens")
+        return host if host is not None else self.__dict__["_device_tokens"]
 
     @property
     def vocab_size(self) -> int:
@@ -121,13 +142,28 @@ class DraftTree:
         """LongTensor[N] of node depths."""
         return self._tensor("depths", device)
 
-    def keep_tensors(self, **tensors: torch.Tensor) -> None:
-        """Hand over device copies of ``tokens``, ``parents`` or ``depths`` (equal to the lists), e.g. from a
-        drafter that drew the tokens on the device: the ``*_tensor`` methods then copy nothing.
+    def ancestors_tensor(self, device: torch.device | None = None) -> torch.Tensor:
+        """BoolTensor[N, N], ``trees.ancestor_matrix(parents)``: entry (i, j) says whether node j is node i or one of
+        its ancestors (built on the host and copied once, unless a drafter handed it over).
         """
+        key = ("ancestors", _resolved(device if device is not None else self.device))
+        if key not in self._tensors:
+            self._tensors[key] = torch.tensor(ancestor_rows(self.parents), dtype=torch.bool, device=key[1])
+        return self._tensors[key]
+
+    def keep_tensors(self, **tensors: torch.Tensor) -> None:
+        """Hand over device copies of ``tokens``, ``parents``, ``depths`` (equal to the lists) or ``ancestors``
+        (:meth:`ancestors_tensor`), e.g. from a drafter that drew the tokens on the device: the ``*_tensor``
+        methods then copy nothing.
+        """
+        n = self.num_nodes
         for name, t in tensors.items():
-            if name not in ("tokens", "parents", "depths") or t.shape != (self.num_nodes,):
-                raise ValueError(f"DraftTree.keep_tensors: {name} must be one of tokens/parents/depths, [num_nodes]")
+            want = (n, n) if name == "ancestors" else (n,)
+            if name not in ("tokens", "parents", "depths", "ancestors") or t.shape != want:
+                raise ValueError(
+                    f"DraftTree.keep_tensors: {name} must be one of tokens/parents/depths ([num_nodes]) "
+                    "or ancestors ([num_nodes, num_nodes])"
+                )
             self._tensors[name, _resolved(t.device)] = t
 
     def has_tensors(self, device: torch.device | str, *names: str) -> bool:
@@ -140,6 +176,39 @@ class DraftTree:
         if key not in self._tensors:
             self._tensors[key] = torch.tensor(getattr(self, name), dtype=torch.long, device=key[1])
         return self._tensors[key]
+
+
+def ancestor_rows(parents: list[int]) -> list[list[bool]]:
+    """The ancestor matrix of a tree as host lists: row i holds node i and its ancestors (parents precede children)."""
+    n = len(parents)
+    rows: list[list[bool]] = []
+    for i, par in enumerate(parents):
+        row = list(rows[par]) if par >= 0 else [False] * n
+        row[i] = True
+        rows.append(row)
+    return rows
+
+
+def _get_tokens(self: DraftTree) -> list[int]:
+    host = self.__dict__.get("_host_tokens")
+    if host is None:  # drafted on the device and not read yet: one host read
+        host = self.__dict__["_host_tokens"] = self.__dict__["_device_tokens"].tolist()
+    return host
+
+
+def _set_tokens(self: DraftTree, value: list[int] | torch.Tensor) -> None:
+    if isinstance(value, torch.Tensor):  # drawn on the device: the host list waits for a read
+        if value.dim() != 1:
+            raise ValueError("DraftTree: tokens as a tensor must be a LongTensor[num_nodes]")
+        self.__dict__["_device_tokens"] = value
+        self.__dict__["_host_tokens"] = None
+    else:
+        self.__dict__["_host_tokens"] = list(value)
+
+
+# ``tokens`` is a dataclass field whose host list may be read lazily; set after the dataclass is built so that
+# the generated ``__init__`` goes through the setter.
+DraftTree.tokens = property(_get_tokens, _set_tokens, doc="Node i's last token (-1 for the root), as a host list.")
 
 
 def _resolved(device: torch.device | str) -> torch.device:

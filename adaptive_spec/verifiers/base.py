@@ -19,7 +19,7 @@ after ``tree.prefixes[i]``; the draft's rows are on the tree.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,12 +34,18 @@ class VerifyResult:
         tokens: the accepted tokens followed by the recovered or bonus token (τ + 1 tokens).
         bonus: True when the last token is a bonus token (drawn from the target's row of an
             untouched node), False when it is a recovered token (drawn from a residual).
+        ride: the values of the caller's ``ride`` tensor, read with the verifier's own host read
+            (:func:`host_read`); empty when none was given.
+        next_on_device: the last emitted token as a LongTensor[1] on the rows' device, when the verifier
+            drew it there (the engine feeds it to the next step without copying it back); else None.
     """
 
     node: int
     num_accepted: int
     tokens: tuple[int, ...]
     bonus: bool
+    ride: tuple[int, ...] = ()
+    next_on_device: torch.Tensor | None = field(default=None, compare=False, repr=False)
 
     @property
     def accepted_tokens(self) -> tuple[int, ...]:
@@ -79,10 +85,35 @@ def accept_prob(target: float, draft: float) -> float:
     return min(1.0, target / draft)
 
 
-def result_for(tree, node: int, token: int, bonus: bool) -> VerifyResult:
-    """Build a :class:`VerifyResult` for ``node`` followed by ``token``."""
+def result_for(
+    tree, node: int, token: int, bonus: bool, ride: list[int] | tuple[int, ...] = (), on_device=None
+) -> VerifyResult:
+    """Build a :class:`VerifyResult` for ``node`` followed by ``token`` (``on_device``: that token, LongTensor[1])."""
     prefix = tree.prefixes[node]
-    return VerifyResult(node=node, num_accepted=len(prefix), tokens=prefix + (int(token),), bonus=bonus)
+    return VerifyResult(node, len(prefix), prefix + (int(token),), bonus, tuple(ride), on_device)
+
+
+def host_read(tree, *parts: torch.Tensor) -> list[list[int]]:
+    """One host read of ``parts`` (1-D integer or bool tensors on one device), as lists.
+
+    The tree's tokens come back in the same read when they are still only on the device (a tree drafted
+    there); they are handed to the tree, so that nothing reads them again.
+    """
+    parts_l = list(parts)
+    lazy = not tree.tokens_on_host
+    if lazy:
+        parts_l.append(tree.tokens_tensor(parts_l[0].device if parts_l else None))
+    if not parts_l:
+        return []
+    sizes = [t.numel() for t in parts_l]
+    flat = torch.cat([t.reshape(-1).long() for t in parts_l]).tolist()  # the one host read
+    out, i = [], 0
+    for n in sizes:
+        out.append(flat[i : i + n])
+        i += n
+    if lazy:
+        tree.set_host_tokens(out.pop())
+    return out
 
 
 def edge_probs(tree, probs: torch.Tensor) -> list[float]:

@@ -18,13 +18,14 @@ closed form of the recursion), the backward scan becomes "the largest ``i`` whos
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import torch
 
 from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftTree
-from adaptive_spec.verifiers.base import VerifyResult, edge_probs, positive_part, result_for
+from adaptive_spec.verifiers.base import VerifyResult, edge_probs, host_read, positive_part, result_for
 
 
 def block_verify_path(
@@ -112,8 +113,10 @@ def chain_block_law(
     return h, rows
 
 
-def chain_block_draw(h: torch.Tensor, rows: torch.Tensor, generator: torch.Generator) -> tuple[int, int]:
-    """``(τ, token)`` of BV from :func:`chain_block_law`'s output, drawn on the device; one host read."""
+def chain_block_draw(h: torch.Tensor, rows: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """``[τ, token]`` (LongTensor[2] on the rows' device) of BV from :func:`chain_block_law`'s output, drawn there;
+    nothing is read back.
+    """
     g = h.numel() - 1
     u = torch.rand(g + 1, generator=generator, dtype=torch.float64, device=generator.device)
     if u.device != h.device:  # a generator on another device than the rows (the engine keeps them together)
@@ -123,20 +126,31 @@ def chain_block_draw(h: torch.Tensor, rows: torch.Tensor, generator: torch.Gener
     row = rows.index_select(0, tau[None])[0]
     cdf = row.cumsum(0)
     token = torch.searchsorted(cdf, (u[0] * cdf[-1])[None], right=True).clamp_(max=row.numel() - 1)
-    tau_i, token_i = torch.stack([tau, token[0]]).tolist()
-    return int(tau_i), int(token_i)
+    return torch.stack([tau, token[0]])
 
 
 def _is_chain(tree: DraftTree) -> bool:
     return tree.parents == list(range(-1, tree.num_nodes - 1))
 
 
-def verify_block(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:
-    """Block verification of a chain (on the rows' device with a ``torch.Generator``'s sampler)."""
+def verify_block(
+    tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler, ride: torch.Tensor | None = None
+) -> VerifyResult:
+    """Block verification of a chain (on the rows' device with a ``torch.Generator``'s sampler: one host read
+    brings back τ, the token, ``ride`` and the tree's tokens if they are still on the device).
+    """
+    extra = [] if ride is None else [ride]
     if isinstance(sampler, TorchSampler) and _is_chain(tree):
         tokens = tree.tokens_tensor(target_probs.device)[1:]
-        tau, token = chain_block_draw(*chain_block_law(target_probs, tree.draft_probs, tokens), sampler.generator)
-        return result_for(tree, tau, token, bonus=tau == tree.num_nodes - 1)
+        drawn = chain_block_draw(*chain_block_law(target_probs, tree.draft_probs, tokens), sampler.generator)
+        (tau, token), *rest = host_read(tree, drawn, *extra)
+        return result_for(tree, tau, token, tau == tree.num_nodes - 1, rest[0] if rest else (), drawn[1:])
+    rode = host_read(tree, *extra)[0] if extra else ()  # read first, before any work on the host
+    result = _verify_block_host(tree, target_probs, sampler)
+    return dataclasses.replace(result, ride=tuple(rode))
+
+
+def _verify_block_host(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:
     path = tree.path(tree.num_nodes - 1)
     q_edge = edge_probs(tree, tree.draft_probs)
     return block_verify_path(

@@ -12,19 +12,25 @@ import torch
 
 from adaptive_spec.rng import Sampler
 from adaptive_spec.trees import DraftTree
-from adaptive_spec.verifiers.base import VerifyResult, result_for
+from adaptive_spec.verifiers.base import VerifyResult, host_read, result_for
 
 
-def verify_greedy(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:  # noqa: ARG001
+def verify_greedy(
+    tree: DraftTree,
+    target_probs: torch.Tensor,
+    sampler: Sampler,  # noqa: ARG001
+    ride: torch.Tensor | None = None,
+) -> VerifyResult:
     """Greedy verification of any tree; ``sampler`` is unused.
 
-    Every row's argmax comes back in one host read (one small kernel over the rows), then the
-    walk down the tree runs on the host.
+    Every row's argmax comes back in one host read (one small kernel over the rows, with ``ride`` and
+    the tree's tokens if they are still on the device), then the walk down the tree runs on the host.
     """
-    best = target_probs.argmax(dim=-1).tolist()
+    best_t = target_probs.argmax(dim=-1)
+    best, *rest = host_read(tree, best_t, *([] if ride is None else [ride]))
     node = 0
     while True:
         child = tree.child_with_token(node, best[node])
         if child is None:
-            return result_for(tree, node, best[node], bonus=True)
+            return result_for(tree, node, best[node], True, rest[0] if rest else (), best_t[node : node + 1])
         node = child

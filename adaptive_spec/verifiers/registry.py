@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -9,7 +10,7 @@ import torch
 
 from adaptive_spec.rng import Sampler, as_sampler
 from adaptive_spec.trees import DraftLaw, DraftTree
-from adaptive_spec.verifiers.base import VerifyResult
+from adaptive_spec.verifiers.base import VerifyResult, host_read
 from adaptive_spec.verifiers.block import verify_block
 from adaptive_spec.verifiers.gbv import verify_gbv
 from adaptive_spec.verifiers.greedy import verify_greedy
@@ -49,6 +50,8 @@ class VerifierSpec:
         lossless: False for verifiers that the exact test shows to be lossy.
         greedy_only: lossless only for a one-hot (temperature 0) target.
         reference: the section that derives it, e.g. ``"docs/algorithms.md §3"``.
+        rides: ``fn`` takes a ``ride`` tensor and reads it with its own first host read (so that a caller's
+            checks cost no read of their own); other verifiers get it read before they run.
     """
 
     name: str
@@ -57,14 +60,15 @@ class VerifierSpec:
     lossless: bool = True
     greedy_only: bool = False
     reference: str = ""
+    rides: bool = False
 
 
 REGISTRY: dict[str, VerifierSpec] = {
     s.name: s
     for s in [
         VerifierSpec("token", verify_token, _CHAIN, reference="docs/algorithms.md §2"),
-        VerifierSpec("greedy", verify_greedy, _ALL, greedy_only=True, reference="docs/algorithms.md §2"),
-        VerifierSpec("block", verify_block, _CHAIN, reference="docs/algorithms.md §3"),
+        VerifierSpec("greedy", verify_greedy, _ALL, greedy_only=True, reference="docs/algorithms.md §2", rides=True),
+        VerifierSpec("block", verify_block, _CHAIN, reference="docs/algorithms.md §3", rides=True),
         VerifierSpec("traversal", verify_traversal, _DRAWN, reference="docs/algorithms.md §4"),
         VerifierSpec("specinfer", verify_specinfer, _IID, reference="docs/algorithms.md §5"),
         VerifierSpec("rrsw", verify_rrsw, _DRAWN, reference="docs/algorithms.md §5"),
@@ -117,6 +121,7 @@ def verify(
     *,
     allow_lossy: bool = False,
     check_inputs: bool = True,
+    ride: torch.Tensor | None = None,
 ) -> VerifyResult:
     """Verify a draft tree against the target with the named verifier.
 
@@ -129,6 +134,9 @@ def verify(
         allow_lossy: allow a verifier registered as lossy (``hsd``).
         check_inputs: check shapes and that the target rows are finite probabilities (one
             pass over ``target_probs``); the engine, which checks its logits, turns it off.
+        ride: a 1-D integer tensor on the rows' device whose values come back as the result's ``ride``:
+            read with the verifier's own first host read when it ``rides``, else before it runs. The
+            engine's finiteness checks travel this way (and a tree's tokens still on the device with them).
 
     Returns:
         The accepted node, the number of accepted tokens and the emitted tokens.
@@ -149,4 +157,10 @@ def verify(
             raise ValueError("target_probs contains NaN or inf")
         if bool((target_probs < 0).any()) or bool(((total - 1).abs() > 1e-3).any()):
             raise ValueError("target_probs rows must be probability distributions (non-negative, summing to 1)")
-    return spec.fn(tree, target_probs, as_sampler(generator))
+    sampler = as_sampler(generator)
+    if ride is None:
+        return spec.fn(tree, target_probs, sampler)
+    if spec.rides:
+        return spec.fn(tree, target_probs, sampler, ride=ride)
+    rode = host_read(tree, ride)[0]
+    return dataclasses.replace(spec.fn(tree, target_probs, sampler), ride=tuple(rode))
