@@ -247,18 +247,18 @@ def _draft_chain(
     the engine with the verifier's one host read (before any drawn token is used on the host).
     """
     D, p, base, device = shape.depth, root.pending, root.base, runner.device
-    rows, drawn, ok = [root.probs[-1:]], [], root.ok
+    positions = torch.arange(base + p - 1, base + p + D - 1, device=device)  # node d's position, d = 1 .. D
+    rows, drawn = [root.probs[-1:]], []
     for d in range(D):
         token = draw_children(rows[-1], 1, generator, greedy=deterministic)[0][:, 0]  # [1]
         drawn.append(token)
-        if d + 1 < D:  # node d + 1 sits at block row p + d, after every row before it
-            pos = torch.full((1,), base + p + d, dtype=torch.long, device=device)
-            anc = torch.ones(1, p + d + 1, dtype=torch.bool, device=device)
-            logits = runner.block_forward(token, pos, anc, logits_to_keep=1)
+        if d + 1 < D:  # node d + 1 attends to every row before it: no mask to build
+            logits = runner.block_forward(token, positions[d + 1 : d + 2], None, logits_to_keep=1)
             rows.append(probs_fn(logits))
-            ok = ok & finite_flag(logits, rows[-1])
     tokens = torch.cat([torch.full((1,), -1, dtype=torch.long, device=device), *drawn])  # [D + 1], on the device
     probs = torch.cat([*rows, rows[0].new_zeros(1, rows[0].shape[1])])  # [D + 1, V]; the leaf is never fed
+    # The rows are softmaxes: any NaN or +inf in a level's logits makes its row NaN (the root's is checked as fed).
+    ok = root.ok & torch.isfinite(probs.sum())
     nodes = range(D + 1)
     tree = DraftTree(tokens, [n - 1 for n in nodes], list(nodes), probs, [[n + 1] for n in range(D)] + [[]], shape)
     depths = torch.arange(D + 1, device=device)

@@ -146,22 +146,28 @@ class ModelRunner:
         self,
         input_ids: torch.Tensor,  # [n]
         position_ids: torch.Tensor,  # [n]
-        ancestors: torch.Tensor,  # [n, m] bool: rows over the m block tokens fed this step (these n last)
+        ancestors: torch.Tensor | None,  # [n, m] bool: rows over the m block tokens fed this step (these n last)
         logits_to_keep: int,
     ) -> torch.Tensor:
         """Run ``n`` block tokens against the cache; return logits Tensor[logits_to_keep, V'].
 
         The cache must hold ``cached`` committed rows plus the ``m - n`` block tokens fed
         earlier in this step. Each new token attends to every committed row and to the block
-        tokens marked in its ``ancestors`` row (itself included).
+        tokens marked in its ``ancestors`` row (itself included). ``ancestors=None``: one token
+        that attends to every row before it (a chain's next node), with no mask built.
         """
-        n, m = ancestors.shape
         past = self.cached
+        if ancestors is None:
+            if input_ids.numel() != 1:
+                raise ValueError("block_forward: ancestors=None feeds one token; pass the ancestor rows for more")
+            n, m = 1, self.cache_length() - past + 1
+        else:
+            n, m = ancestors.shape
         if self.input_limit is not None:
             input_ids = input_ids.clamp(max=self.input_limit - 1)
         if self.cache_length() != past + m - n:
             raise RuntimeError(f"cache holds {self.cache_length()} rows, expected {past + m - n}")
-        mask = additive_mask(ancestors, past, self.dtype)  # [1, 1, n, past + m]
+        mask = None if ancestors is None else additive_mask(ancestors, past, self.dtype)  # [1, 1, n, past + m]
         self.forwards += 1
         return self._run_model(input_ids, position_ids, mask, logits_to_keep)  # [logits_to_keep, V']
 

@@ -163,15 +163,15 @@ class StepMixin:
 
         # 3) verify; the finite checks (the target's, the draft's if not done) ride the verifier's host read
         with timer.phase("verify"):
-            checks = finite_flag(logits, target_probs)[None]
-            if outcome.ok is not None:
-                checks = torch.cat([outcome.ok[None], checks])
+            # sampled rows are softmaxes (NaN where the logits were not finite); one-hot rows are not
+            target_ok = finite_flag(logits, target_probs) if run.request.greedy else torch.isfinite(target_probs.sum())
+            ok = target_ok if outcome.ok is None else target_ok & outcome.ok
             kw = {"allow_lossy": plan.allow_lossy, "check_inputs": False}
             if REGISTRY[verifier].rides:
-                result = verify(verifier, tree, target_probs, state.generator, ride=checks, **kw)
-                _check_finite(result.ride)
+                result = verify(verifier, tree, target_probs, state.generator, ride=ok.long()[None], **kw)
+                _check_finite(result.ride[0], outcome.ok, target_ok)
             else:  # checked before the verifier runs on the host
-                _check_finite(host_read(tree, checks)[0])
+                _check_finite(host_read(tree, ok.long()[None])[0][0], outcome.ok, target_ok)
                 result = verify(verifier, tree, target_probs, state.generator, **kw)
             state.tail = _emitted_tail(tree, result, n_ctx)
 
@@ -258,11 +258,14 @@ class StepMixin:
         return root, features
 
 
-def _check_finite(flags: list[int] | tuple[int, ...]) -> None:
-    """Raise if a finite flag read back is 0: ``[draft, target]``, or ``[target]`` when the draft was checked."""
-    if len(flags) == 2:
-        check_finite(flags[0], "draft")
-    check_finite(flags[-1], "target")
+def _check_finite(ok: int, draft_ok: torch.Tensor | None, target_ok: torch.Tensor) -> None:
+    """Raise if the step's finite flag read back (the target's and, if not checked yet, the draft's) is 0; only
+    then are the two read again, to say which model it was.
+    """
+    if not ok:
+        if draft_ok is not None:
+            check_finite(draft_ok, "draft")
+        check_finite(target_ok, "target")
 
 
 def _emitted_tail(tree: DraftTree, result: VerifyResult, n_ctx: int) -> DeviceTail | None:

@@ -106,7 +106,8 @@ def host_read(tree, *parts: torch.Tensor) -> list[list[int]]:
     if not parts_l:
         return []
     sizes = [t.numel() for t in parts_l]
-    flat = torch.cat([t.reshape(-1).long() for t in parts_l]).tolist()  # the one host read
+    flat = [t if t.dim() == 1 and t.dtype == torch.long else t.reshape(-1).long() for t in parts_l]
+    flat = (torch.cat(flat) if len(flat) > 1 else flat[0]).tolist()  # the one host read
     out, i = [], 0
     for n in sizes:
         out.append(flat[i : i + n])

@@ -22,6 +22,7 @@ import dataclasses
 from collections.abc import Callable
 
 import torch
+from torch.nn.functional import pad
 
 from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftTree
@@ -90,7 +91,7 @@ def chain_block_law(
         tokens: LongTensor[γ], node ``i + 1``'s token.
 
     Returns:
-        ``h``: Tensor[γ + 1] (float64), ``h[i]`` for ``1 <= i <= γ`` (``h[γ] = w_γ``; ``h[0] = 0``, unused);
+        ``h``: Tensor[γ + 1] (float64), ``h[i]`` for ``1 <= i <= γ`` (``h[γ] = w_γ``; ``h[0]`` is unused);
         ``rows``: Tensor[γ + 1, V], the unnormalised law of the emitted token when ``τ = i``: the residual
         ``(w_i p_i - q_i)_+`` for ``i < γ`` (``p_0`` when the root's residual is all zero) and ``p_γ``.
     """
@@ -98,18 +99,20 @@ def chain_block_law(
     g = tokens.numel()
     if g == 0:
         return P.new_zeros(1), P
-    pe = P[:-1].gather(1, tokens[:, None]).squeeze(1)
-    qe = Q[:-1].gather(1, tokens[:, None]).squeeze(1)
-    ratio = torch.where(qe > 0, pe / qe.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
-    L = torch.cat([P.new_zeros(1), ratio.log().cumsum(0)])  # -inf once a ratio is 0: w stays 0 after it
+    tiny = torch.finfo(torch.float64).tiny
+    P1, Q1, idx = P[:-1], Q[:-1], tokens[:, None]
+    pe, qe = P1.gather(1, idx)[:, 0], Q1.gather(1, idx)[:, 0]
+    ratio = torch.where(qe > 0, pe / qe.clamp_min(tiny), 0.0)
+    L = pad(ratio.log().cumsum(0), (1, 0))  # L_0 = 0; -inf once a ratio is 0: w stays 0 after it
     w = (L - L.cummax(0).values).exp()  # w_i = min(1, w_{i-1} * ratio_i), in closed form
-    R = (w[:-1, None] * P[:-1] - Q[:-1]).clamp_min(0.0)  # [γ, V]
+    w1 = w[:-1]
+    R = (w1[:, None] * P1 - Q1).clamp_min_(0.0)  # [γ, V]
     S = R.sum(-1)
-    denom = S + (1.0 - w[:-1])
-    h = torch.where(denom > 0, S / denom.clamp_min(torch.finfo(torch.float64).tiny), 0.0)
-    h = torch.cat([h[1:].new_zeros(1), h[1:], w[-1:]])  # h_0 unused; h_γ = w_γ
-    root = torch.where(S[0] > 0, R[0], P[0])
-    rows = torch.cat([root[None], R[1:], P[-1:]])
+    denom = S - w1 + 1.0
+    h = torch.where(denom > 0, S / denom.clamp_min(tiny), 0.0)
+    h = torch.cat([h, w[-1:]])  # h_γ = w_γ; h_0 is unused (τ = 0 when every later position is rejected)
+    rows = torch.cat([R, P[-1:]])
+    rows[0] = torch.where(S[0] > 0, R[0], P[0])  # the root's residual, or p_0 when it is all zero
     return h, rows
 
 

@@ -230,10 +230,17 @@ def test_nan_logits_raise() -> None:
     with torch.no_grad():
         draft.lm_head.weight.fill_(float("nan"))
     engine = SpecEngine(target, draft)
-    with pytest.raises(ValueError, match="draft model returned NaN"):
-        engine.generate([0, 5], max_new_tokens=4, plan="chain:2/token", seed=0)
+    # token: checked before the verifier runs; block and greedy: the check rides the verifier's one host read
+    for plan, temperature in [("chain:2/token", 1.0), ("chain:3/block", 1.0), ("chain:3/block", 0.0)]:
+        kw = {"max_new_tokens": 4, "plan": plan, "temperature": temperature, "seed": 0}
+        with pytest.raises(ValueError, match="draft model returned NaN"):
+            engine.generate([0, 5], **kw)
+        with pytest.raises(ValueError, match="target model returned NaN"):
+            SpecEngine(draft, target).generate([0, 5], **kw)
     with pytest.raises(ValueError, match="target model returned NaN"):
         SpecEngine(draft, target).generate([0, 5], max_new_tokens=4, plan=None, seed=0)
+    with pytest.raises(ValueError, match="target model returned NaN"):  # looked up: no draft forward
+        SpecEngine(draft, target).generate([0, 5, 0, 5], max_new_tokens=4, plan="lookup:2/block", seed=0)
 
 
 def test_mismatched_tokenizers_and_attention_are_refused(models) -> None:
