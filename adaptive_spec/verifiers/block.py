@@ -92,22 +92,22 @@ def chain_block_law(
 
     Returns:
         ``h``: Tensor[γ + 1] (float64), ``h[i]`` for ``1 <= i <= γ`` (``h[γ] = w_γ``; ``h[0]`` is unused);
-        ``rows``: Tensor[γ + 1, V], the unnormalised law of the emitted token when ``τ = i``: the residual
+        ``rows``: Tensor[γ + 1, V] (the rows' dtype), the unnormalised law of the emitted token when ``τ = i``: the residual
         ``(w_i p_i - q_i)_+`` for ``i < γ`` (``p_0`` when the root's residual is all zero) and ``p_γ``.
     """
-    P, Q = target_probs.double(), draft_probs.double()
+    P, Q = target_probs, draft_probs  # rows in their own dtype; the weights in float64 (module docstring of base)
     g = tokens.numel()
     if g == 0:
-        return P.new_zeros(1), P
+        return P.new_zeros(1, dtype=torch.float64), P
     tiny = torch.finfo(torch.float64).tiny
     P1, Q1, idx = P[:-1], Q[:-1], tokens[:, None]
-    pe, qe = P1.gather(1, idx)[:, 0], Q1.gather(1, idx)[:, 0]
+    pe, qe = P1.gather(1, idx)[:, 0].double(), Q1.gather(1, idx)[:, 0].double()
     ratio = torch.where(qe > 0, pe / qe.clamp_min(tiny), 0.0)
     L = pad(ratio.log().cumsum(0), (1, 0))  # L_0 = 0; -inf once a ratio is 0: w stays 0 after it
     w = (L - L.cummax(0).values).exp()  # w_i = min(1, w_{i-1} * ratio_i), in closed form
     w1 = w[:-1]
-    R = (w1[:, None] * P1 - Q1).clamp_min_(0.0)  # [γ, V]
-    S = R.sum(-1)
+    R = (w1.to(P.dtype)[:, None] * P1 - Q1).clamp_min_(0.0)  # [γ, V]
+    S = R.sum(-1, dtype=torch.float64)
     denom = S - w1 + 1.0
     h = torch.where(denom > 0, S / denom.clamp_min(tiny), 0.0)
     h = torch.cat([h, w[-1:]])  # h_γ = w_γ; h_0 is unused (τ = 0 when every later position is rejected)
