@@ -204,7 +204,8 @@ def draft_tree(
     ok = root.ok  # checked at the level's host sync, before any drawn token is used
     rows = [root.probs[-1:]]  # per level: Tensor[nodes at that depth, V]
     level_first, walkers = 0, [0]  # chain / i.i.d. laws: the node each walker stands on
-    at = torch.zeros(1, dtype=torch.long, device=device)  # the walkers' rows in the level's probabilities
+    at = zero = torch.zeros(1, dtype=torch.long, device=device)  # the walkers' rows in the level's probabilities
+    level_ids, level_depths = [zero - 1], [zero]  # the tree's tokens and depths on the device, level by level
 
     for d in range(D):
         new_first = len(b.tokens)
@@ -214,12 +215,17 @@ def draft_tree(
             if shape.law in (DraftLaw.IID, DraftLaw.DELAYED) and d == shape.trunk:
                 walkers, at = walkers * shape.paths, at.repeat(shape.paths)  # the rollouts start at the trunk's end
             walkers = _walker_level(b, rows[-1][at], walkers, generator, deterministic, ok)
-        # block rows and tokens of the new level, and where the walkers stand in it, in one copy
+        # block rows, tokens and depths of the new level, and where the walkers stand in it, in one copy
         walking = shape.law is not DraftLaw.WITHOUT_REPLACEMENT
-        new, ids, at = b.link(new_first, extra=[w - new_first for w in walkers] if walking else [])
+        k = len(b.tokens) - new_first
+        stand = [w - new_first for w in walkers] if walking else []
+        new, ids, extra = b.link(new_first, extra=[*stand, *[d + 1] * k])
+        at, depths = extra[: len(stand)], extra[len(stand) :]
+        level_ids.append(ids)
+        level_depths.append(depths)
         level_first = new_first
         if d + 1 < D:  # feed the new level so that it can be expanded
-            pos = torch.full((len(ids),), base + p - 1 + d + 1, device=device)
+            pos = depths + (base + p - 1)
             logits = runner.block_forward(ids, pos, b.anc[new, : p - 1 + len(b.tokens)], logits_to_keep=len(ids))
             rows.append(probs_fn(logits))
             ok = finite_flag(logits, rows[-1])
@@ -228,6 +234,7 @@ def draft_tree(
     fed = n - sum(1 for x in b.depths if x == D)
     probs = torch.cat([*rows, torch.zeros(n - fed, V, dtype=rows[0].dtype, device=device)])  # [N, V]
     tree = DraftTree(b.tokens, b.parents, b.depths, probs, b.child_draws, shape)
+    tree.keep_tensors(tokens=torch.cat(level_ids), depths=torch.cat(level_depths))  # the target's block copies nothing
     return DraftOutcome(tree, b.anc[p - 1 : p - 1 + n, p - 1 : p - 1 + n], p, fed)
 
 
@@ -616,9 +623,13 @@ class _PolicyGrowth:
         return frontier
 
     def outcome(self, rows: list[torch.Tensor], pending: int) -> DraftOutcome:
-        b, n = self.b, len(self.b.tokens)
+        b, n, fed = self.b, len(self.b.tokens), len(self.fed_order)
+        # the fed rows' places, the tokens and the depths (for the target's block) in one copy
+        fed_t, tokens_t, depths_t = torch.tensor([*self.fed_order, *b.tokens, *b.depths], device=self.device).split(
+            [fed, n, n]
+        )
         probs = torch.zeros(n, self.vocab, dtype=rows[0].dtype, device=self.device)
-        probs[torch.tensor(self.fed_order, device=self.device)] = torch.cat(rows)[: len(self.fed_order)]
+        probs[fed_t] = torch.cat(rows)[:fed]
         tree = DraftTree(b.tokens, b.parents, b.depths, probs, b.child_draws, self.policy.shape)
-        fed = len(self.fed_order)
+        tree.keep_tensors(tokens=tokens_t, depths=depths_t)
         return DraftOutcome(tree, b.anc[:n, :n], pending, fed, self.cache_rows, self.levels, self.decision_s)

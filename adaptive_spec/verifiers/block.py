@@ -92,8 +92,8 @@ def chain_block_law(
 
     Returns:
         ``h``: Tensor[γ + 1] (float64), ``h[i]`` for ``1 <= i <= γ`` (``h[γ] = w_γ``; ``h[0]`` is unused);
-        ``rows``: Tensor[γ + 1, V] (the rows' dtype), the unnormalised law of the emitted token when ``τ = i``: the residual
-        ``(w_i p_i - q_i)_+`` for ``i < γ`` (``p_0`` when the root's residual is all zero) and ``p_γ``.
+        ``rows``: Tensor[γ + 1, V] (the rows' dtype), the unnormalised law of the emitted token when ``τ = i``:
+        the residual ``(w_i p_i - q_i)_+`` for ``i < γ`` (``p_0`` when the root's residual is all zero) and ``p_γ``.
     """
     P, Q = target_probs, draft_probs  # rows in their own dtype; the weights in float64 (module docstring of base)
     g = tokens.numel()

@@ -2,15 +2,23 @@
 
 Ignore the draft: draw Y ~ p at the node and move to the child holding Y, if any. Lossless
 for any tree, deterministic ones included.
+
+With a ``torch.Generator``'s sampler (the engine's case) every node's ``Y`` is drawn at once on the
+rows' device (the exponential race): a node is visited at most once and its draw is independent of
+the others', so drawing them all ahead leaves the walk's law unchanged; one host read brings them
+back (with the caller's ``ride``) and the walk runs on the host (``tests/verifiers/test_nss_device.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from adaptive_spec.rng import Sampler
+from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftTree
-from adaptive_spec.verifiers.base import VerifyResult
+from adaptive_spec.trees.draw import draw_children
+from adaptive_spec.verifiers.base import VerifyResult, host_read, result_for
 from adaptive_spec.verifiers.walk import top_down_walk
 
 
@@ -18,6 +26,20 @@ def nss_solver(p, q, candidates, sampler):  # noqa: ARG001
     return sampler.categorical(p), True
 
 
-def verify_nss(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:
+def verify_nss(
+    tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler, ride: torch.Tensor | None = None
+) -> VerifyResult:
     """NSS: sample from the target at each node and follow the tree while it matches."""
-    return top_down_walk(tree, target_probs, sampler, nss_solver, distinct=True)
+    extra = [] if ride is None else [ride]
+    if isinstance(sampler, TorchSampler):
+        drawn = draw_children(target_probs, 1, sampler.generator)[0][:, 0]  # [N]: every node's Y
+        ys, *rest = host_read(tree, drawn, *extra)
+        node = 0
+        while True:
+            child = tree.child_with_token(node, ys[node])
+            if child is None:
+                return result_for(tree, node, ys[node], True, rest[0] if rest else (), drawn[node : node + 1])
+            node = child
+    rode = host_read(tree, *extra)[0] if extra else ()
+    result = top_down_walk(tree, target_probs, sampler, nss_solver, distinct=True)
+    return dataclasses.replace(result, ride=tuple(rode))

@@ -73,7 +73,7 @@ REGISTRY: dict[str, VerifierSpec] = {
         VerifierSpec("specinfer", verify_specinfer, _IID, reference="docs/algorithms.md §5"),
         VerifierSpec("rrsw", verify_rrsw, _DRAWN, reference="docs/algorithms.md §5"),
         VerifierSpec("spectr", verify_spectr, _IID, reference="docs/algorithms.md §5"),
-        VerifierSpec("nss", verify_nss, _ALL, reference="docs/algorithms.md §5"),
+        VerifierSpec("nss", verify_nss, _ALL, reference="docs/algorithms.md §5", rides=True),
         VerifierSpec("naive", verify_naive, _DRAWN, reference="docs/algorithms.md §5"),
         VerifierSpec("gbv", verify_gbv, _GBV, reference="docs/algorithms.md §6"),
         VerifierSpec("hsd", verify_hsd, frozenset({DraftLaw.CHAIN}), lossless=False, reference="docs/algorithms.md §7"),

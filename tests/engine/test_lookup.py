@@ -254,14 +254,19 @@ def test_negative_control_wrong_rows(engine, monkeypatch, plan, wrong) -> None:
 @pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong"])
 def test_negative_control_row_reading_verifier_on_a_trie(engine, monkeypatch, wrong) -> None:
     """A lookup trie verified by traversal verification, which reads the trie's (uniform) rows as a draw's law."""
+    import dataclasses
+
     import adaptive_spec.engine.step as step_module
     from adaptive_spec.verifiers import REGISTRY
+    from adaptive_spec.verifiers.base import host_read
 
     played: list[int] = []
 
-    def verifier(name, tree, target_probs, generator, **kw):
+    def verifier(name, tree, target_probs, generator, ride=None, **kw):
         played.append(tree.num_nodes)
-        return REGISTRY["traversal" if wrong else name].fn(tree, target_probs, as_sampler(generator))
+        checks = () if ride is None else tuple(host_read(tree, ride)[0])  # the engine's finite checks, passed back
+        result = REGISTRY["traversal" if wrong else name].fn(tree, target_probs, as_sampler(generator))
+        return dataclasses.replace(result, ride=checks)
 
     monkeypatch.setattr(step_module, "verify", verifier)
     assert (law_pvalue(engine, "lookup:2x2/nss", [3, 5, 3, 6, 3], CONTROL_RUNS) < 1e-3) == wrong

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# bench overhead, base (52ed531) and main alternating, built-in pair, alone.
+set -u
+PLANS="chain:4/block,conf-chain:6:0.3/block,lookup:8/block,hybrid:2:2/block,iid:3x5/specinfer,eagle:6:48:6:4:wor/traversal"
+for round in 1 2; do
+  for v in base main; do
+    if [ $v = base ]; then D=/work/wt/base; else D=/work/main; fi
+    (cd $D && PYTHONPATH=$D /work/main/.venv/bin/python -m adaptive_spec bench overhead --plans "$PLANS" \
+      --limit 4 --max-new-tokens 64 --json /work/runs/ov-$v-$round.json) > /work/runs/ov-$v-$round.log 2>&1
+    echo "$v round $round rc=$?"
+  done
+done
