@@ -38,7 +38,7 @@ from adaptive_spec.engine.features import LatencyFeatures, RootTracker
 from adaptive_spec.engine.graphs import BUCKETS, ModelSlot
 from adaptive_spec.engine.logits import ProbsFn, build_logits_processor
 from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
-from adaptive_spec.engine.outputs import EngineState, GenerationResult
+from adaptive_spec.engine.outputs import DeviceTail, EngineState, GenerationResult
 from adaptive_spec.engine.pretrained import (
     check_same_tokenizer,
     context_window,
@@ -504,6 +504,7 @@ class SpecEngine(StepMixin):
         # Inference mode is entered around each forward-running call, never across a yield.
         with torch.inference_mode():
             prompt_t = torch.tensor(state.context, dtype=torch.long, device=self.device)
+            state.tail = DeviceTail(0, list(state.context), prompt_t)  # the first step's pending tokens: a view
             with timer.phase("target"):
                 logits_t = state.target.chain_forward(prompt_t[:-1], logits_to_keep=1)  # [1, V'] or None
             logits_d = None
