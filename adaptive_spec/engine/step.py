@@ -147,7 +147,7 @@ class StepMixin:
         fed = root is None and state.draft is not None and plan.source != "lookup"
         lo = min(base, state.draft.cached) if fed else base
         tail = state.pending(lo, self.device)
-        pending, draft_pending = tail[base - lo :], tail[state.draft.cached - lo :] if fed else root
+        pending, draft_pending = tail[base - lo :], (tail[state.draft.cached - lo :] if fed else root)
 
         # 1) draft the tree
         with timer.phase("draft"):
@@ -161,19 +161,10 @@ class StepMixin:
             logits = target.block_forward(ids, pos, mask, logits_to_keep=tree.num_nodes)  # [N, V']
             target_probs = run.target_probs_fn(logits)  # [N, V]
 
-        # 3) verify; the finite checks (the target's, the draft's if not done) ride the verifier's host read
+        # 3) verify (the models' finite checks ride the verifier's one host read)
         with timer.phase("verify"):
-            # sampled rows are softmaxes (NaN where the logits were not finite); one-hot rows are not
-            target_ok = finite_flag(logits, target_probs) if run.request.greedy else torch.isfinite(target_probs.sum())
-            ok = target_ok if outcome.ok is None else target_ok & outcome.ok
-            kw = {"allow_lossy": plan.allow_lossy, "check_inputs": False}
-            if REGISTRY[verifier].rides:
-                result = verify(verifier, tree, target_probs, state.generator, ride=ok.long()[None], **kw)
-                _check_finite(result.ride[0], outcome.ok, target_ok)
-            else:  # checked before the verifier runs on the host
-                _check_finite(host_read(tree, ok.long()[None])[0][0], outcome.ok, target_ok)
-                result = verify(verifier, tree, target_probs, state.generator, **kw)
-            state.tail = _emitted_tail(tree, result, n_ctx)
+            result = self._verify(run, plan, verifier, outcome, logits, target_probs)
+            state.tail = _emitted_tail(tree, result, n_ctx)  # the next step's pending tokens, on the device
 
         # 4) commit the accepted path to both KV caches
         accepted = tree.path(result.node)[1:]  # accepted nodes, root excluded
@@ -182,6 +173,33 @@ class StepMixin:
             log_committed(self.draft_data, state, tree.tokens, accepted, base, logits)
         self._record(run, outcome, result, logits, target_probs)
         return StepResult(plan, tree.num_nodes, result.num_accepted, result.tokens, result.bonus, timer.take_step())
+
+    def _verify(
+        self,
+        run: Run,
+        plan: Plan,
+        verifier: str,
+        outcome: DraftOutcome,
+        logits: torch.Tensor,
+        target_probs: torch.Tensor,
+    ) -> VerifyResult:
+        """Verify the drafted tree; the target's rows (and the draft's, when not checked yet) must be finite.
+
+        The finite flag rides the verifier's own host read when it has one (``REGISTRY[name].rides``: greedy,
+        block, NSS), else it is read before the verifier runs on the host. Sampled rows are softmaxes, NaN
+        wherever the logits were not finite; one-hot (T = 0) rows are not, so their logits are checked.
+        """
+        tree, generator = outcome.tree, run.state.generator
+        greedy = run.request.greedy
+        target_ok = finite_flag(logits, target_probs) if greedy else torch.isfinite(target_probs.sum())
+        ok = (target_ok if outcome.ok is None else target_ok & outcome.ok).long()[None]
+        kw = {"allow_lossy": plan.allow_lossy, "check_inputs": False}
+        if REGISTRY[verifier].rides:
+            result = verify(verifier, tree, target_probs, generator, ride=ok, **kw)
+            _check_finite(result.ride[0], outcome.ok, target_ok)
+            return result
+        _check_finite(host_read(tree, ok)[0][0], outcome.ok, target_ok)
+        return verify(verifier, tree, target_probs, generator, **kw)
 
     def _draft(
         self, run: Run, plan: Plan, pending: DraftRoot | torch.Tensor | None, features: Mapping[str, float] | None

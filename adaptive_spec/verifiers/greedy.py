@@ -12,7 +12,8 @@ import torch
 
 from adaptive_spec.rng import Sampler
 from adaptive_spec.trees import DraftTree
-from adaptive_spec.verifiers.base import VerifyResult, host_read, result_for
+from adaptive_spec.verifiers.base import VerifyResult
+from adaptive_spec.verifiers.walk import follow_choices
 
 
 def verify_greedy(
@@ -26,11 +27,4 @@ def verify_greedy(
     Every row's argmax comes back in one host read (one small kernel over the rows, with ``ride`` and
     the tree's tokens if they are still on the device), then the walk down the tree runs on the host.
     """
-    best_t = target_probs.argmax(dim=-1)
-    best, *rest = host_read(tree, best_t, *([] if ride is None else [ride]))
-    node = 0
-    while True:
-        child = tree.child_with_token(node, best[node])
-        if child is None:
-            return result_for(tree, node, best[node], True, rest[0] if rest else (), best_t[node : node + 1])
-        node = child
+    return follow_choices(tree, target_probs.argmax(dim=-1), ride)

@@ -18,8 +18,8 @@ import torch
 from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftTree
 from adaptive_spec.trees.draw import draw_children
-from adaptive_spec.verifiers.base import VerifyResult, host_read, result_for
-from adaptive_spec.verifiers.walk import top_down_walk
+from adaptive_spec.verifiers.base import VerifyResult, host_read
+from adaptive_spec.verifiers.walk import follow_choices, top_down_walk
 
 
 def nss_solver(p, q, candidates, sampler):  # noqa: ARG001
@@ -32,14 +32,7 @@ def verify_nss(
     """NSS: sample from the target at each node and follow the tree while it matches."""
     extra = [] if ride is None else [ride]
     if isinstance(sampler, TorchSampler):
-        drawn = draw_children(target_probs, 1, sampler.generator)[0][:, 0]  # [N]: every node's Y
-        ys, *rest = host_read(tree, drawn, *extra)
-        node = 0
-        while True:
-            child = tree.child_with_token(node, ys[node])
-            if child is None:
-                return result_for(tree, node, ys[node], True, rest[0] if rest else (), drawn[node : node + 1])
-            node = child
+        return follow_choices(tree, draw_children(target_probs, 1, sampler.generator)[0][:, 0], ride)  # every Y
     rode = host_read(tree, *extra)[0] if extra else ()
     result = top_down_walk(tree, target_probs, sampler, nss_solver, distinct=True)
     return dataclasses.replace(result, ride=tuple(rode))

@@ -14,7 +14,7 @@ import torch
 
 from adaptive_spec.rng import Sampler
 from adaptive_spec.trees import DraftTree
-from adaptive_spec.verifiers.base import VerifyResult, result_for
+from adaptive_spec.verifiers.base import VerifyResult, host_read, result_for
 
 # (target row p, draft row q, candidate tokens, sampler) -> (token, drawn from unmodified p)
 NodeSolver = Callable[[torch.Tensor, torch.Tensor, list[int], Sampler], tuple[int, bool]]
@@ -49,4 +49,21 @@ def top_down_walk(
         child = tree.child_with_token(node, token)
         if child is None:
             return result_for(tree, node, token, bonus=from_target)
+        node = child
+
+
+def follow_choices(tree: DraftTree, choices: torch.Tensor, ride: torch.Tensor | None = None) -> VerifyResult:
+    """Walk from the root to the child holding each node's chosen token; emit the choice where none does.
+
+    ``choices``: LongTensor[N] on the rows' device, a token per node drawn from the target's row there
+    (its argmax at T = 0, a sample for NSS), so the emitted token is a bonus. One host read brings back the
+    choices, ``ride`` and the tree's tokens if they are still on the device; the next token stays on the
+    device as well (the result's ``next_on_device``).
+    """
+    chosen, *rest = host_read(tree, choices, *([] if ride is None else [ride]))
+    node = 0
+    while True:
+        child = tree.child_with_token(node, chosen[node])
+        if child is None:
+            return result_for(tree, node, chosen[node], True, rest[0] if rest else (), choices[node : node + 1])
         node = child
