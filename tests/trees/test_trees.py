@@ -130,3 +130,34 @@ def test_block_ancestors_and_positions():
     ], dtype=torch.bool)  # fmt: skip
     assert torch.equal(anc, expected)
     assert block_positions(10, 3, depths).tolist() == [10, 11, 12, 13, 13, 14]
+
+
+def test_tokens_drawn_on_the_device_are_read_once_and_only_when_used(monkeypatch):
+    from adaptive_spec.trees import DraftTree
+
+    parents = [-1, 0, 0, 1]
+    tree = DraftTree(
+        torch.tensor([-1, 4, 2, 7]),
+        parents,
+        [0, 1, 1, 2],
+        torch.zeros(4, 8),
+        [[1, 2], [3], [], []],
+        TreeShape.iid(2, 2),
+    )
+    reads = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: reads.append(t.numel()) or real(t))
+    assert not tree.tokens_on_host and tree.num_nodes == 4 and tree.has_tensors("cpu", "tokens") and reads == []
+    assert tree.prefixes == [(), (4,), (2,), (4, 7)] and tree.tokens == [-1, 4, 2, 7] and reads == [4]
+    handed = DraftTree(
+        torch.tensor([-1, 4, 2, 7]), parents, [0, 1, 1, 2], torch.zeros(4, 8), tree.child_draws, tree.shape
+    )
+    handed.set_host_tokens([-1, 4, 2, 7])  # read by the caller with something else: no read of its own
+    assert handed.tokens == [-1, 4, 2, 7] and reads == [4]
+    with pytest.raises(ValueError, match="3 tokens for 4 nodes"):
+        handed.set_host_tokens([-1, 4, 2])
+    # the ancestor matrix: built once on the host (one copy), or handed over and checked
+    assert torch.equal(tree.ancestors_tensor(), ancestor_matrix(parents))
+    assert tree.ancestors_tensor().tolist()[3] == [True, True, False, True]
+    with pytest.raises(ValueError, match="ancestors"):
+        tree.keep_tensors(ancestors=torch.ones(3, 3, dtype=torch.bool))
