@@ -257,3 +257,18 @@ def test_mismatched_tokenizers_and_attention_are_refused(models) -> None:
     flash.config._attn_implementation = "flash_attention_2"
     with pytest.raises(ValueError, match="attn_implementation"):
         SpecEngine(models[0], flash)
+
+
+def test_pending_tokens_are_a_view_of_the_device_tail_while_it_matches_the_context() -> None:
+    from adaptive_spec.engine.metrics import GenerationStats
+    from adaptive_spec.engine.outputs import DeviceTail, EngineState
+
+    on_device = torch.tensor([7, 8, 9])
+    tail = DeviceTail(2, [7, 8, 9], on_device)
+    state = EngineState([1, 2, 7, 8, 9], 2, None, None, torch.Generator(), GenerationStats(), tail=tail)
+    view = state.pending(3, torch.device("cpu"))
+    assert view.tolist() == [8, 9] and view.data_ptr() == on_device[1:].data_ptr()  # nothing copied
+    assert state.pending(1, torch.device("cpu")).tolist() == [2, 7, 8, 9]  # older than the tail: one copy
+    del state.context[4:]  # cut at a stop string: the tail no longer matches, the context wins
+    stale = state.pending(3, torch.device("cpu"))
+    assert stale.tolist() == [8] and stale.data_ptr() != on_device[1:].data_ptr()
