@@ -19,6 +19,8 @@ after ``tree.prefixes[i]``; the draft's rows are on the tree.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -127,3 +129,13 @@ def edge_probs(tree, probs: torch.Tensor) -> list[float]:
     par = tree.parents_tensor(probs.device)[1:]
     tok = tree.tokens_tensor(probs.device)[1:]
     return [0.0] + probs[par, tok].double().tolist()
+
+
+def ride_first(tree, ride: torch.Tensor | None, verify_on_host: Callable[[], VerifyResult]) -> VerifyResult:
+    """Read ``ride`` (with the tree's tokens, if still on the device) before a verifier that works on the host,
+    then run it; its result carries the values read. No ``ride``: just run it.
+    """
+    if ride is None:
+        return verify_on_host()
+    rode = host_read(tree, ride)[0]
+    return dataclasses.replace(verify_on_host(), ride=tuple(rode))

@@ -18,7 +18,6 @@ closed form of the recursion), the backward scan becomes "the largest ``i`` whos
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 
 import torch
@@ -26,7 +25,7 @@ from torch.nn.functional import pad
 
 from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftTree
-from adaptive_spec.verifiers.base import VerifyResult, edge_probs, host_read, positive_part, result_for
+from adaptive_spec.verifiers.base import VerifyResult, edge_probs, host_read, positive_part, result_for, ride_first
 
 
 def block_verify_path(
@@ -148,9 +147,7 @@ def verify_block(
         drawn = chain_block_draw(*chain_block_law(target_probs, tree.draft_probs, tokens), sampler.generator)
         (tau, token), *rest = host_read(tree, drawn, *extra)
         return result_for(tree, tau, token, tau == tree.num_nodes - 1, rest[0] if rest else (), drawn[1:])
-    rode = host_read(tree, *extra)[0] if extra else ()  # read first, before any work on the host
-    result = _verify_block_host(tree, target_probs, sampler)
-    return dataclasses.replace(result, ride=tuple(rode))
+    return ride_first(tree, ride, lambda: _verify_block_host(tree, target_probs, sampler))
 
 
 def _verify_block_host(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:

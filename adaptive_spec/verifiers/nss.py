@@ -11,14 +11,12 @@ back (with the caller's ``ride``) and the walk runs on the host (``tests/verifie
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftTree
 from adaptive_spec.trees.draw import draw_children
-from adaptive_spec.verifiers.base import VerifyResult, host_read
+from adaptive_spec.verifiers.base import VerifyResult, ride_first
 from adaptive_spec.verifiers.walk import follow_choices, top_down_walk
 
 
@@ -30,9 +28,6 @@ def verify_nss(
     tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler, ride: torch.Tensor | None = None
 ) -> VerifyResult:
     """NSS: sample from the target at each node and follow the tree while it matches."""
-    extra = [] if ride is None else [ride]
     if isinstance(sampler, TorchSampler):
         return follow_choices(tree, draw_children(target_probs, 1, sampler.generator)[0][:, 0], ride)  # every Y
-    rode = host_read(tree, *extra)[0] if extra else ()
-    result = top_down_walk(tree, target_probs, sampler, nss_solver, distinct=True)
-    return dataclasses.replace(result, ride=tuple(rode))
+    return ride_first(tree, ride, lambda: top_down_walk(tree, target_probs, sampler, nss_solver, distinct=True))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -10,7 +9,7 @@ import torch
 
 from adaptive_spec.rng import Sampler, as_sampler
 from adaptive_spec.trees import DraftLaw, DraftTree
-from adaptive_spec.verifiers.base import VerifyResult, host_read
+from adaptive_spec.verifiers.base import VerifyResult, ride_first
 from adaptive_spec.verifiers.block import verify_block
 from adaptive_spec.verifiers.gbv import verify_gbv
 from adaptive_spec.verifiers.greedy import verify_greedy
@@ -162,5 +161,4 @@ def verify(
         return spec.fn(tree, target_probs, sampler)
     if spec.rides:
         return spec.fn(tree, target_probs, sampler, ride=ride)
-    rode = host_read(tree, ride)[0]
-    return dataclasses.replace(spec.fn(tree, target_probs, sampler), ride=tuple(rode))
+    return ride_first(tree, ride, lambda: spec.fn(tree, target_probs, sampler))
