@@ -46,6 +46,7 @@ from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.trees.draw import draw_children
 from adaptive_spec.trees.lookup import hybrid_tree, lookup_trie, ngram_candidates, ngram_lookup, within_vocab
 from adaptive_spec.trees.policy import ChainRule, DraftPolicy, NodeView, PolicyContext, clip_widths
+from adaptive_spec.trees.slots import SlotLayout, slot_layout
 
 
 @dataclass
@@ -104,8 +105,11 @@ class DraftOutcome:
         return self.tree.draft_probs[node] if self.draft_row(node) is not None else None
 
     def drawn_from_model(self) -> list[bool]:
-        """Per node, whether its token was drawn from the draft model's row at its parent (not: the root, looked up)."""
-        return [i > 0 and parent >= self.lookup_rows for i, parent in enumerate(self.tree.parents)]
+        """Per node, whether its token was drawn from the draft model's row at its parent (not: the root, looked up,
+        or an unused slot).
+        """
+        used = self.tree.used
+        return [i > 0 and parent >= self.lookup_rows and used[i] for i, parent in enumerate(self.tree.parents)]
 
 
 @dataclass
@@ -197,45 +201,49 @@ def draft_tree(
     root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
     if shape.law is DraftLaw.CHAIN:
         return _draft_chain(runner, root, shape, probs_fn, generator, deterministic)
-    p, base = root.pending, root.base
-    # Block ancestor matrix: block index b < p is a pending token, tree node i sits at p - 1 + i.
-    b = _Builder(p - 1 + shape.max_nodes, device, offset=p - 1)
-    b.anc[:p, :p] = root.causal
-    ok = root.ok  # checked at the level's host sync, before any drawn token is used
-    rows = [root.probs[-1:]]  # per level: Tensor[nodes at that depth, V]
-    level_first, walkers = 0, [0]  # chain / i.i.d. laws: the node each walker stands on
-    at = zero = torch.zeros(1, dtype=torch.long, device=device)  # the walkers' rows in the level's probabilities
-    level_ids, level_depths = [zero - 1], [zero]  # the tree's tokens and depths on the device, level by level
+    return _draft_slots(runner, root, slot_layout(shape, V), probs_fn, generator, deterministic)
 
-    for d in range(D):
-        new_first = len(b.tokens)
-        if shape.law is DraftLaw.WITHOUT_REPLACEMENT:
-            _wor_level(b, rows[-1], min(shape.widths[d], V), level_first, generator, deterministic, ok)
-        else:
-            if shape.law in (DraftLaw.IID, DraftLaw.DELAYED) and d == shape.trunk:
-                walkers, at = walkers * shape.paths, at.repeat(shape.paths)  # the rollouts start at the trunk's end
-            walkers = _walker_level(b, rows[-1][at], walkers, generator, deterministic, ok)
-        # block rows, tokens and depths of the new level, and where the walkers stand in it, in one copy
-        walking = shape.law is not DraftLaw.WITHOUT_REPLACEMENT
-        k = len(b.tokens) - new_first
-        stand = [w - new_first for w in walkers] if walking else []
-        new, ids, extra = b.link(new_first, extra=[*stand, *[d + 1] * k])
-        at, depths = extra[: len(stand)], extra[len(stand) :]
-        level_ids.append(ids)
-        level_depths.append(depths)
-        level_first = new_first
+
+def _draft_slots(
+    runner: ModelRunner,
+    root: DraftRoot,
+    layout: SlotLayout,
+    probs_fn: ProbsFn,
+    generator: torch.Generator,
+    deterministic: bool,
+) -> DraftOutcome:
+    """A static tree drafted on the device into its slots (:mod:`adaptive_spec.trees.slots`): no host read.
+
+    Each level draws from the rows of the slots its walkers stand on (or of every frontier slot, without
+    replacement) and feeds every new slot under the shape's fixed mask. The tokens and validity flags stay on
+    the device: the engine's one host read brings them back with the verifier's, and the tree's parents and
+    child draws are merged then. Every row's finiteness is the outcome's ``ok``, read with them.
+    """
+    p, base, device, D = root.pending, root.base, runner.device, layout.shape.depth
+    ancestors, depths = layout.tensors(device)
+    pending_cols = torch.ones(layout.num_slots, p - 1, dtype=torch.bool, device=device)  # every node sees them
+    rows, tokens = [root.probs[-1:]], [torch.full((1,), -1, dtype=torch.long, device=device)]
+    valid = [torch.ones(1, dtype=torch.bool, device=device)]
+    for d, (first, end) in enumerate(layout.levels):
+        k = layout.draws[d]
+        frontier = rows[-1].expand(end - first, -1) if layout.spread[d] else rows[-1]
+        # without replacement every frontier slot draws k distinct children; a lone walker takes the argmax at T = 0
+        greedy = deterministic and (not layout.walkers or end - first == 1)
+        drawn, ok = draw_children(frontier, k, generator, replace=False, greedy=greedy)
+        tokens.append(drawn.reshape(-1))
+        valid.append(ok.reshape(-1))
         if d + 1 < D:  # feed the new level so that it can be expanded
-            pos = depths + (base + p - 1)
-            logits = runner.block_forward(ids, pos, b.anc[new, : p - 1 + len(b.tokens)], logits_to_keep=len(ids))
+            mask = torch.cat([pending_cols[first:end], ancestors[first:end, :end]], dim=1)
+            pos = depths[first:end] + (base + p - 1)
+            logits = runner.block_forward(tokens[-1], pos, mask, logits_to_keep=end - first)
             rows.append(probs_fn(logits))
-            ok = finite_flag(logits, rows[-1])
-
-    n = len(b.tokens)
-    fed = n - sum(1 for x in b.depths if x == D)
-    probs = torch.cat([*rows, torch.zeros(n - fed, V, dtype=rows[0].dtype, device=device)])  # [N, V]
-    tree = DraftTree(b.tokens, b.parents, b.depths, probs, b.child_draws, shape)
-    tree.keep_tensors(tokens=torch.cat(level_ids), depths=torch.cat(level_depths))  # the target's block copies nothing
-    return DraftOutcome(tree, b.anc[p - 1 : p - 1 + n, p - 1 : p - 1 + n], p, fed)
+    fed = layout.levels[-1][0]  # every slot above the last level
+    n = layout.num_slots
+    probs = torch.cat([*rows, rows[0].new_zeros(n - fed, rows[0].shape[1])])  # [N, V]; leaves are never fed
+    # The rows are softmaxes: any NaN or +inf in a level's logits makes its row NaN (the root's is checked as fed).
+    ok = root.ok & torch.isfinite(probs.sum())
+    tree = DraftTree.from_slots(layout, torch.cat(tokens), torch.cat(valid), probs)
+    return DraftOutcome(tree, ancestors, p, fed, ok=ok)
 
 
 def _draft_chain(
@@ -316,47 +324,6 @@ class _Builder:
         self.anc[rows] = self.anc[par]
         self.anc[rows, rows] = True
         return rows, tokens, extra_t
-
-
-def _wor_level(
-    b: _Builder, R: torch.Tensor, k: int, first: int, generator: torch.Generator, greedy: bool, ok: torch.Tensor
-) -> None:
-    """Every frontier node (rows ``R``, nodes ``first ..``) draws ``k`` distinct children."""
-    idx, valid = draw_children(R, k, generator, greedy=greedy)
-    flat = torch.cat([idx.flatten(), valid.flatten().long(), ok.long()[None]]).tolist()  # one host sync
-    check_finite(flat[-1], "draft")
-    n_draws = idx.numel()
-    for f in range(R.shape[0]):
-        for j in range(k):
-            if flat[n_draws + f * k + j]:
-                b.child_draws[first + f].append(b.new_node(first + f, flat[f * k + j]))
-
-
-def _walker_level(
-    b: _Builder,
-    sel: torch.Tensor,
-    walkers: list[int],
-    generator: torch.Generator,
-    deterministic: bool,
-    ok: torch.Tensor,
-) -> list[int]:
-    """Each walker draws one child of the node it stands on (i.i.d.; merged when two draw the same token there).
-
-    ``sel``: Tensor[W, V], the draft's row at each walker's node. A lone walker takes the argmax at
-    temperature 0. Returns where the walkers stand now.
-    """
-    drawn, _ = draw_children(sel, 1, generator, greedy=deterministic and len(walkers) == 1)
-    drawn = torch.cat([drawn[:, 0], ok.long()[None]]).tolist()  # one host sync
-    check_finite(drawn.pop(), "draft")
-    index: dict[tuple[int, int], int] = {}
-    out = []
-    for node, tok in zip(walkers, drawn, strict=True):
-        child = index.get((node, tok))
-        if child is None:
-            child = index[(node, tok)] = b.new_node(node, tok)
-        b.child_draws[node].append(child)
-        out.append(child)
-    return out
 
 
 def lookup_outcome(

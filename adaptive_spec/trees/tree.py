@@ -22,41 +22,67 @@ class DraftTree:
         tokens: ``tokens[i]`` is node i's last token (-1 for the root). A drafter that drew the tokens on the
             device may pass them as a LongTensor[N]: the host list is then read on first use (one host sync),
             or handed over by a caller that read them together with something else (:meth:`set_host_tokens`).
-        parents: ``parents[i]`` is node i's parent index (-1 for the root).
+        parents: ``parents[i]`` is node i's parent index (-1 for the root). None for a tree drafted into the slots
+            of a static shape (:meth:`from_slots`): its parents and ``child_draws`` come with its tokens' read.
         depths: ``depths[i]`` is the number of drafted tokens in node i's prefix.
         draft_probs: Tensor[num_nodes, V]; row i is the draft's next-token distribution after
             prefix i, the law its children were drawn from. Rows of nodes that were never
             expanded (leaves) are unused and may be zero.
         child_draws: ``child_draws[i]`` lists node indices of node i's children in the order
             the drafting law drew them, with multiplicity for i.i.d. drafting (a token drawn
-            by three paths appears three times).
+            by three paths appears three times). A node in no ``child_draws`` (a slot tree's duplicate or
+            dropped draw) is unused: no verifier reaches it (:attr:`used`).
         shape: the :class:`TreeShape` it was drawn with; ``shape.law`` is the law tag that
             verifiers check.
     """
 
     tokens: list[int]
-    parents: list[int]
+    parents: list[int] | None
     depths: list[int]
     draft_probs: torch.Tensor  # [N, V]
-    child_draws: list[list[int]]
+    child_draws: list[list[int]] | None
     shape: TreeShape
     # Device copies of tokens/parents/depths, made once (or handed over by a drafter that drew on the device).
     _tensors: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        n = len(self.parents)
-        if not (len(self._tokens_any) == len(self.depths) == len(self.child_draws) == n):
-            raise ValueError("DraftTree: tokens, parents, depths and child_draws must have one entry per node")
+        n = len(self.depths)
         if self.draft_probs.dim() != 2 or self.draft_probs.shape[0] != n:
             raise ValueError(f"DraftTree: draft_probs must be [num_nodes={n}, V], got {tuple(self.draft_probs.shape)}")
+        if len(self._tokens_any) != n:
+            raise ValueError("DraftTree: tokens, parents, depths and child_draws must have one entry per node")
+        if self.__dict__.get("_host_parents") is not None:
+            self._check_structure()
+        elif self.__dict__.get("_slots") is None:
+            raise ValueError("DraftTree: parents and child_draws are only left out of a slot tree (from_slots)")
+        if not self.tokens_on_host:  # tokens drawn on the device: they are the tree's device copy
+            t = self.__dict__["_device_tokens"]
+            self._tensors["tokens", _resolved(t.device)] = t
+
+    def _check_structure(self) -> None:
+        n = len(self.depths)
+        if not (len(self.parents) == len(self.child_draws) == n):
+            raise ValueError("DraftTree: tokens, parents, depths and child_draws must have one entry per node")
         if n == 0 or self.parents[0] != -1:
             raise ValueError("DraftTree: node 0 must be the root, with parent -1")
         for i in range(1, n):
             if not 0 <= self.parents[i] < i:
                 raise ValueError(f"DraftTree: node {i} has parent {self.parents[i]}, which is not an earlier node")
-        if not self.tokens_on_host:  # tokens drawn on the device: they are the tree's device copy
-            t = self.__dict__["_device_tokens"]
-            self._tensors["tokens", _resolved(t.device)] = t
+
+    @classmethod
+    def from_slots(cls, layout, tokens: torch.Tensor, valid: torch.Tensor, draft_probs: torch.Tensor) -> DraftTree:
+        """A tree drafted on the device into the slots of a static shape (:mod:`adaptive_spec.trees.slots`).
+
+        ``tokens`` (LongTensor[N]) and ``valid`` (BoolTensor[N], whether each slot's draw happened) stay on the
+        device until the first host read, which brings back both (:meth:`device_parts`) and merges them into the
+        tree's parents and child draws (``layout.merge``). The slots' depths and ancestor matrix are static.
+        """
+        tree = cls.__new__(cls)
+        tree.__dict__["_slots"] = (layout, valid)
+        tree.__init__(tokens, None, list(layout.depths), draft_probs, None, layout.shape)
+        ancestors, depths = layout.tensors(tokens.device)
+        tree.keep_tensors(depths=depths, ancestors=ancestors)
+        return tree
 
     # ----------------------------------------------------------------- structure
     @property
@@ -66,18 +92,51 @@ class DraftTree:
 
     @property
     def num_nodes(self) -> int:
-        return len(self.parents)
+        return len(self.depths)
 
     @property
     def tokens_on_host(self) -> bool:
-        """Whether the host list of tokens is there (False: only on the device until first read)."""
-        return self.__dict__.get("_host_tokens") is not None
+        """Whether the host lists are there (False: a tree drafted on the device whose tokens, and for a slot
+        tree whose structure, wait for the first host read).
+        """
+        return self.__dict__.get("_host_tokens") is not None and self.__dict__.get("_host_parents") is not None
+
+    def device_parts(self) -> list[torch.Tensor]:
+        """What a host read must bring back for this tree (:meth:`take_host`): nothing once read; the tokens of a
+        tree drafted on the device; a slot tree's tokens and validity flags.
+        """
+        if self.tokens_on_host:
+            return []
+        slots = self.__dict__.get("_slots")
+        tokens = self.__dict__["_device_tokens"]
+        return [tokens] if slots is None else [tokens, slots[1]]
+
+    def take_host(self, values: list[list[int]]) -> None:
+        """Hand over the host values of :meth:`device_parts`, read by the caller in its own host read."""
+        if len(values) != len(self.device_parts()):
+            raise ValueError(f"DraftTree.take_host: {len(values)} parts for {len(self.device_parts())}")
+        if not values:
+            return
+        self.set_host_tokens(values[0])
+        slots = self.__dict__.get("_slots")
+        if slots is not None:
+            parents, child_draws = slots[0].merge(self.tokens, values[1])
+            self.__dict__["_host_parents"], self.__dict__["_host_child_draws"] = parents, child_draws
+            self._check_structure()
 
     def set_host_tokens(self, values: list[int]) -> None:
         """Hand over the host list of a tree drafted on the device, read by the caller in its own host read."""
         if len(values) != self.num_nodes:
             raise ValueError(f"DraftTree.set_host_tokens: {len(values)} tokens for {self.num_nodes} nodes")
         self.__dict__["_host_tokens"] = [int(t) for t in values]
+
+    def _read_host(self) -> None:
+        """Read :meth:`device_parts` in one host read."""
+        parts = self.device_parts()
+        if parts:
+            flat = torch.cat([t.reshape(-1).long() for t in parts]).tolist()  # one host read
+            sizes = [t.numel() for t in parts]
+            self.take_host([flat[sum(sizes[:i]) : sum(sizes[: i + 1])] for i in range(len(parts))])
 
     @property
     def _tokens_any(self) -> list[int] | torch.Tensor:
@@ -102,6 +161,20 @@ class DraftTree:
                 if c not in seen:
                     seen.append(c)
             out.append(seen)
+        return out
+
+    @cached_property
+    def used(self) -> list[bool]:
+        """Per node, whether a verifier can reach it: the root and every node among a used node's draws.
+
+        Every node of a drawn or looked-up tree is; a slot tree's duplicates and dropped draws are not.
+        """
+        out = [False] * self.num_nodes
+        out[0] = True
+        for i, draws in enumerate(self.child_draws):  # parents precede children
+            if out[i]:
+                for c in draws:
+                    out[c] = True
         return out
 
     @cached_property
@@ -192,8 +265,24 @@ def ancestor_rows(parents: list[int]) -> list[list[bool]]:
 def _get_tokens(self: DraftTree) -> list[int]:
     host = self.__dict__.get("_host_tokens")
     if host is None:  # drafted on the device and not read yet: one host read
-        host = self.__dict__["_host_tokens"] = self.__dict__["_device_tokens"].tolist()
+        self._read_host()
+        host = self.__dict__["_host_tokens"]
     return host
+
+
+def _structure(name: str) -> property:
+    """``parents`` or ``child_draws``: a host list, or None given to a slot tree (filled by its first host read)."""
+    key = "_host_" + name
+
+    def get(self: DraftTree) -> list:
+        if self.__dict__.get(key) is None:
+            self._read_host()
+        return self.__dict__[key]
+
+    def set_(self: DraftTree, value: list | None) -> None:
+        self.__dict__[key] = None if value is None else list(value)
+
+    return property(get, set_)
 
 
 def _set_tokens(self: DraftTree, value: list[int] | torch.Tensor) -> None:
@@ -209,6 +298,8 @@ def _set_tokens(self: DraftTree, value: list[int] | torch.Tensor) -> None:
 # ``tokens`` is a dataclass field whose host list may be read lazily; set after the dataclass is built so that
 # the generated ``__init__`` goes through the setter.
 DraftTree.tokens = property(_get_tokens, _set_tokens, doc="Node i's last token (-1 for the root), as a host list.")
+DraftTree.parents = _structure("parents")
+DraftTree.child_draws = _structure("child_draws")
 
 
 def _resolved(device: torch.device | str) -> torch.device:

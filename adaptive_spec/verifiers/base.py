@@ -98,13 +98,12 @@ def result_for(
 def host_read(tree, *parts: torch.Tensor) -> list[list[int]]:
     """One host read of ``parts`` (1-D integer or bool tensors on one device), as lists.
 
-    The tree's tokens come back in the same read when they are still only on the device (a tree drafted
-    there); they are handed to the tree, so that nothing reads them again.
+    The tree's tokens (and a slot tree's validity flags) come back in the same read when they are still only on
+    the device (a tree drafted there); they are handed to the tree, so that nothing reads them again.
     """
     parts_l = list(parts)
-    lazy = not tree.tokens_on_host
-    if lazy:
-        parts_l.append(tree.tokens_tensor(parts_l[0].device if parts_l else None))
+    lazy = tree.device_parts()
+    parts_l += lazy
     if not parts_l:
         return []
     sizes = [t.numel() for t in parts_l]
@@ -115,8 +114,8 @@ def host_read(tree, *parts: torch.Tensor) -> list[list[int]]:
         out.append(flat[i : i + n])
         i += n
     if lazy:
-        tree.set_host_tokens(out.pop())
-    return out
+        tree.take_host(out[len(parts) :])
+    return out[: len(parts)]
 
 
 def edge_probs(tree, probs: torch.Tensor) -> list[float]:

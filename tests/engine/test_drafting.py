@@ -19,10 +19,12 @@ CONTEXT = [0, 2, 1]
 
 
 def tree_key(tree: DraftTree) -> tuple:
-    """The tree up to node numbering: each node's prefix with its child draws (tokens, in order)."""
-    return tuple(
-        sorted((tree.prefixes[i], tuple(tree.tokens[c] for c in tree.child_draws[i])) for i in range(tree.num_nodes))
-    )
+    """The tree up to node numbering: each used node's prefix with its child draws (tokens, in order).
+
+    A slot tree's unused slots (duplicates, dropped draws) are not part of the tree.
+    """
+    nodes = [i for i in range(tree.num_nodes) if tree.used[i]]
+    return tuple(sorted((tree.prefixes[i], tuple(tree.tokens[c] for c in tree.child_draws[i])) for i in nodes))
 
 
 @pytest.fixture(scope="module")

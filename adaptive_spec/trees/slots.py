@@ -1,0 +1,130 @@
+"""Slots: a static tree shape as a fixed layout, so that it can be drafted on the device without a host read.
+
+A static shape (``iid``, ``delayed``, ``wor``) has a fixed number of draws per level; what the draws turn
+out to be (two walkers drawing the same token, a draw without replacement that runs out of support) only
+changes which prefixes are distinct. The engine therefore drafts into **slots**, one per draw, numbered
+level by level (the root is slot 0), with a parent slot fixed by the shape:
+
+* walker laws (``iid``, ``delayed``): one slot per walker and level; a walker's next slot hangs under its
+  current one (before branching every walker is the trunk's one walker);
+* without replacement: every slot at depth ``d`` has ``min(widths[d], V)`` child slots, in draw order.
+
+Every slot is fed to the draft and to the target under the fixed ancestor matrix of :attr:`SlotLayout.parents`
+(its mask, positions and depths are built once per shape and device), so a level's inputs never wait for
+the host. A walker standing on a duplicate reads that slot's own row, which equals the row of the first slot
+with the same prefix: the same law.
+
+Once the tokens are read (with the verifier's one host read), :meth:`SlotLayout.merge` gives the tree of
+:class:`~adaptive_spec.trees.DraftTree`, numbered by slot: a slot whose prefix an earlier slot already holds
+points to it (its draw is kept, with multiplicity, in its parent's ``child_draws``), and a draw of probability
+zero (without replacement, when the support runs out) is dropped with everything under it. Those slots stay
+in the tree as **unused** nodes: scored by the target, in no node's ``child_draws``, so no verifier reaches
+them (:attr:`DraftTree.used`). The law of the used nodes is that of :func:`adaptive_spec.trees.sample_tree`.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+import torch
+
+from adaptive_spec.trees.shapes import DraftLaw, TreeShape
+from adaptive_spec.trees.tree import ancestor_rows
+
+
+@dataclass(frozen=True)
+class SlotLayout:
+    """The fixed slots of a static tree shape (see the module docstring).
+
+    Attributes:
+        shape: the static shape (``iid``, ``delayed`` or ``wor``).
+        parents: the parent slot of each slot (-1 for the root).
+        depths: each slot's depth.
+        levels: per draft level d (drawing depth d + 1): ``(first, end)``, the slots it fills.
+        draws: per level, the draws per frontier slot (``min(widths[d], V)`` without replacement; 1 for walkers).
+        spread: per level, for walker laws: whether the level's walkers all start from one slot (the root or
+            the trunk's end: its row is repeated), else each walker from its own slot.
+    """
+
+    shape: TreeShape
+    parents: tuple[int, ...]
+    depths: tuple[int, ...]
+    levels: tuple[tuple[int, int], ...]
+    draws: tuple[int, ...]
+    spread: tuple[bool, ...]
+    _device: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+
+    @property
+    def num_slots(self) -> int:
+        return len(self.parents)
+
+    @property
+    def walkers(self) -> bool:
+        """Whether the shape is drawn by walkers (with replacement) rather than without replacement."""
+        return self.shape.law is not DraftLaw.WITHOUT_REPLACEMENT
+
+    def tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(ancestors BoolTensor[N, N], depths LongTensor[N])`` on ``device``: copied once per device."""
+        key = str(device)
+        if key not in self._device:
+            self._device[key] = (
+                torch.tensor(ancestor_rows(list(self.parents)), dtype=torch.bool, device=device),
+                torch.tensor(self.depths, dtype=torch.long, device=device),
+            )
+        return self._device[key]
+
+    def merge(self, tokens: list[int], valid: list[int] | list[bool]) -> tuple[list[int], list[list[int]]]:
+        """The drafted tree over the slots: ``(parents, child_draws)`` from the slots' tokens and validity.
+
+        A slot's parent is the node its parent slot stands for; a valid slot whose prefix an earlier slot holds
+        stands for that slot (its draw is recorded there, with multiplicity, and walkers under it continue
+        from it); an invalid draw, and every slot under it, is in no ``child_draws``.
+        """
+        n = self.num_slots
+        if len(tokens) != n or len(valid) != n:
+            raise ValueError(f"SlotLayout.merge: {len(tokens)} tokens and {len(valid)} flags for {n} slots")
+        node = list(range(n))  # the node each slot stands for
+        used = [True] * n
+        parents = [-1] * n
+        child_draws: list[list[int]] = [[] for _ in range(n)]
+        index: dict[tuple[int, int], int] = {}
+        for s in range(1, n):
+            par = node[self.parents[s]]
+            parents[s] = par
+            if not (valid[s] and used[par]):
+                used[s] = False
+                continue
+            rep = index.setdefault((par, tokens[s]), s)
+            node[s] = rep
+            used[s] = rep == s
+            child_draws[par].append(rep)
+        return parents, child_draws
+
+
+@functools.lru_cache(maxsize=64)
+def slot_layout(shape: TreeShape, vocab_size: int) -> SlotLayout:
+    """The slots of a static ``shape`` over a vocabulary of ``vocab_size`` tokens (cached per shape)."""
+    law = shape.law
+    if law not in (DraftLaw.IID, DraftLaw.DELAYED, DraftLaw.WITHOUT_REPLACEMENT):
+        raise ValueError(f"slot_layout: {shape} is not a static tree of several paths (iid, delayed or wor)")
+    parents, depths = [-1], [0]
+    levels, draws, spread = [], [], []
+    frontier = [0]  # the slots the level draws from (one per walker, or every slot at the level's depth)
+    for d in range(shape.depth):
+        if law is DraftLaw.WITHOUT_REPLACEMENT:
+            k = min(shape.widths[d], vocab_size)
+            starts = [f for f in frontier for _ in range(k)]
+            spread.append(False)
+        else:
+            k = 1
+            branching = d == shape.branch_depth
+            starts = frontier * shape.paths if branching else frontier
+            spread.append(branching)
+        first = len(parents)
+        parents += starts
+        depths += [d + 1] * len(starts)
+        levels.append((first, len(parents)))
+        draws.append(k)
+        frontier = list(range(first, len(parents)))
+    return SlotLayout(shape, tuple(parents), tuple(depths), tuple(levels), tuple(draws), tuple(spread))
