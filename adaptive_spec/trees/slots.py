@@ -74,6 +74,61 @@ class SlotLayout:
             )
         return self._device[key]
 
+    @property
+    def fed(self) -> int:
+        """The slots above the last level (fed to the draft, so with a draft row): ``0 .. fed - 1``."""
+        return self.levels[-1][0]
+
+    def candidates(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cand LongTensor[fed, K], real BoolTensor[fed, K])``: the slots that may hold each fed slot's draws.
+
+        Without replacement: a slot's own child slots, in draw order. Walker laws: every slot of the next level
+        (K = the number of walkers), in walker order; the draws of a slot are those of the walkers standing on
+        the same prefix (:meth:`groups`), and before branching, of the one walker. Padding points at slot 0.
+        Copied once per device.
+        """
+        key = "cand", str(device)
+        if key not in self._device:
+            cand, real = self._candidate_rows
+            self._device[key] = (
+                torch.tensor(cand, dtype=torch.long, device=device),
+                torch.tensor(real, dtype=torch.bool, device=device),
+            )
+        return self._device[key]
+
+    @functools.cached_property
+    def _candidate_rows(self) -> tuple[list[list[int]], list[list[bool]]]:
+        rows: list[list[int]] = [[] for _ in range(self.fed)]
+        for d, (first, end) in enumerate(self.levels):
+            for c in range(first, end):
+                rows[self.parents[c]].append(c)
+            if self.walkers and d > self.shape.branch_depth:  # every walker sees the next level's slots
+                for s in range(*self.levels[d - 1]):
+                    rows[s] = list(range(first, end))
+        k = max(len(r) for r in rows)
+        return [r + [0] * (k - len(r)) for r in rows], [[True] * len(r) + [False] * (k - len(r)) for r in rows]
+
+    def candidates_host(self) -> list[list[int]]:
+        """:meth:`candidates`' slots as host lists."""
+        return self._candidate_rows[0]
+
+    def groups(self, tokens: torch.Tensor) -> torch.Tensor:
+        """BoolTensor[fed, K]: walker laws, whether candidate j of each fed slot is a draw at that slot's prefix.
+
+        For a walker's slot below the branching point, candidate j (walker j's next slot) is drawn at the same
+        prefix when the two walkers' tokens agree at every depth since branching: a few ops over all levels at
+        once, on the device. Above it (the root, the trunk) every candidate is. Without replacement: all True.
+        """
+        cand, _ = self.candidates(tokens.device)
+        if not self.walkers:
+            return torch.ones_like(cand, dtype=torch.bool)
+        b, w = self.shape.branch_depth, self.shape.paths
+        first = self.levels[b][0]  # the first walker slot below the branching point
+        walk = tokens[first:].view(-1, w)  # [depth levels, W]
+        same = (walk[:, :, None] == walk[:, None, :]).int().cumprod(dim=0).bool()  # [levels, W, W]
+        head = torch.ones(first, w, dtype=torch.bool, device=tokens.device)
+        return torch.cat([head, same[:-1].reshape(-1, w)])
+
     def merge(self, tokens: list[int], valid: list[int] | list[bool]) -> tuple[list[int], list[list[int]]]:
         """The drafted tree over the slots: ``(parents, child_draws)`` from the slots' tokens and validity.
 

@@ -101,6 +101,11 @@ class DraftTree:
         """
         return self.__dict__.get("_host_tokens") is not None and self.__dict__.get("_host_parents") is not None
 
+    @property
+    def slots(self):
+        """``(layout, valid)`` of a tree drafted into slots (:meth:`from_slots`), else None."""
+        return self.__dict__.get("_slots")
+
     def device_parts(self) -> list[torch.Tensor]:
         """What a host read must bring back for this tree (:meth:`take_host`): nothing once read; the tokens of a
         tree drafted on the device; a slot tree's tokens and validity flags.

@@ -20,7 +20,9 @@ from __future__ import annotations
 import torch
 
 from adaptive_spec.rng import Sampler
-from adaptive_spec.verifiers.base import accept_prob, normalized_or, positive_part
+from adaptive_spec.trees import DraftTree
+from adaptive_spec.trees.draw import draw_children
+from adaptive_spec.verifiers.base import VerifyResult, accept_prob, host_read, normalized_or, positive_part, result_for
 
 
 def rrs_solve(
@@ -39,3 +41,58 @@ def rrs_solve(
             q[x] = 0.0
             q = normalized_or(q, q)
     return sampler.categorical(p), not touched
+
+
+def rrs_on_slots(
+    tree: DraftTree,
+    target_probs: torch.Tensor,
+    generator: torch.Generator,
+    *,
+    without_replacement: bool,
+    ride: torch.Tensor | None = None,
+) -> VerifyResult:
+    """Recursive rejection sampling of a slot tree (:mod:`adaptive_spec.trees.slots`) on the rows' device.
+
+    Every fed slot runs :func:`rrs_solve` at once, candidate by candidate (at most K steps over [fed, V] rows):
+    its candidates are the draws at its prefix (:meth:`SlotLayout.groups`), each accepted with probability
+    ``min(1, p'(x) / q'(x))``, the residual ``p' = norm((p' − q')_+)`` after each rejection (and ``q'(x) = 0``
+    renormalised without replacement). Then every slot draws ``Y`` from its final residual (a leaf from its
+    target row). A node's outcome depends only on its own rows and draws, and the walk visits a node at most
+    once, so running all of them ahead leaves the law unchanged. One host read brings back the accepted
+    candidate and ``Y`` of every slot (with ``ride`` and the tree's tokens and flags); the walk then runs on
+    the host from the root: to the accepted candidate's node, else emit ``Y`` (a bonus where nothing was drawn).
+    """
+    layout, valid = tree.slots
+    device, fed = target_probs.device, layout.fed
+    tokens = tree.tokens_tensor(device)
+    cand, real = layout.candidates(device)
+    active = real & layout.groups(tokens) & valid[cand]  # [fed, K]
+    x = tokens[cand].clamp_min(0)  # [fed, K] candidate tokens (padding: slot 0, the root, -1)
+    p, q = target_probs[:fed], tree.draft_probs[:fed].to(target_probs.dtype)
+    u = torch.rand(cand.shape, generator=generator, device=device, dtype=torch.float64)
+    accepted = torch.full((fed,), -1, dtype=torch.long, device=device)
+    for j in range(cand.shape[1]):
+        xj = x[:, j : j + 1]
+        pa, qa = p.gather(1, xj)[:, 0].double(), q.gather(1, xj)[:, 0].double()
+        a = torch.where(qa > 0, (pa / qa.clamp_min(1e-300)).clamp_max(1.0), torch.zeros_like(qa))
+        live = active[:, j] & (accepted < 0)
+        accepted = torch.where(live & (u[:, j] < a), j, accepted)
+        rejected = (live & (accepted < 0))[:, None]
+        r = (p - q).clamp_min_(0.0)
+        total = r.sum(dim=-1, keepdim=True)
+        p = torch.where(rejected & (total > 0), r / total.clamp_min(1e-30), p)  # an all-zero residual keeps p
+        if without_replacement:
+            qz = q.scatter(1, xj, 0.0)
+            qt = qz.sum(dim=-1, keepdim=True)
+            q = torch.where(rejected & (qt > 0), qz / qt.clamp_min(1e-30), q)
+    y = draw_children(torch.cat([p, target_probs[fed:]]), 1, generator)[0][:, 0]  # [N]
+    parts = [accepted, y] + ([] if ride is None else [ride])
+    acc, ys, *rest = host_read(tree, *parts)
+    cand_host = layout.candidates_host()
+    node = 0
+    while True:
+        j = acc[node] if node < fed else -1
+        if j < 0:
+            bonus = not tree.child_draws[node]
+            return result_for(tree, node, ys[node], bonus, rest[0] if rest else (), y[node : node + 1])
+        node = tree.child_with_token(node, tree.tokens[cand_host[node][j]])

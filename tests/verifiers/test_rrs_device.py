@@ -1,0 +1,100 @@
+"""SpecInfer and RRSw on the rows' device for slot trees (``rrs_on_slots``): their laws, with one host read.
+
+Every fed slot runs recursive rejection sampling at once and the walk runs on the host after one read. On
+fixed slot trees (walkers that share a prefix, a dropped draw without replacement) the device path's
+frequencies of (accepted node, emitted tokens) match the host solver's law, computed exactly by enumeration
+on the same tree; a variant that forgets the residual after a rejection fails the same check.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import adaptive_spec.verifiers.rrs as rrs
+from adaptive_spec.analysis.exact import fixed_tree_law
+from adaptive_spec.analysis.instances import random_instance
+from adaptive_spec.rng import TorchSampler
+from adaptive_spec.trees import DraftTree, TreeShape
+from adaptive_spec.trees.slots import slot_layout
+from adaptive_spec.verifiers.rrsw import verify_rrsw
+from adaptive_spec.verifiers.specinfer import verify_specinfer
+
+RUNS = 5000
+V = 4
+
+
+def _tv(a: dict, b: dict) -> float:
+    return 0.5 * sum(abs(a.get(k, 0.0) - b.get(k, 0.0)) for k in set(a) | set(b))
+
+
+def _case(shape: TreeShape, tokens: list[int], valid: list[bool]):
+    """A slot tree with fixed draws, its draft rows and the target rows at its prefixes (a random instance)."""
+    inst = random_instance(3, V, zero_frac=0.0)
+    layout = slot_layout(shape, V)
+    host = DraftTree.from_slots(layout, torch.tensor(tokens), torch.tensor(valid), torch.zeros(len(tokens), V))
+    draft = torch.stack([inst.draft_fn(c) for c in host.prefixes]).float()
+    target = torch.stack([inst.target_fn(c) for c in host.prefixes]).float()
+    draft[layout.fed :] = 0  # leaves have no draft row
+
+    def tree() -> DraftTree:  # a fresh tree (its tokens on the device, as the engine's)
+        return DraftTree.from_slots(layout, torch.tensor(tokens), torch.tensor(valid), draft)
+
+    return tree, target
+
+
+CASES = {
+    # three walkers: walkers 0 and 2 share token 1 at the root, then draw 2 and 3 there; walker 1 draws 0
+    "specinfer": (verify_specinfer, TreeShape.iid(3, 2), [-1, 1, 0, 1, 2, 1, 3], [True] * 7),
+    # a trunk of one token, then two walkers that both draw token 0 (one node, drawn twice), then 3 and 1
+    "specinfer-delayed": (verify_specinfer, TreeShape.delayed(1, 2, 2), [-1, 2, 0, 0, 3, 1], [True] * 6),
+    # two distinct draws at the root, two under each; the second draw under node 2 did not happen
+    "rrsw": (verify_rrsw, TreeShape.without_replacement((2, 2)), [-1, 1, 3, 0, 2, 3, 1], [True] * 6 + [False]),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_the_device_path_has_the_host_solvers_law_and_a_wrong_residual_fails(name, monkeypatch) -> None:
+    verifier, shape, tokens, valid = CASES[name]
+    tree, target = _case(shape, tokens, valid)
+    exact = fixed_tree_law(verifier, tree(), target)  # the host solver, enumerated (an enumeration sampler)
+    assert abs(sum(exact.values()) - 1.0) < 1e-6 and max(len(t) for _, t in exact) == shape.depth + 1
+
+    def frequencies() -> dict:
+        sampler, counts = TorchSampler(torch.Generator().manual_seed(0)), {}
+        for _ in range(RUNS):
+            r = verifier(tree(), target, sampler)
+            counts[r.node, r.tokens] = counts.get((r.node, r.tokens), 0) + 1
+            assert r.next_on_device is not None and int(r.next_on_device) == r.tokens[-1]
+        return {k: v / RUNS for k, v in counts.items()}
+
+    assert _tv(frequencies(), exact) < 0.035
+
+    real_where = torch.where
+
+    def no_residual(cond, a, b):  # keeps p after every rejection: the residual is forgotten
+        if isinstance(a, torch.Tensor) and a.dim() == 2 and a.dtype == torch.float32 and cond.dim() == 2:
+            return b
+        return real_where(cond, a, b)
+
+    monkeypatch.setattr(rrs.torch, "where", no_residual)
+    assert _tv(frequencies(), exact) > 0.06
+
+
+def test_the_device_path_reads_the_host_once_with_the_ride() -> None:
+    verifier, shape, tokens, valid = CASES["specinfer"]
+    tree, target = _case(shape, tokens, valid)
+    reads = []
+    real = torch.Tensor.tolist
+
+    def counted(t):
+        reads.append(t.numel())
+        return real(t)
+
+    torch.Tensor.tolist = counted
+    try:
+        t = tree()
+        r = verifier(t, target, TorchSampler(torch.Generator().manual_seed(1)), ride=torch.tensor([7, 1]))
+    finally:
+        torch.Tensor.tolist = real
+    assert len(reads) == 1 and r.ride == (7, 1) and t.tokens == tokens  # the tree's tokens and flags came along
