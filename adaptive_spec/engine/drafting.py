@@ -7,18 +7,20 @@ level are then drawn with a few torch ops from the caller's generator:
 
 * chain / trunk: one *walker* draws one token per level;
 * i.i.d. rollouts (``iid``, the branches of ``delayed``): K walkers, each drawing one token
-  per level from the row of the node it stands on (exponential race, with replacement);
-  walkers that draw the same token from the same node merge into one node, and the draw is
-  kept with multiplicity in ``child_draws``;
-* without replacement: every frontier node draws ``widths[d]`` distinct children by the
+  per level from the row of the slot it stands on (exponential race, with replacement);
+  walkers that draw the same token from the same node share one node once the tree is read,
+  and the draw is kept with multiplicity in ``child_draws``;
+* without replacement: every frontier slot draws ``widths[d]`` distinct children by the
   exponential race (Gumbel-top-k): ``argsort(probs / Exp(1))`` has the law of sequential
   draws without replacement (Plackett-Luce), tokens of probability zero excluded.
 
-This is the law of :func:`adaptive_spec.trees.sample_tree` (which draws rollout by rollout,
-depth first): rows are a function of the prefix only, draws are independent given the rows,
-and walkers are processed in rollout order at each level, so each node's ``child_draws`` has
-the same order. Only the node numbering differs (here breadth first). Leaves (depth
-``shape.depth``) are never fed to the draft model.
+Static shapes are drafted into fixed slots (:mod:`adaptive_spec.trees.slots`): no level reads the host,
+and the tree's structure is merged from the tokens after the engine's one read. Policies decide on the
+host, one read per level. This is the law of :func:`adaptive_spec.trees.sample_tree` (which draws rollout
+by rollout, depth first): rows are a function of the prefix only, draws are independent given the rows,
+and walkers are processed in rollout order at each level, so each node's ``child_draws`` has the same
+order. Only the node numbering differs (here breadth first, by slot). Leaves (depth ``shape.depth``) are
+never fed to the draft model.
 
 At temperature 0 (``deterministic=True``) single-walker draws take the argmax and
 without-replacement draws the top-w tokens (deterministic top-k, fine for greedy
