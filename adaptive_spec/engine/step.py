@@ -230,7 +230,10 @@ class StepMixin:
         pending tokens (root last), then one row per drafted node.
         """
         n_ctx, p, device = len(state.context), len(state.context) - base, self.device
-        state.target.commit(n_ctx, [n_ctx - 1 + a for a in accepted])
+        path = _path_nodes(outcome, accepted)
+        state.target.commit(
+            n_ctx, path + (n_ctx - 1) if isinstance(path, torch.Tensor) else [n_ctx - 1 + a for a in path]
+        )
         if isinstance(state.draft, EagleRunner):  # the target's features of the newly committed positions
             keep = [*range(p - 1), *(p - 1 + a for a in [0, *accepted])]
             feats = state.target.features
@@ -238,7 +241,10 @@ class StepMixin:
             state.draft.set_target_features(base, rows)  # a chain's rows are a prefix: nothing copied
         if outcome.pending_fed:
             fed = [r for r in map(outcome.draft_row, accepted) if r is not None]  # a prefix of the path
-            state.draft.commit(n_ctx, [n_ctx - 1 + r for r in fed])
+            if isinstance(path, torch.Tensor) and outcome.cache_rows is None:  # fed nodes sit at their own rows
+                state.draft.commit(n_ctx, path[: len(fed)] + (n_ctx - 1))
+            else:
+                state.draft.commit(n_ctx, [n_ctx - 1 + r for r in fed])
 
     def _record(
         self, run: Run, outcome: DraftOutcome, result: Any, logits: torch.Tensor, target_probs: torch.Tensor
@@ -274,6 +280,21 @@ class StepMixin:
             root = draft_root(state.draft, pending, run.draft_probs_fn, keep)
         features = state.root.features(root.probs, root.hidden, root.ok, len(state.context), run.log is not None)
         return root, features
+
+
+def _path_nodes(outcome: DraftOutcome, accepted: list[int]) -> list[int] | torch.Tensor:
+    """The accepted nodes (root excluded): a chain's prefix ``1 .. k`` as a list (its rows are in place and move
+    nothing); any other path as a LongTensor on the device, read off the ancestor matrix's row of the last
+    accepted node (parents precede children, so a stable sort puts the path first, in order): no copy.
+
+    A slot tree's matrix is its slots' (:mod:`adaptive_spec.trees.slots`): the path may run through a duplicate
+    slot of an accepted node, whose rows hold the same prefix.
+    """
+    k = len(accepted)
+    if k == 0 or accepted == list(range(1, k + 1)):
+        return accepted
+    on_path = outcome.ancestors[accepted[-1]]  # BoolTensor[N]: the root, the path, the node itself
+    return torch.argsort((~on_path).to(torch.uint8), stable=True)[1 : k + 1]
 
 
 def _check_finite(ok: int, draft_ok: torch.Tensor | None, target_ok: torch.Tensor) -> None:

@@ -124,3 +124,22 @@ def test_a_read_planted_in_a_level_is_seen(monkeypatch):
     with HostSyncCounter(roles={"target": target}) as counter:
         engine.generate([5, 6, 7], max_new_tokens=4, temperature=1.0, plan="iid:3x2/specinfer", seed=0)
     assert any(site.startswith("engine/drafting.py") for (stage, _, _, site) in counter.sites if stage == "step")
+
+
+def test_the_commit_reads_an_accepted_path_off_the_ancestor_matrix_on_the_device(monkeypatch):
+    from adaptive_spec.engine.drafting import DraftOutcome
+    from adaptive_spec.engine.step import _path_nodes
+
+    layout = slot_layout(TreeShape.iid(3, 2), 50)
+    ancestors, _ = layout.tensors(torch.device("cpu"))
+    tree = DraftTree.from_slots(
+        layout, torch.tensor([-1, 5, 6, 5, 7, 9, 8]), torch.ones(7, dtype=torch.bool), torch.zeros(7, 50)
+    )
+    outcome = DraftOutcome(tree, ancestors, 1, 4)
+    copies = []
+    real = torch.tensor
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: copies.append(a) or real(*a, **k))
+    assert _path_nodes(outcome, [2, 5]).tolist() == [2, 5] and copies == []  # on the device, no copy
+    # node 6 hangs under node 1 once merged; its slot path runs through slot 3, which holds the same prefix (5,)
+    assert tree.parents[6] == 1 and _path_nodes(outcome, [1, 6]).tolist() == [3, 6]
+    assert _path_nodes(outcome, [1]) == [1] and _path_nodes(outcome, []) == []  # a chain's prefix: in place
