@@ -63,6 +63,19 @@ class TorchSampler:
             self._uniforms = u.tolist()[::-1]
         return self._uniforms.pop()
 
+    def next_block(self, device: torch.device) -> torch.Tensor | None:
+        """The next block of uniforms drawn on ``device`` (Tensor[block], float64) for a caller to read with its
+        own host read and hand back with :meth:`load_block`; None when uniforms are still buffered or the
+        generator lives on another device.
+        """
+        if self._uniforms or torch.device(device).type != self.generator.device.type:
+            return None
+        return torch.rand(self._block, generator=self.generator, dtype=torch.float64, device=self.generator.device)
+
+    def load_block(self, values: list[float]) -> None:
+        """The block of :meth:`next_block`, read by the caller: the next uniforms, in order."""
+        self._uniforms = list(values)[::-1]
+
     def flip(self, prob: float) -> bool:
         return self.uniform() < float(prob)
 

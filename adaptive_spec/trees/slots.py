@@ -74,6 +74,13 @@ class SlotLayout:
             )
         return self._device[key]
 
+    def parents_tensor(self, device: torch.device) -> torch.Tensor:
+        """LongTensor[N] of the parent slots on ``device`` (-1 for the root): copied once per device."""
+        key = "parents", str(device)
+        if key not in self._device:
+            self._device[key] = torch.tensor(self.parents, dtype=torch.long, device=device)
+        return self._device[key]
+
     @property
     def fed(self) -> int:
         """The slots above the last level (fed to the draft, so with a draft row): ``0 .. fed - 1``."""

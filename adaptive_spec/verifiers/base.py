@@ -95,8 +95,9 @@ def result_for(
     return VerifyResult(node, len(prefix), prefix + (int(token),), bonus, tuple(ride), on_device)
 
 
-def host_read(tree, *parts: torch.Tensor) -> list[list[int]]:
-    """One host read of ``parts`` (1-D integer or bool tensors on one device), as lists.
+def host_read(tree, *parts: torch.Tensor) -> list[list]:
+    """One host read of ``parts`` (tensors on one device, read flat), as lists: integer and bool parts as ints,
+    floating parts as floats (all read in float64 when any is floating).
 
     The tree's tokens (and a slot tree's validity flags) come back in the same read when they are still only on
     the device (a tree drafted there); they are handed to the tree, so that nothing reads them again.
@@ -107,11 +108,13 @@ def host_read(tree, *parts: torch.Tensor) -> list[list[int]]:
     if not parts_l:
         return []
     sizes = [t.numel() for t in parts_l]
-    flat = [t if t.dim() == 1 and t.dtype == torch.long else t.reshape(-1).long() for t in parts_l]
+    floats = [t.is_floating_point() for t in parts_l]
+    dtype = torch.float64 if any(floats) else torch.long  # integers (token ids, flags) are exact in float64
+    flat = [t if t.dim() == 1 and t.dtype == dtype else t.reshape(-1).to(dtype) for t in parts_l]
     flat = (torch.cat(flat) if len(flat) > 1 else flat[0]).tolist()  # the one host read
     out, i = [], 0
-    for n in sizes:
-        out.append(flat[i : i + n])
+    for n, is_float in zip(sizes, floats, strict=True):
+        out.append(flat[i : i + n] if is_float or dtype is torch.long else [int(v) for v in flat[i : i + n]])
         i += n
     if lazy:
         tree.take_host(out[len(parts) :])

@@ -68,7 +68,7 @@ REGISTRY: dict[str, VerifierSpec] = {
         VerifierSpec("token", verify_token, _CHAIN, reference="docs/algorithms.md §2"),
         VerifierSpec("greedy", verify_greedy, _ALL, greedy_only=True, reference="docs/algorithms.md §2", rides=True),
         VerifierSpec("block", verify_block, _CHAIN, reference="docs/algorithms.md §3", rides=True),
-        VerifierSpec("traversal", verify_traversal, _DRAWN, reference="docs/algorithms.md §4"),
+        VerifierSpec("traversal", verify_traversal, _DRAWN, reference="docs/algorithms.md §4", rides=True),
         VerifierSpec("specinfer", verify_specinfer, _IID, reference="docs/algorithms.md §5", rides=True),
         VerifierSpec("rrsw", verify_rrsw, _DRAWN, reference="docs/algorithms.md §5", rides=True),
         VerifierSpec("spectr", verify_spectr, _IID, reference="docs/algorithms.md §5"),

@@ -31,14 +31,21 @@ from __future__ import annotations
 
 import torch
 
-from adaptive_spec.rng import Sampler
+from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftTree
-from adaptive_spec.verifiers.base import VerifyResult, edge_probs, result_for
+from adaptive_spec.verifiers.base import VerifyResult, host_read, result_for
 
 
-def verify_traversal(tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler) -> VerifyResult:
-    """Traversal verification of a chain, an i.i.d./delayed tree or a without-replacement tree."""
-    return traversal_impl(tree, target_probs, sampler)
+def verify_traversal(
+    tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler, ride: torch.Tensor | None = None
+) -> VerifyResult:
+    """Traversal verification of a chain, an i.i.d./delayed tree or a without-replacement tree.
+
+    Host reads: one for every edge's probabilities, the draft rows' totals, the first block of uniforms and
+    ``ride`` (with the tree's tokens if still on the device); one per rejection (its residual's mass with the
+    residual at every node's token); one for the emitted token.
+    """
+    return traversal_impl(tree, target_probs, sampler, ride=ride)
 
 
 def traversal_impl(
@@ -48,6 +55,7 @@ def traversal_impl(
     *,
     zero_rejected: bool = True,
     parent_rule: str = "residual",
+    ride: torch.Tensor | None = None,
 ) -> VerifyResult:
     """Traversal verification with switches for the reference's negative controls.
 
@@ -56,10 +64,10 @@ def traversal_impl(
     remaining draft mass)) are the lossy variants the exact test (docs/algorithms.md §9) rejects, kept so the
     exact tests can show that they are caught.
     """
+    p_edge, q_edge, q_total, rode = _first_read(tree, target_probs, sampler, ride)
     n_nodes = tree.num_nodes
     parents, tokens = tree.parents, tree.tokens
-    p_edge = edge_probs(tree, target_probs)
-    q_edge = edge_probs(tree, tree.draft_probs)
+    tok_all = tree.tokens_tensor(target_probs.device).clamp_min(0)  # every node's token, for the residuals' values
     # Original ratio p/q on every edge; a q = 0 edge cannot have been drafted, its weight is 0.
     ratio = [p / q if q > 0 else 0.0 for p, q in zip(p_edge, q_edge, strict=True)]
     children = [list(c) for c in tree.children]
@@ -68,53 +76,61 @@ def traversal_impl(
         w[i] = min(1.0, w[parents[i]] * ratio[i])
     # Lazy rows (see the module docstring): Mb[n] = cb * rb with rb a vector in the rows' dtype
     # (the target's own row until n's first rejection, no copy); Ms[n] = cs * q[n] with the
-    # rejected tokens ``zeroed`` (q[n] itself until then, cs = 1). Scalars are float64.
+    # rejected tokens ``zeroed`` (q[n] itself until then, cs = 1). Scalars are float64. The values of rb at
+    # every node's token come with each rejection's read (``rb_at``; the target's own row: ``p_edge``), the
+    # draft's at the children's tokens are ``q_edge``, and a zeroed token's draft mass is its child's ``q_edge``.
     mb: dict[int, tuple[torch.Tensor, float]] = {}
-    ms: dict[int, tuple[float, set[int]]] = {}
+    rb_at: dict[int, list[float]] = {}
+    ms: dict[int, tuple[float, dict[int, float], torch.Tensor | None]] = {}
+
+    def finish(node: int, bonus: bool) -> VerifyResult:
+        row = mb[node][0] if not bonus else target_probs[node]
+        return result_for(tree, node, sampler.categorical(row), bonus=bonus, ride=rode)
 
     while True:
         leaf = 0
         while children[leaf]:
             leaf = children[leaf][0]
         if leaf == 0 or sampler.flip(w[leaf]):
-            if leaf in mb:
-                return result_for(tree, leaf, sampler.categorical(mb[leaf][0]), bonus=False)
-            return result_for(tree, leaf, sampler.categorical(target_probs[leaf]), bonus=True)
+            return finish(leaf, bonus=leaf not in mb)
 
         # Reject the leaf: delete it and update its parent n.
         n, t = parents[leaf], tokens[leaf]
         children[n].pop(0)
         rb, cb = mb.get(n, (target_probs[n], 1.0))
         q = tree.draft_probs[n]
-        cs, zeroed = ms.get(n, (1.0, set()))
-        r, r_sum = _residual(rb, w[n] * cb, q, cs, zeroed)  # r = (w · Mb − Ms)_+ / (w · cb)
+        cs, zeroed, zmask = ms.get(n, (1.0, {}, None))
+        r, r_sum, r_at = _residual(rb, w[n] * cb, q, cs, zmask, tok_all)  # r = (w · Mb − Ms)_+ / (w · cb)
         s = w[n] * cb * r_sum  # S = Σ (w · Mb − Ms)_+
         if parent_rule == "residual":
             new_w = s / (s + (1.0 - w[n])) if s > 0 else 0.0
         elif parent_rule == "remaining_mass":  # negative control, lossy
-            remaining = cs * (_mass(q, zeroed) - float(q[t]))
+            remaining = cs * (_mass(q_total[n], zeroed) - q_edge[leaf])
             new_w = min(1.0, s / remaining) if remaining > 0 else 0.0
         else:
             raise ValueError(f"unknown parent_rule {parent_rule!r}")
         w[n] = new_w
         if s > 0:
             rb, cb = r, 1.0 / r_sum  # Mb ← r / Σ r
+            rb_at[n] = r_at
         mb[n] = (rb, cb)
         kids = children[n]
         if zero_rejected and kids:  # Ms[n] is read again only if n has children left
-            zeroed = zeroed | {t}
-            total = _mass(q, zeroed)
+            zeroed = {**zeroed, t: q_edge[leaf]}
+            zmask = torch.zeros_like(q, dtype=torch.bool) if zmask is None else zmask.clone()
+            zmask[t] = True  # a Python index: no copy
+            total = _mass(q_total[n], zeroed)
             if total > 0:
                 cs = 1.0 / total
-            ms[n] = (cs, zeroed)
+            ms[n] = (cs, zeroed, zmask)
 
         # Recompute the weights of n's remaining subtrees, top-down.
         if kids:
-            idx = torch.tensor([tokens[c] for c in kids], device=rb.device)
-            num = (rb[idx].double() * cb).tolist()
-            den = [0.0 if tokens[c] in zeroed else cs * x for c, x in zip(kids, q[idx].double().tolist(), strict=True)]
+            at = rb_at.get(n)
             stack = []
-            for c, a, b in zip(kids, num, den, strict=True):
+            for c in kids:
+                a = (at[c] if at is not None else p_edge[c]) * cb
+                b = 0.0 if tokens[c] in zeroed else cs * q_edge[c]
                 w[c] = min(1.0, w[n] * a / b) if b > 0 else 0.0
                 stack.extend(children[c])
             while stack:
@@ -123,32 +139,61 @@ def traversal_impl(
                 stack.extend(children[d])
 
 
-def _mass(q: torch.Tensor, zeroed: set[int]) -> float:
-    """Σ q over the tokens not in ``zeroed`` (float64 accumulation)."""
-    total = float(q.sum(dtype=torch.float64))
-    if zeroed:
-        total -= float(q[torch.tensor(sorted(zeroed), device=q.device)].double().sum())
-    return max(total, 0.0)
+def _first_read(
+    tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler, ride: torch.Tensor | None
+) -> tuple[list[float], list[float], list[float], tuple[int, ...]]:
+    """``p`` and ``q`` on every edge (0.0 at the root), every draft row's total (float64), and ``ride``: one read.
+
+    A slot tree's edges are read at its slots' parents (:mod:`adaptive_spec.trees.slots`), whose rows are
+    those of the merged parents' prefixes; the first block of the sampler's uniforms comes along.
+    """
+    device = target_probs.device
+    slots = tree.slots
+    par = slots[0].parents_tensor(device) if slots is not None else tree.parents_tensor(device)
+    tok = tree.tokens_tensor(device).clamp_min(0)
+    pe = target_probs[par[1:], tok[1:]].double()
+    qe = tree.draft_probs[par[1:], tok[1:]].double()
+    qt = tree.draft_probs.sum(dim=-1, dtype=torch.float64)
+    parts = [pe, qe, qt]
+    uniforms = sampler.next_block(device) if isinstance(sampler, TorchSampler) else None
+    if uniforms is not None:
+        parts.append(uniforms)
+    if ride is not None:
+        parts.append(ride)
+    values = host_read(tree, *parts)
+    if uniforms is not None:
+        sampler.load_block(values[3])
+    return (
+        [0.0, *values[0]],
+        [0.0, *values[1]],
+        values[2],
+        tuple(int(v) for v in values[-1]) if ride is not None else (),
+    )
+
+
+def _mass(total: float, zeroed: dict[int, float]) -> float:
+    """Σ q over the tokens not in ``zeroed`` (float64): the row's total less the zeroed tokens' draft masses."""
+    return max(total - sum(zeroed.values()), 0.0) if zeroed else max(total, 0.0)
 
 
 def _residual(
-    rb: torch.Tensor, scale_b: float, q: torch.Tensor, cs: float, zeroed: set[int]
-) -> tuple[torch.Tensor, float]:
-    """``r = (scale_b·rb − cs·q_zeroed)_+ / scale_b`` and ``Σ r`` (float64).
+    rb: torch.Tensor, scale_b: float, q: torch.Tensor, cs: float, zmask: torch.Tensor | None, tok_all: torch.Tensor
+) -> tuple[torch.Tensor, float, list[float]]:
+    """``r = (scale_b·rb − cs·q_zeroed)_+ / scale_b``, ``Σ r`` (float64) and r at every node's token: one read.
 
     Three passes over the vocabulary in the rows' dtype (one fused ``rb − α q``, the clamp,
-    the float64-accumulated sum); the tokens in ``zeroed`` have Ms = 0.
+    the float64-accumulated sum); the tokens in ``zmask`` have Ms = 0.
     """
     if scale_b <= 0.0:
-        return torch.zeros_like(rb), 0.0
+        return torch.zeros_like(rb), 0.0, [0.0] * tok_all.numel()
     alpha = cs / scale_b
     if alpha < 1e30:
         r = torch.sub(rb, q, alpha=alpha)
     else:  # a tiny weight: avoid overflowing alpha·q in float32
         r = rb * (scale_b / cs) - q
         r.mul_(cs / scale_b)
-    if zeroed:
-        idx = torch.tensor(sorted(zeroed), device=rb.device)
-        r[idx] = rb[idx]
+    if zmask is not None:
+        r = torch.where(zmask, rb, r)
     r.clamp_(min=0.0)
-    return r, float(r.sum(dtype=torch.float64))
+    values = torch.cat([r.sum(dtype=torch.float64)[None], r[tok_all].double()]).tolist()  # the rejection's read
+    return r, values[0], values[1:]
