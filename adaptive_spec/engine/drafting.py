@@ -294,38 +294,24 @@ def _root_only(pending: torch.Tensor | DraftRoot, shape: TreeShape, vocab: int, 
 
 
 class _Builder:
-    """A tree's nodes as they are drawn, and its ancestor matrix (node ``i`` at row ``offset + i``)."""
+    """A policy-grown tree's nodes as they are drawn, on the host, with each node's ancestors as a bit mask."""
 
-    def __init__(self, size: int, device: torch.device, offset: int = 0) -> None:
+    def __init__(self) -> None:
         self.tokens, self.parents, self.depths = [-1], [-1], [0]
         self.child_draws: list[list[int]] = [[]]
-        self.anc = torch.zeros(size, size, dtype=torch.bool, device=device)
-        self.anc[offset, offset] = True
-        self.offset, self.device = offset, device
+        self.anc = [1]  # bit j of anc[i]: node j is node i or one of its ancestors
 
     def new_node(self, parent: int, token: int) -> int:
         self.tokens.append(token)
         self.parents.append(parent)
         self.depths.append(self.depths[parent] + 1)
         self.child_draws.append([])
+        self.anc.append(self.anc[parent] | (1 << len(self.anc)))
         return len(self.tokens) - 1
 
-    def link(
-        self, first: int, nodes: list[int] | None = None, extra: list[int] = ()
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Fill the ancestor rows of the new nodes (``first`` onwards, or ``nodes``): the parent's row plus themselves.
-
-        Returns their row indices, their tokens and ``extra`` (any ints the caller needs there next), on the
-        device, in one copy.
-        """
-        nodes = list(range(first, len(self.tokens))) if nodes is None else nodes
-        k = len(nodes)
-        host = [*nodes, *(self.parents[c] for c in nodes), *(self.tokens[c] for c in nodes), *extra]
-        rows, par, tokens, extra_t = torch.tensor(host, device=self.device).split([k, k, k, len(extra)])
-        rows, par = rows + self.offset, par + self.offset
-        self.anc[rows] = self.anc[par]
-        self.anc[rows, rows] = True
-        return rows, tokens, extra_t
+    def mask_rows(self, rows: list[int], cols: list[int]) -> list[int]:
+        """The ancestor matrix's entries (0/1) at ``rows`` x ``cols``, flattened row by row."""
+        return [(self.anc[i] >> j) & 1 for i in rows for j in cols]
 
 
 def lookup_outcome(
@@ -459,19 +445,17 @@ def draft_policy_tree(
     while frontier and g.budget > 0 and policy.depth > 0:
         stats = _level_candidates(R, g.K, policy.law is DraftLaw.DYNAMIC_WOR, generator, deterministic, ok)
         new = g.expand(frontier, *stats)
-        if not new:
-            break
-        g.b.link(0, new)
-        if g.budget <= 0:
+        if not new or g.budget <= 0:
             break
         frontier = g.feed(new)
         if not frontier:
             break
-        F = len(frontier)
-        host = [*frontier, *(g.b.tokens[c] for c in frontier), *(base + p - 1 + g.b.depths[c] for c in frontier)]
-        fr_t, ids, pos, fed_t = torch.tensor(host + g.fed_order, device=device).split([F, F, F, len(g.fed_order)])
-        allowed = torch.cat([pending_pos.expand(F, -1), g.b.anc[fr_t][:, fed_t]], dim=1)
-        logits = runner.block_forward(ids, pos, allowed, logits_to_keep=len(frontier))  # [F', V']
+        # the fed nodes' tokens, positions and mask rows over the fed nodes (built on the host), in one copy
+        F, fed = len(frontier), len(g.fed_order)
+        host = [*(g.b.tokens[c] for c in frontier), *(base + p - 1 + g.b.depths[c] for c in frontier)]
+        ids, pos, mask = torch.tensor(host + g.b.mask_rows(frontier, g.fed_order), device=device).split([F, F, F * fed])
+        allowed = torch.cat([pending_pos.expand(F, -1), mask.view(F, fed).bool()], dim=1)
+        logits = runner.block_forward(ids, pos, allowed, logits_to_keep=F)  # [F', V']
         R = probs_fn(logits)
         ok = finite_flag(logits, R)
         rows.append(R)
@@ -512,7 +496,7 @@ class _PolicyGrowth:
     ) -> None:
         self.policy, self.vocab, self.device, self.sampler = policy, vocab, device, sampler
         self.temperature, self.features = temperature, features
-        self.b = _Builder(policy.shape.max_nodes, device)
+        self.b = _Builder()
         self.views: dict[int, NodeView] = {}
         self.cache_rows = {0: 0}  # fed node -> offset after the root in the draft cache (feed order)
         self.fed_order = [0]
@@ -593,12 +577,13 @@ class _PolicyGrowth:
 
     def outcome(self, rows: list[torch.Tensor], pending: int) -> DraftOutcome:
         b, n, fed = self.b, len(self.b.tokens), len(self.fed_order)
-        # the fed rows' places, the tokens and the depths (for the target's block) in one copy
-        fed_t, tokens_t, depths_t = torch.tensor([*self.fed_order, *b.tokens, *b.depths], device=self.device).split(
-            [fed, n, n]
-        )
+        # the fed rows' places, the tokens, the depths (for the target's block) and the ancestor matrix in one copy
+        host = [*self.fed_order, *b.tokens, *b.depths, *b.mask_rows(list(range(n)), list(range(n)))]
+        fed_t, tokens_t, depths_t, anc = torch.tensor(host, device=self.device).split([fed, n, n, n * n])
         probs = torch.zeros(n, self.vocab, dtype=rows[0].dtype, device=self.device)
         probs[fed_t] = torch.cat(rows)[:fed]
         tree = DraftTree(b.tokens, b.parents, b.depths, probs, b.child_draws, self.policy.shape)
         tree.keep_tensors(tokens=tokens_t, depths=depths_t)
-        return DraftOutcome(tree, b.anc[:n, :n], pending, fed, self.cache_rows, self.levels, self.decision_s)
+        ancestors = anc.view(n, n).bool()
+        tree.keep_tensors(ancestors=ancestors)
+        return DraftOutcome(tree, ancestors, pending, fed, self.cache_rows, self.levels, self.decision_s)

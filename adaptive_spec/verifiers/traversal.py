@@ -33,6 +33,7 @@ import torch
 
 from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftTree
+from adaptive_spec.trees.draw import draw_children
 from adaptive_spec.verifiers.base import VerifyResult, host_read, result_for
 
 
@@ -85,6 +86,9 @@ def traversal_impl(
 
     def finish(node: int, bonus: bool) -> VerifyResult:
         row = mb[node][0] if not bonus else target_probs[node]
+        if isinstance(sampler, TorchSampler) and row.device.type == sampler.generator.device.type:
+            y = draw_children(row[None], 1, sampler.generator)[0][:, 0]  # on the device: the next step's input
+            return result_for(tree, node, y.item(), bonus=bonus, ride=rode, on_device=y)
         return result_for(tree, node, sampler.categorical(row), bonus=bonus, ride=rode)
 
     while True:

@@ -72,7 +72,9 @@ def test_eos_inside_an_accepted_block_ends_generation() -> None:
 
 @pytest.mark.parametrize("plan", [None, "chain:4/token", "iid:2x2/gbv", "delayed:1x2x2/nss", "wor:2x2/traversal"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_max_new_tokens_is_exact(engine: SpecEngine, plan: str | None, temperature: float) -> None:
+def test_max_new_tokens_is_exact(models, plan: str | None, temperature: float) -> None:
+    engine = SpecEngine(*models)  # no tokenizer, and the models have no EOS: only the budget stops a sampled run
+    assert not engine.eos_token_ids
     for n in (1, 2, 7):
         out = engine.generate([0, 5], max_new_tokens=n, temperature=temperature, plan=plan, seed=n)
         assert len(out.token_ids) == n and out.stats.new_tokens == n
