@@ -19,10 +19,19 @@ from __future__ import annotations
 
 import torch
 
-from adaptive_spec.rng import Sampler
+from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftTree
 from adaptive_spec.trees.draw import draw_children
-from adaptive_spec.verifiers.base import VerifyResult, accept_prob, host_read, normalized_or, positive_part, result_for
+from adaptive_spec.verifiers.base import (
+    VerifyResult,
+    accept_prob,
+    host_read,
+    normalized_or,
+    positive_part,
+    result_for,
+    ride_first,
+)
+from adaptive_spec.verifiers.walk import top_down_walk
 
 
 def rrs_solve(
@@ -96,3 +105,26 @@ def rrs_on_slots(
             bonus = not tree.child_draws[node]
             return result_for(tree, node, ys[node], bonus, rest[0] if rest else (), y[node : node + 1])
         node = tree.child_with_token(node, tree.tokens[cand_host[node][j]])
+
+
+def verify_rrs(
+    tree: DraftTree,
+    target_probs: torch.Tensor,
+    sampler: Sampler,
+    ride: torch.Tensor | None,
+    *,
+    without_replacement: bool,
+) -> VerifyResult:
+    """SpecInfer (i.i.d. draws, with multiplicity) or RRSw (distinct draws): the top-down walk with
+    :func:`rrs_solve` at each node; a tree drafted into slots, verified with a ``torch.Generator``'s sampler
+    (the engine's case), on the rows' device with one host read (:func:`rrs_on_slots`).
+    """
+    if isinstance(sampler, TorchSampler) and tree.slots is not None:
+        return rrs_on_slots(tree, target_probs, sampler.generator, without_replacement=without_replacement, ride=ride)
+
+    def solver(p, q, candidates, s):
+        return rrs_solve(p, q, candidates, s, without_replacement=without_replacement)
+
+    return ride_first(
+        tree, ride, lambda: top_down_walk(tree, target_probs, sampler, solver, distinct=without_replacement)
+    )

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from adaptive_spec.rng import Sampler, TorchSampler
+from adaptive_spec.rng import Sampler
 from adaptive_spec.trees import DraftTree
-from adaptive_spec.verifiers.base import VerifyResult, ride_first
-from adaptive_spec.verifiers.rrs import rrs_on_slots, rrs_solve
-from adaptive_spec.verifiers.walk import top_down_walk
+from adaptive_spec.verifiers.base import VerifyResult
+from adaptive_spec.verifiers.rrs import rrs_solve, verify_rrs
 
 
 def rrsw_solver(p, q, candidates, sampler):
@@ -22,9 +21,7 @@ def verify_rrsw(
 ) -> VerifyResult:
     """Recursive rejection sampling without replacement (RSD).
 
-    A tree drafted into slots, verified with a ``torch.Generator``'s sampler (the engine's case), runs on the rows'
-    device with one host read (:func:`~adaptive_spec.verifiers.rrs.rrs_on_slots`); any other, on the host.
+    The top-down walk with :func:`~adaptive_spec.verifiers.rrs.rrs_solve`, or on the rows' device for a slot tree
+    (:func:`~adaptive_spec.verifiers.rrs.verify_rrs`).
     """
-    if isinstance(sampler, TorchSampler) and tree.slots is not None:
-        return rrs_on_slots(tree, target_probs, sampler.generator, without_replacement=True, ride=ride)
-    return ride_first(tree, ride, lambda: top_down_walk(tree, target_probs, sampler, rrsw_solver, distinct=True))
+    return verify_rrs(tree, target_probs, sampler, ride, without_replacement=True)

@@ -15,6 +15,7 @@ from adaptive_spec.analysis.instances import random_instance
 from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees.lookup import lookup_trie
 from adaptive_spec.verifiers.nss import verify_nss
+from tests.helpers.reads import counted_reads
 
 RUNS = 6000
 
@@ -69,16 +70,6 @@ def test_the_device_walk_has_nss_law_and_a_wrong_walk_fails() -> None:
 
 def test_the_device_walk_reads_the_host_once_with_the_ride() -> None:
     tree, target = _case()
-    reads = []
-    real = torch.Tensor.tolist
-
-    def counted(t):
-        reads.append(t.numel())
-        return real(t)
-
-    torch.Tensor.tolist = counted
-    try:
+    with counted_reads() as reads:
         r = verify_nss(tree, target, TorchSampler(torch.Generator().manual_seed(1)), ride=torch.tensor([7, 1]))
-    finally:
-        torch.Tensor.tolist = real
     assert len(reads) == 1 and r.ride == (7, 1)

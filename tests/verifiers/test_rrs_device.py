@@ -19,6 +19,7 @@ from adaptive_spec.trees import DraftTree, TreeShape
 from adaptive_spec.trees.slots import slot_layout
 from adaptive_spec.verifiers.rrsw import verify_rrsw
 from adaptive_spec.verifiers.specinfer import verify_specinfer
+from tests.helpers.reads import counted_reads
 
 RUNS = 5000
 V = 4
@@ -84,19 +85,9 @@ def test_the_device_path_has_the_host_solvers_law_and_a_wrong_residual_fails(nam
 def test_the_device_path_reads_the_host_once_with_the_ride() -> None:
     verifier, shape, tokens, valid = CASES["specinfer"]
     tree, target = _case(shape, tokens, valid)
-    reads = []
-    real = torch.Tensor.tolist
-
-    def counted(t):
-        reads.append(t.numel())
-        return real(t)
-
-    torch.Tensor.tolist = counted
-    try:
+    with counted_reads() as reads:
         t = tree()
         r = verifier(t, target, TorchSampler(torch.Generator().manual_seed(1)), ride=torch.tensor([7, 1]))
-    finally:
-        torch.Tensor.tolist = real
     assert len(reads) == 1 and r.ride == (7, 1) and t.tokens == tokens  # the tree's tokens and flags came along
 
 
@@ -109,20 +100,11 @@ def test_traversal_of_a_slot_tree_has_its_exact_law_and_reads_once_per_rejection
     tree, target = _case(shape, tokens, valid)
     exact = fixed_tree_law(verify_traversal, tree(), target)
     sampler, counts, reads = TorchSampler(torch.Generator().manual_seed(0)), {}, []
-    real = torch.Tensor.tolist
-
-    def counted(t):
-        reads.append(t.numel())
-        return real(t)
-
     for i in range(RUNS):
         t = tree()
-        if i < 50:
-            torch.Tensor.tolist = counted
-        try:
+        with counted_reads() as these:
             r = verify_traversal(t, target, sampler, ride=torch.tensor([3]))
-        finally:
-            torch.Tensor.tolist = real
+        reads += these if i < 50 else []
         counts[r.node, r.tokens] = counts.get((r.node, r.tokens), 0) + 1
         assert r.ride == (3,)
     assert _tv({k: v / RUNS for k, v in counts.items()}, exact) < 0.035
