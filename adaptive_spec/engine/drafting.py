@@ -577,13 +577,13 @@ class _PolicyGrowth:
 
     def outcome(self, rows: list[torch.Tensor], pending: int) -> DraftOutcome:
         b, n, fed = self.b, len(self.b.tokens), len(self.fed_order)
-        # the fed rows' places, the tokens, the depths (for the target's block) and the ancestor matrix in one copy
-        host = [*self.fed_order, *b.tokens, *b.depths, *b.mask_rows(list(range(n)), list(range(n)))]
-        fed_t, tokens_t, depths_t, anc = torch.tensor(host, device=self.device).split([fed, n, n, n * n])
+        # the fed rows' places, the tokens, parents and depths (for the target's block and the verifiers) and the
+        # ancestor matrix, in one copy
+        host = [*self.fed_order, *b.tokens, *b.parents, *b.depths, *b.mask_rows(list(range(n)), list(range(n)))]
+        fed_t, tokens_t, parents_t, depths_t, anc = torch.tensor(host, device=self.device).split([fed, n, n, n, n * n])
         probs = torch.zeros(n, self.vocab, dtype=rows[0].dtype, device=self.device)
         probs[fed_t] = torch.cat(rows)[:fed]
         tree = DraftTree(b.tokens, b.parents, b.depths, probs, b.child_draws, self.policy.shape)
-        tree.keep_tensors(tokens=tokens_t, depths=depths_t)
         ancestors = anc.view(n, n).bool()
-        tree.keep_tensors(ancestors=ancestors)
+        tree.keep_tensors(tokens=tokens_t, parents=parents_t, depths=depths_t, ancestors=ancestors)
         return DraftOutcome(tree, ancestors, pending, fed, self.cache_rows, self.levels, self.decision_s)
