@@ -25,6 +25,11 @@ only at nodes that still have children. The reference keeps Mb and Ms in float64
 exact tests run on float64 rows, so they check this code in float64; the engine's rows are
 the models' float32 probabilities, whose own rounding is of the same order as float32
 arithmetic on them, and every sum is accumulated in float64.
+
+Host reads: one first (every edge's p and q, every draft row's total, a block of uniforms, the caller's
+ride and a drafted tree's tokens), one per rejection (the residual's mass with its values at every node's
+token, so that the remaining children's weights need no read of their own; their draft masses are the
+edges' q, read first), and one for the emitted token, drawn on the device.
 """
 
 from __future__ import annotations
