@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Old main (726eff7) and new main alternating, SmolLM2 on 4 demo prompts x 48 tokens, T=0 and T=1, alone.
 set -u
-PLANS="iid:3x4/specinfer,wor:2x2x1/rrsw,delayed:1x3x2/traversal,adaptive"
+PLANS="iid:3x4/specinfer,wor:2x2x1/rrsw,delayed:1x3x2/traversal,eagle:6:48:6:4:wor/traversal,adaptive"
 for round in 1 2; do
   for v in base main; do
     if [ $v = base ]; then D=/work/wt/base; else D=/work/main; fi
