@@ -59,9 +59,11 @@ class TorchSampler:
     def uniform(self) -> float:
         """One U(0, 1) draw."""
         if not self._uniforms:
-            u = torch.rand(self._block, generator=self.generator, dtype=torch.float64, device=self.generator.device)
-            self._uniforms = u.tolist()[::-1]
+            self.load_block(self._draw_block().tolist())
         return self._uniforms.pop()
+
+    def _draw_block(self) -> torch.Tensor:
+        return torch.rand(self._block, generator=self.generator, dtype=torch.float64, device=self.generator.device)
 
     def next_block(self, device: torch.device) -> torch.Tensor | None:
         """The next block of uniforms drawn on ``device`` (Tensor[block], float64) for a caller to read with its
@@ -70,7 +72,7 @@ class TorchSampler:
         """
         if self._uniforms or torch.device(device).type != self.generator.device.type:
             return None
-        return torch.rand(self._block, generator=self.generator, dtype=torch.float64, device=self.generator.device)
+        return self._draw_block()
 
     def load_block(self, values: list[float]) -> None:
         """The block of :meth:`next_block`, read by the caller: the next uniforms, in order."""

@@ -239,8 +239,7 @@ def _draft_slots(
             pos = depths[first:end] + (base + p - 1)
             logits = runner.block_forward(tokens[-1], pos, mask, logits_to_keep=end - first)
             rows.append(probs_fn(logits))
-    fed = layout.levels[-1][0]  # every slot above the last level
-    n = layout.num_slots
+    fed, n = layout.fed, layout.num_slots  # every slot above the last level is fed
     probs = torch.cat([*rows, rows[0].new_zeros(n - fed, rows[0].shape[1])])  # [N, V]; leaves are never fed
     # The rows are softmaxes: any NaN or +inf in a level's logits makes its row NaN (the root's is checked as fed).
     ok = root.ok & torch.isfinite(probs.sum())

@@ -186,8 +186,9 @@ class StepMixin:
         """Verify the drafted tree; the target's rows (and the draft's, when not checked yet) must be finite.
 
         The finite flag rides the verifier's own host read when it has one (``REGISTRY[name].rides``: greedy,
-        block, NSS), else it is read before the verifier runs on the host. Sampled rows are softmaxes, NaN
-        wherever the logits were not finite; one-hot (T = 0) rows are not, so their logits are checked.
+        block, NSS, SpecInfer, RRSw, traversal), else it is read before the verifier runs on the host. Sampled
+        rows are softmaxes, NaN wherever the logits were not finite; one-hot (T = 0) rows are not, so their
+        logits are checked.
         """
         tree, generator = outcome.tree, run.state.generator
         greedy = run.request.greedy
@@ -230,10 +231,8 @@ class StepMixin:
         pending tokens (root last), then one row per drafted node.
         """
         n_ctx, p, device = len(state.context), len(state.context) - base, self.device
-        path = _path_nodes(outcome, accepted)
-        state.target.commit(
-            n_ctx, path + (n_ctx - 1) if isinstance(path, torch.Tensor) else [n_ctx - 1 + a for a in path]
-        )
+        rows = _path_rows(outcome, accepted, n_ctx - 1)
+        state.target.commit(n_ctx, rows)
         if isinstance(state.draft, EagleRunner):  # the target's features of the newly committed positions
             keep = [*range(p - 1), *(p - 1 + a for a in [0, *accepted])]
             feats = state.target.features
@@ -241,8 +240,8 @@ class StepMixin:
             state.draft.set_target_features(base, rows)  # a chain's rows are a prefix: nothing copied
         if outcome.pending_fed:
             fed = [r for r in map(outcome.draft_row, accepted) if r is not None]  # a prefix of the path
-            if isinstance(path, torch.Tensor) and outcome.cache_rows is None:  # fed nodes sit at their own rows
-                state.draft.commit(n_ctx, path[: len(fed)] + (n_ctx - 1))
+            if outcome.cache_rows is None:  # fed nodes sit at their own rows: the path's first rows
+                state.draft.commit(n_ctx, rows[: len(fed)])
             else:
                 state.draft.commit(n_ctx, [n_ctx - 1 + r for r in fed])
 
@@ -282,19 +281,20 @@ class StepMixin:
         return root, features
 
 
-def _path_nodes(outcome: DraftOutcome, accepted: list[int]) -> list[int] | torch.Tensor:
-    """The accepted nodes (root excluded): a chain's prefix ``1 .. k`` as a list (its rows are in place and move
-    nothing); any other path as a LongTensor on the device, read off the ancestor matrix's row of the last
-    accepted node (parents precede children, so a stable sort puts the path first, in order): no copy.
+def _path_rows(outcome: DraftOutcome, accepted: list[int], offset: int) -> list[int] | torch.Tensor:
+    """The accepted nodes' block rows (``offset + node``, root excluded): a chain's prefix ``1 .. k`` as a list (its
+    rows are in place and move nothing); any other path as a LongTensor on the device, read off the ancestor
+    matrix's row of the last accepted node (parents precede children, so a stable sort puts the path first, in
+    order): no copy.
 
     A slot tree's matrix is its slots' (:mod:`adaptive_spec.trees.slots`): the path may run through a duplicate
     slot of an accepted node, whose rows hold the same prefix.
     """
     k = len(accepted)
     if k == 0 or accepted == list(range(1, k + 1)):
-        return accepted
+        return [offset + a for a in accepted]
     on_path = outcome.ancestors[accepted[-1]]  # BoolTensor[N]: the root, the path, the node itself
-    return torch.argsort((~on_path).to(torch.uint8), stable=True)[1 : k + 1]
+    return torch.argsort((~on_path).to(torch.uint8), stable=True)[1 : k + 1] + offset
 
 
 def _check_finite(ok: int, draft_ok: torch.Tensor | None, target_ok: torch.Tensor) -> None:

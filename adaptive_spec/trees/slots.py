@@ -64,22 +64,27 @@ class SlotLayout:
         """Whether the shape is drawn by walkers (with replacement) rather than without replacement."""
         return self.shape.law is not DraftLaw.WITHOUT_REPLACEMENT
 
+    def _on_device(self, name: str, device: torch.device, build) -> object:
+        """``build(device)``, made once per ``name`` and device (the layout's host data copied once)."""
+        key = name, str(device)
+        if key not in self._device:
+            self._device[key] = build(device)
+        return self._device[key]
+
     def tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``(ancestors BoolTensor[N, N], depths LongTensor[N])`` on ``device``: copied once per device."""
-        key = str(device)
-        if key not in self._device:
-            self._device[key] = (
-                torch.tensor(ancestor_rows(list(self.parents)), dtype=torch.bool, device=device),
-                torch.tensor(self.depths, dtype=torch.long, device=device),
-            )
-        return self._device[key]
+        return self._on_device(
+            "tensors",
+            device,
+            lambda d: (
+                torch.tensor(ancestor_rows(list(self.parents)), dtype=torch.bool, device=d),
+                torch.tensor(self.depths, dtype=torch.long, device=d),
+            ),
+        )
 
     def parents_tensor(self, device: torch.device) -> torch.Tensor:
         """LongTensor[N] of the parent slots on ``device`` (-1 for the root): copied once per device."""
-        key = "parents", str(device)
-        if key not in self._device:
-            self._device[key] = torch.tensor(self.parents, dtype=torch.long, device=device)
-        return self._device[key]
+        return self._on_device("parents", device, lambda d: torch.tensor(self.parents, dtype=torch.long, device=d))
 
     @property
     def fed(self) -> int:
@@ -94,14 +99,12 @@ class SlotLayout:
         the same prefix (:meth:`groups`), and before branching, of the one walker. Padding points at slot 0.
         Copied once per device.
         """
-        key = "cand", str(device)
-        if key not in self._device:
-            cand, real = self._candidate_rows
-            self._device[key] = (
-                torch.tensor(cand, dtype=torch.long, device=device),
-                torch.tensor(real, dtype=torch.bool, device=device),
-            )
-        return self._device[key]
+        cand, real = self._candidate_rows
+        return self._on_device(
+            "candidates",
+            device,
+            lambda d: (torch.tensor(cand, dtype=torch.long, device=d), torch.tensor(real, dtype=torch.bool, device=d)),
+        )
 
     @functools.cached_property
     def _candidate_rows(self) -> tuple[list[list[int]], list[list[bool]]]:

@@ -128,9 +128,17 @@ def edge_probs(tree, probs: torch.Tensor) -> list[float]:
     """
     if tree.num_nodes == 1:
         return [0.0]
-    par = tree.parents_tensor(probs.device)[1:]
+    return [0.0] + edge_values(tree, probs).tolist()
+
+
+def edge_values(tree, probs: torch.Tensor, parents: torch.Tensor | None = None) -> torch.Tensor:
+    """``probs[parent(i), token(i)]`` for every node i but the root, float64 on the rows' device (no host read).
+
+    ``parents``: LongTensor[N] to read the edges at instead of the tree's parents (a slot tree's parent slots).
+    """
+    par = (tree.parents_tensor(probs.device) if parents is None else parents)[1:]
     tok = tree.tokens_tensor(probs.device)[1:]
-    return [0.0] + probs[par, tok].double().tolist()
+    return probs[par, tok].double()
 
 
 def ride_first(tree, ride: torch.Tensor | None, verify_on_host: Callable[[], VerifyResult]) -> VerifyResult:

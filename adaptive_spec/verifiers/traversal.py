@@ -39,7 +39,7 @@ import torch
 from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftTree
 from adaptive_spec.trees.draw import draw_children
-from adaptive_spec.verifiers.base import VerifyResult, host_read, result_for
+from adaptive_spec.verifiers.base import VerifyResult, edge_values, host_read, result_for
 
 
 def verify_traversal(
@@ -158,10 +158,8 @@ def _first_read(
     """
     device = target_probs.device
     slots = tree.slots
-    par = slots[0].parents_tensor(device) if slots is not None else tree.parents_tensor(device)
-    tok = tree.tokens_tensor(device).clamp_min(0)
-    pe = target_probs[par[1:], tok[1:]].double()
-    qe = tree.draft_probs[par[1:], tok[1:]].double()
+    par = slots[0].parents_tensor(device) if slots is not None else None
+    pe, qe = edge_values(tree, target_probs, par), edge_values(tree, tree.draft_probs, par)
     qt = tree.draft_probs.sum(dim=-1, dtype=torch.float64)
     parts = [pe, qe, qt]
     uniforms = sampler.next_block(device) if isinstance(sampler, TorchSampler) else None
