@@ -118,6 +118,13 @@ class SlotLayout:
         k = max(len(r) for r in rows)
         return [r + [0] * (k - len(r)) for r in rows], [[True] * len(r) + [False] * (k - len(r)) for r in rows]
 
+    @functools.cached_property
+    def candidate_widths(self) -> tuple[int, ...]:
+        """Per level d, the most candidates a slot of depth d has (the real columns of :meth:`candidates` there)."""
+        _, real = self._candidate_rows
+        bounds = [(0, 1), *self.levels[:-1]]
+        return tuple(max(sum(real[s]) for s in range(first, end)) for first, end in bounds)
+
     def candidates_host(self) -> list[list[int]]:
         """:meth:`candidates`' slots as host lists."""
         return self._candidate_rows[0]

@@ -65,11 +65,12 @@ def rrs_on_slots(
     Every fed slot runs :func:`rrs_solve` at once, candidate by candidate (at most K steps over [fed, V] rows):
     its candidates are the draws at its prefix (:meth:`SlotLayout.groups`), each accepted with probability
     ``min(1, p'(x) / q'(x))``, the residual ``p' = norm((p' − q')_+)`` after each rejection (and ``q'(x) = 0``
-    renormalised without replacement). Then every slot draws ``Y`` from its final residual (a leaf from its
-    target row). A node's outcome depends only on its own rows and draws, and the walk visits a node at most
-    once, so running all of them ahead leaves the law unchanged. One host read brings back the accepted
-    candidate and ``Y`` of every slot (with ``ride`` and the tree's tokens and flags); the walk then runs on
-    the host from the root: to the accepted candidate's node, else emit ``Y`` (a bonus where nothing was drawn).
+    renormalised without replacement). A node's outcome depends only on its own rows and draws, and the walk
+    visits a node at most once, so running all of them ahead leaves the law unchanged. The walk runs on the
+    device from the root, to each accepted candidate's slot (a walker on a duplicate slot has the rows, and
+    so the law, of the node it stands for), and ``Y`` is drawn where it stops, from the final residual (a
+    leaf's target row: a bonus). One host read brings back the slot, ``Y``, ``ride`` and the tree's tokens and
+    flags; a duplicate slot is reported as the node it stands for.
     """
     layout, valid = tree.slots
     device, fed = target_probs.device, layout.fed
@@ -94,17 +95,20 @@ def rrs_on_slots(
             qz = q.scatter(1, xj, 0.0)
             qt = qz.sum(dim=-1, keepdim=True)
             q = torch.where(rejected & (qt > 0), qz / qt.clamp_min(1e-30), q)
-    y = draw_children(torch.cat([p, target_probs[fed:]]), 1, generator)[0][:, 0]  # [N]
-    parts = [accepted, y] + ([] if ride is None else [ride])
-    acc, ys, *rest = host_read(tree, *parts)
-    cand_host = layout.candidates_host()
-    node = 0
-    while True:
-        j = acc[node] if node < fed else -1
-        if j < 0:
-            bonus = not tree.child_draws[node]
-            return result_for(tree, node, ys[node], bonus, rest[0] if rest else (), y[node : node + 1])
-        node = tree.child_with_token(node, tree.tokens[cand_host[node][j]])
+    # The walk, on the device: from the root to each accepted candidate's slot (a walker on a duplicate slot has
+    # the rows and the law of the node it stands for), then Y from where it stops.
+    node = torch.zeros(1, dtype=torch.long, device=device)
+    for _ in range(layout.shape.depth):
+        inner = node < fed
+        j = torch.where(inner, accepted[node.clamp_max(fed - 1)], -1)
+        node = torch.where(j >= 0, cand[node.clamp_max(fed - 1), j.clamp_min(0)], node)
+    inner = (node < fed)[:, None]
+    row = torch.where(inner, p[node.clamp_max(fed - 1)], target_probs[node])
+    y = draw_children(row, 1, generator)[0][:, 0]  # LongTensor[1]
+    parts = [node, y] + ([] if ride is None else [ride])
+    (slot,), (token,), *rest = host_read(tree, *parts)  # the one host read
+    at = slot if tree.used[slot] else tree.child_with_token(tree.parents[slot], tree.tokens[slot])
+    return result_for(tree, at, token, not tree.child_draws[at], rest[0] if rest else (), y)
 
 
 def verify_rrs(

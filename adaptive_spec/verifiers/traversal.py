@@ -51,6 +51,8 @@ def verify_traversal(
     ``ride`` (with the tree's tokens if still on the device); one per rejection (its residual's mass with the
     residual at every node's token); one for the emitted token.
     """
+    if isinstance(sampler, TorchSampler) and sampler.generator.device.type == target_probs.device.type:
+        return traversal_on_device(tree, target_probs, sampler.generator, ride=ride)
     return traversal_impl(tree, target_probs, sampler, ride=ride)
 
 
@@ -204,3 +206,172 @@ def _residual(
     r.clamp_(min=0.0)
     values = torch.cat([r.sum(dtype=torch.float64)[None], r[tok_all].double()]).tolist()  # the rejection's read
     return r, values[0], values[1:]
+
+
+def traversal_on_device(
+    tree: DraftTree,
+    target_probs: torch.Tensor,
+    generator: torch.Generator,
+    *,
+    ride: torch.Tensor | None = None,
+    zero_rejected: bool = True,
+) -> VerifyResult:
+    """Traversal verification on the rows' device with one host read (the engine's path, a ``torch.Generator``).
+
+    The weights and rows that :func:`traversal_impl` computes do not depend on its flips: the flips only decide
+    where the traversal stops. A node's updates are those of rejecting its children one after another, from its
+    weight when it is first reached, which is set by its parent's state after the rejections of its earlier
+    siblings. So every node's trajectory is computed ahead (:func:`traversal_states`), level by level from the
+    root (all nodes of a level at once, child column by child column), with no read: each node's weight when it
+    is tested as a leaf and its final ``Mb`` row. Then every node flips its own uniform against that weight,
+    the first flagged node in post-order (the root at last) is found bottom-up, level by level, and its token
+    is drawn from its row (the target's own row for a leaf: the bonus). The law is the reference's: the flips
+    are independent and tested in the same order. One host read brings back the node, its token, ``ride`` and
+    a drafted tree's tokens.
+
+    Rows are the target's dtype, scalars float64, as in :func:`traversal_impl` (whose overflow guard for a
+    tiny weight is a clamp of ``α`` at 3e38 here: it differs only for weights below about 1e-38).
+    ``zero_rejected=False`` is the reference's lossy negative control (the rejected token stays in ``Ms``).
+    """
+    n, device = tree.num_nodes, target_probs.device
+    levels = _device_levels(tree, device)
+    w, residuals, pos = traversal_states(tree, target_probs, levels, zero_rejected=zero_rejected)
+    found = torch.rand(n + 1, dtype=torch.float64, device=device, generator=generator) < w  # each node's flip
+    found[0], found[n] = True, False  # the root is accepted when everything below is rejected; the dummy never
+    first = torch.arange(n + 1, device=device)  # the first flagged node in post-order under each node
+    for parents, cand, _, act in reversed(levels):
+        below = act & found[cand]
+        j = below.byte().argmax(dim=1, keepdim=True)  # the first child (in drafting order) with a flagged node below
+        hit = below.any(dim=1)
+        first[parents] = torch.where(hit, first[cand.gather(1, j)[:, 0]], parents)
+        found[parents] |= hit
+    node = first[:1]
+    row = target_probs[node]
+    if levels:  # a node with children emits from its residual
+        at = pos[node]
+        row = torch.where(at[:, None] >= 0, residuals[at.clamp_min(0)], row)
+    y = draw_children(row, 1, generator)[0][:, 0]  # LongTensor[1]
+    parts = [node, y] + ([] if ride is None else [ride])
+    (accepted,), (token,), *rest = host_read(tree, *parts)  # the one host read
+    return result_for(tree, accepted, token, not tree.children[accepted], rest[0] if rest else (), y)
+
+
+def traversal_states(
+    tree: DraftTree, target_probs: torch.Tensor, levels: list | None = None, *, zero_rejected: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every node's weight when traversal tests it as a leaf and the row it emits from if accepted, computed on
+    the rows' device with no host read (see :func:`traversal_on_device`).
+
+    Returns ``(w, residuals, pos)``: ``w`` float64 [N + 1] (the last entry a dummy), ``residuals`` [P, V] the final
+    ``Mb`` rows of the P nodes with children, and ``pos`` LongTensor[N + 1], each node's row in ``residuals``
+    (-1 for a leaf, whose row is the target's own). Nodes a verifier cannot reach (a slot tree's unused slots)
+    have arbitrary values. ``levels``: :func:`_device_levels`, if the caller has them.
+    """
+    device, dtype = target_probs.device, target_probs.dtype
+    n = tree.num_nodes
+    levels = _device_levels(tree, device) if levels is None else levels
+    w_all = torch.ones(n + 1, 1, dtype=torch.float64, device=device)  # each node's weight; row n is a dummy
+    pos = torch.full((n + 1,), -1, dtype=torch.long, device=device)
+    residuals, done = [], 0
+    for parents, cand, tok, act in levels:
+        w = w_all[parents]  # [P, 1]
+        rb = target_probs[parents]
+        q = tree.draft_probs[parents].to(dtype)
+        qz, left = q, q.sum(dim=-1, keepdim=True, dtype=torch.float64)
+        q_t = q.gather(1, tok).double()  # [P, K] the draft's mass at each child's token
+        inv_q = torch.where(q_t > 0, q_t.reciprocal(), 0.0)  # a q = 0 edge cannot have been drafted: weight 0
+        gone = q_t * act  # the draft mass each rejection zeroes
+        cb, cs = torch.ones_like(w), torch.ones_like(w)
+        cols = zip(tok.split(1, 1), act.split(1, 1), cand.unbind(1), inv_q.split(1, 1), gone.split(1, 1), strict=True)
+        for t, on, c, iq, g in cols:
+            scale = w * cb  # w · cb: Mb = cb · rb
+            w_all[c] = (scale / cs * rb.gather(1, t) * iq).clamp_max(1.0)  # the child's weight when reached
+            # Reject the child: r = (w · Mb − Ms)_+ / (w · cb), S = w · cb · Σ r (see traversal_impl).
+            alpha = (cs / scale).clamp_max(3e38).to(dtype)  # w = 0: r is rb where Ms is 0, and S = 0
+            r = torch.addcmul(rb, qz, alpha, value=-1.0).clamp_min_(0.0)
+            r_sum = r.sum(dim=-1, keepdim=True, dtype=torch.float64)
+            s = scale * r_sum
+            moved = on & (s > 0)
+            w = torch.where(on, s / (s + (1.0 - w)).clamp_min(1e-300), w)
+            rb = torch.where(moved, r, rb)
+            cb = torch.where(moved, r_sum.reciprocal(), cb)
+            if zero_rejected:
+                qz = torch.where(on, qz.scatter(1, t, 0.0), qz)
+                left = left - g
+                cs = torch.where(on & (left > 0), left.reciprocal(), cs)
+        w_all[parents] = w  # its weight when tested as a leaf
+        residuals.append(rb)  # and the row its token is drawn from if accepted
+        pos[parents] = torch.arange(done, done + len(parents), device=device)
+        done += len(parents)
+    empty = target_probs[:0]
+    return w_all[:, 0], (torch.cat(residuals) if residuals else empty), pos
+
+
+def _device_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
+    """Per depth with children: ``(parents [P], children [P, K], their tokens [P, K], active [P, K])`` on ``device``.
+
+    Children in drafting order; an inactive column points at the dummy node ``num_nodes``. A slot tree's come
+    from its layout and its tokens on the device (:func:`_slot_levels`); any other tree's are built on the host
+    from its structure and copied in one transfer.
+    """
+    if tree.slots is not None and not tree.tokens_on_host:
+        return _slot_levels(tree, device)
+    n, children, depths = tree.num_nodes, tree.children, tree.depths
+    tokens = tree.tokens if tree.tokens_on_host else None  # else gathered on the device, not read
+    by_depth: dict[int, list[int]] = {}
+    for node in range(n):
+        if children[node]:
+            by_depth.setdefault(depths[node], []).append(node)
+    flat, shapes = [], []
+    for d in sorted(by_depth):
+        ps = by_depth[d]
+        k = max(len(children[p]) for p in ps)
+        cand = [c for p in ps for c in children[p] + [n] * (k - len(children[p]))]
+        flat += ps + cand + ([tokens[c] if c < n else 0 for c in cand] if tokens is not None else [])
+        shapes.append((len(ps), k))
+    if not flat:
+        return []
+    packed = torch.tensor(flat, dtype=torch.long, device=device)  # the one copy
+    on_device = None if tokens is not None else torch.cat([tree.tokens_tensor(device), packed.new_zeros(1)])
+    out, i = [], 0
+    for p, k in shapes:
+        parents, cand = packed[i : i + p], packed[i + p : i + p + p * k].view(p, k)
+        i += p + p * k
+        if on_device is None:
+            tok = packed[i : i + p * k].view(p, k)
+            i += p * k
+        else:
+            tok = on_device[cand]
+        out.append((parents, cand, tok, cand < n))
+    return out
+
+
+def _slot_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
+    """:func:`_device_levels` of a slot tree whose tokens are on the device: nothing read, nothing copied.
+
+    The parents of level d are its slots; a slot's children are its candidate slots (:meth:`SlotLayout.candidates`)
+    that were drawn at its prefix (:meth:`SlotLayout.groups`), happened, and are the first with their token
+    there (the merge: walkers that drew the same token stand on one node), under a slot that is itself a node.
+    """
+    layout, valid = tree.slots
+    n = tree.num_nodes
+    tokens = tree.tokens_tensor(device)
+    cand_all, real_all = layout.candidates(device)
+    groups = layout.groups(tokens)
+    widths = layout.candidate_widths
+    node = torch.zeros(n + 1, dtype=torch.bool, device=device)  # whether each slot is a node of the merged tree
+    node[0] = True
+    earlier = torch.ones(layout.num_slots, layout.num_slots, dtype=torch.bool, device=device).tril(-1)
+    out, (first, end) = [], (0, 1)  # the slots of depth d, whose children level d draws
+    for d, level in enumerate(layout.levels):
+        k = widths[d]
+        cand = cand_all[first:end, :k]
+        tok = tokens[cand].clamp_min(0)
+        act = real_all[first:end, :k] & groups[first:end, :k] & valid[cand] & node[first:end, None]
+        dup = ((tok[:, :, None] == tok[:, None, :]) & act[:, None, :] & earlier[:k, :k]).any(dim=-1)  # j' < j
+        act = act & ~dup
+        cand = torch.where(act, cand, n)
+        node[cand] = act
+        out.append((torch.arange(first, end, device=device), cand, tok, act))
+        first, end = level
+    return out

@@ -89,28 +89,3 @@ def test_the_device_path_reads_the_host_once_with_the_ride() -> None:
         t = tree()
         r = verifier(t, target, TorchSampler(torch.Generator().manual_seed(1)), ride=torch.tensor([7, 1]))
     assert len(reads) == 1 and r.ride == (7, 1) and t.tokens == tokens  # the tree's tokens and flags came along
-
-
-@pytest.mark.parametrize("name", ["specinfer-delayed", "rrsw"])
-def test_traversal_of_a_slot_tree_has_its_exact_law_and_reads_once_per_rejection(name) -> None:
-    """Traversal reads a slot tree's edges at its slots' parents (the merged parents' rows): same law."""
-    from adaptive_spec.verifiers.traversal import verify_traversal
-
-    _, shape, tokens, valid = CASES[name]
-    tree, target = _case(shape, tokens, valid)
-    exact = fixed_tree_law(verify_traversal, tree(), target)
-    sampler, counts, reads = TorchSampler(torch.Generator().manual_seed(0)), {}, []
-    for i in range(RUNS):
-        t = tree()
-        with counted_reads() as these:
-            r = verify_traversal(t, target, sampler, ride=torch.tensor([3]))
-        reads += these if i < 50 else []
-        counts[r.node, r.tokens] = counts.get((r.node, r.tokens), 0) + 1
-        assert r.ride == (3,)
-    assert _tv({k: v / RUNS for k, v in counts.items()}, exact) < 0.035
-    # the first read (edges, totals, ride, tokens and flags, and a block of uniforms when the sampler has none
-    # left), one per rejection (its mass and the residual at every node's token); the token is an item()
-    first = 3 * len(tokens) - 2 + 1 + 2 * len(tokens)
-    assert reads.count(first) + reads.count(first + 64) == 50 and reads.count(first + 64) >= 1
-    # (and a fresh block of uniforms when the buffer runs out during a walk)
-    assert reads.count(len(tokens) + 1) >= 1 and set(reads) <= {first, first + 64, len(tokens) + 1, 64}
