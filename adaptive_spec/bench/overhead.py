@@ -14,7 +14,9 @@ With ``--syncs`` it counts instead (:class:`HostSyncCounter`), per speculative s
   (draft forward) and for the target's block, verification and commit.
 
 On a CPU nothing waits, so the counter counts the operations that would make the host wait on
-a device; see :class:`HostSyncCounter` for how it tells host tensors from device ones there.
+a device; see :class:`HostSyncCounter` for how it tells host tensors from device ones there. It counts
+the accelerator's path: a verifier that works lazily on a CPU and ahead on an accelerator (traversal,
+:func:`adaptive_spec.verifiers.base.run_ahead`) runs ahead while counted.
 """
 
 from __future__ import annotations
@@ -308,6 +310,7 @@ class HostSyncCounter:
 
         from adaptive_spec.engine.engine import SpecEngine
         from adaptive_spec.engine.metrics import PhaseTimer
+        from adaptive_spec.verifiers.base import ahead_on_cpu
 
         counter = self
 
@@ -339,6 +342,9 @@ class HostSyncCounter:
             self._restore += [h1.remove, h2.remove]
         _listen(self)
         self._restore.append(lambda: _unlisten(self))
+        ahead = ahead_on_cpu()  # count the accelerator's path (see the module docstring)
+        ahead.__enter__()
+        self._restore.append(lambda: ahead.__exit__(None, None, None))
         self._mode = Mode()
         self._mode.__enter__()
         return self

@@ -19,8 +19,9 @@ after ``tree.prefixes[i]``; the draft's rows are on the tree.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -61,6 +62,31 @@ class VerifyResult:
     def as_tensor(self, device: torch.device | str | None = None) -> torch.Tensor:
         """LongTensor[τ + 1] of the emitted tokens."""
         return torch.tensor(self.tokens, dtype=torch.long, device=device)
+
+
+_AHEAD_ON_CPU = [0]
+
+
+def run_ahead(device: torch.device) -> bool:
+    """Whether a verifier with two strategies computes its whole outcome ahead on the rows' device.
+
+    Ahead (one host read, more work: traversal computes every edge's residual) pays on an accelerator,
+    where the host queues that work while the target's forward still runs and a read would wait for it.
+    On a CPU nothing overlaps and a read costs nothing, so the lazy strategy (a read per decision, only
+    the residuals it needs) is faster there; :func:`ahead_on_cpu` makes a CPU run the accelerator's
+    strategy (``bench overhead --syncs`` counts that path, and tests check its law on a CPU).
+    """
+    return device.type != "cpu" or _AHEAD_ON_CPU[0] > 0
+
+
+@contextlib.contextmanager
+def ahead_on_cpu() -> Iterator[None]:
+    """Within the block, :func:`run_ahead` is True on a CPU too."""
+    _AHEAD_ON_CPU[0] += 1
+    try:
+        yield
+    finally:
+        _AHEAD_ON_CPU[0] -= 1
 
 
 def positive_part(x: torch.Tensor) -> torch.Tensor:

@@ -26,10 +26,13 @@ exact tests run on float64 rows, so they check this code in float64; the engine'
 the models' float32 probabilities, whose own rounding is of the same order as float32
 arithmetic on them, and every sum is accumulated in float64.
 
-Host reads: one first (every edge's p and q, every draft row's total, a block of uniforms, the caller's
-ride and a drafted tree's tokens), one per rejection (the residual's mass with its values at every node's
-token, so that the remaining children's weights need no read of their own; their draft masses are the
-edges' q, read first), and one for the emitted token, drawn on the device.
+Host reads of this lazy walk (the CPU's path): one first (every edge's p and q, every draft row's total, a
+block of uniforms, the caller's ride and a drafted tree's tokens), one per rejection (the residual's mass
+with its values at every node's token, so that the remaining children's weights need no read of their own;
+their draft masses are the edges' q, read first), and one for the emitted token, drawn on the device.
+
+On an accelerator the engine runs :func:`traversal_on_device` instead: every node's weights and rows computed
+ahead on the device, with no read, and one host read for the outcome (docs/algorithms.md §4).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import torch
 from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftTree
 from adaptive_spec.trees.draw import draw_children
-from adaptive_spec.verifiers.base import VerifyResult, edge_values, host_read, result_for
+from adaptive_spec.verifiers.base import VerifyResult, edge_values, host_read, result_for, run_ahead
 
 
 def verify_traversal(
@@ -47,11 +50,14 @@ def verify_traversal(
 ) -> VerifyResult:
     """Traversal verification of a chain, an i.i.d./delayed tree or a without-replacement tree.
 
-    Host reads: one for every edge's probabilities, the draft rows' totals, the first block of uniforms and
+    On an accelerator (:func:`~adaptive_spec.verifiers.base.run_ahead`), with a ``torch.Generator``'s sampler:
+    :func:`traversal_on_device`, one host read. Otherwise the reference's lazy walk, :func:`traversal_impl`, whose
+    host reads are one for every edge's probabilities, the draft rows' totals, the first block of uniforms and
     ``ride`` (with the tree's tokens if still on the device); one per rejection (its residual's mass with the
     residual at every node's token); one for the emitted token.
     """
-    if isinstance(sampler, TorchSampler) and sampler.generator.device.type == target_probs.device.type:
+    device = target_probs.device
+    if isinstance(sampler, TorchSampler) and sampler.generator.device.type == device.type and run_ahead(device):
         return traversal_on_device(tree, target_probs, sampler.generator, ride=ride)
     return traversal_impl(tree, target_probs, sampler, ride=ride)
 

@@ -104,6 +104,15 @@ def test_lossless_end_to_end(engine: SpecEngine, verifier: str, law: DraftLaw) -
     assert run_case(engine, verifier, law, runs=2000) > 1e-3
 
 
+@pytest.mark.parametrize("law", [DraftLaw.WITHOUT_REPLACEMENT, DraftLaw.DYNAMIC_IID], ids=lambda x: x.value)
+def test_lossless_end_to_end_traversal_ahead(engine: SpecEngine, law: DraftLaw) -> None:
+    """Traversal's accelerator path (every weight computed ahead on the device, one read) through the engine."""
+    from adaptive_spec.verifiers.base import ahead_on_cpu
+
+    with ahead_on_cpu():
+        assert run_case(engine, "traversal", law, runs=1500) > 1e-3
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("verifier", "law"), SLOW_CASES, ids=[f"{v}-{law.value}" for v, law in SLOW_CASES])
 def test_lossless_end_to_end_all_verifiers(engine: SpecEngine, verifier: str, law: DraftLaw) -> None:
