@@ -287,9 +287,9 @@ def traversal_states(
         q_t = q.gather(1, tok).double()  # [P, K] the draft's mass at each child's token
         inv_q = torch.where(q_t > 0, q_t.reciprocal(), 0.0)  # a q = 0 edge cannot have been drafted: weight 0
         gone = q_t * act  # the draft mass each rejection zeroes
-        cb, cs = torch.ones_like(w), torch.ones_like(w)
+        cb, cs, k = torch.ones_like(w), torch.ones_like(w), cand.shape[1]
         cols = zip(tok.split(1, 1), act.split(1, 1), cand.unbind(1), inv_q.split(1, 1), gone.split(1, 1), strict=True)
-        for t, on, c, iq, g in cols:
+        for j, (t, on, c, iq, g) in enumerate(cols):
             scale = w * cb  # w · cb: Mb = cb · rb
             w_all[c] = (scale / cs * rb.gather(1, t) * iq).clamp_max(1.0)  # the child's weight when reached
             # Reject the child: r = (w · Mb − Ms)_+ / (w · cb), S = w · cb · Σ r (see traversal_impl).
@@ -301,7 +301,7 @@ def traversal_states(
             w = torch.where(on, s / (s + (1.0 - w)).clamp_min(1e-300), w)
             rb = torch.where(moved, r, rb)
             cb = torch.where(moved, r_sum.reciprocal(), cb)
-            if zero_rejected:
+            if zero_rejected and j + 1 < k:  # Ms is read again only if a child is left
                 qz = torch.where(on, qz.scatter(1, t, 0.0), qz)
                 left = left - g
                 cs = torch.where(on & (left > 0), left.reciprocal(), cs)
@@ -324,6 +324,13 @@ def _device_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Te
         return _slot_levels(tree, device)
     n, children, depths = tree.num_nodes, tree.children, tree.depths
     tokens = tree.tokens if tree.tokens_on_host else None  # else gathered on the device, not read
+    if tokens is None and tree.parents == list(range(-1, n - 1)):  # a chain: its levels are views of one range
+        steps = torch.arange(n, device=device)
+        tok = tree.tokens_tensor(device)
+        return [
+            (steps[d : d + 1], steps[d + 1 : d + 2, None], tok[d + 1 : d + 2, None], steps[:1, None] >= 0)
+            for d in range(n - 1)
+        ]
     by_depth: dict[int, list[int]] = {}
     for node in range(n):
         if children[node]:
