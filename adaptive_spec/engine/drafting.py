@@ -442,18 +442,25 @@ def draft_policy_tree(
     rows = [R]  # per fed level: Tensor[F, V]
     pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device)
     while frontier and g.budget > 0 and policy.depth > 0:
-        stats = _level_candidates(R, g.K, policy.law is DraftLaw.DYNAMIC_WOR, generator, deterministic, ok)
+        cand, *stats = _level_candidates(R, g.K, policy.law is DraftLaw.DYNAMIC_WOR, generator, deterministic, ok)
         new = g.expand(frontier, *stats)
+        if g.chain and new:
+            g.chain_tokens.append(cand[0])  # a chain's new node is its one frontier row's one candidate
         if not new or g.budget <= 0:
             break
         frontier = g.feed(new)
         if not frontier:
             break
-        # the fed nodes' tokens, positions and mask rows over the fed nodes (built on the host), in one copy
         F, fed = len(frontier), len(g.fed_order)
-        host = [*(g.b.tokens[c] for c in frontier), *(base + p - 1 + g.b.depths[c] for c in frontier)]
-        ids, pos, mask = torch.tensor(host + g.b.mask_rows(frontier, g.fed_order), device=device).split([F, F, F * fed])
-        allowed = torch.cat([pending_pos.expand(F, -1), mask.view(F, fed).bool()], dim=1)
+        if g.chain:  # its token is on the device, its position the next, its mask row every fed node: no copy
+            ids = g.chain_tokens[-1]
+            pos = torch.full((1,), base + p - 1 + g.b.depths[frontier[0]], dtype=torch.long, device=device)
+            allowed = torch.ones(1, p - 1 + fed, dtype=torch.bool, device=device)
+        else:  # the fed nodes' tokens, positions and mask rows over the fed nodes (built on the host), in one copy
+            host = [*(g.b.tokens[c] for c in frontier), *(base + p - 1 + g.b.depths[c] for c in frontier)]
+            host += g.b.mask_rows(frontier, g.fed_order)
+            ids, pos, mask = torch.tensor(host, device=device).split([F, F, F * fed])
+            allowed = torch.cat([pending_pos.expand(F, -1), mask.view(F, fed).bool()], dim=1)
         logits = runner.block_forward(ids, pos, allowed, logits_to_keep=F)  # [F', V']
         R = probs_fn(logits)
         ok = finite_flag(logits, R)
@@ -463,8 +470,9 @@ def draft_policy_tree(
 
 def _level_candidates(
     R: torch.Tensor, K: int, without_replacement: bool, generator: torch.Generator, greedy: bool, ok: torch.Tensor
-) -> tuple[list[float], list[float], list[float], list[float]]:
-    """``K`` candidate children per frontier row, their draft probabilities, and the rows' entropy and top-1.
+) -> tuple[torch.Tensor, list[float], list[float], list[float], list[float]]:
+    """``K`` candidate children per frontier row (LongTensor[F, K] on the device, and as host values), their draft
+    probabilities, and the rows' entropy and top-1.
 
     One host sync for the level (it also checks that the rows were finite).
     """
@@ -478,7 +486,7 @@ def _level_candidates(
     ).tolist()  # the level's one host sync
     check_finite(host[-1], "draft")
     n = F * K
-    return host[:n], host[n : 2 * n], host[2 * n : 2 * n + F], host[2 * n + F : 2 * n + 2 * F]
+    return cand, host[:n], host[n : 2 * n], host[2 * n : 2 * n + F], host[2 * n + F : 2 * n + 2 * F]
 
 
 class _PolicyGrowth:
@@ -501,6 +509,8 @@ class _PolicyGrowth:
         self.fed_order = [0]
         self.budget = policy.budget
         self.K = 1 if policy.law is DraftLaw.DYNAMIC_CHAIN else max(1, min(policy.max_width, vocab))
+        self.chain = policy.law is DraftLaw.DYNAMIC_CHAIN  # one node per level: its inputs are built on the device
+        self.chain_tokens: list[torch.Tensor] = []  # a chain's nodes' tokens after the root, on the device
         self.levels, self.decision_s = 0, 0.0
 
     def context(self) -> PolicyContext:
@@ -576,13 +586,22 @@ class _PolicyGrowth:
 
     def outcome(self, rows: list[torch.Tensor], pending: int) -> DraftOutcome:
         b, n, fed = self.b, len(self.b.tokens), len(self.fed_order)
-        # the fed rows' places, the tokens, parents and depths (for the target's block and the verifiers) and the
-        # ancestor matrix, in one copy
-        host = [*self.fed_order, *b.tokens, *b.parents, *b.depths, *b.mask_rows(list(range(n)), list(range(n)))]
-        fed_t, tokens_t, parents_t, depths_t, anc = torch.tensor(host, device=self.device).split([fed, n, n, n, n * n])
         probs = torch.zeros(n, self.vocab, dtype=rows[0].dtype, device=self.device)
-        probs[fed_t] = torch.cat(rows)[:fed]
+        if self.chain:  # nodes 0 .. n - 1 in a line, fed in that order: built on the device, no copy
+            steps = torch.arange(n, device=self.device)
+            tokens_t = torch.cat([steps[:1] - 1, *self.chain_tokens])
+            parents_t, depths_t = steps - 1, steps
+            ancestors = torch.ones(n, n, dtype=torch.bool, device=self.device).tril_()
+            probs[:fed] = torch.cat(rows)[:fed]
+        else:
+            # the fed rows' places, the tokens, parents and depths (for the target's block and the verifiers) and
+            # the ancestor matrix, in one copy
+            host = [*self.fed_order, *b.tokens, *b.parents, *b.depths, *b.mask_rows(list(range(n)), list(range(n)))]
+            fed_t, tokens_t, parents_t, depths_t, anc = torch.tensor(host, device=self.device).split(
+                [fed, n, n, n, n * n]
+            )
+            probs[fed_t] = torch.cat(rows)[:fed]
+            ancestors = anc.view(n, n).bool()
         tree = DraftTree(b.tokens, b.parents, b.depths, probs, b.child_draws, self.policy.shape)
-        ancestors = anc.view(n, n).bool()
         tree.keep_tensors(tokens=tokens_t, parents=parents_t, depths=depths_t, ancestors=ancestors)
         return DraftOutcome(tree, ancestors, pending, fed, self.cache_rows, self.levels, self.decision_s)
