@@ -587,6 +587,7 @@ class _PolicyGrowth:
     def outcome(self, rows: list[torch.Tensor], pending: int) -> DraftOutcome:
         b, n, fed = self.b, len(self.b.tokens), len(self.fed_order)
         probs = torch.zeros(n, self.vocab, dtype=rows[0].dtype, device=self.device)
+        tree = DraftTree(b.tokens, b.parents, b.depths, probs, b.child_draws, self.policy.shape)
         if self.chain:  # nodes 0 .. n - 1 in a line, fed in that order: built on the device, no copy
             steps = torch.arange(n, device=self.device)
             tokens_t = torch.cat([steps[:1] - 1, *self.chain_tokens])
@@ -594,14 +595,16 @@ class _PolicyGrowth:
             ancestors = torch.ones(n, n, dtype=torch.bool, device=self.device).tril_()
             probs[:fed] = torch.cat(rows)[:fed]
         else:
-            # the fed rows' places, the tokens, parents and depths (for the target's block and the verifiers) and
-            # the ancestor matrix, in one copy
+            # the fed rows' places, the tokens, parents and depths (for the target's block and the verifiers), the
+            # ancestor matrix and the children table (traversal's levels on an accelerator), in one copy
+            kids = tree.children_rows()
             host = [*self.fed_order, *b.tokens, *b.parents, *b.depths, *b.mask_rows(list(range(n)), list(range(n)))]
-            fed_t, tokens_t, parents_t, depths_t, anc = torch.tensor(host, device=self.device).split(
-                [fed, n, n, n, n * n]
+            host += [c for row in kids for c in row]
+            fed_t, tokens_t, parents_t, depths_t, anc, kids_t = torch.tensor(host, device=self.device).split(
+                [fed, n, n, n, n * n, n * len(kids[0])]
             )
             probs[fed_t] = torch.cat(rows)[:fed]
             ancestors = anc.view(n, n).bool()
-        tree = DraftTree(b.tokens, b.parents, b.depths, probs, b.child_draws, self.policy.shape)
+            tree.keep_tensors(children=kids_t.view(n, -1))
         tree.keep_tensors(tokens=tokens_t, parents=parents_t, depths=depths_t, ancestors=ancestors)
         return DraftOutcome(tree, ancestors, pending, fed, self.cache_rows, self.levels, self.decision_s)

@@ -229,18 +229,34 @@ class DraftTree:
             self._tensors[key] = torch.tensor(ancestor_rows(self.parents), dtype=torch.bool, device=key[1])
         return self._tensors[key]
 
+    def children_rows(self) -> list[list[int]]:
+        """:attr:`children` as a table: one row per node, padded with ``num_nodes`` to the widest node's count."""
+        n, width = self.num_nodes, max(1, max(map(len, self.children)))
+        return [c + [n] * (width - len(c)) for c in self.children]
+
+    def children_tensor(self, device: torch.device | None = None) -> torch.Tensor:
+        """LongTensor[N, K] of :meth:`children_rows` (built on the host and copied once, unless a drafter handed it
+        over).
+        """
+        key = ("children", _resolved(device if device is not None else self.device))
+        if key not in self._tensors:
+            self._tensors[key] = torch.tensor(self.children_rows(), dtype=torch.long, device=key[1])
+        return self._tensors[key]
+
     def keep_tensors(self, **tensors: torch.Tensor) -> None:
-        """Hand over device copies of ``tokens``, ``parents``, ``depths`` (equal to the lists) or ``ancestors``
-        (:meth:`ancestors_tensor`), e.g. from a drafter that drew the tokens on the device: the ``*_tensor``
-        methods then copy nothing.
+        """Hand over device copies of ``tokens``, ``parents``, ``depths`` (equal to the lists), ``ancestors``
+        (:meth:`ancestors_tensor`) or ``children`` (:meth:`children_tensor`), e.g. from a drafter that drew the
+        tokens on the device: the ``*_tensor`` methods then copy nothing.
         """
         n = self.num_nodes
         for name, t in tensors.items():
             want = (n, n) if name == "ancestors" else (n,)
-            if name not in ("tokens", "parents", "depths", "ancestors") or t.shape != want:
+            if name == "children":  # the structure is on the host then (a slot tree's never is handed over)
+                want = (n, max(1, max(map(len, self.children))))
+            if name not in ("tokens", "parents", "depths", "ancestors", "children") or tuple(t.shape) != want:
                 raise ValueError(
-                    f"DraftTree.keep_tensors: {name} must be one of tokens/parents/depths ([num_nodes]) "
-                    "or ancestors ([num_nodes, num_nodes])"
+                    f"DraftTree.keep_tensors: {name} must be one of tokens/parents/depths ([num_nodes]), "
+                    "ancestors ([num_nodes, num_nodes]) or children ([num_nodes, widest])"
                 )
             self._tensors[name, _resolved(t.device)] = t
 

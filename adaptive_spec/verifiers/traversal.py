@@ -331,6 +331,8 @@ def _device_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Te
             (steps[d : d + 1], steps[d + 1 : d + 2, None], tok[d + 1 : d + 2, None], steps[:1, None] >= 0)
             for d in range(n - 1)
         ]
+    if depths == sorted(depths) and (tokens is None or tree.has_tensors(device, "tokens", "children")):
+        return _range_levels(tree, device)
     by_depth: dict[int, list[int]] = {}
     for node in range(n):
         if children[node]:
@@ -356,6 +358,29 @@ def _device_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Te
         else:
             tok = on_device[cand]
         out.append((parents, cand, tok, cand < n))
+    return out
+
+
+def _range_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
+    """:func:`_device_levels` of a tree numbered depth by depth (a policy-grown tree): each depth's nodes are one
+    range, its children a slice of :meth:`DraftTree.children_tensor` (a drafter hands it over with the tree's
+    other tensors), its tokens gathered on the device. Nothing is copied when the tree holds both; a leaf in the
+    range is a row with no active column.
+    """
+    n, children, depths = tree.num_nodes, tree.children, tree.depths
+    steps = torch.arange(n, device=device)
+    kids = tree.children_tensor(device)
+    tokens = torch.cat([tree.tokens_tensor(device), steps[:1]])  # the dummy child n: token 0
+    out, first = [], 0
+    while first < n:
+        end = first
+        while end < n and depths[end] == depths[first]:
+            end += 1
+        k = max(len(children[i]) for i in range(first, end))
+        if k:
+            cand = kids[first:end, :k]
+            out.append((steps[first:end], cand, tokens[cand], cand < n))
+        first = end
     return out
 
 

@@ -162,3 +162,34 @@ def test_a_host_tree_costs_one_copy_and_one_read() -> None:
     with counted_reads() as lazy:  # a CPU's own path: the lazy walk, a read first and one per rejection
         r = verify_traversal(tree, target, TorchSampler(torch.Generator().manual_seed(2)))
     assert len(lazy) >= 1 + (r.node == 0)
+
+
+def test_a_tree_numbered_depth_by_depth_takes_its_levels_from_its_children_table_with_no_copy(monkeypatch) -> None:
+    """A policy-grown tree hands over its tokens and children table: traversal's levels are slices, same states."""
+    inst = random_instance(7, V, zero_frac=0.0)
+    parents, tokens = [-1, 0, 0, 1, 1, 2, 3], [-1, 1, 3, 0, 2, 1, 3]  # depth by depth; node 2 has one child
+    depths = [0, 1, 1, 2, 2, 2, 3]
+    draws = [[c for c in range(7) if parents[c] == i] for i in range(7)]
+    prefixes = [()]
+    for i in range(1, 7):
+        prefixes.append(prefixes[parents[i]] + (tokens[i],))
+    draft = torch.stack([inst.draft_fn(c) for c in prefixes]).float()
+    target = torch.stack([inst.target_fn(c) for c in prefixes]).float()
+
+    def tree() -> DraftTree:
+        return DraftTree(tokens, parents, depths, draft, draws, TreeShape.without_replacement((2, 2, 1)))
+
+    import adaptive_spec.verifiers.traversal as traversal
+
+    kept = tree()
+    kept.keep_tensors(tokens=torch.tensor(tokens), children=torch.tensor(kept.children_rows()))
+    sliced, real = [], traversal._range_levels
+    monkeypatch.setattr(traversal, "_range_levels", lambda t, d: sliced.append(t) or real(t, d))
+    copies = []
+    monkeypatch.setattr(traversal.torch, "tensor", lambda *a, **k: copies.append(a) or torch.as_tensor(*a, **k))
+    with counted_reads() as reads:
+        w_kept, rows_kept = _states(kept, target)
+    assert sliced == [kept] and reads == [] and copies == []  # slices of the kept tensors: no copy, no read
+    monkeypatch.undo()
+    w_host, rows_host = _states(tree(), target)  # levels packed on the host and copied
+    assert torch.equal(w_kept, w_host) and torch.equal(rows_kept, rows_host) and (w_host < 1).any()
