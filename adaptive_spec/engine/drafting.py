@@ -278,7 +278,7 @@ def _draft_chain(
     nodes = range(D + 1)
     tree = DraftTree(tokens, [n - 1 for n in nodes], list(nodes), probs, [[n + 1] for n in range(D)] + [[]], shape)
     depths = torch.arange(D + 1, device=device)
-    tree.keep_tensors(parents=depths - 1, depths=depths)
+    tree.keep_tensors(parents=depths - 1, depths=depths, children=(depths + 1)[:, None])  # the last: none (D + 1)
     ancestors = torch.ones(D + 1, D + 1, dtype=torch.bool, device=device).tril_()
     return DraftOutcome(tree, ancestors, p, D, ok=ok)
 
@@ -593,6 +593,7 @@ class _PolicyGrowth:
             tokens_t = torch.cat([steps[:1] - 1, *self.chain_tokens])
             parents_t, depths_t = steps - 1, steps
             ancestors = torch.ones(n, n, dtype=torch.bool, device=self.device).tril_()
+            tree.keep_tensors(children=(steps + 1)[:, None])  # the last node's: none (n)
             probs[:fed] = torch.cat(rows)[:fed]
         else:
             # the fed rows' places, the tokens, parents and depths (for the target's block and the verifiers), the

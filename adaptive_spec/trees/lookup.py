@@ -265,5 +265,5 @@ def hybrid_tree(found: Sequence[int], tail: DraftTree, found_ids: torch.Tensor |
         shape=TreeShape.chain(n - 1),
     )
     depths = torch.arange(n, device=device)
-    tree.keep_tensors(parents=depths - 1, depths=depths)
+    tree.keep_tensors(parents=depths - 1, depths=depths, children=(depths + 1)[:, None])  # the last: none (n)
     return tree

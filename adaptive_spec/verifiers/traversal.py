@@ -317,22 +317,16 @@ def _device_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Te
     """Per depth with children: ``(parents [P], children [P, K], their tokens [P, K], active [P, K])`` on ``device``.
 
     Children in drafting order; an inactive column points at the dummy node ``num_nodes``. A slot tree's come
-    from its layout and its tokens on the device (:func:`_slot_levels`); any other tree's are built on the host
-    from its structure and copied in one transfer.
+    from its layout and its tokens on the device (:func:`_slot_levels`); a tree numbered depth by depth whose
+    tokens or children table are on the device (a chain, a policy-grown tree), from slices of that table
+    (:func:`_range_levels`); any other tree's are built on the host from its structure and copied in one transfer.
     """
     if tree.slots is not None and not tree.tokens_on_host:
         return _slot_levels(tree, device)
     n, children, depths = tree.num_nodes, tree.children, tree.depths
-    tokens = tree.tokens if tree.tokens_on_host else None  # else gathered on the device, not read
-    if tokens is None and tree.parents == list(range(-1, n - 1)):  # a chain: its levels are views of one range
-        steps = torch.arange(n, device=device)
-        tok = tree.tokens_tensor(device)
-        return [
-            (steps[d : d + 1], steps[d + 1 : d + 2, None], tok[d + 1 : d + 2, None], steps[:1, None] >= 0)
-            for d in range(n - 1)
-        ]
-    if depths == sorted(depths) and (tokens is None or tree.has_tensors(device, "tokens", "children")):
+    if depths == sorted(depths) and (not tree.tokens_on_host or tree.has_tensors(device, "tokens", "children")):
         return _range_levels(tree, device)
+    tokens = tree.tokens
     by_depth: dict[int, list[int]] = {}
     for node in range(n):
         if children[node]:
@@ -342,28 +336,22 @@ def _device_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Te
         ps = by_depth[d]
         k = max(len(children[p]) for p in ps)
         cand = [c for p in ps for c in children[p] + [n] * (k - len(children[p]))]
-        flat += ps + cand + ([tokens[c] if c < n else 0 for c in cand] if tokens is not None else [])
+        flat += ps + cand + [tokens[c] if c < n else 0 for c in cand]
         shapes.append((len(ps), k))
     if not flat:
         return []
     packed = torch.tensor(flat, dtype=torch.long, device=device)  # the one copy
-    on_device = None if tokens is not None else torch.cat([tree.tokens_tensor(device), packed.new_zeros(1)])
     out, i = [], 0
     for p, k in shapes:
-        parents, cand = packed[i : i + p], packed[i + p : i + p + p * k].view(p, k)
-        i += p + p * k
-        if on_device is None:
-            tok = packed[i : i + p * k].view(p, k)
-            i += p * k
-        else:
-            tok = on_device[cand]
-        out.append((parents, cand, tok, cand < n))
+        parents, cand, tok = packed[i : i + p], packed[i + p : i + p + p * k], packed[i + p + p * k : i + p + 2 * p * k]
+        out.append((parents, cand.view(p, k), tok.view(p, k), cand.view(p, k) < n))
+        i += p + 2 * p * k
     return out
 
 
 def _range_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
-    """:func:`_device_levels` of a tree numbered depth by depth (a policy-grown tree): each depth's nodes are one
-    range, its children a slice of :meth:`DraftTree.children_tensor` (a drafter hands it over with the tree's
+    """:func:`_device_levels` of a tree numbered depth by depth (a chain, a policy-grown tree): each depth's nodes are
+    one range, its children a slice of :meth:`DraftTree.children_tensor` (a drafter hands it over with the tree's
     other tensors), its tokens gathered on the device. Nothing is copied when the tree holds both; a leaf in the
     range is a row with no active column.
     """
