@@ -73,6 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="skip transformers' plain generate (the baseline of the engine's own plain decoding)",
     )
+    parser.add_argument(
+        "--phase-sync",
+        action="store_true",
+        help="on CUDA, synchronise at every phase boundary so that the phase times split the device's time "
+        "(slower: it stalls the overlap of host and device; default: the phase times are host times)",
+    )
     add_json_option(parser)
     add_progress_option(parser)
 
@@ -154,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     prompts = _prompts(args)  # first: a missing or malformed prompt file is reported before the models load
     engine = load_engine(args.target, args.draft, args.device, args.dtype, latency_model=latency.model)
     latency.complete(engine, progress=not args.no_progress)
+    engine.phase_sync = args.phase_sync
     from adaptive_spec.engine.load import load_hf_draft
 
     hf_draft = None if args.no_hf else load_hf_draft(engine, args.hf_draft, args.target)
@@ -187,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
         "device": str(engine.device),
         "dtype": str(engine.target.dtype),
         "threads": __import__("torch").get_num_threads(),
+        "phase_sync": args.phase_sync,
     }
     report = {"config": report.pop("config"), **report}
     for k, res in report["runs"].items():

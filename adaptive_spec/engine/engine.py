@@ -86,6 +86,13 @@ class SpecEngine(StepMixin):
             and drafts, EAGLE heads) as CUDA graphs, one per row bucket, on first use, and replay
             them for every later request (:mod:`adaptive_spec.engine.graphs`). Default: on for a
             CUDA device. A capture that fails logs one line and runs eagerly.
+        phase_sync: on CUDA, synchronise with the device at every phase boundary (draft, target,
+            verify, other), so that ``stats.phase_times_s`` splits the device's time by phase.
+            Default False: the host queues a step's work while the device runs it and waits
+            once per step, at the step's host read; the phase times are then the host's time in
+            each phase (a phase that reads the host absorbs the device's queue) and only their
+            sum per step is the step's time. Each phase sync stalls that overlap. No effect
+            on a CPU.
 
     Raises:
         ValueError: unsupported attention implementation or cache type, mismatched
@@ -105,6 +112,7 @@ class SpecEngine(StepMixin):
         feature_log: str | os.PathLike | FeatureLogger | None = None,
         latency_model: LatencyFeatures | None = None,
         cuda_graphs: bool | None = None,
+        phase_sync: bool = False,
     ) -> None:
         device = torch.device(device) if device is not None else target.device
         if is_eagle_head(draft) and not draft.bound:
@@ -130,7 +138,7 @@ class SpecEngine(StepMixin):
         # Check the attention implementations now rather than at the first call.
         ModelRunner(self.target)
         draft_runner(self.draft)
-        self.sync_timing = True  # CUDA: synchronise at phase boundaries so that phase times are real
+        self.phase_sync = bool(phase_sync)  # CUDA: synchronise at phase boundaries (a profile's split)
         self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
         # Static caches and captured forwards, lent to one run at a time and reused across runs.
         self._idle_slots: dict[str, list[ModelSlot]] = {"target": [], "draft": []}
@@ -491,7 +499,7 @@ class SpecEngine(StepMixin):
             soft_probs_fn=ProbsFn(processors, self.vocab_size, one_hot=False),
             log=log,
             key=prompt_key(request.prompt_ids) if log is not None else "",
-            timer=PhaseTimer(state.stats.phase_times_s, self.device, self.sync_timing),
+            timer=PhaseTimer(state.stats.phase_times_s, self.device, self.phase_sync),
             t_start=t_start,
             slots={role: slot for role, slot in slots.items() if slot is not None},
         )

@@ -28,7 +28,9 @@ class GenerationStats:
         phase_times_s: seconds per phase. ``draft`` and ``target`` are the models' forwards
             (their prefills included) plus turning logits into probabilities and, for the
             draft, sampling the tree; ``verify`` is the verifier; ``other`` is the rest
-            (cache commits, bookkeeping, stop checks).
+            (cache commits, bookkeeping, stop checks). On CUDA these are host times unless the
+            engine was made with ``phase_sync=True``: the device's work lands in the phase that
+            waits for it (the step's host read); the sum per step is the step's time either way.
         stop_reason: ``"eos"``, ``"stop"``, ``"max_new_tokens"`` or ``"context_window"``.
         policy_levels: draft levels grown by a drafting policy (dynamic plans only).
         policy_decision_s: seconds spent in the policy's decisions at those levels (building
