@@ -223,3 +223,14 @@ def test_bench_overhead_counts_every_plan_family(tiny_pair, tmp_path, capsys):
         lookup = r["plan"].startswith("lookup")
         assert (r["draft_levels_per_step"] == 0) == lookup and (r["draft_ops_per_level"] is None) == lookup
     assert "ver+com" in capsys.readouterr().out
+
+
+def test_bench_passes_writes_a_row_per_model_and_size(tiny_pair, tmp_path, capsys):
+    out = tmp_path / "passes.json"
+    args = ["bench", "passes", "--device", "cpu", "--repeats", "1", "--rows", "1,3", "--draft-rows", "2"]
+    assert main([*args, "--context", "16", "--no-progress", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["model"], r["rows"]) for r in rows] == [("target", 1), ("target", 3), ("draft", 2)]
+    for r in rows:  # a CPU captures nothing: no graph time, no bucket
+        assert r["eager_ms"] > 0 and r["graph_ms"] is None and r["bucket"] is None and r["context"] == 16
+    assert "bucket" in capsys.readouterr().out

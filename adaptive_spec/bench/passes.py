@@ -75,19 +75,21 @@ def measure_passes(
 ) -> list[dict[str, Any]]:
     """Median milliseconds of a target pass and a draft level per row count, eager and (on CUDA) captured.
 
-    Returns one row per model and size: ``{"model", "rows", "eager_ms", "graph_ms", "speedup"}``
-    (``graph_ms`` None where no graph is captured: off CUDA, or past the largest bucket).
+    Returns one row per model and size: ``{"model", "rows", "eager_ms", "graph_ms", "speedup", "bucket"}``
+    (``graph_ms`` None where no graph is captured: off CUDA, or past the largest bucket; ``bucket``:
+    the captured bucket those rows replay, the fastest of at least that many rows).
     """
     from tqdm.auto import tqdm
+
+    from adaptive_spec.engine.graphs import fastest_bucket
 
     modes = ["eager", "graph"] if engine.device.type == "cuda" else ["eager"]
     out = []
     jobs = [("target", n) for n in rows] + [("draft", n) for n in draft_rows]
-    timers = {
-        (role, mode): _timer(engine, _runner(engine, role, mode == "graph", context), context)
-        for role in ("target", "draft")
-        for mode in modes
+    runners = {
+        (role, mode): _runner(engine, role, mode == "graph", context) for role in ("target", "draft") for mode in modes
     }
+    timers = {key: _timer(engine, runner, context) for key, runner in runners.items()}
     for role, n in tqdm(jobs, desc="passes", disable=not progress):
         samples: dict[str, list[float]] = {m: [] for m in modes}
         for i in range(repeats + 3):
@@ -97,6 +99,8 @@ def measure_passes(
                     samples[m].append(s)
         eager = 1e3 * statistics.median(samples["eager"])
         graph = 1e3 * statistics.median(samples["graph"]) if "graph" in samples else None
+        slot = getattr(runners.get((role, "graph")), "slot", None)
+        bucket = fastest_bucket(n, slot.times) if slot is not None and slot.times else None
         out.append(
             {
                 "model": role,
@@ -105,6 +109,7 @@ def measure_passes(
                 "eager_ms": eager,
                 "graph_ms": graph,
                 "speedup": eager / graph if graph else None,
+                "bucket": bucket,
             }
         )
     return out

@@ -5,9 +5,16 @@ costs about 18 ms eagerly for 1 to 128 rows on an H200, where a CUDA graph of th
 replays in about 5. A :class:`ModelSlot` keeps a model's :class:`~.static_cache.StaticKV` and, on
 CUDA, a graph per bucket of rows (:data:`BUCKETS`) of the runner's core forward
 (``ids, positions, mask[, features] -> logits, hidden``), captured on first use and reused by every
-later request of the engine. A forward of ``n`` rows replays the smallest bucket ``b >= n``: its
+later request of the engine. A forward of ``n`` rows replays a bucket ``b >= n`` (below): its
 ``b - n`` padding rows read stale inputs, write their keys and values into the cache's scratch
 rows (:data:`~.static_cache.SCRATCH`), are masked from every real row and are never returned.
+
+A larger bucket is not always slower: on an H100 SmolLM2's captured pass cost 9.1 and 9.5 ms at 8 and
+16 rows but 6.7 at 32 (the matrix kernels chosen per shape differ). So each bucket is timed when it
+is captured (median of three replays), and ``n`` rows replay the fastest captured bucket of at
+least ``n`` rows; a larger bucket is taken only when it is at least 10 % faster than a smaller one
+(:func:`fastest_bucket`). The first forward of ``n`` rows captures every bucket from ``n``'s up, so
+the choice is made among all of them, once per slot.
 
 A capture that fails (an operation that cannot be captured, out of memory, ...) logs one line
 saying why, and the slot runs eagerly from then on: same results, slower.
@@ -24,7 +31,7 @@ import torch
 
 from adaptive_spec.engine.static_cache import SCRATCH, StaticKV, round_capacity
 
-__all__ = ["BUCKETS", "ModelSlot", "bucket_for"]
+__all__ = ["BUCKETS", "ModelSlot", "bucket_for", "fastest_bucket"]
 
 _log = logging.getLogger("adaptive_spec.engine")
 
@@ -36,6 +43,24 @@ assert BUCKETS[-1] <= SCRATCH
 def bucket_for(n: int) -> int | None:
     """The smallest bucket of at least ``n`` rows, or None when ``n`` is past the largest."""
     return next((b for b in BUCKETS if b >= n), None)
+
+
+#: A larger bucket replaces a smaller one only when it is at least this much faster (timing noise).
+FASTER = 0.9
+
+
+def fastest_bucket(n: int, times: dict[int, float]) -> int | None:
+    """The bucket ``n`` rows replay: the fastest timed bucket of at least ``n`` rows.
+
+    ``times``: milliseconds per replay of each captured bucket. Buckets are scanned from the
+    smallest up and a larger one is taken only when it costs less than :data:`FASTER` times the
+    one taken so far. None when no timed bucket holds ``n`` rows.
+    """
+    best = None
+    for b in sorted(b for b in times if b >= n):
+        if best is None or times[b] < FASTER * times[best]:
+            best = b
+    return best
 
 
 @dataclass
@@ -62,6 +87,7 @@ class ModelSlot:
         self.graphs_on = bool(graphs) and self.kv.device.type == "cuda"
         self.failed: str | None = None  # why a capture failed: eager from then on
         self._graphs: dict[int, _Graph] = {}
+        self.times: dict[int, float] = {}  # milliseconds per replay of each captured bucket
         self._pool: Any = None
 
     def ensure(self, capacity: int, keep: int = 0) -> None:
@@ -71,6 +97,7 @@ class ModelSlot:
             # The graphs read the old buffers; with them goes their memory pool (a pool whose graphs
             # are all freed cannot take another capture).
             self._graphs.clear()
+            self.times.clear()
             self._pool = None
 
     @property
@@ -81,7 +108,7 @@ class ModelSlot:
     def graph(
         self, n: int, core: Callable[..., tuple[torch.Tensor, ...]], extra: Sequence[torch.Tensor]
     ) -> _Graph | None:
-        """The graph of ``n`` rows' bucket (captured now if needed), or None: run eagerly."""
+        """The graph ``n`` rows replay (captured now if needed: see the module docstring), or None: run eagerly."""
         if not self.graphs_on or self.failed is not None:
             return None
         b = bucket_for(n)
@@ -89,7 +116,10 @@ class ModelSlot:
             return None
         if b not in self._graphs:
             try:
-                self._graphs[b] = self._capture(b, core, extra)
+                for c in BUCKETS[BUCKETS.index(b) :]:  # this bucket and every larger one, each timed
+                    if c not in self._graphs:
+                        self._graphs[c] = self._capture(c, core, extra)
+                        self.times[c] = self._time(self._graphs[c])
             except Exception as err:  # noqa: BLE001 - any capture failure falls back to eager, said once
                 self.failed = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
                 _log.warning(
@@ -100,7 +130,25 @@ class ModelSlot:
                 if self.kv.device.type == "cuda":
                     torch.cuda.synchronize(self.kv.device)
                 return None
-        return self._graphs[b]
+        return self._graphs[fastest_bucket(n, self.times)]
+
+    def _time(self, g: _Graph, repeats: int = 3) -> float:
+        """Milliseconds of one replay of a fresh graph (median of ``repeats``, after one untimed).
+
+        Its inputs are the capture's zeros and its rows the scratch rows: nothing committed is written.
+        """
+        g.rows.copy_(g.scratch)
+        g.graph.replay()
+        stream = torch.cuda.current_stream(self.kv.device)
+        times = []
+        for _ in range(repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record(stream)
+            g.graph.replay()
+            end.record(stream)
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return sorted(times)[len(times) // 2]
 
     def _capture(self, b: int, core: Callable[..., tuple[torch.Tensor, ...]], extra: Sequence[torch.Tensor]) -> _Graph:
         kv, device = self.kv, self.kv.device

@@ -7,7 +7,7 @@ import logging
 import torch
 
 from adaptive_spec.engine import SpecEngine
-from adaptive_spec.engine.graphs import BUCKETS, ModelSlot, bucket_for
+from adaptive_spec.engine.graphs import BUCKETS, ModelSlot, bucket_for, fastest_bucket
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.engine.static_cache import SCRATCH, StaticKV, round_capacity
 from tests.helpers.tiny import perturbed, tiny_model
@@ -126,3 +126,30 @@ def test_a_failed_capture_logs_one_line_and_runs_eagerly(monkeypatch, caplog) ->
     lines = [r.getMessage() for r in caplog.records if "capture" in r.getMessage()]
     assert len(lines) == 1 and "RuntimeError: operation not permitted" in lines[0] and "\n" not in lines[0]
     assert slot.failed is not None and slot.captured == []
+
+
+def test_fastest_bucket_takes_a_larger_bucket_only_when_clearly_faster() -> None:
+    # SmolLM2's captured passes on an H100 (ms): 8 and 16 rows cost more than 32
+    times = {1: 5.08, 2: 6.08, 4: 5.94, 8: 9.08, 16: 9.48, 32: 6.65, 64: 7.19, 128: 9.0}
+    assert [fastest_bucket(n, times) for n in (1, 2, 3, 5, 9, 17, 33, 65)] == [1, 2, 4, 32, 32, 32, 64, 128]
+    assert fastest_bucket(2, {2: 1.0, 4: 0.95}) == 2  # within 10 %: the smaller bucket, fewer padding rows
+    assert fastest_bucket(2, {2: 1.0, 4: 0.85}) == 4
+    assert fastest_bucket(129, times) is None and fastest_bucket(3, {1: 1.0, 2: 1.0}) is None
+
+
+def test_a_slot_captures_and_times_every_larger_bucket_and_replays_the_fastest(monkeypatch) -> None:
+    model = tiny_model("llama", vocab=48)
+    slot = ModelSlot(model, 64)
+    slot.graphs_on = True  # as on CUDA; capture and timing stand in for the device's
+    cost = {1: 5.0, 2: 6.0, 4: 6.0, 8: 9.0, 16: 9.5, 32: 6.6, 64: 7.2, 128: 9.0}
+    captured = []
+    monkeypatch.setattr(ModelSlot, "_capture", lambda self, b, core, extra: captured.append(b) or f"graph {b}")
+    monkeypatch.setattr(ModelSlot, "_time", lambda self, g: cost[int(g.split()[1])])
+    assert slot.graph(9, None, ()) == "graph 32"
+    assert captured == [16, 32, 64, 128] and slot.captured == [16, 32, 64, 128]
+    assert slot.graph(16, None, ()) == "graph 32" and slot.graph(40, None, ()) == "graph 64"
+    assert slot.graph(3, None, ()) == "graph 4"  # 4 and 8 captured now; 4 is the fastest holding 3 rows
+    assert captured == [16, 32, 64, 128, 4, 8] and slot.times == {b: cost[b] for b in captured}
+    assert slot.graph(129, None, ()) is None  # past the largest bucket: eager
+    slot.ensure(slot.kv.capacity + 1, keep=0)  # a grown cache drops the graphs and their times
+    assert slot.captured == [] and slot.times == {}
