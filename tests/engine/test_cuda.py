@@ -172,6 +172,7 @@ def test_greedy_equals_transformers_in_every_bucket_with_cuda_graphs():
     slot = engine._idle_slots["target"][0]
     assert slot.failed is None
     assert set(BUCKETS) <= set(slot.captured), slot.captured
+    assert set(slot.times) == set(slot.captured) and all(t > 0 for t in slot.times.values())  # timed when captured
     assert engine._idle_slots["draft"][0].captured and engine._idle_slots["draft"][0].failed is None
 
 
