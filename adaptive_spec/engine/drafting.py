@@ -34,6 +34,7 @@ its last row is the draft's root distribution) and :func:`draft_tree` continues 
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -47,7 +48,7 @@ from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.trees.draw import draw_children
 from adaptive_spec.trees.lookup import hybrid_tree, lookup_trie, ngram_candidates, ngram_lookup, within_vocab
-from adaptive_spec.trees.policy import ChainRule, DraftPolicy, NodeView, PolicyContext, clip_widths
+from adaptive_spec.trees.policy import ChainRule, DraftPolicy, EagleTree, NodeView, PolicyContext, clip_widths
 from adaptive_spec.trees.slots import SlotLayout, slot_layout
 
 
@@ -417,8 +418,14 @@ def draft_policy_tree(
     *,
     temperature: float = 1.0,
     features: Mapping[str, float] | None = None,
+    on_device: bool | None = None,
 ) -> DraftOutcome:
-    """Grow a tree with a drafting ``policy``: one draft forward per level, one host sync per level.
+    """Grow a tree with a drafting ``policy``: one draft forward per level.
+
+    An EAGLE-style policy without replacement is decided on the device, with one host read for the
+    whole tree (:func:`draft_eagle_on_device`; ``on_device=False`` forces the host path below, and
+    the runner's ``device_policy`` turns it off for a run after a step had to redo its tree). Any
+    other policy decides on the host, one read per level, as follows.
 
     The law is that of :func:`adaptive_spec.trees.sample_policy_tree`. Per level, one sync
     brings the fed frontier's row statistics (entropy, top-1) together with ``max_width``
@@ -434,8 +441,20 @@ def draft_policy_tree(
     without replacement), so single-child nodes extend greedily; the greedy verifier is
     lossless for any tree.
     """
-    device = runner.device
     root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
+    if on_device is None:
+        on_device = runner.device_policy and eagle_on_device(policy, probs_fn.vocab_size)
+    if on_device:
+        state, mark = generator.get_state(), runner.block_mark()
+        outcome = draft_eagle_on_device(runner, root, policy, probs_fn, generator, deterministic)
+        if outcome is not None:
+            return outcome
+        # A drawn child had probability 0: the tree the host path grows differs from the one drafted. Draw it again
+        # on the host from the same generator state: the draws agree up to there, so the tree is the host path's.
+        generator.set_state(state)
+        runner.undo_block(mark)
+        runner.device_policy = False  # rows with zeros (a top-k or top-p processor): the rest of the run on the host
+    device = runner.device
     p, base = root.pending, root.base
     g = _PolicyGrowth(policy, probs_fn.vocab_size, device, temperature, features, TorchSampler(generator))
     frontier, R, ok = [0], root.probs[-1:], root.ok
@@ -466,6 +485,155 @@ def draft_policy_tree(
         ok = finite_flag(logits, R)
         rows.append(R)
     return g.outcome(rows, p)
+
+
+def eagle_on_device(policy: DraftPolicy, vocab: int) -> bool:
+    """Whether :func:`draft_eagle_on_device` grows ``policy``'s trees: EAGLE-style, without replacement."""
+    return isinstance(policy, EagleTree) and policy.without_replacement and policy.depth > 0 and policy.width <= vocab
+
+
+def eagle_levels(policy: EagleTree) -> list[tuple[list[int], int]]:
+    """The levels of ``policy``'s trees when every drawn child has positive probability.
+
+    Per level: the children of each frontier node (its width, within the node budget, spent in frontier
+    order), and how many of the new nodes are fed next (0 on the last level). This is the host path's loop
+    with every count known in advance: without replacement each frontier node gets its width in distinct
+    children.
+    """
+    levels, frontier, depth, budget = [], 1, 0, policy.budget
+    while frontier and budget > 0:
+        widths, left = [], budget
+        for _ in range(frontier):
+            k = max(0, min(policy.width, left))
+            widths.append(k)
+            left -= k
+        new = sum(widths)
+        budget -= new
+        fed = min(policy.top_k, new) if new and budget > 0 and depth + 1 < policy.depth else 0
+        levels.append((widths, fed))
+        frontier, depth = fed, depth + 1
+    return levels
+
+
+@dataclass(frozen=True)
+class _EagleLevel:
+    """One level of :func:`eagle_levels` as device index tensors (made once per policy and device)."""
+
+    widths: list[int]
+    fed: int
+    first: int  # the first new node's id
+    used: torch.Tensor  # [new] the frontier's children among its candidates (row * K + column)
+    of: torch.Tensor  # [new] each child's frontier row
+    ids: torch.Tensor  # [new] the children's node ids
+    kids: list[list[int]]  # per frontier row, its children's ids
+    kids_rows: torch.Tensor  # [F, widest] the same, padded with the node count
+
+
+@functools.lru_cache(maxsize=64)
+def _eagle_plan(
+    policy: EagleTree, device: torch.device
+) -> tuple[list[_EagleLevel], int, int, int, list[int], torch.Tensor]:
+    """The levels, the node count, the fed count, the widest node and the depths (list, tensor) of ``policy``'s
+    trees.
+    """
+    levels = eagle_levels(policy)
+    n = 1 + sum(sum(w) for w, _ in levels)
+    widest = max(1, max((max(w, default=0) for w, _ in levels), default=0))
+    out, first, depths = [], 1, [0]
+    for depth, (widths, fed) in enumerate(levels, start=1):
+        used = [i * policy.width + j for i, k in enumerate(widths) for j in range(k)]
+        of = [i for i, k in enumerate(widths) for _ in range(k)]
+        kids = [[first + c for c, i in enumerate(of) if i == row] for row in range(len(widths))]
+        pad = [k + [n] * (widest - len(k)) for k in kids]
+        t = functools.partial(torch.tensor, dtype=torch.long, device=device)
+        out.append(_EagleLevel(widths, fed, first, t(used), t(of), t(range(first, first + len(used))), kids, t(pad)))
+        first += len(used)
+        depths += [depth] * len(used)
+    fed_total = 1 + sum(fed for _, fed in levels)
+    return out, n, fed_total, widest, depths, torch.tensor(depths, dtype=torch.long, device=device)
+
+
+def draft_eagle_on_device(
+    runner: ModelRunner,
+    root: DraftRoot,
+    policy: EagleTree,
+    probs_fn: ProbsFn,
+    generator: torch.Generator,
+    deterministic: bool,
+) -> DraftOutcome | None:
+    """An EAGLE-style tree without replacement, decided on the device: one host read for the whole tree.
+
+    The host path (:func:`draft_policy_tree`) feeds, per level, the ``top_k`` new nodes of highest path
+    probability (ties: the first made) and gives each ``width`` children within the budget. Without
+    replacement a frontier node gets exactly its width in distinct children unless its row has fewer
+    positive entries, so the counts per level are known in advance (:func:`eagle_levels`) and only *which*
+    nodes are fed depends on the draws: chosen here by a stable sort of the path probabilities (float64
+    products, as the host's), with each level's tokens, positions and mask rows gathered on the device.
+    The candidates are drawn by the same calls on the same shapes as the host path's, so the tree is the
+    host path's whenever every child drawn has positive probability; the one read at the end says whether
+    so. Returns None when not: the caller draws again on the host from the generator state it saved.
+    """
+    device = runner.device
+    p, base = root.pending, root.base
+    levels, n, fed_total, widest, depths, depths_d = _eagle_plan(policy, device)
+    R, ok = root.probs[-1:], root.ok
+    rows = [R]  # the fed rows' probabilities, in feed order (the root's first)
+    tokens_d = torch.full((n,), -1, dtype=torch.long, device=device)
+    parents_d = torch.full((n,), -1, dtype=torch.long, device=device)
+    ancestors = torch.zeros(n, n, dtype=torch.bool, device=device)
+    ancestors[0, 0] = True
+    anc_fed = torch.zeros(fed_total, fed_total, dtype=torch.bool, device=device)  # over the fed rows, feed order
+    anc_fed[0, 0] = True
+    kids_d = torch.full((n, widest), n, dtype=torch.long, device=device)
+    front_ids = torch.zeros(1, dtype=torch.long, device=device)  # the frontier: node ids, path probabilities,
+    front_pp = torch.ones(1, dtype=torch.float64, device=device)  # rows among the fed rows
+    front_rows = torch.zeros(1, dtype=torch.long, device=device)
+    fed_ids, bad = [front_ids], torch.zeros((), dtype=torch.bool, device=device)
+    pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device)
+    fed_so_far = 1
+    for depth, lv in enumerate(levels, start=1):
+        cand, _ = draw_children(R, policy.width, generator, replace=False, greedy=deterministic)  # as the host path
+        q = R.gather(-1, cand).flatten()[lv.used]
+        bad = bad | (q <= 0).any()
+        parents = front_ids[lv.of]
+        tokens_d[lv.ids] = cand.flatten()[lv.used]
+        parents_d[lv.ids] = parents
+        ancestors[lv.ids] = ancestors[parents]
+        ancestors[lv.ids, lv.ids] = True
+        kids_d[front_ids] = lv.kids_rows
+        if lv.fed:
+            pp = front_pp[lv.of] * q.to(torch.float64)
+            chosen = torch.sort(-pp, stable=True).indices[: lv.fed].sort().values  # the top k, in the order made
+            rows_new = torch.arange(fed_so_far, fed_so_far + lv.fed, device=device)
+            anc_fed[rows_new] = anc_fed[front_rows[lv.of[chosen]]]
+            fed_so_far += lv.fed
+            anc_fed[rows_new, rows_new] = True
+            front_ids, front_pp, front_rows = lv.ids[chosen], pp[chosen], rows_new
+            fed_ids.append(front_ids)
+            allowed = torch.cat([pending_pos.expand(lv.fed, -1), anc_fed[rows_new, :fed_so_far]], dim=1)
+            pos = torch.full((lv.fed,), base + p - 1 + depth, dtype=torch.long, device=device)
+            logits = runner.block_forward(tokens_d[front_ids], pos, allowed, logits_to_keep=lv.fed)
+            R = probs_fn(logits)
+            ok = ok & finite_flag(logits, R)
+            rows.append(R)
+    fed_d = torch.cat(fed_ids)
+    host = torch.cat([tokens_d, parents_d, fed_d, torch.stack([ok, bad]).long()]).tolist()  # the tree's one read
+    check_finite(bool(host[-2]), "draft")
+    if host[-1]:
+        return None
+    tokens, parents, fed_order = host[:n], host[n : 2 * n], host[2 * n : 2 * n + fed_total]
+    child_draws: list[list[int]] = [[] for _ in range(n)]
+    start, frontier = 0, 1
+    for lv in levels:  # level by level, the frontier is the nodes fed last
+        for node, kids in zip(fed_order[start : start + frontier], lv.kids, strict=True):
+            child_draws[node] = kids
+        start, frontier = start + frontier, lv.fed
+    probs = torch.zeros(n, probs_fn.vocab_size, dtype=rows[0].dtype, device=device)
+    probs[fed_d] = torch.cat(rows)
+    tree = DraftTree(tokens, parents, depths, probs, child_draws, policy.shape)
+    tree.keep_tensors(tokens=tokens_d, parents=parents_d, depths=depths_d, ancestors=ancestors, children=kids_d)
+    cache_rows = {node: i for i, node in enumerate(fed_order)}
+    return DraftOutcome(tree, ancestors, p, fed_total, cache_rows, len(levels), 0.0)
 
 
 def _level_candidates(

@@ -301,6 +301,13 @@ class EagleRunner(ModelRunner):
         self._block_pos, self._block_feat = [], []  # a chain is committed at once
         return logits
 
+    def block_mark(self) -> tuple:
+        return (*super().block_mark(), len(self._block_pos))
+
+    def undo_block(self, mark: tuple) -> None:
+        super().undo_block(mark)
+        del self._block_pos[mark[3] :], self._block_feat[mark[3] :]
+
     def commit(self, committed: int, block_rows: torch.Tensor | None) -> None:  # noqa: ARG002
         """Keep the ``committed`` context rows; drafted rows are dropped (fed again with target features)."""
         self.rollback(committed)

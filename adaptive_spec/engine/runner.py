@@ -104,6 +104,8 @@ class ModelRunner:
         else:
             self.cache = _dynamic_cache(model)
         self.length = 0  # static cache: rows written (committed plus fed this step)
+        # EAGLE-style policy trees decided on the device (engine.drafting); off once a step redid its tree on the host
+        self.device_policy = True
 
     def _static_capable(self) -> bool:
         """Whether this runner can keep a static cache (the fast path's decoder layers only call ``update``)."""
@@ -170,6 +172,18 @@ class ModelRunner:
         mask = None if ancestors is None else additive_mask(ancestors, past, self.dtype)  # [1, 1, n, past + m]
         self.forwards += 1
         return self._run_model(input_ids, position_ids, mask, logits_to_keep)  # [logits_to_keep, V']
+
+    def block_mark(self) -> tuple:
+        """A mark of this step's block so far: :meth:`undo_block` drops the block rows fed after it."""
+        return self.cache_length(), self.hidden, self.features
+
+    def undo_block(self, mark: tuple) -> None:
+        """Drop the block rows fed since ``mark`` (:meth:`block_mark`), as if they had never been fed."""
+        length, self.hidden, self.features = mark[:3]
+        if self.slot is not None:
+            self.length = length
+        elif self.cache_length() > length:
+            self.cache.crop(length - self.cache_length())  # a negative count: drop that many rows
 
     def _run_model(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, logits_to_keep: int

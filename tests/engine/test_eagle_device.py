@@ -1,0 +1,133 @@
+"""EAGLE-style policy trees decided on the device (``engine.drafting.draft_eagle_on_device``).
+
+The device drafter draws the same candidates by the same calls as the host drafter (one host read per
+level), so from the same generator state it must grow *the same tree*: tokens, parents, draws, rows,
+feed order, device tensors, and leave the draft cache and the generator where the host drafter leaves
+them. Where a drawn child has probability 0 (a top-k processor narrower than the width), it grows the
+host path's tree again from the saved generator state. The host drafter's law is tested exactly
+elsewhere (tests/verifiers/test_dynamic_exact.py, through sample_policy_tree and the engine).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from adaptive_spec.engine import SpecEngine
+from adaptive_spec.engine import drafting
+from adaptive_spec.engine.drafting import draft_policy_tree, draft_root, eagle_levels, eagle_on_device
+from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
+from adaptive_spec.engine.runner import ModelRunner
+from adaptive_spec.trees.policy import parse_policy
+from tests.engine.test_eagle import make_head
+from tests.helpers.tiny import perturbed, tiny_model
+
+V = 12
+CONTEXT = [0, 2, 1, 5, 7]
+POLICIES = [
+    "eagle:3:6:2:2:wor",
+    "eagle:4:12:3:2:wor",
+    "eagle:6:48:6:4:wor",  # the shipped plan's shape: the budget ends mid-level
+    "eagle:2:5:4:3:wor",
+    "eagle:1:4:2:3:wor",
+    "eagle:5:7:1:3:wor",
+    "eagle:3:30:2:1:wor",  # a chain-like tree
+]
+
+
+def _grow(model, policy, probs_fn, seed, deterministic, on_device):
+    runner = ModelRunner(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.inference_mode():
+        runner.chain_forward(torch.tensor(CONTEXT[:-1]), logits_to_keep=1)
+        root = draft_root(runner, torch.tensor(CONTEXT[-1:]), probs_fn)
+        out = draft_policy_tree(runner, root, policy, probs_fn, g, deterministic, on_device=on_device)
+    return out, runner, g
+
+
+def _same(a, b):
+    ta, tb = a.tree, b.tree
+    assert (ta.tokens, ta.parents, ta.depths, ta.child_draws) == (tb.tokens, tb.parents, tb.depths, tb.child_draws)
+    assert torch.equal(ta.draft_probs, tb.draft_probs)
+    assert (a.fed_nodes, a.cache_rows, a.pending_fed, a.policy_levels) == (
+        b.fed_nodes,
+        b.cache_rows,
+        b.pending_fed,
+        b.policy_levels,
+    )
+    assert torch.equal(a.ancestors, b.ancestors)
+    for name in ("tokens", "parents", "depths", "ancestors", "children"):
+        assert torch.equal(getattr(ta, f"{name}_tensor")(), getattr(tb, f"{name}_tensor")()), name
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama", vocab=V, hidden=16, init_range=0.4, seed=3, layers=1, eos=None)
+
+
+@pytest.mark.parametrize("text", POLICIES)
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_the_device_drafter_grows_the_host_drafters_tree(model, text, temperature) -> None:
+    policy = parse_policy(text)
+    assert eagle_on_device(policy, V)
+    sampling = SamplingConfig(temperature=1.0)  # the draft's rows; temperature 0 takes their top-k
+    probs_fn = ProbsFn(build_logits_processor(sampling.generation_config()), V, one_hot=False)
+    for seed in range(6):
+        dev, r_dev, g_dev = _grow(model, policy, probs_fn, seed, temperature == 0, True)
+        host, r_host, g_host = _grow(model, policy, probs_fn, seed, temperature == 0, False)
+        _same(dev, host)
+        assert r_dev.device_policy  # no child of probability 0: no redo
+        assert r_dev.cache_length() == r_host.cache_length() and r_dev.forwards == r_host.forwards
+        assert torch.equal(g_dev.get_state(), g_host.get_state())  # the same draws, consumed alike
+        assert dev.tree.num_nodes == 1 + sum(sum(w) for w, _ in eagle_levels(policy))
+
+
+def test_rows_with_zeros_are_drafted_again_on_the_host(model) -> None:
+    policy = parse_policy("eagle:4:12:3:3:wor")
+    narrow = SamplingConfig(temperature=1.0, top_k=2)  # two positive entries per row, three children wanted
+    probs_fn = ProbsFn(build_logits_processor(narrow.generation_config()), V, one_hot=False)
+    for seed in range(3):
+        dev, r_dev, g_dev = _grow(model, policy, probs_fn, seed, False, True)
+        host, r_host, g_host = _grow(model, policy, probs_fn, seed, False, False)
+        _same(dev, host)
+        assert not r_dev.device_policy  # redone on the host, and the rest of the run stays there
+        assert r_dev.cache_length() == r_host.cache_length()  # the device attempt's rows are gone
+        assert torch.equal(g_dev.get_state(), g_host.get_state())
+        assert dev.tree.num_nodes < 1 + sum(sum(w) for w, _ in eagle_levels(policy))
+
+
+def test_eagle_levels_follow_the_host_loop() -> None:
+    assert eagle_levels(parse_policy("eagle:6:48:6:4:wor")) == [
+        ([4], 4),
+        ([4] * 4, 6),
+        ([4] * 6, 6),
+        ([4, 0, 0, 0, 0, 0], 0),
+    ]
+    assert eagle_levels(parse_policy("eagle:1:4:2:3:wor")) == [([3], 0)]  # depth 1: the root's children only
+    assert eagle_levels(parse_policy("eagle:2:5:4:3:wor")) == [([3], 3), ([2, 0, 0], 0)]
+    assert not eagle_on_device(parse_policy("eagle:3:6:2:2"), V)  # i.i.d. children merge: the host decides
+    assert not eagle_on_device(parse_policy("eagle:3:6:2:20:wor"), V)  # wider than the vocabulary
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+@pytest.mark.parametrize("head", [False, True], ids=["draft-model", "eagle-head"])
+def test_generations_are_the_same_on_the_device_and_on_the_host(monkeypatch, temperature, head) -> None:
+    target = tiny_model("llama", vocab=48, hidden=32, seed=3, eos=None)
+    draft = make_head(target, 40, range(8, 48)) if head else perturbed(target, 0.2, 4)
+    engine = SpecEngine(target, draft)
+    plans = ["eagle:4:12:3:2:wor/traversal", "eagle:3:9:2:3:wor/nss", "eagle:5:10:2:2:wor/rrsw"]
+    runs, grown = {}, []
+    real = drafting.draft_eagle_on_device
+    monkeypatch.setattr(drafting, "draft_eagle_on_device", lambda *a: grown.append(real(*a)) or grown[-1])
+    for where in ("device", "host"):
+        if where == "host":
+            monkeypatch.setattr(drafting, "eagle_on_device", lambda *a: False)
+        runs[where] = [
+            engine.generate([5, 6, 7, 9], max_new_tokens=24, temperature=temperature, plan=plan, seed=seed)
+            for plan in plans
+            for seed in range(3)
+        ]
+    assert grown and all(o is not None for o in grown)  # every tree of the device runs was grown on the device
+    for a, b in zip(runs["device"], runs["host"], strict=True):
+        assert a.token_ids == b.token_ids
+        assert (a.stats.accept_lengths, a.stats.tree_sizes) == (b.stats.accept_lengths, b.stats.tree_sizes)
