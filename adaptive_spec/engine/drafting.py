@@ -72,6 +72,8 @@ class DraftOutcome:
             (Tensor[V]), for features (:meth:`model_row`); the verifier reads the tree's rows.
         ok: 0-dim bool tensor, whether the draft's logits were finite, when that is not checked yet (a tree
             drafted without a host read: the engine checks it with the verifier's read); None once checked.
+        cache_rows_tensor: ``cache_rows`` on the device, LongTensor[N] (-1: not fed), when the drafter made it
+            there: the accepted path's draft rows are then gathered without a copy.
     """
 
     tree: DraftTree
@@ -84,6 +86,7 @@ class DraftOutcome:
     lookup_rows: int = 0
     model_rows: dict[int, torch.Tensor] = field(default_factory=dict)
     ok: torch.Tensor | None = None
+    cache_rows_tensor: torch.Tensor | None = None
 
     def draft_row(self, node: int) -> int | None:
         """Offset of ``node``'s KV row after the root in the draft cache, or None if it was never fed.
@@ -521,7 +524,6 @@ class _EagleLevel:
 
     widths: list[int]
     fed: int
-    first: int  # the first new node's id
     used: torch.Tensor  # [new] the frontier's children among its candidates (row * K + column)
     of: torch.Tensor  # [new] each child's frontier row
     ids: torch.Tensor  # [new] the children's node ids
@@ -534,23 +536,29 @@ def _eagle_plan(
     policy: EagleTree, device: torch.device
 ) -> tuple[list[_EagleLevel], int, int, int, list[int], torch.Tensor]:
     """The levels, the node count, the fed count, the widest node and the depths (list, tensor) of ``policy``'s
-    trees.
+    trees; the tensors in one copy.
     """
     levels = eagle_levels(policy)
     n = 1 + sum(sum(w) for w, _ in levels)
     widest = max(1, max((max(w, default=0) for w, _ in levels), default=0))
-    out, first, depths = [], 1, [0]
-    for depth, (widths, fed) in enumerate(levels, start=1):
+    host, parts, first, depths, kid_lists = [], [], 1, [0], []
+    for depth, (widths, _) in enumerate(levels, start=1):
         used = [i * policy.width + j for i, k in enumerate(widths) for j in range(k)]
         of = [i for i, k in enumerate(widths) for _ in range(k)]
         kids = [[first + c for c, i in enumerate(of) if i == row] for row in range(len(widths))]
-        pad = [k + [n] * (widest - len(k)) for k in kids]
-        t = functools.partial(torch.tensor, dtype=torch.long, device=device)
-        out.append(_EagleLevel(widths, fed, first, t(used), t(of), t(range(first, first + len(used))), kids, t(pad)))
+        pad = [c for k in kids for c in k + [n] * (widest - len(k))]
+        kid_lists.append(kids)
+        host += [*used, *of, *range(first, first + len(used)), *pad]
+        parts += [len(used)] * 3 + [len(pad)]
         first += len(used)
         depths += [depth] * len(used)
+    tensors = torch.tensor(host + depths, dtype=torch.long, device=device).split([*parts, n])
+    out = []
+    for i, (widths, fed) in enumerate(levels):
+        used, of, ids, pad = tensors[4 * i : 4 * i + 4]
+        out.append(_EagleLevel(widths, fed, used, of, ids, kid_lists[i], pad.view(len(widths), widest)))
     fed_total = 1 + sum(fed for _, fed in levels)
-    return out, n, fed_total, widest, depths, torch.tensor(depths, dtype=torch.long, device=device)
+    return out, n, fed_total, widest, depths, tensors[-1]
 
 
 def draft_eagle_on_device(
@@ -633,7 +641,10 @@ def draft_eagle_on_device(
     tree = DraftTree(tokens, parents, depths, probs, child_draws, policy.shape)
     tree.keep_tensors(tokens=tokens_d, parents=parents_d, depths=depths_d, ancestors=ancestors, children=kids_d)
     cache_rows = {node: i for i, node in enumerate(fed_order)}
-    return DraftOutcome(tree, ancestors, p, fed_total, cache_rows, len(levels), 0.0)
+    rows_d = torch.full((n,), -1, dtype=torch.long, device=device).index_copy_(
+        0, fed_d, torch.arange(fed_total, device=device)
+    )
+    return DraftOutcome(tree, ancestors, p, fed_total, cache_rows, len(levels), 0.0, cache_rows_tensor=rows_d)
 
 
 def _level_candidates(
