@@ -16,7 +16,9 @@ level are then drawn with a few torch ops from the caller's generator:
 
 Static shapes are drafted into fixed slots (:mod:`adaptive_spec.trees.slots`): no level reads the host,
 and the tree's structure is merged from the tokens after the engine's one read. Policies decide on the
-host, one read per level. This is the law of :func:`adaptive_spec.trees.sample_tree` (which draws rollout
+host, one read per level, except EAGLE-style trees without replacement, whose counts per level are known in
+advance: they are decided on the device with one read per tree (:func:`draft_eagle_on_device`). This is the
+law of :func:`adaptive_spec.trees.sample_tree` (which draws rollout
 by rollout, depth first): rows are a function of the prefix only, draws are independent given the rows,
 and walkers are processed in rollout order at each level, so each node's ``child_draws`` has the same
 order. Only the node numbering differs (here breadth first, by slot). Leaves (depth ``shape.depth``) are

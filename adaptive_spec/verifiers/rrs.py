@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from adaptive_spec.rng import Sampler, TorchSampler
-from adaptive_spec.trees import DraftTree
+from adaptive_spec.trees import DraftLaw, DraftTree
 from adaptive_spec.trees.draw import draw_children
 from adaptive_spec.verifiers.base import (
     VerifyResult,
@@ -78,23 +78,7 @@ def rrs_on_slots(
     cand, real = layout.candidates(device)
     active = real & layout.groups(tokens) & valid[cand]  # [fed, K]
     x = tokens[cand].clamp_min(0)  # [fed, K] candidate tokens (padding: slot 0, the root, -1)
-    p, q = target_probs[:fed], tree.draft_probs[:fed].to(target_probs.dtype)
-    u = torch.rand(cand.shape, generator=generator, device=device, dtype=torch.float64)
-    accepted = torch.full((fed,), -1, dtype=torch.long, device=device)
-    for j in range(cand.shape[1]):
-        xj = x[:, j : j + 1]
-        pa, qa = p.gather(1, xj)[:, 0].double(), q.gather(1, xj)[:, 0].double()
-        a = torch.where(qa > 0, (pa / qa.clamp_min(1e-300)).clamp_max(1.0), torch.zeros_like(qa))
-        live = active[:, j] & (accepted < 0)
-        accepted = torch.where(live & (u[:, j] < a), j, accepted)
-        rejected = (live & (accepted < 0))[:, None]
-        r = (p - q).clamp_min_(0.0)
-        total = r.sum(dim=-1, keepdim=True)
-        p = torch.where(rejected & (total > 0), r / total.clamp_min(1e-30), p)  # an all-zero residual keeps p
-        if without_replacement:
-            qz = q.scatter(1, xj, 0.0)
-            qt = qz.sum(dim=-1, keepdim=True)
-            q = torch.where(rejected & (qt > 0), qz / qt.clamp_min(1e-30), q)
+    accepted, p = _solve_rows(target_probs[:fed], tree.draft_probs[:fed], x, active, generator, without_replacement)
     # The walk, on the device: from the root to each accepted candidate's slot (a walker on a duplicate slot has
     # the rows and the law of the node it stands for), then Y from where it stops.
     node = torch.zeros(1, dtype=torch.long, device=device)
@@ -108,6 +92,63 @@ def rrs_on_slots(
     parts = [node, y] + ([] if ride is None else [ride])
     (slot,), (token,), *rest = host_read(tree, *parts)  # the one host read
     at = slot if tree.used[slot] else tree.child_with_token(tree.parents[slot], tree.tokens[slot])
+    return result_for(tree, at, token, not tree.child_draws[at], rest[0] if rest else (), y)
+
+
+def _solve_rows(
+    p: torch.Tensor,
+    q: torch.Tensor,
+    x: torch.Tensor,
+    active: torch.Tensor,
+    generator: torch.Generator,
+    without_replacement: bool,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rrs_solve` at every row at once: each row's candidates ``x`` [M, K] (where ``active``) tried in
+    order; returns the accepted column per row (-1: none) and the rows' final residuals [M, V].
+    """
+    q = q.to(p.dtype)
+    u = torch.rand(x.shape, generator=generator, device=p.device, dtype=torch.float64)
+    accepted = torch.full((p.shape[0],), -1, dtype=torch.long, device=p.device)
+    for j in range(x.shape[1]):
+        xj = x[:, j : j + 1]
+        pa, qa = p.gather(1, xj)[:, 0].double(), q.gather(1, xj)[:, 0].double()
+        a = torch.where(qa > 0, (pa / qa.clamp_min(1e-300)).clamp_max(1.0), torch.zeros_like(qa))
+        live = active[:, j] & (accepted < 0)
+        accepted = torch.where(live & (u[:, j] < a), j, accepted)
+        rejected = (live & (accepted < 0))[:, None]
+        r = (p - q).clamp_min_(0.0)
+        total = r.sum(dim=-1, keepdim=True)
+        p = torch.where(rejected & (total > 0), r / total.clamp_min(1e-30), p)  # an all-zero residual keeps p
+        if without_replacement:
+            qz = q.scatter(1, xj, 0.0)
+            qt = qz.sum(dim=-1, keepdim=True)
+            q = torch.where(rejected & (qt > 0), qz / qt.clamp_min(1e-30), q)
+    return accepted, p
+
+
+def rrs_on_children(
+    tree: DraftTree, target_probs: torch.Tensor, generator: torch.Generator, ride: torch.Tensor | None = None
+) -> VerifyResult:
+    """RRSw on the rows' device for a tree drawn without replacement whose children table is on the device (a
+    policy tree's: :meth:`DraftTree.children_tensor`); one host read.
+
+    Without replacement a node's draws are its children, in order, so the table gives every node's candidates:
+    every node runs :func:`rrs_solve` at once (a node with no children accepts none), the walk follows the
+    accepted children from the root on the device, and ``Y`` is drawn where it stops, as in
+    :func:`rrs_on_slots`.
+    """
+    device, n = target_probs.device, tree.num_nodes
+    cand = tree.children_tensor(device)  # [N, W], padded with N
+    active = cand < n
+    x = tree.tokens_tensor(device)[cand.clamp_max(n - 1)].clamp_min(0)
+    accepted, p = _solve_rows(target_probs[:n], tree.draft_probs[:n], x, active, generator, True)
+    node = torch.zeros(1, dtype=torch.long, device=device)
+    for _ in range(tree.shape.depth):
+        j = accepted[node]
+        node = torch.where(j >= 0, cand[node, j.clamp_min(0)], node)
+    y = draw_children(p[node], 1, generator)[0][:, 0]  # LongTensor[1]: the final residual (a leaf's: its row)
+    parts = [node, y] + ([] if ride is None else [ride])
+    (at,), (token,), *rest = host_read(tree, *parts)  # the one host read
     return result_for(tree, at, token, not tree.child_draws[at], rest[0] if rest else (), y)
 
 
@@ -125,6 +166,13 @@ def verify_rrs(
     """
     if isinstance(sampler, TorchSampler) and tree.slots is not None:
         return rrs_on_slots(tree, target_probs, sampler.generator, without_replacement=without_replacement, ride=ride)
+    if (
+        isinstance(sampler, TorchSampler)
+        and without_replacement
+        and tree.shape.law in (DraftLaw.DYNAMIC_WOR, DraftLaw.DYNAMIC_CHAIN)
+        and tree.has_tensors(target_probs.device, "children", "tokens")
+    ):
+        return rrs_on_children(tree, target_probs, sampler.generator, ride)
 
     def solver(p, q, candidates, s):
         return rrs_solve(p, q, candidates, s, without_replacement=without_replacement)

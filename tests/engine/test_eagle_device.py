@@ -13,8 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from adaptive_spec.engine import SpecEngine
-from adaptive_spec.engine import drafting
+from adaptive_spec.engine import SpecEngine, drafting
 from adaptive_spec.engine.drafting import draft_policy_tree, draft_root, eagle_levels, eagle_on_device
 from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
 from adaptive_spec.engine.runner import ModelRunner

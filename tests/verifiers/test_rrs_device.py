@@ -15,7 +15,7 @@ import adaptive_spec.verifiers.rrs as rrs
 from adaptive_spec.analysis.exact import fixed_tree_law
 from adaptive_spec.analysis.instances import random_instance
 from adaptive_spec.rng import TorchSampler
-from adaptive_spec.trees import DraftTree, TreeShape
+from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.trees.slots import slot_layout
 from adaptive_spec.verifiers.rrsw import verify_rrsw
 from adaptive_spec.verifiers.specinfer import verify_specinfer
@@ -89,3 +89,54 @@ def test_the_device_path_reads_the_host_once_with_the_ride() -> None:
         t = tree()
         r = verifier(t, target, TorchSampler(torch.Generator().manual_seed(1)), ride=torch.tensor([7, 1]))
     assert len(reads) == 1 and r.ride == (7, 1) and t.tokens == tokens  # the tree's tokens and flags came along
+
+
+def _policy_case():
+    """A tree drawn without replacement by a policy (no slots): node 0 drew 1 then 3, node 1 drew 0 then 2,
+    node 2 drew 1, node 3 none; its children table on the device, as the engine's policy drafters hand it over.
+    """
+    inst = random_instance(1, V, zero_frac=0.0)  # an instance where forgetting the residual shows
+    tokens, parents, depths = [-1, 1, 3, 0, 2, 1], [-1, 0, 0, 1, 1, 2], [0, 1, 1, 2, 2, 2]
+    draws = [[1, 2], [3, 4], [5], [], [], []]
+    shape = TreeShape.dynamic(DraftLaw.DYNAMIC_WOR, 2, 5)
+    ref = DraftTree(tokens, parents, depths, torch.zeros(6, V), draws, shape)
+    draft = torch.stack([inst.draft_fn(c) for c in ref.prefixes]).float()
+    target = torch.stack([inst.target_fn(c) for c in ref.prefixes]).float()
+    draft[3:] = 0  # leaves have no draft row
+
+    def tree() -> DraftTree:
+        t = DraftTree(tokens, parents, depths, draft, draws, shape)
+        t.keep_tensors(tokens=torch.tensor(tokens), children=torch.tensor([[1, 2], [3, 4], [5, 6], *[[6, 6]] * 3]))
+        return t
+
+    return tree, target
+
+
+def test_a_policy_tree_drawn_without_replacement_runs_rrsw_on_the_device(monkeypatch) -> None:
+    tree, target = _policy_case()
+    exact = fixed_tree_law(verify_rrsw, tree(), target)
+    assert abs(sum(exact.values()) - 1.0) < 1e-6
+    called = []
+    real = rrs.rrs_on_children
+    monkeypatch.setattr(rrs, "rrs_on_children", lambda *a, **k: called.append(1) or real(*a, **k))
+
+    def frequencies() -> dict:
+        sampler, counts = TorchSampler(torch.Generator().manual_seed(0)), {}
+        for _ in range(RUNS):
+            r = verify_rrsw(tree(), target, sampler)
+            counts[r.node, r.tokens] = counts.get((r.node, r.tokens), 0) + 1
+        return {k: v / RUNS for k, v in counts.items()}
+
+    assert _tv(frequencies(), exact) < 0.035 and len(called) == RUNS
+    with counted_reads() as reads:
+        verify_rrsw(tree(), target, TorchSampler(torch.Generator().manual_seed(1)))
+    assert len(reads) == 1
+    real_where = torch.where
+
+    def no_residual(cond, a, b):  # keeps p after every rejection: the residual is forgotten
+        if isinstance(a, torch.Tensor) and a.dim() == 2 and a.dtype == torch.float32 and cond.dim() == 2:
+            return b
+        return real_where(cond, a, b)
+
+    monkeypatch.setattr(rrs.torch, "where", no_residual)
+    assert _tv(frequencies(), exact) > 0.06
