@@ -30,6 +30,7 @@ from adaptive_spec.verifiers.base import (
     positive_part,
     result_for,
     ride_first,
+    run_ahead,
 )
 from adaptive_spec.verifiers.walk import top_down_walk
 
@@ -130,7 +131,9 @@ def rrs_on_children(
     tree: DraftTree, target_probs: torch.Tensor, generator: torch.Generator, ride: torch.Tensor | None = None
 ) -> VerifyResult:
     """RRSw on the rows' device for a tree drawn without replacement whose children table is on the device (a
-    policy tree's: :meth:`DraftTree.children_tensor`); one host read.
+    policy tree's: :meth:`DraftTree.children_tensor`); one host read. Taken on an accelerator
+    (:func:`~adaptive_spec.verifiers.base.run_ahead`): it solves every node's rows, where the host walk solves
+    only the visited nodes', which a CPU does faster.
 
     Without replacement a node's draws are its children, in order, so the table gives every node's candidates:
     every node runs :func:`rrs_solve` at once (a node with no children accepts none), the walk follows the
@@ -171,6 +174,7 @@ def verify_rrs(
         and without_replacement
         and tree.shape.law in (DraftLaw.DYNAMIC_WOR, DraftLaw.DYNAMIC_CHAIN)
         and tree.has_tensors(target_probs.device, "children", "tokens")
+        and run_ahead(target_probs.device)  # every node's rows at once: an accelerator's work, not a CPU's
     ):
         return rrs_on_children(tree, target_probs, sampler.generator, ride)
 

@@ -119,6 +119,9 @@ def test_a_policy_tree_drawn_without_replacement_runs_rrsw_on_the_device(monkeyp
     called = []
     real = rrs.rrs_on_children
     monkeypatch.setattr(rrs, "rrs_on_children", lambda *a, **k: called.append(1) or real(*a, **k))
+    verify_rrsw(tree(), target, TorchSampler(torch.Generator().manual_seed(2)))
+    assert not called  # a CPU walks on the host: solving every node's rows costs it more
+    monkeypatch.setattr(rrs, "run_ahead", lambda device: True)  # as on an accelerator
 
     def frequencies() -> dict:
         sampler, counts = TorchSampler(torch.Generator().manual_seed(0)), {}
