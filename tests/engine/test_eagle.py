@@ -134,8 +134,17 @@ def small_engine():
     torch.set_num_threads(threads)
 
 
-@pytest.mark.parametrize("plan", ["chain:2/block", "wor:2x2/traversal", "conf-chain:3:0.35/block"])
-@pytest.mark.parametrize("prompt", [[3], [3, 5, 2]], ids=["one-token", "prefill"])
+@pytest.mark.parametrize(
+    ("plan", "prompt"),
+    [
+        ("chain:2/block", [3]),
+        ("wor:2x2/traversal", [3]),
+        ("conf-chain:3:0.35/block", [3]),
+        ("eagle:2:5:2:2:wor/traversal", [3]),  # an EAGLE-style tree, decided on the device
+        ("chain:2/block", [3, 5, 2]),  # a prefill first (the head's catch-up over the prompt)
+    ],
+    ids=["one-token-chain", "one-token-wor", "one-token-conf-chain", "one-token-eagle", "prefill-chain"],
+)
 def test_lossless_with_an_eagle_head(small_engine, plan, prompt) -> None:
     counts = torch.zeros(V, V, V, dtype=torch.long)
     for seed in range(1500):
