@@ -147,7 +147,7 @@ def small_engine():
 )
 def test_lossless_with_an_eagle_head(small_engine, plan, prompt) -> None:
     counts = torch.zeros(V, V, V, dtype=torch.long)
-    for seed in range(1500):
+    for seed in range(1000):  # the negative control below detects a wrong row at 300
         out = small_engine.generate(
             prompt, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k, plan=plan, seed=seed
         )

@@ -124,7 +124,7 @@ def test_generations_are_the_same_on_the_device_and_on_the_host(monkeypatch, tem
         runs[where] = [
             engine.generate([5, 6, 7, 9], max_new_tokens=24, temperature=temperature, plan=plan, seed=seed)
             for plan in plans
-            for seed in range(3)
+            for seed in range(2)
         ]
     assert grown and all(o is not None for o in grown)  # every tree of the device runs was grown on the device
     for a, b in zip(runs["device"], runs["host"], strict=True):
