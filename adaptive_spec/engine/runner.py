@@ -180,10 +180,7 @@ class ModelRunner:
     def undo_block(self, mark: tuple) -> None:
         """Drop the block rows fed since ``mark`` (:meth:`block_mark`), as if they had never been fed."""
         length, self.hidden, self.features = mark[:3]
-        if self.slot is not None:
-            self.length = length
-        elif self.cache_length() > length:
-            self.cache.crop(length - self.cache_length())  # a negative count: drop that many rows
+        self._crop(length)
 
     def _run_model(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, logits_to_keep: int
@@ -320,17 +317,17 @@ class ModelRunner:
 
     def rollback(self, length: int) -> None:
         """Crop the cache to its first ``length`` rows and mark them committed."""
-        if self.slot is not None:  # a static cache: only the length moves
-            if length > self.length:
-                raise RuntimeError(f"cannot roll back a cache of {self.length} rows to {length}")
-            self.length = self.cached = length
-            return
-        extra = self.cache_length() - length
-        if extra < 0:
+        if length > self.cache_length():
             raise RuntimeError(f"cannot roll back a cache of {self.cache_length()} rows to {length}")
-        if extra:
-            self.cache.crop(-extra)
+        self._crop(length)
         self.cached = length
+
+    def _crop(self, length: int) -> None:
+        """Keep the cache's first ``length`` rows (a static cache: only the length moves)."""
+        if self.slot is not None:
+            self.length = length
+        elif self.cache_length() > length:
+            self.cache.crop(length - self.cache_length())  # a negative count: drop that many rows
 
 
 @functools.cache
