@@ -1,5 +1,10 @@
+"""Mean tok/s per plan, base against main, of bench e2e JSON files DIR/ab-{base,main}-{1,2}.json.
+
+    python tools/abstat.py DIR   (a docs/measurements folder: its ab.sh wrote them)
+"""
+
 import json, sys
-base = "/work/runs/d"
+base = sys.argv[1] if len(sys.argv) > 1 else "."
 agg = {}
 for v in ["base", "main"]:
     for k in [1, 2]:
