@@ -7,12 +7,13 @@ level are then drawn with a few torch ops from the caller's generator:
 
 * chain / trunk: one *walker* draws one token per level;
 * i.i.d. rollouts (``iid``, the branches of ``delayed``): K walkers, each drawing one token
-  per level from the row of the slot it stands on (exponential race, with replacement);
+  per level from the row of the slot it stands on (inverse CDF, with replacement);
   walkers that draw the same token from the same node share one node once the tree is read,
   and the draw is kept with multiplicity in ``child_draws``;
-* without replacement: every frontier slot draws ``widths[d]`` distinct children by the
-  exponential race (Gumbel-top-k): ``argsort(probs / Exp(1))`` has the law of sequential
-  draws without replacement (Plackett-Luce), tokens of probability zero excluded.
+* without replacement: every frontier slot draws ``widths[d]`` distinct children, the law of
+  sequential draws without replacement (Plackett-Luce), tokens of probability zero excluded: by
+  the exponential race (Gumbel-top-k, ``argsort(probs / Exp(1))``) on an accelerator, by successive
+  inverse-CDF draws on a CPU (:func:`~adaptive_spec.trees.draw.draw_children`).
 
 Static shapes are drafted into fixed slots (:mod:`adaptive_spec.trees.slots`): no level reads the host,
 and the tree's structure is merged from the tokens after the engine's one read. Policies decide on the
@@ -182,7 +183,7 @@ def check_finite(ok: torch.Tensor | bool, who: str) -> None:
 
 
 def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One draw per row of ``probs`` (Tensor[W, V]) by the exponential race (:func:`draw_children` with ``k = 1``).
+    """One draw per row of ``probs`` (Tensor[W, V]) by the inverse CDF (:func:`draw_children` with ``k = 1``).
 
     Same law as ``torch.multinomial(probs, 1)``, without its per-row setup cost and host sync.
     """

@@ -10,7 +10,8 @@ call ``draft_probs_fn(prefix)`` once per expanded node and draw one token at a t
 :class:`~adaptive_spec.rng.Sampler`, so that the exact tests can enumerate every draw:
 they take :func:`draw_children`'s one-draw-at-a-time path (given a
 :class:`~adaptive_spec.rng.Sampler` instead of a ``torch.Generator``), the batched drafters its
-exponential-race path, and ``tests/engine/test_drafting.py`` checks that the two have one law.
+batched path (inverse CDF, or the exponential race on an accelerator), and ``tests/trees/test_draw_children.py``
+checks that they have one law.
 """
 
 from __future__ import annotations
@@ -35,16 +36,20 @@ def draw_children(
     replace: bool = False,
     greedy: bool | torch.Tensor = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``k`` children per row of ``rows`` (Tensor[W, V]) by the exponential race: ``(tokens [W, k], valid [W, k])``.
+    """``k`` children per row of ``rows`` (Tensor[W, V]), drawn on the rows' device: ``(tokens [W, k], valid [W, k])``.
 
-    * ``replace=False``: the first ``k`` of ``argsort(rows / Exp(1))``, which are ``k`` draws
-      without replacement (Gumbel-top-k, Plackett-Luce); ``k = 1`` is one categorical draw.
-    * ``replace=True``: ``k`` independent draws (one race each, over ``[W, k, V]``).
+    * ``replace=True``, or ``k = 1``: ``k`` independent categorical draws per row by the inverse CDF (a float64
+      cumulative sum of the row, ``k`` uniforms, a binary search): one uniform per draw.
+    * ``replace=False`` with ``k > 1``: ``k`` draws without replacement, in draw order (Plackett-Luce). On an
+      accelerator by the exponential race (Gumbel-top-k): the first ``k`` of ``argsort(rows / Exp(1))``, a few
+      kernels whatever ``k``; on a CPU by ``k`` successive inverse-CDF draws, each drawn token's weight zeroed
+      before the next (the race's ``V`` exponentials per row cost a CPU far more: 1.5 ms per SmolLM2 row).
+      Both have the law of sequential draws without replacement.
 
     ``greedy`` (a bool, or BoolTensor[W] per row) is temperature 0's rule: those rows take their
     argmax first (without replacement their top-``k`` tokens, with replacement their first draw).
     Greedy verification is lossless for any tree. ``valid`` is False where the drawn token has
-    probability 0 (a race reaches one only when fewer than ``k`` tokens remain); those draws do
+    probability 0 (reached only when fewer than ``k`` tokens remain without replacement); those draws do
     not happen. No host sync.
 
     ``generator`` may also be a :class:`~adaptive_spec.rng.Sampler` (the reference drawers pass
@@ -54,22 +59,61 @@ def draw_children(
     """
     if not isinstance(generator, torch.Generator):
         return _one_at_a_time(rows, k, generator, replace, greedy)
-    if replace:
-        race = rows[:, None, :] / torch.empty(
-            rows.shape[0], k, rows.shape[1], dtype=rows.dtype, device=rows.device
-        ).exponential_(generator=generator)
-        tokens = race.argmax(dim=-1)  # [W, k]
-        if isinstance(greedy, torch.Tensor):
-            tokens[:, 0] = torch.where(greedy, rows.argmax(dim=-1), tokens[:, 0])
-        elif greedy:
-            tokens[:, 0] = rows.argmax(dim=-1)
-    else:
-        if isinstance(greedy, torch.Tensor):
-            keys = torch.where(greedy[:, None], rows, rows / torch.empty_like(rows).exponential_(generator=generator))
+    all_greedy = not isinstance(greedy, torch.Tensor) and bool(greedy)
+    if replace or k == 1:
+        if all_greedy and k == 1:  # a lone greedy draw: the argmax, no randomness
+            tokens = rows.argmax(dim=-1, keepdim=True)
         else:
-            keys = rows if greedy else rows / torch.empty_like(rows).exponential_(generator=generator)
-        tokens = keys.argmax(dim=-1, keepdim=True) if k == 1 else keys.topk(k, dim=-1).indices  # [W, k], draw order
+            tokens = inverse_cdf(rows, k, generator)  # [W, k]
+            if isinstance(greedy, torch.Tensor):
+                tokens[:, 0] = torch.where(greedy, rows.argmax(dim=-1), tokens[:, 0])
+            elif greedy:
+                tokens[:, 0] = rows.argmax(dim=-1)
+        return tokens, rows.gather(-1, tokens) > 0
+    if all_greedy:  # the top k, in order: no randomness
+        tokens = rows.topk(k, dim=-1).indices
+        return tokens, rows.gather(-1, tokens) > 0
+    tokens, valid = (_successive if rows.device.type == "cpu" else _race)(rows, k, generator)
+    if isinstance(greedy, torch.Tensor):
+        top = rows.topk(k, dim=-1).indices
+        tokens = torch.where(greedy[:, None], top, tokens)
+        valid = rows.gather(-1, tokens) > 0
+    return tokens, valid
+
+
+def inverse_cdf(rows: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    """``k`` independent categorical draws from each row of ``rows`` (Tensor[W, V], unnormalised): LongTensor[W, k].
+
+    The row's cumulative sum in float64, ``k`` uniforms scaled by its total, and a binary search: the first
+    token whose cumulative mass exceeds the uniform, so a token of weight 0 is never drawn.
+    """
+    cdf = rows.cumsum(-1, dtype=torch.float64)
+    u = torch.rand(rows.shape[0], k, dtype=torch.float64, device=rows.device, generator=generator)
+    return torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True).clamp_(max=rows.shape[-1] - 1)
+
+
+def _race(rows: torch.Tensor, k: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k`` draws without replacement per row, the exponential race: the first ``k`` of ``argsort(rows / Exp(1))``."""
+    tokens = (rows / torch.empty_like(rows).exponential_(generator=generator)).topk(k, dim=-1).indices  # draw order
     return tokens, rows.gather(-1, tokens) > 0
+
+
+def _successive(rows: torch.Tensor, k: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k`` draws without replacement per row by successive inverse-CDF draws: ``(tokens [W, k], valid [W, k])``.
+
+    Each round draws from the weights left and zeroes the drawn token's; a round with no weight left draws
+    nothing (``valid`` False).
+    """
+    weights = rows.to(torch.float64, copy=True)
+    u = torch.rand(rows.shape[0], k, dtype=torch.float64, device=rows.device, generator=generator)
+    tokens, valid = [], []
+    for j in range(k):
+        cdf = weights.cumsum(-1)
+        t = torch.searchsorted(cdf, u[:, j : j + 1] * cdf[:, -1:], right=True).clamp_(max=rows.shape[-1] - 1)
+        valid.append(weights.gather(-1, t) > 0)
+        weights.scatter_(-1, t, 0.0)
+        tokens.append(t)
+    return torch.cat(tokens, dim=1), torch.cat(valid, dim=1)
 
 
 def _one_at_a_time(

@@ -4,8 +4,8 @@ Ignore the draft: draw Y ~ p at the node and move to the child holding Y, if any
 for any tree, deterministic ones included.
 
 With a ``torch.Generator``'s sampler (the engine's case) every node's ``Y`` is drawn at once on the
-rows' device (the exponential race): a node is visited at most once and its draw is independent of
-the others', so drawing them all ahead leaves the walk's law unchanged; one host read brings them
+rows' device (:func:`~adaptive_spec.trees.draw.draw_children`): a node is visited at most once and its draw is
+independent of the others', so drawing them all ahead leaves the walk's law unchanged; one host read brings them
 back (with the caller's ``ride``) and the walk runs on the host (``tests/verifiers/test_nss_device.py``).
 """
 

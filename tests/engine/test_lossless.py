@@ -112,7 +112,7 @@ def test_lossless_end_to_end_traversal_ahead(engine: SpecEngine, law: DraftLaw) 
     from adaptive_spec.verifiers.base import ahead_on_cpu
 
     with ahead_on_cpu():
-        assert run_case(engine, "traversal", law, runs=1000) > 1e-3
+        assert run_case(engine, "traversal", law, runs=2000) > 1e-3
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""draw_children: its race and its one-at-a-time path have one law; the greedy and support rules."""
+"""draw_children: its batched paths (inverse CDF, successive draws, the race) and its one-at-a-time path have one
+law; the greedy and support rules."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from scipy.stats import chisquare
 
 from adaptive_spec.analysis.exact import enumerate_law
 from adaptive_spec.rng import TorchSampler
-from adaptive_spec.trees.draw import draw_children
+from adaptive_spec.trees.draw import _race, _successive, draw_children
 
 ROW = torch.tensor([0.4, 0.0, 0.3, 0.2, 0.1], dtype=torch.float64)
 
@@ -25,13 +26,31 @@ def _exact(k: int, distinct: bool) -> dict[tuple[int, ...], float]:
     return enumerate_law(program)
 
 
-@pytest.mark.parametrize(("k", "distinct"), [(2, True), (3, False)])
-def test_the_race_has_the_law_of_sequential_draws(k: int, distinct: bool) -> None:
+def _batched(k: int, distinct: bool, path: str):
+    def draw(rows, g):
+        if path == "draw_children":
+            return draw_children(rows, k, g, replace=not distinct)
+        return (_race if path == "race" else _successive)(rows, k, g)  # the accelerator's and the CPU's
+
+    return draw
+
+
+@pytest.mark.parametrize(
+    ("k", "distinct", "path"),
+    [
+        (2, True, "draw_children"),
+        (3, False, "draw_children"),
+        (1, True, "draw_children"),
+        (3, True, "race"),
+        (3, True, "successive"),
+    ],
+)
+def test_the_batched_paths_have_the_law_of_sequential_draws(k: int, distinct: bool, path: str) -> None:
     exact = _exact(k, distinct)
     assert sum(exact.values()) == pytest.approx(1.0)
     n = 20000
     g = torch.Generator().manual_seed(0)
-    tokens, valid = draw_children(ROW.expand(n, -1).contiguous(), k, g, replace=not distinct)
+    tokens, valid = _batched(k, distinct, path)(ROW.expand(n, -1).contiguous(), g)
     assert bool(valid.all())
     counts = Counter(tuple(r) for r in tokens.tolist())
     assert set(counts) <= set(exact)  # never a zero-probability token, never a repeat without replacement
@@ -71,3 +90,23 @@ def test_a_lone_greedy_draw_consumes_no_randomness() -> None:
     assert torch.equal(g.get_state(), state)
     draw_children(ROW[None], 1, g, replace=True)
     assert not torch.equal(g.get_state(), state)
+
+
+def test_a_wrong_sampler_fails_the_law_check() -> None:
+    """Negative control: draws from a slightly different row (one token's mass moved) fail the same check."""
+    exact = _exact(2, True)
+    n = 20000
+    g = torch.Generator().manual_seed(0)
+    skewed = torch.tensor([0.45, 0.0, 0.25, 0.2, 0.1], dtype=torch.float64)
+    tokens, _ = draw_children(skewed.expand(n, -1).contiguous(), 2, g)
+    counts = Counter(tuple(r) for r in tokens.tolist())
+    keys = sorted(exact)
+    assert chisquare([counts[key] for key in keys], [exact[key] * n for key in keys]).pvalue < 1e-3
+
+
+def test_the_inverse_cdf_never_draws_a_token_of_weight_zero() -> None:
+    rows = torch.tensor([[0.0, 0.5, 0.0, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 0.0, 0.0, 1.0]] * 500)
+    g = torch.Generator().manual_seed(4)
+    tokens, valid = draw_children(rows, 3, g, replace=True)
+    assert bool(valid.all())
+    assert set(tokens[0::2].flatten().tolist()) == {1, 4} and set(tokens[1::2].flatten().tolist()) == {5}
