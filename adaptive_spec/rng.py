@@ -88,14 +88,20 @@ class TorchSampler:
         return u < float(prob())
 
     def categorical(self, weights: torch.Tensor) -> int:
-        # Inverse-CDF sampling: one cumsum and one binary search, ~20x faster than
-        # torch.multinomial at V = 128k on CPU. A zero weight repeats its predecessor's CDF
-        # value, so searchsorted(right=True) never lands on it.
-        w = weights.to(self.generator.device)
-        cdf = torch.cumsum(w, 0, dtype=torch.float64)
-        u = torch.rand(1, generator=self.generator, dtype=torch.float64, device=w.device) * cdf[-1]
-        idx = torch.searchsorted(cdf, u, right=True)
-        return int(idx.clamp_(max=w.shape[0] - 1).item())
+        return int(inverse_cdf(weights.to(self.generator.device)[None], 1, self.generator).item())
+
+
+def inverse_cdf(rows: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    """``k`` independent categorical draws from each row of ``rows`` (Tensor[W, V], unnormalised): LongTensor[W, k].
+
+    The row's cumulative sum in float64, ``k`` uniforms scaled by its total, and a binary search for the first
+    token whose cumulative mass exceeds the uniform: a zero weight repeats its predecessor's value, so it is
+    never drawn. One uniform a draw: on a CPU ~20x faster than ``torch.multinomial`` or an exponential race
+    at V = 128k. No host sync.
+    """
+    cdf = rows.cumsum(-1, dtype=torch.float64)
+    u = torch.rand(rows.shape[0], k, dtype=torch.float64, device=rows.device, generator=generator)
+    return torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True).clamp_(max=rows.shape[-1] - 1)
 
 
 def as_sampler(source: torch.Generator | Sampler | None) -> Sampler:

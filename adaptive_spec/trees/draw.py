@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from adaptive_spec.rng import Sampler, as_sampler
+from adaptive_spec.rng import Sampler, as_sampler, inverse_cdf
 from adaptive_spec.trees.policy import DraftPolicy, NodeView, PolicyContext, clip_widths, row_stats
 from adaptive_spec.trees.shapes import DraftLaw, TreeShape
 from adaptive_spec.trees.tree import DraftTree
@@ -79,17 +79,6 @@ def draw_children(
         tokens = torch.where(greedy[:, None], top, tokens)
         valid = rows.gather(-1, tokens) > 0
     return tokens, valid
-
-
-def inverse_cdf(rows: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
-    """``k`` independent categorical draws from each row of ``rows`` (Tensor[W, V], unnormalised): LongTensor[W, k].
-
-    The row's cumulative sum in float64, ``k`` uniforms scaled by its total, and a binary search: the first
-    token whose cumulative mass exceeds the uniform, so a token of weight 0 is never drawn.
-    """
-    cdf = rows.cumsum(-1, dtype=torch.float64)
-    u = torch.rand(rows.shape[0], k, dtype=torch.float64, device=rows.device, generator=generator)
-    return torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True).clamp_(max=rows.shape[-1] - 1)
 
 
 def _race(rows: torch.Tensor, k: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
