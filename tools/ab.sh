@@ -9,9 +9,10 @@
 #           ov:  `bench overhead` with the built-in pair (4 prompts x 64 tokens)
 #   PLANS   comma-separated plans
 #   ROUNDS  rounds of base then main (default 2)
+#   PREFIX  (environment) another file prefix than ab / ov, for a second run into one folder
 #
 # Main is the working tree this script sits in. `python tools/abstat.py OUT` prints the e2e means;
-# `python tools/abstat.py OUT ov` the overhead ones.
+# `python tools/abstat.py OUT ov` the overhead ones (OUT PREFIX for another prefix).
 set -u
 if [ $# -lt 4 ]; then
   sed -n 2,14p "$0"
@@ -31,8 +32,8 @@ fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 case $KIND in
-  e2e) PREFIX=ab ;;
-  ov) PREFIX=ov ;;
+  e2e) PREFIX=${PREFIX:-ab} ;;
+  ov) PREFIX=${PREFIX:-ov} ;;
   *) echo "KIND must be e2e or ov, got $KIND" >&2; exit 2 ;;
 esac
 for round in $(seq 1 "$ROUNDS"); do

@@ -3,7 +3,7 @@
 python tools/abstat.py DIR        bench e2e files DIR/ab-{base,main}-<round>.json: tok/s, ratio to plain
                                   decoding, block efficiency, tree size
 python tools/abstat.py DIR ov     bench overhead files DIR/ov-{base,main}-<round>.json: ms per step outside
-                                  the forwards
+                                  the forwards (another prefix than ov: the files PREFIX-{base,main}-<round>.json)
 """
 
 import glob
@@ -49,9 +49,9 @@ def e2e(folder):
         )
 
 
-def overhead(folder):
+def overhead(folder, prefix="ov"):
     agg = {}
-    for v, runs in load(folder, "ov").items():
+    for v, runs in load(folder, prefix).items():
         for d in runs:
             for r in d["rows"]:
                 agg.setdefault(r["plan"], {}).setdefault(v, []).append(r["overhead_ms_per_step"])
@@ -63,4 +63,7 @@ def overhead(folder):
 
 if __name__ == "__main__":
     folder = sys.argv[1] if len(sys.argv) > 1 else "."
-    (overhead if sys.argv[2:] == ["ov"] else e2e)(folder)
+    if len(sys.argv) > 2:
+        overhead(folder, sys.argv[2])
+    else:
+        e2e(folder)
