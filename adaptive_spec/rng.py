@@ -14,7 +14,8 @@ So the code that is exact-tested is the code that ships.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -116,3 +117,28 @@ def as_sampler(source: torch.Generator | Sampler | None) -> Sampler:
     if isinstance(source, Sampler):
         return source
     raise TypeError(f"expected a torch.Generator or Sampler, got {type(source).__name__}")
+
+
+_ACCELERATOR_ON_CPU = [0]
+
+
+def accelerator_path(device: torch.device) -> bool:
+    """Whether code with a CPU strategy and an accelerator strategy takes the accelerator's on ``device``.
+
+    Two places choose by device: :func:`~adaptive_spec.trees.draw.draw_children` draws without replacement
+    by the exponential race on an accelerator (a few kernels) and by successive inverse-CDF draws on a CPU
+    (far fewer random numbers), and the verifiers that can compute their whole outcome ahead do so on an
+    accelerator (:func:`adaptive_spec.verifiers.base.run_ahead`). :func:`accelerator_path_on_cpu` makes a
+    CPU take the accelerator's path: ``bench overhead --syncs`` counts that path, and tests check its law.
+    """
+    return device.type != "cpu" or _ACCELERATOR_ON_CPU[0] > 0
+
+
+@contextlib.contextmanager
+def accelerator_path_on_cpu() -> Iterator[None]:
+    """Within the block, :func:`accelerator_path` is True on a CPU too."""
+    _ACCELERATOR_ON_CPU[0] += 1
+    try:
+        yield
+    finally:
+        _ACCELERATOR_ON_CPU[0] -= 1

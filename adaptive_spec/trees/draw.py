@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from adaptive_spec.rng import Sampler, as_sampler, inverse_cdf
+from adaptive_spec.rng import Sampler, accelerator_path, as_sampler, inverse_cdf
 from adaptive_spec.trees.policy import DraftPolicy, NodeView, PolicyContext, clip_widths, row_stats
 from adaptive_spec.trees.shapes import DraftLaw, TreeShape
 from adaptive_spec.trees.tree import DraftTree
@@ -73,7 +73,7 @@ def draw_children(
     if all_greedy:  # the top k, in order: no randomness
         tokens = rows.topk(k, dim=-1).indices
         return tokens, rows.gather(-1, tokens) > 0
-    tokens, valid = (_successive if rows.device.type == "cpu" else _race)(rows, k, generator)
+    tokens, valid = (_race if accelerator_path(rows.device) else _successive)(rows, k, generator)
     if isinstance(greedy, torch.Tensor):
         top = rows.topk(k, dim=-1).indices
         tokens = torch.where(greedy[:, None], top, tokens)

@@ -19,12 +19,13 @@ after ``tree.prefixes[i]``; the draft's rows are on the tree.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from adaptive_spec.rng import accelerator_path, accelerator_path_on_cpu
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,6 @@ class VerifyResult:
         return torch.tensor(self.tokens, dtype=torch.long, device=device)
 
 
-_AHEAD_ON_CPU = [0]
-
-
 def run_ahead(device: torch.device) -> bool:
     """Whether a verifier with two strategies computes its whole outcome ahead on the rows' device.
 
@@ -76,17 +74,11 @@ def run_ahead(device: torch.device) -> bool:
     the residuals it needs) is faster there; :func:`ahead_on_cpu` makes a CPU run the accelerator's
     strategy (``bench overhead --syncs`` counts that path, and tests check its law on a CPU).
     """
-    return device.type != "cpu" or _AHEAD_ON_CPU[0] > 0
+    return accelerator_path(device)
 
 
-@contextlib.contextmanager
-def ahead_on_cpu() -> Iterator[None]:
-    """Within the block, :func:`run_ahead` is True on a CPU too."""
-    _AHEAD_ON_CPU[0] += 1
-    try:
-        yield
-    finally:
-        _AHEAD_ON_CPU[0] -= 1
+#: Within the block, :func:`run_ahead` is True on a CPU too (and the drafters draw as on an accelerator).
+ahead_on_cpu = accelerator_path_on_cpu
 
 
 def positive_part(x: torch.Tensor) -> torch.Tensor:

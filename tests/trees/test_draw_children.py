@@ -110,3 +110,18 @@ def test_the_inverse_cdf_never_draws_a_token_of_weight_zero() -> None:
     tokens, valid = draw_children(rows, 3, g, replace=True)
     assert bool(valid.all())
     assert set(tokens[0::2].flatten().tolist()) == {1, 4} and set(tokens[1::2].flatten().tolist()) == {5}
+
+
+def test_a_cpu_draws_as_an_accelerator_when_asked() -> None:
+    """Without replacement an accelerator runs the race, a CPU successive draws; ``accelerator_path_on_cpu``
+    makes a CPU take the accelerator's path (``bench overhead --syncs`` counts that one)."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    rows = ROW.expand(8, -1).contiguous()
+    with accelerator_path_on_cpu():
+        on_accelerator = draw_children(rows, 3, torch.Generator().manual_seed(5))
+    on_cpu = draw_children(rows, 3, torch.Generator().manual_seed(5))
+    for mine, path in ((on_accelerator, _race), (on_cpu, _successive)):
+        want = path(rows, 3, torch.Generator().manual_seed(5))
+        assert torch.equal(mine[0], want[0]) and torch.equal(mine[1], want[1])
+    assert not torch.equal(on_accelerator[0], on_cpu[0])  # two paths, not one
