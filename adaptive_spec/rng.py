@@ -100,7 +100,7 @@ def inverse_cdf(rows: torch.Tensor, k: int, generator: torch.Generator) -> torch
     never drawn. One uniform a draw: on a CPU ~20x faster than ``torch.multinomial`` or an exponential race
     at V = 128k. No host sync.
     """
-    cdf = rows.cumsum(-1, dtype=torch.float64)
+    cdf = rows.double().cumsum(-1)  # not cumsum(dtype=float64): on a CPU that is 10x slower for several rows
     u = torch.rand(rows.shape[0], k, dtype=torch.float64, device=rows.device, generator=generator)
     return torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True).clamp_(max=rows.shape[-1] - 1)
 
