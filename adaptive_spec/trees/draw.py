@@ -74,10 +74,10 @@ def draw_children(
         tokens = rows.topk(k, dim=-1).indices
         return tokens, rows.gather(-1, tokens) > 0
     tokens, valid = (_race if accelerator_path(rows.device) else _successive)(rows, k, generator)
-    if isinstance(greedy, torch.Tensor):
+    if isinstance(greedy, torch.Tensor):  # those rows take their top k
         top = rows.topk(k, dim=-1).indices
         tokens = torch.where(greedy[:, None], top, tokens)
-        valid = rows.gather(-1, tokens) > 0
+        valid = torch.where(greedy[:, None], rows.gather(-1, top) > 0, valid)
     return tokens, valid
 
 

@@ -125,3 +125,23 @@ def test_a_cpu_draws_as_an_accelerator_when_asked() -> None:
         want = path(rows, 3, torch.Generator().manual_seed(5))
         assert torch.equal(mine[0], want[0]) and torch.equal(mine[1], want[1])
     assert not torch.equal(on_accelerator[0], on_cpu[0])  # two paths, not one
+
+
+def test_rows_with_a_small_support_draw_nothing_past_it_on_every_path() -> None:
+    """Fewer positive tokens than k, with rows greedy and not: the draws past the support are not valid, and no
+    valid draw repeats a token."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    rows = torch.tensor(
+        [[0.0, 0.75, 0.0, 0.0, 0.25]] * 6
+    )  # the last token in the support: an exhausted draw lands there
+    greedy = torch.tensor([True, False] * 3)
+    for accelerator in (False, True):
+        g = torch.Generator().manual_seed(6)
+        if accelerator:
+            with accelerator_path_on_cpu():
+                tokens, valid = draw_children(rows, 4, g, greedy=greedy)
+        else:
+            tokens, valid = draw_children(rows, 4, g, greedy=greedy)
+        assert valid.tolist() == [[True, True, False, False]] * 6
+        assert all(sorted(r[:2]) == [1, 4] for r in tokens.tolist())
