@@ -225,6 +225,17 @@ def test_bench_overhead_counts_every_plan_family(tiny_pair, tmp_path, capsys):
     assert "ver+com" in capsys.readouterr().out
 
 
+def test_bench_overhead_times_plain_decoding_beside_the_plans(tiny_pair, tmp_path, capsys):
+    out = tmp_path / "overhead.json"
+    args = ["bench", "overhead", "--plans", "autoregressive,chain:2/block", "--max-new-tokens", "6", "--limit", "1"]
+    assert main([*args, "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["plan"] for r in rows] == ["autoregressive", "chain:2/block"]
+    assert rows[0]["steps"] == rows[0]["new_tokens"] == 6 and rows[0]["draft_forward_s"] == 0.0
+    assert rows[1]["draft_forward_s"] > 0 and all(r["overhead_ms_per_step"] > 0 for r in rows)
+    assert "autoregressive" in capsys.readouterr().out
+
+
 def test_bench_passes_writes_a_row_per_model_and_size(tiny_pair, tmp_path, capsys):
     out = tmp_path / "passes.json"
     args = ["bench", "passes", "--device", "cpu", "--repeats", "1", "--rows", "1,3", "--draft-rows", "2"]

@@ -27,8 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plans",
         default=SIXTEEN_NODE_PLANS,
-        help="comma-separated plans, or a preset: 'families' (one plan per family: static, policy-grown, lookup, "
-        "hybrid) or 'sixteen' (16-node trees, the default: %(default)s)",
+        help="comma-separated plans ('autoregressive': plain decoding, a step per token), or a preset: 'families' "
+        "(one plan per family: static, policy-grown, lookup, hybrid) or 'sixteen' (16-node trees, the default: "
+        "%(default)s)",
     )
     parser.add_argument("--temperature", type=float, default=1.0, help="(default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="(default: %(default)s)")
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
 
     engine = load_engine(args.target, args.draft, args.device, None)
     prompts = default_prompts()[: args.limit]
-    plans = [Plan.parse(p) for p in plan_list(args.plans)]
+    plans = [p if p == "autoregressive" else Plan.parse(p) for p in plan_list(args.plans)]
     if args.syncs:
         rows = count_host_syncs(engine, prompts, plans, args.temperature, args.max_new_tokens)
         print_counts(rows)
