@@ -15,8 +15,8 @@ With ``--syncs`` it counts instead (:class:`HostSyncCounter`), per speculative s
 
 On a CPU nothing waits, so the counter counts the operations that would make the host wait on
 a device; see :class:`HostSyncCounter` for how it tells host tensors from device ones there. It counts
-the accelerator's path: a verifier that works lazily on a CPU and ahead on an accelerator (traversal,
-:func:`adaptive_spec.verifiers.base.run_ahead`) runs ahead while counted.
+the accelerator's path (:func:`adaptive_spec.rng.accelerator_path`): a verifier that works lazily on a CPU
+and ahead on an accelerator (traversal) runs ahead, and draws without replacement take the race, while counted.
 """
 
 from __future__ import annotations
@@ -310,7 +310,7 @@ class HostSyncCounter:
 
         from adaptive_spec.engine.engine import SpecEngine
         from adaptive_spec.engine.metrics import PhaseTimer
-        from adaptive_spec.verifiers.base import ahead_on_cpu
+        from adaptive_spec.rng import accelerator_path_on_cpu
 
         counter = self
 
@@ -342,7 +342,7 @@ class HostSyncCounter:
             self._restore += [h1.remove, h2.remove]
         _listen(self)
         self._restore.append(lambda: _unlisten(self))
-        ahead = ahead_on_cpu()  # count the accelerator's path (see the module docstring)
+        ahead = accelerator_path_on_cpu()  # count the accelerator's path (see the module docstring)
         ahead.__enter__()
         self._restore.append(lambda: ahead.__exit__(None, None, None))
         self._mode = Mode()

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from adaptive_spec.rng import accelerator_path, accelerator_path_on_cpu
+from adaptive_spec.rng import accelerator_path
 
 
 @dataclass(frozen=True)
@@ -71,14 +71,10 @@ def run_ahead(device: torch.device) -> bool:
     Ahead (one host read, more work: traversal computes every edge's residual) pays on an accelerator,
     where the host queues that work while the target's forward still runs and a read would wait for it.
     On a CPU nothing overlaps and a read costs nothing, so the lazy strategy (a read per decision, only
-    the residuals it needs) is faster there; :func:`ahead_on_cpu` makes a CPU run the accelerator's
-    strategy (``bench overhead --syncs`` counts that path, and tests check its law on a CPU).
+    the residuals it needs) is faster there; :func:`adaptive_spec.rng.accelerator_path_on_cpu` makes a CPU run
+    the accelerator's strategy (``bench overhead --syncs`` counts that path, and tests check its law on a CPU).
     """
     return accelerator_path(device)
-
-
-#: Within the block, :func:`run_ahead` is True on a CPU too (and the drafters draw as on an accelerator).
-ahead_on_cpu = accelerator_path_on_cpu
 
 
 def positive_part(x: torch.Tensor) -> torch.Tensor:

@@ -109,9 +109,9 @@ def test_lossless_end_to_end_traversal_ahead(engine: SpecEngine, law: DraftLaw) 
     """Traversal's accelerator path (every weight computed ahead on the device, one read) through the engine
     (one law here: tests/verifiers/test_traversal_device.py holds its states to the exact test on every law).
     """
-    from adaptive_spec.verifiers.base import ahead_on_cpu
+    from adaptive_spec.rng import accelerator_path_on_cpu
 
-    with ahead_on_cpu():
+    with accelerator_path_on_cpu():
         assert run_case(engine, "traversal", law, runs=2000) > 1e-3
 
 

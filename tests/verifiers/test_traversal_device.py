@@ -7,7 +7,7 @@ post-order. Driving the same post-order walk with an enumeration sampler's flips
 traversal accepts (TV < 1e-9), with the reference's negative control (the rejected token left in ``Ms``)
 caught by the same harness. A slot tree's levels, built on the device from its layout, give the same states
 as the host's levels of the merged tree; and the device path itself reads the host once, with frequencies
-that match the exact law. It is an accelerator's path: a CPU runs it within ``ahead_on_cpu``.
+that match the exact law. It is an accelerator's path: a CPU runs it within ``accelerator_path_on_cpu``.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import torch
 
 from adaptive_spec.analysis.exact import completed_tv, fixed_tree_law, output_law
 from adaptive_spec.analysis.instances import random_instance
-from adaptive_spec.rng import TorchSampler
+from adaptive_spec.rng import TorchSampler, accelerator_path_on_cpu
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.trees.slots import slot_layout
 from adaptive_spec.verifiers import REGISTRY
-from adaptive_spec.verifiers.base import ahead_on_cpu, result_for
+from adaptive_spec.verifiers.base import result_for
 from adaptive_spec.verifiers.traversal import traversal_on_device, traversal_states, verify_traversal
 from tests.helpers.reads import counted_reads
 from tests.helpers.verifier_cases import cases_for
@@ -134,7 +134,7 @@ def test_the_device_path_reads_once_and_has_the_exact_law(case) -> None:
     sampler, counts = TorchSampler(torch.Generator().manual_seed(0)), {}
     for _ in range(runs):
         t = tree()
-        with counted_reads() as reads, ahead_on_cpu():
+        with counted_reads() as reads, accelerator_path_on_cpu():
             r = verify_traversal(t, target, sampler, ride=torch.tensor([5]))
         assert len(reads) == 1 and r.ride == (5,) and int(r.next_on_device) == r.tokens[-1]
         counts[r.node, r.tokens] = counts.get((r.node, r.tokens), 0) + 1
@@ -156,7 +156,7 @@ def test_a_host_tree_costs_one_copy_and_one_read() -> None:
     tree = sample_tree(TreeShape.without_replacement((2, 2)), inst.draft_fn, TorchSampler(torch.Generator()))
     target = torch.stack([inst.target_fn(c) for c in tree.prefixes]).float()
     assert tree.law is DraftLaw.WITHOUT_REPLACEMENT and max(map(len, tree.children)) == 2
-    with counted_reads() as reads, ahead_on_cpu():
+    with counted_reads() as reads, accelerator_path_on_cpu():
         verify_traversal(tree, target, TorchSampler(torch.Generator().manual_seed(2)))
     assert len(reads) == 1
     with counted_reads() as lazy:  # a CPU's own path: the lazy walk, a read first and one per rejection
