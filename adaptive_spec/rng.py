@@ -101,8 +101,15 @@ def inverse_cdf(rows: torch.Tensor, k: int, generator: torch.Generator) -> torch
     at V = 128k. No host sync.
     """
     cdf = rows.double().cumsum(-1)  # not cumsum(dtype=float64): on a CPU that is 10x slower for several rows
-    u = torch.rand(rows.shape[0], k, dtype=torch.float64, device=rows.device, generator=generator)
-    return torch.searchsorted(cdf, u.mul_(cdf[:, -1:]), right=True).clamp_(max=rows.shape[-1] - 1)
+    return search_cdf(cdf, torch.rand(rows.shape[0], k, dtype=torch.float64, device=rows.device, generator=generator))
+
+
+def search_cdf(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Per row of ``cdf`` (Tensor[W, V], cumulative weights), the first token whose cumulative weight exceeds
+    ``u`` (Tensor[W, k] of uniforms) times the row's total: LongTensor[W, k]. A zero weight repeats its
+    predecessor's value, so it is never the answer (but for a row of total 0: the last token).
+    """
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_(max=cdf.shape[-1] - 1)
 
 
 def as_sampler(source: torch.Generator | Sampler | None) -> Sampler:

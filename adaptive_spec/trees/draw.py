@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 
 import torch
 
-from adaptive_spec.rng import Sampler, accelerator_path, as_sampler, inverse_cdf
+from adaptive_spec.rng import Sampler, accelerator_path, as_sampler, inverse_cdf, search_cdf
 from adaptive_spec.trees.policy import DraftPolicy, NodeView, PolicyContext, clip_widths, row_stats
 from adaptive_spec.trees.shapes import DraftLaw, TreeShape
 from adaptive_spec.trees.tree import DraftTree
@@ -97,8 +97,7 @@ def _successive(rows: torch.Tensor, k: int, generator: torch.Generator) -> tuple
     u = torch.rand(rows.shape[0], k, dtype=torch.float64, device=rows.device, generator=generator)
     tokens, valid = [], []
     for j in range(k):
-        cdf = weights.cumsum(-1)
-        t = torch.searchsorted(cdf, u[:, j : j + 1] * cdf[:, -1:], right=True).clamp_(max=rows.shape[-1] - 1)
+        t = search_cdf(weights.cumsum(-1), u[:, j : j + 1])
         valid.append(weights.gather(-1, t) > 0)
         weights.scatter_(-1, t, 0.0)
         tokens.append(t)
