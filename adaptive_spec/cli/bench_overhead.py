@@ -96,10 +96,11 @@ def run(args: argparse.Namespace) -> int:
     from adaptive_spec.engine import Plan
     from adaptive_spec.engine.load import load_engine
     from adaptive_spec.files import default_prompts
+    from adaptive_spec.planner.plan import AUTOREGRESSIVE
 
     engine = load_engine(args.target, args.draft, args.device, None)
     prompts = default_prompts()[: args.limit]
-    plans = [p if p == "autoregressive" else Plan.parse(p) for p in plan_list(args.plans)]
+    plans = [p if p == AUTOREGRESSIVE else Plan.parse(p) for p in plan_list(args.plans)]
     if args.syncs:
         rows = count_host_syncs(engine, prompts, plans, args.temperature, args.max_new_tokens)
         print_counts(rows)
