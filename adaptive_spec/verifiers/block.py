@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch.nn.functional import pad
 
-from adaptive_spec.rng import Sampler, TorchSampler
+from adaptive_spec.rng import Sampler, TorchSampler, search_cdf
 from adaptive_spec.trees import DraftTree
 from adaptive_spec.verifiers.base import VerifyResult, edge_probs, host_read, positive_part, result_for, ride_first
 
@@ -125,10 +125,9 @@ def chain_block_draw(h: torch.Tensor, rows: torch.Tensor, generator: torch.Gener
         u = u.to(h.device)
     idx = torch.arange(g + 1, device=h.device)
     tau = torch.where(u < h, idx, 0).max()  # the backward scan's stop: the largest i with η_i < h_i, else 0
-    row = rows.index_select(0, tau[None])[0]
-    cdf = row.cumsum(0)
-    token = torch.searchsorted(cdf, (u[0] * cdf[-1])[None], right=True).clamp_(max=row.numel() - 1)
-    return torch.stack([tau, token[0]])
+    row = rows.index_select(0, tau[None])  # [1, V]
+    token = search_cdf(row.cumsum(-1), u[:1, None])  # [1, 1]: η_0 draws the emitted token too
+    return torch.stack([tau, token[0, 0]])
 
 
 def _is_chain(tree: DraftTree) -> bool:
