@@ -131,7 +131,6 @@ class DraftRoot:
         probs: Tensor[keep, V], the processed rows of the last ``keep`` pending tokens; the last
             row is the draft's root distribution (over the first drafted token).
         ok: 0-dim bool tensor, whether the logits were finite (checked at the first host sync).
-        causal: BoolTensor[p, p], the causal mask the pending tokens were fed under.
         hidden: Tensor[keep, H], the draft's last hidden states at those rows, when the runner
             keeps hidden states; else None.
     """
@@ -140,7 +139,6 @@ class DraftRoot:
     base: int
     probs: torch.Tensor
     ok: torch.Tensor
-    causal: torch.Tensor
     hidden: torch.Tensor | None = None
 
 
@@ -154,11 +152,11 @@ def draft_root(runner: ModelRunner, pending: torch.Tensor, probs_fn: ProbsFn, ke
     if p < 1:
         raise ValueError("draft_root needs at least the root token")
     base = runner.cached
-    causal = torch.ones(p, p, dtype=torch.bool, device=runner.device).tril_()  # [p, p]
+    causal = None if p == 1 else torch.ones(p, p, dtype=torch.bool, device=runner.device).tril_()  # None: no mask
     positions = torch.arange(base, base + p, device=runner.device)
     logits = runner.block_forward(pending, positions, causal, logits_to_keep=min(keep, p))  # [keep, V']
     probs = probs_fn(logits)
-    return DraftRoot(p, base, probs, finite_flag(logits, probs), causal, runner.hidden)
+    return DraftRoot(p, base, probs, finite_flag(logits, probs), runner.hidden)
 
 
 def finite_flag(logits: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
@@ -167,10 +165,10 @@ def finite_flag(logits: torch.Tensor, probs: torch.Tensor | None = None) -> torc
     The probabilities are checked after processing too: a row can overflow in the processors
     (a tiny temperature) although the raw logits are finite.
     """
-    ok = torch.isfinite(logits.sum(dtype=torch.float32))
-    if probs is not None:
-        ok = ok & torch.isfinite(probs.sum(dtype=torch.float32))
-    return ok
+    total = logits.sum(dtype=torch.float32)
+    if probs is not None:  # one flag for both: a NaN or inf in either makes the sum so
+        total = total + probs.sum(dtype=torch.float32)
+    return torch.isfinite(total)
 
 
 def check_finite(ok: torch.Tensor | bool, who: str) -> None:
@@ -400,8 +398,8 @@ def _extend_root(
     if one_by_one:
         parts = []
         for i in range(a):
-            mask = torch.ones(1, p + i + 1, dtype=torch.bool, device=device)  # every earlier block row: a chain
-            parts.append(runner.block_forward(ids[i : i + 1], positions[i : i + 1], mask, logits_to_keep=1))
+            # one token attending to every earlier block row (a chain): no mask
+            parts.append(runner.block_forward(ids[i : i + 1], positions[i : i + 1], None, logits_to_keep=1))
         logits = torch.cat(parts[-min(keep, a) :])  # [min(keep, a), V']
     else:
         mask = torch.ones(a, p + a, dtype=torch.bool, device=device).tril_(diagonal=p)  # causal after the block
@@ -410,8 +408,7 @@ def _extend_root(
     ok = finite_flag(logits, probs) & root.ok
     if keep > a:  # the old root's row too
         probs = torch.cat([root.probs[-1:], probs])
-    causal = torch.ones(p + a, p + a, dtype=torch.bool, device=device).tril_()
-    return DraftRoot(p + a, root.base, probs, ok, causal, runner.hidden)
+    return DraftRoot(p + a, root.base, probs, ok, runner.hidden)
 
 
 def draft_policy_tree(
@@ -465,7 +462,7 @@ def draft_policy_tree(
     g = _PolicyGrowth(policy, probs_fn.vocab_size, device, temperature, features, TorchSampler(generator))
     frontier, R, ok = [0], root.probs[-1:], root.ok
     rows = [R]  # per fed level: Tensor[F, V]
-    pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device)
+    pending_pos = None if g.chain else torch.ones(1, p - 1, dtype=torch.bool, device=device)
     while frontier and g.budget > 0 and policy.depth > 0:
         cand, *stats = _level_candidates(R, g.K, policy.law is DraftLaw.DYNAMIC_WOR, generator, deterministic, ok)
         new = g.expand(frontier, *stats)
@@ -477,10 +474,10 @@ def draft_policy_tree(
         if not frontier:
             break
         F, fed = len(frontier), len(g.fed_order)
-        if g.chain:  # its token is on the device, its position the next, its mask row every fed node: no copy
+        if g.chain:  # its token is on the device, its position the next, and it sees every row before it: no copy
             ids = g.chain_tokens[-1]
             pos = torch.full((1,), base + p - 1 + g.b.depths[frontier[0]], dtype=torch.long, device=device)
-            allowed = torch.ones(1, p - 1 + fed, dtype=torch.bool, device=device)
+            allowed = None  # one token attending to every row before it: no mask
         else:  # the fed nodes' tokens, positions and mask rows over the fed nodes (built on the host), in one copy
             host = [*(g.b.tokens[c] for c in frontier), *(base + p - 1 + g.b.depths[c] for c in frontier)]
             host += g.b.mask_rows(frontier, g.fed_order)
@@ -599,22 +596,23 @@ def draft_eagle_on_device(
     front_ids = torch.zeros(1, dtype=torch.long, device=device)  # the frontier: node ids, path probabilities,
     front_pp = torch.ones(1, dtype=torch.float64, device=device)  # rows among the fed rows
     front_rows = torch.zeros(1, dtype=torch.long, device=device)
-    fed_ids, bad = [front_ids], torch.zeros((), dtype=torch.bool, device=device)
+    fed_ids, qs, logit_sum = [front_ids], [], None  # qs: the drawn children's probabilities, checked at the end
     pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device)
     fed_so_far = 1
     for depth, lv in enumerate(levels, start=1):
         cand, _ = draw_children(R, policy.width, generator, replace=False, greedy=deterministic)  # as the host path
-        q = R.gather(-1, cand).flatten()[lv.used]
-        bad = bad | (q <= 0).any()
+        cand = cand.flatten()[lv.used]
+        q = R[lv.of, cand]  # each used child's probability in its parent's row
+        qs.append(q)
         parents = front_ids[lv.of]
-        tokens_d[lv.ids] = cand.flatten()[lv.used]
+        tokens_d[lv.ids] = cand
         parents_d[lv.ids] = parents
         ancestors[lv.ids] = ancestors[parents]
         ancestors[lv.ids, lv.ids] = True
         kids_d[front_ids] = lv.kids_rows
         if lv.fed:
             pp = front_pp[lv.of] * q.to(torch.float64)
-            chosen = torch.sort(-pp, stable=True).indices[: lv.fed].sort().values  # the top k, in the order made
+            chosen = pp.argsort(descending=True, stable=True)[: lv.fed].sort().values  # the top k, in the order made
             rows_new = torch.arange(fed_so_far, fed_so_far + lv.fed, device=device)
             anc_fed[rows_new] = anc_fed[front_rows[lv.of[chosen]]]
             fed_so_far += lv.fed
@@ -625,10 +623,14 @@ def draft_eagle_on_device(
             pos = torch.full((lv.fed,), base + p - 1 + depth, dtype=torch.long, device=device)
             logits = runner.block_forward(tokens_d[front_ids], pos, allowed, logits_to_keep=lv.fed)
             R = probs_fn(logits)
-            ok = ok & finite_flag(logits, R)
+            s = logits.sum(dtype=torch.float32)  # finite unless a logit is not (checked once, below)
+            logit_sum = s if logit_sum is None else logit_sum + s
             rows.append(R)
-    fed_d = torch.cat(fed_ids)
-    host = torch.cat([tokens_d, parents_d, fed_d, torch.stack([ok, bad]).long()]).tolist()  # the tree's one read
+    fed_d, fed_rows = torch.cat(fed_ids), torch.cat(rows)
+    if logit_sum is not None:  # the fed levels' logits and rows (the root's: its own flag)
+        ok = ok & torch.isfinite(logit_sum + fed_rows.sum(dtype=torch.float32))
+    bad = (torch.cat(qs) <= 0).any()  # a drawn child of probability 0 (a row with fewer positive entries)
+    host = torch.cat([tokens_d, parents_d, fed_d, torch.stack([ok, bad])]).tolist()  # the tree's one read
     check_finite(bool(host[-2]), "draft")
     if host[-1]:
         return None
@@ -640,7 +642,7 @@ def draft_eagle_on_device(
             child_draws[node] = kids
         start, frontier = start + frontier, lv.fed
     probs = torch.zeros(n, probs_fn.vocab_size, dtype=rows[0].dtype, device=device)
-    probs[fed_d] = torch.cat(rows)
+    probs[fed_d] = fed_rows
     tree = DraftTree(tokens, parents, depths, probs, child_draws, policy.shape)
     tree.keep_tensors(tokens=tokens_d, parents=parents_d, depths=depths_d, ancestors=ancestors, children=kids_d)
     cache_rows = {node: i for i, node in enumerate(fed_order)}
@@ -661,14 +663,18 @@ def _level_candidates(
     F = R.shape[0]
     cand, _ = draw_children(R, K, generator, replace=not without_replacement, greedy=greedy)  # [F, K]
     cand_q = R.gather(-1, cand)  # [F, K]
-    ent = -(R * torch.where(R > 0, R.log(), torch.zeros_like(R))).sum(-1)  # [F]
-    top1 = R.max(dim=-1).values  # [F]
-    host = torch.cat(
-        [cand.flatten().double(), cand_q.flatten().double(), ent.double(), top1.double(), ok.double()[None]]
-    ).tolist()  # the level's one host sync
-    check_finite(host[-1], "draft")
-    n = F * K
-    return cand, host[:n], host[n : 2 * n], host[2 * n : 2 * n + F], host[2 * n + F : 2 * n + 2 * F]
+    ent = torch.special.entr(R).sum(-1, keepdim=True)  # [F, 1]: -sum p log p, with 0 log 0 = 0
+    top1 = R.max(dim=-1, keepdim=True).values  # [F, 1]
+    # the level's one host sync, a row per frontier node: cat promotes the values and the flag to float64
+    host = torch.cat([cand.double(), cand_q, ent, top1, ok.expand(F, 1)], dim=1).tolist()  # [F][2K + 3]
+    check_finite(host[0][-1], "draft")
+    return (
+        cand,
+        [v for row in host for v in row[:K]],
+        [v for row in host for v in row[K : 2 * K]],
+        [row[2 * K] for row in host],
+        [row[2 * K + 1] for row in host],
+    )
 
 
 class _PolicyGrowth:
@@ -767,8 +773,11 @@ class _PolicyGrowth:
         return frontier
 
     def outcome(self, rows: list[torch.Tensor], pending: int) -> DraftOutcome:
-        b, n, fed = self.b, len(self.b.tokens), len(self.fed_order)
-        probs = torch.zeros(n, self.vocab, dtype=rows[0].dtype, device=self.device)
+        b, n, fed = self.b, len(self.b.tokens), len(self.fed_order)  # rows: one per fed node, in feed order
+        if self.chain:  # fed in node order: the rows, then the leaves' zeros
+            probs = torch.cat([*rows[:fed], rows[0].new_zeros(n - fed, self.vocab)])
+        else:
+            probs = torch.zeros(n, self.vocab, dtype=rows[0].dtype, device=self.device)
         tree = DraftTree(b.tokens, b.parents, b.depths, probs, b.child_draws, self.policy.shape)
         if self.chain:  # nodes 0 .. n - 1 in a line, fed in that order: built on the device, no copy
             steps = torch.arange(n, device=self.device)
@@ -776,7 +785,6 @@ class _PolicyGrowth:
             parents_t, depths_t = steps - 1, steps
             ancestors = torch.ones(n, n, dtype=torch.bool, device=self.device).tril_()
             tree.keep_tensors(children=(steps + 1)[:, None])  # the last node's: none (n)
-            probs[:fed] = torch.cat(rows)[:fed]
         else:
             # the fed rows' places, the tokens, parents and depths (for the target's block and the verifiers), the
             # ancestor matrix and the children table (traversal's levels on an accelerator), in one copy
@@ -786,7 +794,7 @@ class _PolicyGrowth:
             fed_t, tokens_t, parents_t, depths_t, anc, kids_t = torch.tensor(host, device=self.device).split(
                 [fed, n, n, n, n * n, n * len(kids[0])]
             )
-            probs[fed_t] = torch.cat(rows)[:fed]
+            probs[fed_t] = torch.cat(rows[:fed])
             ancestors = anc.view(n, n).bool()
             tree.keep_tensors(children=kids_t.view(n, -1))
         tree.keep_tensors(tokens=tokens_t, parents=parents_t, depths=depths_t, ancestors=ancestors)

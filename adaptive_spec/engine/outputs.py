@@ -86,7 +86,7 @@ class EngineState:
         """
         t = self.tail
         if t is not None and t.start <= start and self.context[t.start :] == t.host:
-            return t.tokens[start - t.start :]
+            return t.tokens if start == t.start else t.tokens[start - t.start :]
         return torch.tensor(self.context[start:], dtype=torch.long, device=device)
 
     @property

@@ -1,7 +1,8 @@
 """Static KV caches: keys and values allocated once, written in place, a rollback moves a length.
 
 A :class:`StaticKV` holds, per decoder layer, ``keys``/``values`` of shape
-``[1, kv_heads, capacity + SCRATCH, head_dim]``. A forward writes its ``n`` new rows at the cache
+``[1, kv_heads, capacity + SCRATCH, head_dim]``: views of one buffer, so that a commit moves the rows of
+every layer in one copy. A forward writes its ``n`` new rows at the cache
 rows in :attr:`StaticKV.rows` (a LongTensor[n] on the device, set by the runner before the
 forward) with ``index_copy_``, and the attention reads the buffer's first :attr:`StaticKV.width`
 rows (all of them when ``width`` is None, as a captured CUDA graph needs: the additive mask then
@@ -48,7 +49,8 @@ class StaticKV:
         dtype, device: the model's.
 
     Attributes:
-        keys, values: one Tensor[1, kv_heads, capacity + SCRATCH, head_dim] per layer.
+        buffer: Tensor[2 * layers, kv_heads, capacity + SCRATCH, head_dim], every layer's keys, then values.
+        keys, values: one Tensor[1, kv_heads, capacity + SCRATCH, head_dim] per layer (views of ``buffer``).
         rows: LongTensor[n], where the next forward's ``n`` rows are written.
         width: how many leading rows the attention reads (None: every row, for a captured forward).
     """
@@ -57,9 +59,9 @@ class StaticKV:
         self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype, device: torch.device
     ) -> None:
         self.capacity = int(capacity)
-        shape = (1, kv_heads, self.capacity + SCRATCH, head_dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.buffer = torch.zeros(2 * layers, kv_heads, self.capacity + SCRATCH, head_dim, dtype=dtype, device=device)
+        self.keys = [self.buffer[i : i + 1] for i in range(layers)]
+        self.values = [self.buffer[layers + i : layers + i + 1] for i in range(layers)]
         self.rows: torch.Tensor = torch.zeros(0, dtype=torch.long, device=device)
         self.width: int | None = None
 
@@ -97,16 +99,14 @@ class StaticKV:
     def move(self, committed: int, block_rows: torch.Tensor) -> None:
         """Copy the rows ``block_rows`` (LongTensor[k]) of every layer to ``committed .. committed + k - 1``."""
         k = int(block_rows.numel())
-        for buf in (*self.keys, *self.values):
-            # index_select copies first, so overlapping source and destination are safe.
-            buf[:, :, committed : committed + k] = buf.index_select(2, block_rows)
+        # every layer at once; index_select copies first, so overlapping source and destination are safe
+        self.buffer[:, :, committed : committed + k] = self.buffer.index_select(2, block_rows)
 
     def grown(self, capacity: int, keep: int) -> StaticKV:
         """A larger cache holding this one's first ``keep`` rows."""
         layers, (_, kv_heads, _, head_dim) = len(self.keys), self.keys[0].shape
         out = StaticKV(layers, kv_heads, head_dim, capacity, self.keys[0].dtype, self.device)
-        for new, old in zip((*out.keys, *out.values), (*self.keys, *self.values), strict=True):
-            new[:, :, :keep] = old[:, :, :keep]
+        out.buffer[:, :, :keep] = self.buffer[:, :, :keep]
         return out
 
     # transformers' Cache protocol, as far as a decoder layer may ask

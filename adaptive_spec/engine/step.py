@@ -147,7 +147,8 @@ class StepMixin:
         fed = root is None and state.draft is not None and plan.source != "lookup"
         lo = min(base, state.draft.cached) if fed else base
         tail = state.pending(lo, self.device)
-        pending, draft_pending = tail[base - lo :], (tail[state.draft.cached - lo :] if fed else root)
+        pending = tail if base == lo else tail[base - lo :]
+        draft_pending = (tail if state.draft.cached == lo else tail[state.draft.cached - lo :]) if fed else root
 
         # 1) draft the tree
         with timer.phase("draft"):
@@ -193,7 +194,7 @@ class StepMixin:
         tree, generator = outcome.tree, run.state.generator
         greedy = run.request.greedy
         target_ok = finite_flag(logits, target_probs) if greedy else torch.isfinite(target_probs.sum())
-        ok = (target_ok if outcome.ok is None else target_ok & outcome.ok).long()[None]
+        ok = (target_ok if outcome.ok is None else target_ok & outcome.ok)[None]  # bool: host_read reads it as int
         kw = {"allow_lossy": plan.allow_lossy, "check_inputs": False}
         if REGISTRY[verifier].rides:
             result = verify(verifier, tree, target_probs, generator, ride=ok, **kw)

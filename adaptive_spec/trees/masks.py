@@ -38,6 +38,8 @@ def block_ancestors(pending: int, tree_ancestors: torch.Tensor) -> torch.Tensor:
     pending tokens and its own ancestors (``tree_ancestors``, BoolTensor[N, N], node 0 = root).
     """
     p, n = pending, tree_ancestors.shape[0]
+    if p == 1 and tree_ancestors.dtype == torch.bool:  # the root alone: the tree's own rows
+        return tree_ancestors
     m = p - 1 + n
     anc = torch.zeros(m, m, dtype=torch.bool, device=tree_ancestors.device)
     anc[:p, :p] = torch.ones(p, p, dtype=torch.bool, device=tree_ancestors.device).tril_()
@@ -56,6 +58,8 @@ def block_positions(
     """
     root = base + pending - 1
     if isinstance(depths, torch.Tensor):
+        if root == base:  # the root alone pending
+            return depths + root
         return torch.cat([torch.arange(base, root, device=depths.device), depths + root])
     return torch.tensor([*range(base, root), *(root + d for d in depths)], dtype=torch.long, device=device)
 
@@ -73,7 +77,7 @@ def additive_mask(allowed: torch.Tensor, past_length: int, dtype: torch.dtype = 
     n, m = allowed.shape
     mask = torch.zeros(n, past_length + m, dtype=dtype, device=allowed.device)
     mask[:, past_length:].masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]  # [1, 1, n, past + m]
+    return mask.view(1, 1, n, past_length + m)
 
 
 def tree_attention_mask(

@@ -124,11 +124,14 @@ def host_read(tree, *parts: torch.Tensor) -> list[list]:
     sizes = [t.numel() for t in parts_l]
     floats = [t.is_floating_point() for t in parts_l]
     dtype = torch.float64 if any(floats) else torch.long  # integers (token ids, flags) are exact in float64
-    flat = [t if t.dim() == 1 and t.dtype == dtype else t.reshape(-1).to(dtype) for t in parts_l]
+    same = (dtype, torch.bool) if dtype is torch.long else (dtype,)  # cat promotes bool parts to long
+    flat = [t if t.dtype in same else t.to(dtype) for t in parts_l]
+    flat = [t if t.dim() == 1 else t.reshape(-1) for t in flat]
     flat = (torch.cat(flat) if len(flat) > 1 else flat[0]).tolist()  # the one host read
     out, i = [], 0
-    for n, is_float in zip(sizes, floats, strict=True):
-        out.append(flat[i : i + n] if is_float or dtype is torch.long else [int(v) for v in flat[i : i + n]])
+    for n, is_float, t in zip(sizes, floats, parts_l, strict=True):
+        exact = is_float or (dtype is torch.long and t.dtype is not torch.bool)  # else floats or bools, as ints
+        out.append(flat[i : i + n] if exact else [int(v) for v in flat[i : i + n]])
         i += n
     if lazy:
         tree.take_host(out[len(parts) :])

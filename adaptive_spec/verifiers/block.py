@@ -92,26 +92,27 @@ def chain_block_law(
     Returns:
         ``h``: Tensor[γ + 1] (float64), ``h[i]`` for ``1 <= i <= γ`` (``h[γ] = w_γ``; ``h[0]`` is unused);
         ``rows``: Tensor[γ + 1, V] (the rows' dtype), the unnormalised law of the emitted token when ``τ = i``:
-        the residual ``(w_i p_i - q_i)_+`` for ``i < γ`` (``p_0`` when the root's residual is all zero) and ``p_γ``.
+        the residual ``(w_i p_i - q_i)_+`` for ``i < γ`` (``p_i`` when it is all zero: for ``i = 0`` that is BV's
+        rule, for ``i >= 1`` then ``h_i = 0`` and ``τ = i`` never happens) and ``p_γ``.
     """
     P, Q = target_probs, draft_probs  # rows in their own dtype; the weights in float64 (module docstring of base)
     g = tokens.numel()
     if g == 0:
         return P.new_zeros(1, dtype=torch.float64), P
     tiny = torch.finfo(torch.float64).tiny
-    P1, Q1, idx = P[:-1], Q[:-1], tokens[:, None]
-    pe, qe = P1.gather(1, idx)[:, 0].double(), Q1.gather(1, idx)[:, 0].double()
+    P1, Q1, idx = P[:-1], Q[:-1], tokens[:, None]  # the weights below are columns: Tensor[γ (+ 1), 1]
+    pe, qe = P1.gather(1, idx).double(), Q1.gather(1, idx).double()
     ratio = torch.where(qe > 0, pe / qe.clamp_min(tiny), 0.0)
-    L = pad(ratio.log().cumsum(0), (1, 0))  # L_0 = 0; -inf once a ratio is 0: w stays 0 after it
+    L = pad(ratio.log().cumsum(0), (0, 0, 1, 0))  # L_0 = 0; -inf once a ratio is 0: w stays 0 after it
     w = (L - L.cummax(0).values).exp()  # w_i = min(1, w_{i-1} * ratio_i), in closed form
     w1 = w[:-1]
-    R = (w1.to(P.dtype)[:, None] * P1 - Q1).clamp_min_(0.0)  # [γ, V]
-    S = R.sum(-1, dtype=torch.float64)
+    R = (w1.to(P.dtype) * P1 - Q1).clamp_min_(0.0)  # [γ, V]
+    S = R.sum(-1, keepdim=True, dtype=torch.float64)
     denom = S - w1 + 1.0
-    h = torch.where(denom > 0, S / denom.clamp_min(tiny), 0.0)
-    h = torch.cat([h, w[-1:]])  # h_γ = w_γ; h_0 is unused (τ = 0 when every later position is rejected)
-    rows = torch.cat([R, P[-1:]])
-    rows[0] = torch.where(S[0] > 0, R[0], P[0])  # the root's residual, or p_0 when it is all zero
+    h = (S / denom).nan_to_num_(0.0)  # denom >= S >= 0, and 0 / 0 only when S = 0 and w = 1: h = 0
+    h = torch.cat([h, w[-1:]]).view(-1)  # h_γ = w_γ; h_0 is unused (τ = 0 when every later position is rejected)
+    # a residual of total 0 gives way to p_i: the root's emits p_0; for i >= 1, h_i = 0 and the row is never drawn
+    rows = torch.cat([torch.where(S > 0, R, P1), P[-1:]])
     return h, rows
 
 
@@ -124,10 +125,10 @@ def chain_block_draw(h: torch.Tensor, rows: torch.Tensor, generator: torch.Gener
     if u.device != h.device:  # a generator on another device than the rows (the engine keeps them together)
         u = u.to(h.device)
     idx = torch.arange(g + 1, device=h.device)
-    tau = torch.where(u < h, idx, 0).max()  # the backward scan's stop: the largest i with η_i < h_i, else 0
-    row = rows.index_select(0, tau[None])  # [1, V]
+    tau = torch.where(u < h, idx, 0).max(0, keepdim=True).values  # [1]: the backward scan's stop, the largest i
+    row = rows.index_select(0, tau)  # [1, V]                           # with η_i < h_i, else 0
     token = search_cdf(row.cumsum(-1), u[:1, None])  # [1, 1]: η_0 draws the emitted token too
-    return torch.stack([tau, token[0, 0]])
+    return torch.cat([tau, token[0]])
 
 
 def _is_chain(tree: DraftTree) -> bool:

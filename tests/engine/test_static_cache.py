@@ -24,19 +24,23 @@ def test_rollback_moves_a_length_and_commit_moves_rows() -> None:
     model = tiny_model("llama", vocab=48)
     runner = ModelRunner(model)
     assert runner.slot is not None and isinstance(runner.cache, StaticKV)
-    keys = runner.slot.kv.keys[0]
+    kv = runner.slot.kv
+    bufs = [*kv.keys, *kv.values]  # every layer's keys and values: views of one buffer, moved in one copy
+    assert len(bufs) == 2 * model.config.num_hidden_layers >= 4
     with torch.inference_mode():
         runner.chain_forward(torch.tensor([0, 5, 9, 3]), logits_to_keep=1)
-        before = keys.clone()
+        before = [b.clone() for b in bufs]
         anc = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
         runner.block_forward(torch.tensor([7, 8, 9]), torch.tensor([4, 5, 5]), anc, logits_to_keep=3)
         assert runner.cache_length() == 7 and runner.cached == 4
-        written = keys.clone()
+        written = [b.clone() for b in bufs]
         runner.commit(4, torch.tensor([4, 6]))  # keep rows 4 and 6, in that order
     assert runner.cached == runner.cache_length() == 6
-    torch.testing.assert_close(keys[:, :, :4], before[:, :, :4])
-    torch.testing.assert_close(keys[:, :, 4], written[:, :, 4])
-    torch.testing.assert_close(keys[:, :, 5], written[:, :, 6])
+    for buf, old, new in zip(bufs, before, written, strict=True):
+        assert not torch.equal(new[:, :, 4], new[:, :, 6])  # the move is visible
+        torch.testing.assert_close(buf[:, :, :4], old[:, :, :4])
+        torch.testing.assert_close(buf[:, :, 4], new[:, :, 4])
+        torch.testing.assert_close(buf[:, :, 5], new[:, :, 6])
     runner.rollback(5)
     assert runner.cached == runner.cache_length() == 5
     try:
