@@ -49,7 +49,7 @@ from adaptive_spec.engine.logits import ProbsFn
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
-from adaptive_spec.trees.draw import draw_children
+from adaptive_spec.trees.draw import draw_children, draw_tokens
 from adaptive_spec.trees.lookup import hybrid_tree, lookup_trie, ngram_candidates, ngram_lookup, within_vocab
 from adaptive_spec.trees.policy import ChainRule, DraftPolicy, EagleTree, NodeView, PolicyContext, clip_widths
 from adaptive_spec.trees.slots import SlotLayout, slot_layout
@@ -181,11 +181,11 @@ def check_finite(ok: torch.Tensor | bool, who: str) -> None:
 
 
 def sample_categorical(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One draw per row of ``probs`` (Tensor[W, V]) by the inverse CDF (:func:`draw_children` with ``k = 1``).
+    """One draw per row of ``probs`` (Tensor[W, V]) by the inverse CDF (:func:`draw_tokens` with ``k = 1``).
 
     Same law as ``torch.multinomial(probs, 1)``, without its per-row setup cost and host sync.
     """
-    return draw_children(probs, 1, generator)[0][:, 0]  # [W]
+    return draw_tokens(probs, 1, generator)[:, 0]  # [W]
 
 
 def draft_tree(
@@ -271,7 +271,7 @@ def _draft_chain(
     positions = torch.arange(base + p - 1, base + p + D - 1, device=device)  # node d's position, d = 1 .. D
     rows, drawn = [root.probs[-1:]], []
     for d in range(D):
-        token = draw_children(rows[-1], 1, generator, greedy=deterministic)[0][:, 0]  # [1]
+        token = draw_tokens(rows[-1], 1, generator, greedy=deterministic)[:, 0]  # [1]
         drawn.append(token)
         if d + 1 < D:  # node d + 1 attends to every row before it: no mask to build
             logits = runner.block_forward(token, positions[d + 1 : d + 2], None, logits_to_keep=1)
@@ -600,7 +600,7 @@ def draft_eagle_on_device(
     pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device)
     fed_so_far = 1
     for depth, lv in enumerate(levels, start=1):
-        cand, _ = draw_children(R, policy.width, generator, replace=False, greedy=deterministic)  # as the host path
+        cand = draw_tokens(R, policy.width, generator, replace=False, greedy=deterministic)  # as the host path
         cand = cand.flatten()[lv.used]
         q = R[lv.of, cand]  # each used child's probability in its parent's row
         qs.append(q)
@@ -661,7 +661,7 @@ def _level_candidates(
     One host sync for the level (it also checks that the rows were finite).
     """
     F = R.shape[0]
-    cand, _ = draw_children(R, K, generator, replace=not without_replacement, greedy=greedy)  # [F, K]
+    cand = draw_tokens(R, K, generator, replace=not without_replacement, greedy=greedy)  # [F, K]
     cand_q = R.gather(-1, cand)  # [F, K]
     ent = torch.special.entr(R).sum(-1, keepdim=True)  # [F, 1]: -sum p log p, with 0 log 0 = 0
     top1 = R.max(dim=-1, keepdim=True).values  # [F, 1]

@@ -151,7 +151,8 @@ class ProbsFn:
             scores = torch.full((*logits.shape[:-1], self.vocab_size), -math.inf, device=logits.device)
             scores[..., self.token_ids] = logits.float()
         else:
-            scores = logits[..., : self.vocab_size].float()  # [n, V]
+            scores = logits if logits.shape[-1] <= self.vocab_size else logits[..., : self.vocab_size]  # [n, V]
+            scores = scores if scores.dtype == torch.float32 else scores.float()  # a no-op call is an op too
         if scores.shape[-1] < self.vocab_size:
             scores = torch.nn.functional.pad(scores, (0, self.vocab_size - scores.shape[-1]), value=-math.inf)
         if len(self.processors):

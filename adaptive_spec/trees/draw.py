@@ -57,6 +57,26 @@ def draw_children(
     replacement, each drawn token's weight zeroed before the next draw), so that the exact tests
     can enumerate every draw.
     """
+    return _draw(rows, k, generator, replace, greedy, with_valid=True)
+
+
+def draw_tokens(
+    rows: torch.Tensor,
+    k: int,
+    generator: torch.Generator,
+    *,
+    replace: bool = False,
+    greedy: bool | torch.Tensor = False,
+) -> torch.Tensor:
+    """:func:`draw_children`'s tokens alone (LongTensor[W, k]): the same draws, without the ops of ``valid`` (a
+    few kernel launches per call on a GPU), for callers that do not read it.
+    """
+    return _draw(rows, k, generator, replace, greedy, with_valid=False)[0]
+
+
+def _draw(
+    rows: torch.Tensor, k: int, generator, replace: bool, greedy: bool | torch.Tensor, with_valid: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     if not isinstance(generator, torch.Generator):
         return _one_at_a_time(rows, k, generator, replace, greedy)
     all_greedy = not isinstance(greedy, torch.Tensor) and bool(greedy)
@@ -69,22 +89,28 @@ def draw_children(
                 tokens[:, 0] = torch.where(greedy, rows.argmax(dim=-1), tokens[:, 0])
             elif greedy:
                 tokens[:, 0] = rows.argmax(dim=-1)
-        return tokens, rows.gather(-1, tokens) > 0
+        return tokens, (rows.gather(-1, tokens) > 0 if with_valid else None)
     if all_greedy:  # the top k, in order: no randomness
         tokens = rows.topk(k, dim=-1).indices
-        return tokens, rows.gather(-1, tokens) > 0
-    tokens, valid = (_race if accelerator_path(rows.device) else _successive)(rows, k, generator)
+        return tokens, (rows.gather(-1, tokens) > 0 if with_valid else None)
+    if accelerator_path(rows.device):
+        tokens, valid = _race(rows, k, generator, with_valid)
+    else:
+        tokens, valid = _successive(rows, k, generator)
     if isinstance(greedy, torch.Tensor):  # those rows take their top k
         top = rows.topk(k, dim=-1).indices
         tokens = torch.where(greedy[:, None], top, tokens)
-        valid = torch.where(greedy[:, None], rows.gather(-1, top) > 0, valid)
+        if with_valid:
+            valid = torch.where(greedy[:, None], rows.gather(-1, top) > 0, valid)
     return tokens, valid
 
 
-def _race(rows: torch.Tensor, k: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _race(
+    rows: torch.Tensor, k: int, generator: torch.Generator, with_valid: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``k`` draws without replacement per row, the exponential race: the first ``k`` of ``argsort(rows / Exp(1))``."""
     tokens = (rows / torch.empty_like(rows).exponential_(generator=generator)).topk(k, dim=-1).indices  # draw order
-    return tokens, rows.gather(-1, tokens) > 0
+    return tokens, (rows.gather(-1, tokens) > 0 if with_valid else None)
 
 
 def _successive(rows: torch.Tensor, k: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

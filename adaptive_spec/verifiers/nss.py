@@ -15,7 +15,7 @@ import torch
 
 from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftTree
-from adaptive_spec.trees.draw import draw_children
+from adaptive_spec.trees.draw import draw_tokens
 from adaptive_spec.verifiers.base import VerifyResult, ride_first
 from adaptive_spec.verifiers.walk import follow_choices, top_down_walk
 
@@ -29,5 +29,5 @@ def verify_nss(
 ) -> VerifyResult:
     """NSS: sample from the target at each node and follow the tree while it matches."""
     if isinstance(sampler, TorchSampler):
-        return follow_choices(tree, draw_children(target_probs, 1, sampler.generator)[0][:, 0], ride)  # every Y
+        return follow_choices(tree, draw_tokens(target_probs, 1, sampler.generator)[:, 0], ride)  # every Y
     return ride_first(tree, ride, lambda: top_down_walk(tree, target_probs, sampler, nss_solver, distinct=True))

@@ -21,7 +21,7 @@ import torch
 
 from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftLaw, DraftTree
-from adaptive_spec.trees.draw import draw_children
+from adaptive_spec.trees.draw import draw_tokens
 from adaptive_spec.verifiers.base import (
     VerifyResult,
     accept_prob,
@@ -89,7 +89,7 @@ def rrs_on_slots(
         node = torch.where(j >= 0, cand[node.clamp_max(fed - 1), j.clamp_min(0)], node)
     inner = (node < fed)[:, None]
     row = torch.where(inner, p[node.clamp_max(fed - 1)], target_probs[node])
-    y = draw_children(row, 1, generator)[0][:, 0]  # LongTensor[1]
+    y = draw_tokens(row, 1, generator)[:, 0]  # LongTensor[1]
     parts = [node, y] + ([] if ride is None else [ride])
     (slot,), (token,), *rest = host_read(tree, *parts)  # the one host read
     at = slot if tree.used[slot] else tree.child_with_token(tree.parents[slot], tree.tokens[slot])
@@ -149,7 +149,7 @@ def rrs_on_children(
     for _ in range(tree.shape.depth):
         j = accepted[node]
         node = torch.where(j >= 0, cand[node, j.clamp_min(0)], node)
-    y = draw_children(p[node], 1, generator)[0][:, 0]  # LongTensor[1]: the final residual (a leaf's: its row)
+    y = draw_tokens(p[node], 1, generator)[:, 0]  # LongTensor[1]: the final residual (a leaf's: its row)
     parts = [node, y] + ([] if ride is None else [ride])
     (at,), (token,), *rest = host_read(tree, *parts)  # the one host read
     return result_for(tree, at, token, not tree.child_draws[at], rest[0] if rest else (), y)

@@ -41,7 +41,7 @@ import torch
 
 from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftTree
-from adaptive_spec.trees.draw import draw_children
+from adaptive_spec.trees.draw import draw_tokens
 from adaptive_spec.verifiers.base import VerifyResult, edge_values, host_read, result_for, run_ahead
 
 
@@ -100,7 +100,7 @@ def traversal_impl(
     def finish(node: int, bonus: bool) -> VerifyResult:
         row = mb[node][0] if not bonus else target_probs[node]
         if isinstance(sampler, TorchSampler) and row.device.type == sampler.generator.device.type:
-            y = draw_children(row[None], 1, sampler.generator)[0][:, 0]  # on the device: the next step's input
+            y = draw_tokens(row[None], 1, sampler.generator)[:, 0]  # on the device: the next step's input
             return result_for(tree, node, y.item(), bonus=bonus, ride=rode, on_device=y)
         return result_for(tree, node, sampler.categorical(row), bonus=bonus, ride=rode)
 
@@ -256,7 +256,7 @@ def traversal_on_device(
     if levels:  # a node with children emits from its residual
         at = pos[node]
         row = torch.where(at[:, None] >= 0, residuals[at.clamp_min(0)], row)
-    y = draw_children(row, 1, generator)[0][:, 0]  # LongTensor[1]
+    y = draw_tokens(row, 1, generator)[:, 0]  # LongTensor[1]
     parts = [node, y] + ([] if ride is None else [ride])
     (accepted,), (token,), *rest = host_read(tree, *parts)  # the one host read
     return result_for(tree, accepted, token, not tree.children[accepted], rest[0] if rest else (), y)
