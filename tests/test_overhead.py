@@ -245,3 +245,25 @@ def test_bench_passes_writes_a_row_per_model_and_size(tiny_pair, tmp_path, capsy
     for r in rows:  # a CPU captures nothing: no graph time, no bucket
         assert r["eager_ms"] > 0 and r["graph_ms"] is None and r["bucket"] is None and r["context"] == 16
     assert "bucket" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "plan, max_syncs", [("chain:4/block", 2.0), ("conf-chain:6:0.3/block", 3.0), ("lookup:8/block", 2.0)]
+)
+def test_a_chain_step_keeps_within_its_op_goals(plan, max_syncs):
+    """Counted, not timed (each aten op is a kernel launch on a GPU): at most 40 ops per draft level and 60 for
+    verify and commit outside the forwards, the target's block inputs in at most 12, and the host syncs per step
+    (a policy chain reads once per level besides the verifier's one read).
+    """
+    target = tiny_model("llama", vocab=48, seed=3, eos=None)
+    draft = perturbed(target, 0.2, 4)
+    engine = SpecEngine(target, draft)
+    with HostSyncCounter(roles={"target": target, "draft": draft}) as counter:
+        r = engine.generate([5, 6, 7, 5, 6, 7], max_new_tokens=24, temperature=1.0, plan=plan, seed=0)
+    row = summarize_counts(counter, r.stats.steps, 1)
+    assert r.stats.steps >= 6
+    if not plan.startswith("lookup"):
+        assert 0 < row["draft_ops_per_level"] <= 40
+    assert 0 < row["verify_commit_ops_per_step"] <= 60
+    assert 0 < row["target_ops_per_step"] <= 12
+    assert row["syncs_per_step"] <= max_syncs
