@@ -145,3 +145,29 @@ def test_rows_with_a_small_support_draw_nothing_past_it_on_every_path() -> None:
             tokens, valid = draw_children(rows, 4, g, greedy=greedy)
         assert valid.tolist() == [[True, True, False, False]] * 6
         assert all(sorted(r[:2]) == [1, 4] for r in tokens.tolist())
+
+
+def test_draw_tokens_draws_what_draw_children_draws_on_every_path() -> None:
+    """``draw_tokens`` (no validity ops) takes the same draws from the same generator state: with and without
+    replacement, greedy rows mixed in, on a CPU's path and an accelerator's; the generators end in one state."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+    from adaptive_spec.trees.draw import draw_tokens
+
+    rows = torch.softmax(torch.randn(5, 11, generator=torch.Generator().manual_seed(3)), -1)
+    greedy_rows = torch.tensor([True, False, False, True, False])
+    compared = 0
+    for accelerator in (False, True):
+        for k, replace, greedy in ((1, False, False), (3, True, False), (3, False, False), (4, False, greedy_rows)):
+            ga, gb = torch.Generator().manual_seed(9), torch.Generator().manual_seed(9)
+            if accelerator:
+                with accelerator_path_on_cpu():
+                    a, _ = draw_children(rows, k, ga, replace=replace, greedy=greedy)
+                    b = draw_tokens(rows, k, gb, replace=replace, greedy=greedy)
+            else:
+                a, _ = draw_children(rows, k, ga, replace=replace, greedy=greedy)
+                b = draw_tokens(rows, k, gb, replace=replace, greedy=greedy)
+            assert torch.equal(a, b) and torch.equal(ga.get_state(), gb.get_state())
+            compared += 1
+    assert compared == 8
+    a = draw_tokens(rows, 3, torch.Generator().manual_seed(9))
+    assert not torch.equal(a, draw_tokens(rows, 3, torch.Generator().manual_seed(10)))  # the seed matters
