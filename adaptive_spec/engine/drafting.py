@@ -596,7 +596,7 @@ def draft_eagle_on_device(
     front_ids = torch.zeros(1, dtype=torch.long, device=device)  # the frontier: node ids, path probabilities,
     front_pp = torch.ones(1, dtype=torch.float64, device=device)  # rows among the fed rows
     front_rows = torch.zeros(1, dtype=torch.long, device=device)
-    fed_ids, qs, logit_sum = [front_ids], [], None  # qs: the drawn children's probabilities, checked at the end
+    fed_ids, qs, level_logits = [front_ids], [], []  # qs: the drawn children's probabilities, checked at the end
     pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device)
     fed_so_far = 1
     for depth, lv in enumerate(levels, start=1):
@@ -623,12 +623,11 @@ def draft_eagle_on_device(
             pos = torch.full((lv.fed,), base + p - 1 + depth, dtype=torch.long, device=device)
             logits = runner.block_forward(tokens_d[front_ids], pos, allowed, logits_to_keep=lv.fed)
             R = probs_fn(logits)
-            s = logits.sum(dtype=torch.float32)  # finite unless a logit is not (checked once, below)
-            logit_sum = s if logit_sum is None else logit_sum + s
+            level_logits.append(logits)
             rows.append(R)
     fed_d, fed_rows = torch.cat(fed_ids), torch.cat(rows)
-    if logit_sum is not None:  # the fed levels' logits and rows (the root's: its own flag)
-        ok = ok & torch.isfinite(logit_sum + fed_rows.sum(dtype=torch.float32))
+    if level_logits:  # every fed level's logits and rows, checked once (the root's row rides along)
+        ok = ok & finite_flag(torch.cat(level_logits), fed_rows)
     bad = (torch.cat(qs) <= 0).any()  # a drawn child of probability 0 (a row with fewer positive entries)
     host = torch.cat([tokens_d, parents_d, fed_d, torch.stack([ok, bad])]).tolist()  # the tree's one read
     check_finite(bool(host[-2]), "draft")

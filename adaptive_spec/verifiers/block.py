@@ -125,8 +125,9 @@ def chain_block_draw(h: torch.Tensor, rows: torch.Tensor, generator: torch.Gener
     if u.device != h.device:  # a generator on another device than the rows (the engine keeps them together)
         u = u.to(h.device)
     idx = torch.arange(g + 1, device=h.device)
-    tau = torch.where(u < h, idx, 0).max(0, keepdim=True).values  # [1]: the backward scan's stop, the largest i
-    row = rows.index_select(0, tau)  # [1, V]                           # with η_i < h_i, else 0
+    # τ, LongTensor[1]: the backward scan's stop, the largest i with η_i < h_i, else 0
+    tau = torch.where(u < h, idx, 0).max(0, keepdim=True).values
+    row = rows.index_select(0, tau)  # [1, V]
     token = search_cdf(row.cumsum(-1), u[:1, None])  # [1, 1]: η_0 draws the emitted token too
     return torch.cat([tau, token[0]])
 
