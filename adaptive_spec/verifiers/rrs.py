@@ -63,8 +63,8 @@ def rrs_on_slots(
 ) -> VerifyResult:
     """Recursive rejection sampling of a slot tree (:mod:`adaptive_spec.trees.slots`) on the rows' device.
 
-    Every fed slot runs :func:`rrs_solve` at once, candidate by candidate (at most K steps over [fed, V] rows):
-    its candidates are the draws at its prefix (:meth:`SlotLayout.groups`), each accepted with probability
+    Every fed slot runs :func:`rrs_solve` at once (:func:`rrs_states`, one pass over the vocabulary per candidate
+    column): its candidates are the draws at its prefix (:meth:`SlotLayout.groups`), each accepted with probability
     ``min(1, p'(x) / q'(x))``, the residual ``p' = norm((p' − q')_+)`` after each rejection (and ``q'(x) = 0``
     renormalised without replacement). A node's outcome depends only on its own rows and draws, and the walk
     visits a node at most once, so running all of them ahead leaves the law unchanged. The walk runs on the
@@ -79,21 +79,88 @@ def rrs_on_slots(
     cand, real = layout.candidates(device)
     active = real & layout.groups(tokens) & valid[cand]  # [fed, K]
     x = tokens[cand].clamp_min(0)  # [fed, K] candidate tokens (padding: slot 0, the root, -1)
-    accepted, p = _solve_rows(target_probs[:fed], tree.draft_probs[:fed], x, active, generator, without_replacement)
+    accepted, residual = _solve_rows(target_probs[:fed], tree.draft_probs[:fed], x, active, generator, without_replacement)
     # The walk, on the device: from the root to each accepted candidate's slot (a walker on a duplicate slot has
     # the rows and the law of the node it stands for), then Y from where it stops.
-    node = torch.zeros(1, dtype=torch.long, device=device)
-    for _ in range(layout.shape.depth):
-        inner = node < fed
-        j = torch.where(inner, accepted[node.clamp_max(fed - 1)], -1)
-        node = torch.where(j >= 0, cand[node.clamp_max(fed - 1), j.clamp_min(0)], node)
+    node = follow_accepted(cand, accepted, target_probs.shape[0], layout.shape.depth)
     inner = (node < fed)[:, None]
-    row = torch.where(inner, p[node.clamp_max(fed - 1)], target_probs[node])
+    row = torch.where(inner, residual[node.clamp_max(fed - 1)], target_probs[node])
     y = draw_tokens(row, 1, generator)[:, 0]  # LongTensor[1]
     parts = [node, y] + ([] if ride is None else [ride])
     (slot,), (token,), *rest = host_read(tree, *parts)  # the one host read
     at = slot if tree.used[slot] else tree.child_with_token(tree.parents[slot], tree.tokens[slot])
     return result_for(tree, at, token, not tree.child_draws[at], rest[0] if rest else (), y)
+
+
+def follow_accepted(cand: torch.Tensor, accepted: torch.Tensor, n: int, depth: int) -> torch.Tensor:
+    """The node where the walk from the root stops (LongTensor[1]), on the device, in ``⌈log2 depth⌉ + 1`` indexings.
+
+    ``cand`` [M, K]: the candidates' nodes of the first M nodes; ``accepted`` [M]: the accepted column of each
+    (-1: none); ``n``: the number of nodes (those from M on are leaves). Each node's next node (its accepted
+    child, or itself) is one table; squaring it ``⌈log2 depth⌉`` times gives where ``depth`` steps lead, and the
+    walk takes at most ``depth`` steps.
+    """
+    m = accepted.shape[0]
+    step = cand.gather(1, accepted.clamp_min(0)[:, None])[:, 0]
+    nxt = torch.arange(n, device=cand.device)
+    nxt[:m] = torch.where(accepted >= 0, step, nxt[:m])
+    for _ in range(max(depth - 1, 0).bit_length()):
+        nxt = nxt[nxt]
+    return nxt[:1]
+
+
+def rrs_states(
+    p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, active: torch.Tensor, without_replacement: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`rrs_solve` at every row at once, with no randomness: the probability that each active candidate is
+    accepted when it is tried (every earlier one rejected), float64 [M, K] (0 where inactive), and each row's
+    residual after every active candidate is rejected, unnormalised, in the rows' dtype [M, V] (``p`` itself
+    where none is active).
+
+    The residuals stay in one form: after ``j`` rejections ``p' ∝ (p − c_j q)_+`` with a scalar ``c_j`` per row.
+    Rejecting ``x`` from ``p' = (p − c q)_+ / N`` against ``q' = q / L`` leaves ``(p' − q')_+ ∝ (p − (c + N / L) q)_+``
+    (where ``p − c q ≤ 0`` both sides are 0), so each candidate costs one pass over the vocabulary: the new
+    ``N = Σ (p − c q)_+``. An all-zero residual (a rejection of probability 0) keeps ``p'``, as :func:`rrs_solve`
+    does. Without replacement, ``q'(x) = 0`` after ``x`` is rejected and ``q'`` is renormalised (``L`` falls
+    by ``q(x)``), and ``p'(x)`` stays at its value then: ``x`` is frozen, written into ``p``'s copy and zeroed
+    in ``q``'s. With replacement ``L = 1``. Inactive columns change nothing.
+    """
+    dtype, (m, k), v = p.dtype, x.shape, p.shape[1]
+    q = q if q.dtype == dtype else q.to(dtype)
+    px, qx = p.gather(1, x).double(), q.gather(1, x).double()
+    on = active.double()
+    cn = torch.zeros(2, m, 1, dtype=torch.float64, device=p.device)
+    c, n = cn[0], cn[1].fill_(1.0)  # p' = p: c = 0, N = 1
+    if without_replacement:
+        gone = qx * on  # the draft mass each rejection removes
+        # L when each candidate is tried: q's total less the mass of the rejected candidates before it
+        ell = (q.sum(dim=-1, keepdim=True, dtype=torch.float64) - gone.cumsum(dim=1) + gone).clamp_min_(1e-300)
+        step, pxa = on / ell, px * on  # c's increment per unit of N; p at the active candidates
+        pad = torch.nn.functional.pad
+        pz, qz = pad(p, (0, 1)), pad(q, (0, 1))  # rejected tokens frozen; column v takes the inactive columns'
+        at = torch.where(active, x, v).split(1, dim=1)
+        pxa, qxs = pxa.split(1, dim=1), qx.split(1, dim=1)
+    else:
+        step, pz, qz = on, p, q
+    cs, ns = [], []
+    for j, inc in enumerate(step.split(1, dim=1)):
+        cs.append(c)
+        ns.append(n)
+        c2 = torch.addcmul(c, n, inc)  # c + N / L on an active column
+        c2d = c2 if dtype == torch.float64 else c2.to(dtype)
+        n2 = torch.addcmul(pz, qz, c2d, value=-1.0).clamp_min_(0.0).sum(dim=-1, keepdim=True, dtype=torch.float64)
+        keep = n2 > 0  # else the residual is all zero: keep p'
+        c, n = torch.where(keep, c2, c), torch.where(keep, n2, n)
+        if without_replacement and j + 1 < k:  # freeze the rejected token: p'(x) now, q'(x) = 0
+            f = torch.addcmul(pxa[j], qxs[j], c, value=-1.0).clamp_min_(0.0)
+            pz.scatter_(1, at[j], f if dtype == torch.float64 else f.to(dtype))
+            qz.scatter_(1, at[j], 0.0)
+    residual = torch.addcmul(pz, qz, c if dtype == torch.float64 else c.to(dtype), value=-1.0).clamp_min_(0.0)
+    residual = residual[:, :v] if without_replacement else residual
+    num = torch.addcmul(px, qx, torch.cat(cs, dim=1), value=-1.0).clamp_min_(0.0)  # (p − c q)_+ when tried
+    den = torch.cat(ns, dim=1) * qx * step  # N q(x) / L; 0 on an inactive column or a q = 0 candidate (never drafted)
+    accept = torch.where(den > 0, (num / den).clamp_max_(1.0), 0.0)
+    return accept, residual
 
 
 def _solve_rows(
@@ -105,26 +172,14 @@ def _solve_rows(
     without_replacement: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`rrs_solve` at every row at once: each row's candidates ``x`` [M, K] (where ``active``) tried in
-    order; returns the accepted column per row (-1: none) and the rows' final residuals [M, V].
+    order with one uniform each; returns the accepted column per row (-1: none) and the rows' final residuals
+    [M, V] (unnormalised, :func:`rrs_states`).
     """
-    q = q.to(p.dtype)
+    accept, residual = rrs_states(p, q, x, active, without_replacement)
     u = torch.rand(x.shape, generator=generator, device=p.device, dtype=torch.float64)
-    accepted = torch.full((p.shape[0],), -1, dtype=torch.long, device=p.device)
-    for j in range(x.shape[1]):
-        xj = x[:, j : j + 1]
-        pa, qa = p.gather(1, xj)[:, 0].double(), q.gather(1, xj)[:, 0].double()
-        a = torch.where(qa > 0, (pa / qa.clamp_min(1e-300)).clamp_max(1.0), torch.zeros_like(qa))
-        live = active[:, j] & (accepted < 0)
-        accepted = torch.where(live & (u[:, j] < a), j, accepted)
-        rejected = (live & (accepted < 0))[:, None]
-        r = (p - q).clamp_min_(0.0)
-        total = r.sum(dim=-1, keepdim=True)
-        p = torch.where(rejected & (total > 0), r / total.clamp_min(1e-30), p)  # an all-zero residual keeps p
-        if without_replacement:
-            qz = q.scatter(1, xj, 0.0)
-            qt = qz.sum(dim=-1, keepdim=True)
-            q = torch.where(rejected & (qt > 0), qz / qt.clamp_min(1e-30), q)
-    return accepted, p
+    hit = u < accept  # an inactive column accepts with probability 0
+    first = hit.byte().argmax(dim=1)
+    return torch.where(hit.any(dim=1), first, -1), residual
 
 
 def rrs_on_children(
@@ -145,10 +200,7 @@ def rrs_on_children(
     active = cand < n
     x = tree.tokens_tensor(device)[cand.clamp_max(n - 1)].clamp_min(0)
     accepted, p = _solve_rows(target_probs[:n], tree.draft_probs[:n], x, active, generator, True)
-    node = torch.zeros(1, dtype=torch.long, device=device)
-    for _ in range(tree.shape.depth):
-        j = accepted[node]
-        node = torch.where(j >= 0, cand[node, j.clamp_min(0)], node)
+    node = follow_accepted(cand, accepted, n, tree.shape.depth)
     y = draw_tokens(p[node], 1, generator)[:, 0]  # LongTensor[1]: the final residual (a leaf's: its row)
     parts = [node, y] + ([] if ride is None else [ride])
     (at,), (token,), *rest = host_read(tree, *parts)  # the one host read

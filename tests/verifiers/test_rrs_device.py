@@ -12,14 +12,17 @@ import pytest
 import torch
 
 import adaptive_spec.verifiers.rrs as rrs
-from adaptive_spec.analysis.exact import fixed_tree_law
+from adaptive_spec.analysis.exact import completed_tv, fixed_tree_law, output_law
 from adaptive_spec.analysis.instances import random_instance
 from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.trees.slots import slot_layout
+from adaptive_spec.verifiers import REGISTRY
 from adaptive_spec.verifiers.rrsw import verify_rrsw
 from adaptive_spec.verifiers.specinfer import verify_specinfer
+from adaptive_spec.verifiers.walk import top_down_walk
 from tests.helpers.reads import counted_reads
+from tests.helpers.verifier_cases import cases_for
 
 RUNS = 5000
 V = 4
@@ -42,6 +45,13 @@ def _case(shape: TreeShape, tokens: list[int], valid: list[bool]):
         return DraftTree.from_slots(layout, torch.tensor(tokens), torch.tensor(valid), draft)
 
     return tree, target
+
+
+def _no_residual(p, q, x, active, without_replacement):  # noqa: ARG001
+    """A wrong ``rrs_states``: every candidate tried against ``p`` and ``q`` themselves, and ``Y`` from ``p``: the
+    residual after a rejection is forgotten."""
+    px, qx = p.gather(1, x).double(), q.to(p.dtype).gather(1, x).double()
+    return torch.where(active & (qx > 0), px / qx.clamp_min(1e-300), 0.0).clamp_max(1.0), p.clone()
 
 
 CASES = {
@@ -71,14 +81,7 @@ def test_the_device_path_has_the_host_solvers_law_and_a_wrong_residual_fails(nam
 
     assert _tv(frequencies(), exact) < 0.035
 
-    real_where = torch.where
-
-    def no_residual(cond, a, b):  # keeps p after every rejection: the residual is forgotten
-        if isinstance(a, torch.Tensor) and a.dim() == 2 and a.dtype == torch.float32 and cond.dim() == 2:
-            return b
-        return real_where(cond, a, b)
-
-    monkeypatch.setattr(rrs.torch, "where", no_residual)
+    monkeypatch.setattr(rrs, "rrs_states", _no_residual)
     assert _tv(frequencies(), exact) > 0.06
 
 
@@ -134,12 +137,61 @@ def test_a_policy_tree_drawn_without_replacement_runs_rrsw_on_the_device(monkeyp
     with counted_reads() as reads:
         verify_rrsw(tree(), target, TorchSampler(torch.Generator().manual_seed(1)))
     assert len(reads) == 1
-    real_where = torch.where
-
-    def no_residual(cond, a, b):  # keeps p after every rejection: the residual is forgotten
-        if isinstance(a, torch.Tensor) and a.dim() == 2 and a.dtype == torch.float32 and cond.dim() == 2:
-            return b
-        return real_where(cond, a, b)
-
-    monkeypatch.setattr(rrs.torch, "where", no_residual)
+    monkeypatch.setattr(rrs, "rrs_states", _no_residual)
     assert _tv(frequencies(), exact) > 0.06
+
+
+def _states_solver(without_replacement: bool, states=rrs.rrs_states):
+    """A node solver built on ``rrs_states``: each candidate flipped with the probability the states give it, in
+    order, and ``Y`` from the residual they give: the device path's law, driven by the enumeration sampler."""
+
+    def solver(p, q, candidates, sampler):
+        x = torch.tensor([candidates])
+        accept, residual = states(p[None], q[None], x, torch.ones_like(x, dtype=torch.bool), without_replacement)
+        for j, token in enumerate(candidates):
+            if sampler.flip(float(accept[0, j])):
+                return token, False
+        return sampler.categorical(residual[0]), False
+
+    return solver
+
+
+def _states_verifier(without_replacement: bool, states=rrs.rrs_states):
+    solver = _states_solver(without_replacement, states)
+    return lambda tree, target, sampler: top_down_walk(tree, target, sampler, solver, distinct=without_replacement)
+
+
+@pytest.mark.parametrize(
+    ("name", "law"),
+    [(n, law) for n in ("specinfer", "rrsw") for law in sorted(REGISTRY[n].laws) if not law.dynamic],
+    ids=lambda v: getattr(v, "value", v),
+)
+def test_the_device_states_have_the_exact_law(name, law) -> None:
+    """``rrs_states`` (every node's acceptance probabilities and final residual, computed ahead in one form) gives
+    the verifier's exact law on every static drafting law it accepts (TV < 1e-9)."""
+    fn = _states_verifier(name == "rrsw")
+    for inst, shape in cases_for(law, n_random=8):
+        tv, mass = completed_tv(output_law(fn, shape, inst.draft_fn, inst.target_fn), inst.target_fn, inst.vocab,
+                                shape.depth + 1)
+        assert abs(mass - 1.0) < 1e-12 and tv < 1e-9, (inst.name, str(shape), tv)
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "states"),
+    [
+        ("forgotten residual", TreeShape.iid(2, 2), _no_residual),
+        ("draws without replacement taken as i.i.d.", TreeShape.without_replacement((2, 2)), None),
+    ],
+)
+def test_wrong_device_states_are_caught(name, shape, states) -> None:
+    if states is None:  # RRSw's trees verified by the states with replacement: the rejected token stays in q'
+        fn = _states_verifier(True, lambda p, q, x, a, wor: rrs.rrs_states(p, q, x, a, False))  # noqa: ARG005
+    else:
+        fn = _states_verifier(False, states)
+    tvs = []
+    for seed in range(6):
+        inst = random_instance(seed, 3, zero_frac=0.0)
+        tvs.append(completed_tv(output_law(fn, shape, inst.draft_fn, inst.target_fn), inst.target_fn, 3, shape.depth + 1)[0])
+        if tvs[-1] > 1e-3:
+            break
+    assert max(tvs) > 1e-3, (name, tvs)
