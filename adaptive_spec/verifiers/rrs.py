@@ -79,7 +79,9 @@ def rrs_on_slots(
     cand, real = layout.candidates(device)
     active = real & layout.groups(tokens) & valid[cand]  # [fed, K]
     x = tokens[cand].clamp_min(0)  # [fed, K] candidate tokens (padding: slot 0, the root, -1)
-    accepted, residual = _solve_rows(target_probs[:fed], tree.draft_probs[:fed], x, active, generator, without_replacement)
+    accepted, residual = _solve_rows(
+        target_probs[:fed], tree.draft_probs[:fed], x, active, generator, without_replacement
+    )
     # The walk, on the device: from the root to each accepted candidate's slot (a walker on a duplicate slot has
     # the rows and the law of the node it stands for), then Y from where it stops.
     node = follow_accepted(cand, accepted, target_probs.shape[0], layout.shape.depth)

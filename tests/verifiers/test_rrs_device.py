@@ -47,7 +47,7 @@ def _case(shape: TreeShape, tokens: list[int], valid: list[bool]):
     return tree, target
 
 
-def _no_residual(p, q, x, active, without_replacement):  # noqa: ARG001
+def _no_residual(p, q, x, active, without_replacement):
     """A wrong ``rrs_states``: every candidate tried against ``p`` and ``q`` themselves, and ``Y`` from ``p``: the
     residual after a rejection is forgotten."""
     px, qx = p.gather(1, x).double(), q.to(p.dtype).gather(1, x).double()
@@ -171,8 +171,9 @@ def test_the_device_states_have_the_exact_law(name, law) -> None:
     the verifier's exact law on every static drafting law it accepts (TV < 1e-9)."""
     fn = _states_verifier(name == "rrsw")
     for inst, shape in cases_for(law, n_random=8):
-        tv, mass = completed_tv(output_law(fn, shape, inst.draft_fn, inst.target_fn), inst.target_fn, inst.vocab,
-                                shape.depth + 1)
+        tv, mass = completed_tv(
+            output_law(fn, shape, inst.draft_fn, inst.target_fn), inst.target_fn, inst.vocab, shape.depth + 1
+        )
         assert abs(mass - 1.0) < 1e-12 and tv < 1e-9, (inst.name, str(shape), tv)
 
 
@@ -185,13 +186,15 @@ def test_the_device_states_have_the_exact_law(name, law) -> None:
 )
 def test_wrong_device_states_are_caught(name, shape, states) -> None:
     if states is None:  # RRSw's trees verified by the states with replacement: the rejected token stays in q'
-        fn = _states_verifier(True, lambda p, q, x, a, wor: rrs.rrs_states(p, q, x, a, False))  # noqa: ARG005
+        fn = _states_verifier(True, lambda p, q, x, a, wor: rrs.rrs_states(p, q, x, a, False))
     else:
         fn = _states_verifier(False, states)
     tvs = []
     for seed in range(6):
         inst = random_instance(seed, 3, zero_frac=0.0)
-        tvs.append(completed_tv(output_law(fn, shape, inst.draft_fn, inst.target_fn), inst.target_fn, 3, shape.depth + 1)[0])
+        tvs.append(
+            completed_tv(output_law(fn, shape, inst.draft_fn, inst.target_fn), inst.target_fn, 3, shape.depth + 1)[0]
+        )
         if tvs[-1] > 1e-3:
             break
     assert max(tvs) > 1e-3, (name, tvs)
