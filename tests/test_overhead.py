@@ -267,3 +267,23 @@ def test_a_chain_step_keeps_within_its_op_goals(plan, max_syncs):
     assert 0 < row["verify_commit_ops_per_step"] <= 60
     assert 0 < row["target_ops_per_step"] <= 12
     assert row["syncs_per_step"] <= max_syncs
+
+
+def test_an_eagle_tree_decided_on_the_device_keeps_within_its_level_goal():
+    """An EAGLE-style tree without replacement is decided on the device: at most 40 ops a draft level (the tree's
+    starting tensors cloned from its plan, each level's mask read from the ancestor rows) and one host read for
+    the tree besides the verifier's."""
+    target = tiny_model("llama", vocab=48, seed=3, eos=None)
+    draft = perturbed(target, 0.2, 4)
+    engine = SpecEngine(target, draft)
+    plan = "eagle:5:12:3:2:wor/rrsw"
+    engine.generate([5, 6, 7, 5, 6, 7], max_new_tokens=4, temperature=1.0, plan=plan, seed=1)  # the plans, cached
+    with HostSyncCounter(roles={"target": target, "draft": draft}) as counter:
+        r = engine.generate([5, 6, 7, 5, 6, 7], max_new_tokens=24, temperature=1.0, plan=plan, seed=0)
+    row = summarize_counts(counter, r.stats.steps, 1)
+    assert r.stats.steps >= 4 and row["draft_levels_per_step"] > 1
+    assert 0 < row["draft_ops_per_level"] <= 40
+    sites = {s["site"].split(" ")[-1]: s["per_step"] for s in row["sync_sites"]}
+    # decided on the device with one read a tree, not level by level on the host (its plan's one copy comes once
+    # per policy: the depth shrinks near the end of a request), and the verifier's one read
+    assert 0.5 < sites["draft_eagle_on_device"] <= 1 and sites["host_read"] <= 1

@@ -529,14 +529,31 @@ class _EagleLevel:
     ids: torch.Tensor  # [new] the children's node ids
     kids: list[list[int]]  # per frontier row, its children's ids
     kids_rows: torch.Tensor  # [F, widest] the same, padded with the node count
+    own: torch.Tensor  # [new, N] bool: each child's own column (its row of the identity)
+
+
+@dataclass(frozen=True)
+class _EaglePlan:
+    """:func:`eagle_levels` of a policy on a device, with the tree's starting tensors (made once; each tree clones
+    ``start`` and ``ancestors`` once, the other tensors are read only).
+    """
+
+    levels: list[_EagleLevel]
+    n: int  # nodes
+    fed: int  # fed rows, the root's included
+    widest: int
+    depths: list[int]
+    depths_d: torch.Tensor
+    start: torch.Tensor  # [2N + N·widest] long: tokens and parents -1, children padded with N
+    ancestors: torch.Tensor  # [N, N] bool: the root its own ancestor
+    root: torch.Tensor  # [1] long 0: the first frontier's node id
+    one: torch.Tensor  # [1] float64 1: its path probability
 
 
 @functools.lru_cache(maxsize=64)
-def _eagle_plan(
-    policy: EagleTree, device: torch.device
-) -> tuple[list[_EagleLevel], int, int, int, list[int], torch.Tensor]:
-    """The levels, the node count, the fed count, the widest node and the depths (list, tensor) of ``policy``'s
-    trees; the tensors in one copy.
+def _eagle_plan(policy: EagleTree, device: torch.device) -> _EaglePlan:
+    """The levels, node and fed counts, widest node, depths and starting tensors of ``policy``'s trees, copied in
+    one transfer.
     """
     levels = eagle_levels(policy)
     n = 1 + sum(sum(w) for w, _ in levels)
@@ -552,13 +569,20 @@ def _eagle_plan(
         parts += [len(used)] * 3 + [len(pad)]
         first += len(used)
         depths += [depth] * len(used)
-    tensors = torch.tensor(host + depths, dtype=torch.long, device=device).split([*parts, n])
+    start = [-1] * (2 * n) + [n] * (n * widest)
+    tensors = torch.tensor(host + depths + start + [0], dtype=torch.long, device=device).split(
+        [*parts, n, len(start), 1]
+    )
+    eye = torch.eye(n, dtype=torch.bool, device=device)
     out = []
     for i, (widths, fed) in enumerate(levels):
         used, of, ids, pad = tensors[4 * i : 4 * i + 4]
-        out.append(_EagleLevel(widths, fed, used, of, ids, kid_lists[i], pad.view(len(widths), widest)))
+        out.append(_EagleLevel(widths, fed, used, of, ids, kid_lists[i], pad.view(len(widths), widest), eye[ids]))
     fed_total = 1 + sum(fed for _, fed in levels)
-    return out, n, fed_total, widest, depths, tensors[-1]
+    ancestors = torch.zeros(n, n, dtype=torch.bool, device=device)
+    ancestors[0, 0].fill_(True)  # no host tensor to copy in
+    one = torch.ones(1, dtype=torch.float64, device=device)
+    return _EaglePlan(out, n, fed_total, widest, depths, tensors[-3], tensors[-2], ancestors, tensors[-1], one)
 
 
 def draft_eagle_on_device(
@@ -583,23 +607,17 @@ def draft_eagle_on_device(
     """
     device = runner.device
     p, base = root.pending, root.base
-    levels, n, fed_total, widest, depths, depths_d = _eagle_plan(policy, device)
+    plan = _eagle_plan(policy, device)
+    n, fed_total = plan.n, plan.fed
     R, ok = root.probs[-1:], root.ok
     rows = [R]  # the fed rows' probabilities, in feed order (the root's first)
-    tokens_d = torch.full((n,), -1, dtype=torch.long, device=device)
-    parents_d = torch.full((n,), -1, dtype=torch.long, device=device)
-    ancestors = torch.zeros(n, n, dtype=torch.bool, device=device)
-    ancestors[0, 0] = True
-    anc_fed = torch.zeros(fed_total, fed_total, dtype=torch.bool, device=device)  # over the fed rows, feed order
-    anc_fed[0, 0] = True
-    kids_d = torch.full((n, widest), n, dtype=torch.long, device=device)
-    front_ids = torch.zeros(1, dtype=torch.long, device=device)  # the frontier: node ids, path probabilities,
-    front_pp = torch.ones(1, dtype=torch.float64, device=device)  # rows among the fed rows
-    front_rows = torch.zeros(1, dtype=torch.long, device=device)
+    tokens_d, parents_d, kids_d = plan.start.clone().split([n, n, n * plan.widest])
+    kids_d = kids_d.view(n, plan.widest)
+    ancestors = plan.ancestors.clone()
+    front_ids, front_pp = plan.root, plan.one  # the frontier: node ids and path probabilities
     fed_ids, qs, level_logits = [front_ids], [], []  # qs: the drawn children's probabilities, checked at the end
-    pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device)
-    fed_so_far = 1
-    for depth, lv in enumerate(levels, start=1):
+    pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device) if p > 1 else None
+    for depth, lv in enumerate(plan.levels, start=1):
         cand = draw_tokens(R, policy.width, generator, replace=False, greedy=deterministic)  # as the host path
         cand = cand.flatten()[lv.used]
         q = R[lv.of, cand]  # each used child's probability in its parent's row
@@ -607,19 +625,17 @@ def draft_eagle_on_device(
         parents = front_ids[lv.of]
         tokens_d[lv.ids] = cand
         parents_d[lv.ids] = parents
-        ancestors[lv.ids] = ancestors[parents]
-        ancestors[lv.ids, lv.ids] = True
+        ancestors[lv.ids] = ancestors[parents] | lv.own
         kids_d[front_ids] = lv.kids_rows
         if lv.fed:
             pp = front_pp[lv.of] * q.to(torch.float64)
             chosen = pp.argsort(descending=True, stable=True)[: lv.fed].sort().values  # the top k, in the order made
-            rows_new = torch.arange(fed_so_far, fed_so_far + lv.fed, device=device)
-            anc_fed[rows_new] = anc_fed[front_rows[lv.of[chosen]]]
-            fed_so_far += lv.fed
-            anc_fed[rows_new, rows_new] = True
-            front_ids, front_pp, front_rows = lv.ids[chosen], pp[chosen], rows_new
+            front_ids, front_pp = lv.ids[chosen], pp[chosen]
             fed_ids.append(front_ids)
-            allowed = torch.cat([pending_pos.expand(lv.fed, -1), anc_fed[rows_new, :fed_so_far]], dim=1)
+            # the fed rows' mask over the block's rows: the pending tokens, then every fed node in feed order
+            allowed = ancestors[front_ids][:, torch.cat(fed_ids)]
+            if pending_pos is not None:
+                allowed = torch.cat([pending_pos.expand(lv.fed, -1), allowed], dim=1)
             pos = torch.full((lv.fed,), base + p - 1 + depth, dtype=torch.long, device=device)
             logits = runner.block_forward(tokens_d[front_ids], pos, allowed, logits_to_keep=lv.fed)
             R = probs_fn(logits)
@@ -636,19 +652,19 @@ def draft_eagle_on_device(
     tokens, parents, fed_order = host[:n], host[n : 2 * n], host[2 * n : 2 * n + fed_total]
     child_draws: list[list[int]] = [[] for _ in range(n)]
     start, frontier = 0, 1
-    for lv in levels:  # level by level, the frontier is the nodes fed last
+    for lv in plan.levels:  # level by level, the frontier is the nodes fed last
         for node, kids in zip(fed_order[start : start + frontier], lv.kids, strict=True):
             child_draws[node] = kids
         start, frontier = start + frontier, lv.fed
     probs = torch.zeros(n, probs_fn.vocab_size, dtype=rows[0].dtype, device=device)
     probs[fed_d] = fed_rows
-    tree = DraftTree(tokens, parents, depths, probs, child_draws, policy.shape)
-    tree.keep_tensors(tokens=tokens_d, parents=parents_d, depths=depths_d, ancestors=ancestors, children=kids_d)
+    tree = DraftTree(tokens, parents, plan.depths, probs, child_draws, policy.shape)
+    tree.keep_tensors(tokens=tokens_d, parents=parents_d, depths=plan.depths_d, ancestors=ancestors, children=kids_d)
     cache_rows = {node: i for i, node in enumerate(fed_order)}
     rows_d = torch.full((n,), -1, dtype=torch.long, device=device).index_copy_(
         0, fed_d, torch.arange(fed_total, device=device)
     )
-    return DraftOutcome(tree, ancestors, p, fed_total, cache_rows, len(levels), 0.0, cache_rows_tensor=rows_d)
+    return DraftOutcome(tree, ancestors, p, fed_total, cache_rows, len(plan.levels), 0.0, cache_rows_tensor=rows_d)
 
 
 def _level_candidates(

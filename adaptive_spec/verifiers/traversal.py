@@ -245,8 +245,8 @@ def traversal_on_device(
     found = torch.rand(n + 1, dtype=torch.float64, device=device, generator=generator) < w  # each node's flip
     found[0], found[n] = True, False  # the root is accepted when everything below is rejected; the dummy never
     first = torch.arange(n + 1, device=device)  # the first flagged node in post-order under each node
-    for parents, cand, _, act in reversed(levels):
-        below = act & found[cand]
+    for parents, cand, _, _ in reversed(levels):
+        below = found[cand]  # an inactive column points at the dummy, never flagged
         j = below.byte().argmax(dim=1, keepdim=True)  # the first child (in drafting order) with a flagged node below
         hit = below.any(dim=1)
         first[parents] = torch.where(hit, first[cand.gather(1, j)[:, 0]], parents)
@@ -282,16 +282,17 @@ def traversal_states(
     for parents, cand, tok, act in levels:
         w = w_all[parents]  # [P, 1]
         rb = target_probs[parents]
-        q = tree.draft_probs[parents].to(dtype)
+        q = tree.draft_probs[parents]
+        q = q if q.dtype == dtype else q.to(dtype)
         qz, left = q, q.sum(dim=-1, keepdim=True, dtype=torch.float64)
         q_t = q.gather(1, tok).double()  # [P, K] the draft's mass at each child's token
-        inv_q = torch.where(q_t > 0, q_t.reciprocal(), 0.0)  # a q = 0 edge cannot have been drafted: weight 0
         gone = q_t * act  # the draft mass each rejection zeroes
         cb, cs, k = torch.ones_like(w), torch.ones_like(w), cand.shape[1]
-        cols = zip(tok.split(1, 1), act.split(1, 1), cand.unbind(1), inv_q.split(1, 1), gone.split(1, 1), strict=True)
-        for j, (t, on, c, iq, g) in enumerate(cols):
+        ratios, at_child = [], []  # per column: w · cb / cs and rb at the child's token, when the child is reached
+        for j, (t, on, g) in enumerate(zip(tok.split(1, 1), act.split(1, 1), gone.split(1, 1), strict=True)):
             scale = w * cb  # w · cb: Mb = cb · rb
-            w_all[c] = (scale / cs * rb.gather(1, t) * iq).clamp_max(1.0)  # the child's weight when reached
+            ratios.append(scale / cs)
+            at_child.append(rb.gather(1, t))
             # Reject the child: r = (w · Mb − Ms)_+ / (w · cb), S = w · cb · Σ r (see traversal_impl).
             alpha = (cs / scale).clamp_max(3e38).to(dtype)  # w = 0: r is rb where Ms is 0, and S = 0
             r = torch.addcmul(rb, qz, alpha, value=-1.0).clamp_min_(0.0)
@@ -305,6 +306,9 @@ def traversal_states(
                 qz = torch.where(on, qz.scatter(1, t, 0.0), qz)
                 left = left - g
                 cs = torch.where(on & (left > 0), left.reciprocal(), cs)
+        # each child's weight when reached: min(1, w · Mb(t) / Ms(t)); a q = 0 edge cannot have been drafted: 0
+        w_child = torch.cat(ratios, dim=1) * torch.cat(at_child, dim=1) / q_t
+        w_all[cand] = torch.where(q_t > 0, w_child.clamp_max_(1.0), 0.0)[..., None]
         w_all[parents] = w  # its weight when tested as a leaf
         residuals.append(rb)  # and the row its token is drawn from if accepted
         pos[parents] = torch.arange(done, done + len(parents), device=device)
@@ -383,21 +387,22 @@ def _slot_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Tens
     n = tree.num_nodes
     tokens = tree.tokens_tensor(device)
     cand_all, real_all = layout.candidates(device)
-    groups = layout.groups(tokens)
     widths = layout.candidate_widths
+    # every fed slot's candidates at once: drawn at its prefix, happened, and the first with their token there
+    tok_all = tokens[cand_all].clamp_min(0)
+    act_all = real_all & layout.groups(tokens) & valid[cand_all]
+    k_all = tok_all.shape[1]
+    earlier = torch.ones(k_all, k_all, dtype=torch.bool, device=device).tril_(-1)
+    dup = ((tok_all[:, :, None] == tok_all[:, None, :]) & act_all[:, None, :] & earlier).any(dim=-1)  # j' < j
+    act_all = act_all & ~dup
     node = torch.zeros(n + 1, dtype=torch.bool, device=device)  # whether each slot is a node of the merged tree
-    node[0] = True
-    earlier = torch.ones(layout.num_slots, layout.num_slots, dtype=torch.bool, device=device).tril(-1)
+    node[0].fill_(True)
     out, (first, end) = [], (0, 1)  # the slots of depth d, whose children level d draws
     for d, level in enumerate(layout.levels):
         k = widths[d]
-        cand = cand_all[first:end, :k]
-        tok = tokens[cand].clamp_min(0)
-        act = real_all[first:end, :k] & groups[first:end, :k] & valid[cand] & node[first:end, None]
-        dup = ((tok[:, :, None] == tok[:, None, :]) & act[:, None, :] & earlier[:k, :k]).any(dim=-1)  # j' < j
-        act = act & ~dup
-        cand = torch.where(act, cand, n)
+        act = act_all[first:end, :k] & node[first:end, None]  # under a slot that is itself a node
+        cand = torch.where(act, cand_all[first:end, :k], n)
         node[cand] = act
-        out.append((torch.arange(first, end, device=device), cand, tok, act))
+        out.append((torch.arange(first, end, device=device), cand, tok_all[first:end, :k], act))
         first, end = level
     return out
