@@ -51,7 +51,15 @@ from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.trees.draw import draw_children, draw_tokens
 from adaptive_spec.trees.lookup import hybrid_tree, lookup_trie, ngram_candidates, ngram_lookup, within_vocab
-from adaptive_spec.trees.policy import ChainRule, DraftPolicy, EagleTree, NodeView, PolicyContext, clip_widths
+from adaptive_spec.trees.policy import (
+    ChainRule,
+    ConfidenceDelayed,
+    DraftPolicy,
+    EagleTree,
+    NodeView,
+    PolicyContext,
+    clip_widths,
+)
 from adaptive_spec.trees.slots import SlotLayout, slot_layout
 
 
@@ -218,6 +226,7 @@ def _draft_slots(
     probs_fn: ProbsFn,
     generator: torch.Generator,
     deterministic: bool,
+    trunk: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None = None,
 ) -> DraftOutcome:
     """A static tree drafted on the device into its slots (:mod:`adaptive_spec.trees.slots`): no host read.
 
@@ -225,13 +234,20 @@ def _draft_slots(
     replacement) and feeds every new slot under the shape's fixed mask. The tokens and validity flags stay on
     the device: the engine's one host read brings them back with the verifier's, and the tree's parents and
     child draws are merged then. Every row's finiteness is the outcome's ``ok``, read with them.
+
+    ``trunk``: the first levels of a ``delayed`` layout, already drawn and fed (one slot each, in slot order), as
+    ``(tokens, valid, rows)`` after the root's (:func:`draft_conf_delayed`); the levels after them are drafted.
     """
     p, base, device, D = root.pending, root.base, runner.device, layout.shape.depth
     ancestors, depths = layout.tensors(device)
     pending_cols = torch.ones(layout.num_slots, p - 1, dtype=torch.bool, device=device)  # every node sees them
     rows, tokens = [root.probs[-1:]], [torch.full((1,), -1, dtype=torch.long, device=device)]
     valid = [torch.ones(1, dtype=torch.bool, device=device)]
+    if trunk is not None:
+        tokens, valid, rows = tokens + trunk[0], valid + trunk[1], rows + trunk[2]
     for d, (first, end) in enumerate(layout.levels):
+        if d < len(tokens) - 1:  # a trunk level, drawn and fed already
+            continue
         k = layout.draws[d]
         frontier = rows[-1].expand(end - first, -1) if layout.spread[d] else rows[-1]
         # without replacement every frontier slot draws k distinct children; a lone walker takes the argmax at T = 0
@@ -276,6 +292,21 @@ def _draft_chain(
         if d + 1 < D:  # node d + 1 attends to every row before it: no mask to build
             logits = runner.block_forward(token, positions[d + 1 : d + 2], None, logits_to_keep=1)
             rows.append(probs_fn(logits))
+    return _chain_outcome(root, shape, rows, drawn, device)
+
+
+def _chain_outcome(
+    root: DraftRoot,
+    shape: TreeShape,
+    rows: list[torch.Tensor],
+    drawn: list[torch.Tensor],
+    device: torch.device,
+    decisions: int = 0,
+) -> DraftOutcome:
+    """The outcome of a chain drafted on the device: ``drawn`` its D tokens (each LongTensor[1]), ``rows`` the D
+    fed rows (the root's first), all on the device; nothing read.
+    """
+    D, p = shape.depth, root.pending
     tokens = torch.cat([torch.full((1,), -1, dtype=torch.long, device=device), *drawn])  # [D + 1], on the device
     probs = torch.cat([*rows, rows[0].new_zeros(1, rows[0].shape[1])])  # [D + 1, V]; the leaf is never fed
     # The rows are softmaxes: any NaN or +inf in a level's logits makes its row NaN (the root's is checked as fed).
@@ -285,7 +316,7 @@ def _draft_chain(
     depths = torch.arange(D + 1, device=device)
     tree.keep_tensors(parents=depths - 1, depths=depths, children=(depths + 1)[:, None])  # the last: none (D + 1)
     ancestors = torch.ones(D + 1, D + 1, dtype=torch.bool, device=device).tril_()
-    return DraftOutcome(tree, ancestors, p, D, ok=ok)
+    return DraftOutcome(tree, ancestors, p, D, policy_levels=decisions, ok=ok)
 
 
 def _root_only(pending: torch.Tensor | DraftRoot, shape: TreeShape, vocab: int, device: torch.device) -> DraftOutcome:
@@ -445,6 +476,8 @@ def draft_policy_tree(
     lossless for any tree.
     """
     root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
+    if on_device is not False and delayed_on_slots(policy):
+        return draft_conf_delayed(runner, root, policy, probs_fn, generator, deterministic)
     if on_device is None:
         on_device = runner.device_policy and eagle_on_device(policy, probs_fn.vocab_size)
     if on_device:
@@ -488,6 +521,64 @@ def draft_policy_tree(
         ok = finite_flag(logits, R)
         rows.append(R)
     return g.outcome(rows, p)
+
+
+def delayed_on_slots(policy: DraftPolicy) -> bool:
+    """Whether :func:`draft_conf_delayed` grows ``policy``'s trees: a :class:`ConfidenceDelayed` whose paths, once
+    branched, go on unconditionally (``branch_threshold`` 0) within a budget that never cuts them.
+    """
+    return (
+        isinstance(policy, ConfidenceDelayed)
+        and policy.branch_threshold == 0.0
+        and policy.paths > 1
+        and policy.budget >= policy.depth * policy.paths
+    )
+
+
+def draft_conf_delayed(
+    runner: ModelRunner,
+    root: DraftRoot,
+    policy: ConfidenceDelayed,
+    probs_fn: ProbsFn,
+    generator: torch.Generator,
+    deterministic: bool,
+) -> DraftOutcome:
+    """A confident trunk read level by level, then the paths drafted into slots with no read.
+
+    Along the trunk a fed node gets one child while its row's top-1 is at least the threshold: one host read per
+    trunk node (its top-1 and the finite flag), the child drawn and fed as a chain's. The first node where it
+    drops, at depth ``t < D``, gets ``paths`` i.i.d. draws, and from there (``branch_threshold`` 0, a budget of
+    ``depth · paths``) each node gets as many draws as paths stand on it, to depth ``D``: the policy's law from
+    there on is the static ``delayed(t, paths, D − t)`` shape's (``iid`` at ``t = 0``), drafted into its slots
+    (:func:`_draft_slots`, the trunk as its first levels) with no host read. A trunk that stays confident to
+    depth ``D`` is a chain. One read per trunk node instead of one read and one copy per level.
+    """
+    D, K, device = policy.depth, policy.paths, runner.device
+    p, base = root.pending, root.base
+    R, ok = root.probs[-1:], root.ok
+    tokens, valid, rows = [], [], []
+    while len(tokens) < D:
+        top1, good = torch.stack([R.max().double(), ok.double()]).tolist()  # the trunk node's one read
+        check_finite(good, "draft")
+        if top1 < policy.threshold:
+            break
+        drawn, drawn_ok = draw_children(R, 1, generator, replace=False, greedy=deterministic)  # [1, 1]
+        tokens.append(drawn[0])
+        valid.append(drawn_ok[0])
+        if len(tokens) < D:  # fed, to be read next: one token attending to every row before it
+            pos = torch.full((1,), base + p - 1 + len(tokens), dtype=torch.long, device=device)
+            logits = runner.block_forward(drawn[0], pos, None, logits_to_keep=1)
+            R = probs_fn(logits)
+            ok = finite_flag(logits, R)
+            rows.append(R)
+    t = len(tokens)
+    shape = TreeShape.delayed(t, K, D - t)
+    if t == D:  # confident to the end: a chain
+        return _chain_outcome(root, shape, [root.probs[-1:], *rows], tokens, device, decisions=t)
+    layout = slot_layout(shape, probs_fn.vocab_size)
+    out = _draft_slots(runner, root, layout, probs_fn, generator, deterministic, trunk=(tokens, valid, rows))
+    out.policy_levels = t + 1  # the trunk's decisions: the rest is the static shape's
+    return out
 
 
 def eagle_on_device(policy: DraftPolicy, vocab: int) -> bool:

@@ -75,8 +75,10 @@ def additive_mask(allowed: torch.Tensor, past_length: int, dtype: torch.dtype = 
             negative finite value, as transformers expects of a custom 4-D mask.
     """
     n, m = allowed.shape
-    mask = torch.zeros(n, past_length + m, dtype=dtype, device=allowed.device)
-    mask[:, past_length:].masked_fill_(~allowed, torch.finfo(dtype).min)
+    # the block's part: the most negative value where masked (and -0.0, which adds nothing, where allowed), then
+    # zeros for the cached rows on its left: four ops (each a kernel launch on a GPU)
+    block = allowed.logical_not().to(dtype).mul_(torch.finfo(dtype).min)
+    mask = torch.nn.functional.pad(block, (past_length, 0)) if past_length else block
     return mask.view(1, 1, n, past_length + m)
 
 

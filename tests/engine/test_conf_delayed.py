@@ -1,0 +1,114 @@
+"""Confidence-delayed trees (``conf-delayed``) drafted as a trunk read level by level, then slots
+(``engine.drafting.draft_conf_delayed``).
+
+Along the trunk the policy reads each fed node's top-1; from the first node where it drops below the threshold
+(with ``branch_threshold`` 0 and the default budget) the policy's law is the static ``delayed(t, paths, D − t)``
+shape's, so the rest is drafted into that shape's slots with no host read. Checked here: the trunk stops exactly
+where the draft's rows say (every trunk node confident, the branch node not), the tree is that shape's, the host
+reads are one per trunk decision, and at T = 0 the trunk is the host drafter's. The engine's output law on this
+path is checked by tests/engine/test_lossless.py (``conf-delayed`` is its dynamic i.i.d. law, every verifier).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LogitsProcessorList
+
+from adaptive_spec.engine.drafting import delayed_on_slots, draft_policy_tree, draft_root
+from adaptive_spec.engine.logits import ProbsFn
+from adaptive_spec.engine.runner import ModelRunner
+from adaptive_spec.trees import TreeShape
+from adaptive_spec.trees.policy import parse_policy
+from tests.helpers.reads import counted_reads
+from tests.helpers.tiny import tiny_model
+
+V = 12
+CONTEXT = [0, 2, 1, 5, 7]
+
+
+def _grow(model, policy, seed: int, deterministic: bool, on_device=None):
+    runner = ModelRunner(model)
+    probs_fn = ProbsFn(LogitsProcessorList(), V, one_hot=False)
+    g = torch.Generator().manual_seed(seed)
+    with torch.inference_mode():
+        runner.chain_forward(torch.tensor(CONTEXT[:-1]), logits_to_keep=1)
+        root = draft_root(runner, torch.tensor(CONTEXT[-1:]), probs_fn)
+        with counted_reads() as reads:
+            out = draft_policy_tree(runner, root, policy, probs_fn, g, deterministic, on_device=on_device)
+    return out, reads
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama", vocab=V, hidden=16, eos=None, init_range=0.5, seed=5, layers=1)
+
+
+def test_which_policies_take_the_slots() -> None:
+    assert delayed_on_slots(parse_policy("conf-delayed:4:0.5:3"))
+    assert not delayed_on_slots(parse_policy("conf-delayed:4:0.5:3:0.2"))  # paths that may stop: the host's
+    assert not delayed_on_slots(parse_policy("conf-delayed:4:0.5:1"))  # one path: a chain
+    assert not delayed_on_slots(parse_policy("conf-chain:4:0.5"))
+
+
+@pytest.mark.parametrize("threshold", [0.05, 0.2, 0.3, 0.5, 0.99])
+def test_the_trunk_stops_where_the_rows_say_and_the_rest_is_the_delayed_shape(model, threshold) -> None:
+    depth, paths = 4, 3
+    policy = parse_policy(f"conf-delayed:{depth}:{threshold}:{paths}")
+    trunks = set()
+    for seed in range(6):
+        out, reads = _grow(model, policy, seed, deterministic=False)
+        tree = out.tree
+        top1 = tree.draft_probs.max(dim=-1).values.tolist()  # slot d <= t is trunk node d (the root's row first)
+        t = next((d for d in range(depth) if top1[d] < threshold), depth)
+        trunks.add(t)
+        assert tree.shape == TreeShape.delayed(t, paths, depth - t)
+        assert all(top1[d] >= threshold for d in range(t))
+        assert len(reads) == min(t + 1, depth)  # one read per trunk decision; none for the paths
+        assert out.policy_levels == min(t + 1, depth)
+        if t < depth:
+            assert tree.slots is not None and tree.num_nodes == 1 + t + paths * (depth - t)
+            assert len(tree.child_draws[t]) == paths  # the branch node: the paths' i.i.d. draws (the tree read)
+            assert all(len(tree.child_draws[d]) == 1 for d in range(t))  # the trunk: one child each
+        else:
+            assert tree.num_nodes == depth + 1 and tree.slots is None  # confident to the end: a chain
+    if threshold == 0.99:
+        assert trunks == {0}  # every root row is below 0.99: an iid(paths, depth) tree at once
+    if threshold == 0.05:
+        assert trunks == {depth}
+
+
+def test_at_t0_the_trunk_is_the_host_drafters(model) -> None:
+    """Deterministic drafting takes each trunk node's argmax on both paths: the same trunk, the same branch point."""
+    for threshold in (0.2, 0.3, 0.4):
+        policy = parse_policy(f"conf-delayed:4:{threshold}:2")
+        slots, _ = _grow(model, policy, 0, deterministic=True)
+        host, _ = _grow(model, policy, 0, deterministic=True, on_device=False)
+        assert host.tree.slots is None  # the host drafter, a read and a copy per level
+        node, trunk = 0, []
+        while len(host.tree.child_draws[node]) == 1:  # the host tree's trunk: nodes with one draw
+            node = host.tree.child_draws[node][0]
+            trunk.append(host.tree.tokens[node])
+        t = len(trunk)
+        assert slots.tree.shape == TreeShape.delayed(t, 2, 4 - t)
+        assert slots.tree.tokens[1 : t + 1] == trunk
+
+
+def test_the_trunk_continues_at_the_threshold_and_branches_just_above_it(model) -> None:
+    """The policy's rule is ``top-1 >= threshold``: a threshold at the root row's top-1 continues the trunk, one
+    just above it branches at the root (an ``iid`` tree); and the same at the first trunk node's row."""
+    probe, _ = _grow(model, parse_policy("conf-delayed:3:0.0:2"), 0, deterministic=True)  # a chain: every row
+    top1 = probe.tree.draft_probs.max(dim=-1).values.double().tolist()
+    checked = 0
+    for depth_at, value in enumerate(top1[:2]):
+        at = float(torch.tensor(value, dtype=torch.float64))
+        above = float(torch.nextafter(torch.tensor(at, dtype=torch.float64), torch.tensor(2.0, dtype=torch.float64)))
+        lower = min(top1[:depth_at], default=1.0)  # every row before this one stays at or above the threshold
+        if lower < above:
+            continue
+        on, _ = _grow(model, parse_policy(f"conf-delayed:3:{at!r}:2"), 0, deterministic=True)
+        off, _ = _grow(model, parse_policy(f"conf-delayed:3:{above!r}:2"), 0, deterministic=True)
+        assert on.tree.shape.depth == 3 and off.tree.shape == TreeShape.delayed(depth_at, 2, 3 - depth_at)
+        assert on.tree.shape != off.tree.shape
+        checked += 1
+    assert checked >= 1  # the root's row at least
