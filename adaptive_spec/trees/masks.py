@@ -8,6 +8,7 @@ position it would have in sequential decoding.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -75,11 +76,16 @@ def additive_mask(allowed: torch.Tensor, past_length: int, dtype: torch.dtype = 
             negative finite value, as transformers expects of a custom 4-D mask.
     """
     n, m = allowed.shape
-    # the block's part: the most negative value where masked (and -0.0, which adds nothing, where allowed), then
-    # zeros for the cached rows on its left: four ops (each a kernel launch on a GPU)
-    block = allowed.logical_not().to(dtype).mul_(torch.finfo(dtype).min)
-    mask = torch.nn.functional.pad(block, (past_length, 0)) if past_length else block
-    return mask.view(1, 1, n, past_length + m)
+    if past_length:  # every new token sees the cached rows
+        allowed = torch.nn.functional.pad(allowed, (past_length, 0), value=True)
+    zero, lowest = _mask_values(dtype, allowed.device)
+    return torch.where(allowed, zero, lowest).view(1, 1, n, past_length + m)  # three ops (kernel launches on a GPU)
+
+
+@functools.lru_cache(maxsize=16)
+def _mask_values(dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """0 and the dtype's most negative finite value as 0-dim tensors on ``device`` (made once)."""
+    return torch.zeros((), dtype=dtype, device=device), torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=device)
 
 
 def tree_attention_mask(
