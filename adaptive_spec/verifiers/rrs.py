@@ -128,7 +128,11 @@ def rrs_states(
     in ``q``'s. With replacement ``L = 1``. Inactive columns change nothing.
     """
     dtype, (m, k), v = p.dtype, x.shape, p.shape[1]
-    q = q if q.dtype == dtype else q.to(dtype)
+
+    def rows_dtype(t: torch.Tensor) -> torch.Tensor:  # a no-op cast is an op (a launch) too
+        return t if t.dtype == dtype else t.to(dtype)
+
+    q = rows_dtype(q)
     px, qx = p.gather(1, x).double(), q.gather(1, x).double()
     on = active.double()
     cn = torch.zeros(2, m, 1, dtype=torch.float64, device=p.device)
@@ -137,11 +141,11 @@ def rrs_states(
         gone = qx * on  # the draft mass each rejection removes
         # L when each candidate is tried: q's total less the mass of the rejected candidates before it
         ell = (q.sum(dim=-1, keepdim=True, dtype=torch.float64) - gone.cumsum(dim=1) + gone).clamp_min_(1e-300)
-        step, pxa = on / ell, px * on  # c's increment per unit of N; p at the active candidates
+        step = on / ell  # c's increment per unit of N
         pad = torch.nn.functional.pad
         pz, qz = pad(p, (0, 1)), pad(q, (0, 1))  # rejected tokens frozen; column v takes the inactive columns'
         at = torch.where(active, x, v).split(1, dim=1)
-        pxa, qxs = pxa.split(1, dim=1), qx.split(1, dim=1)
+        px_on, qx_cols = (px * on).split(1, dim=1), qx.split(1, dim=1)  # p (0 where inactive) and q, per candidate
     else:
         step, pz, qz = on, p, q
     cs, ns = [], []
@@ -149,15 +153,15 @@ def rrs_states(
         cs.append(c)
         ns.append(n)
         c2 = torch.addcmul(c, n, inc)  # c + N / L on an active column
-        c2d = c2 if dtype == torch.float64 else c2.to(dtype)
-        n2 = torch.addcmul(pz, qz, c2d, value=-1.0).clamp_min_(0.0).sum(dim=-1, keepdim=True, dtype=torch.float64)
+        r = torch.addcmul(pz, qz, rows_dtype(c2), value=-1.0).clamp_min_(0.0)
+        n2 = r.sum(dim=-1, keepdim=True, dtype=torch.float64)
         keep = n2 > 0  # else the residual is all zero: keep p'
         c, n = torch.where(keep, c2, c), torch.where(keep, n2, n)
         if without_replacement and j + 1 < k:  # freeze the rejected token: p'(x) now, q'(x) = 0
-            f = torch.addcmul(pxa[j], qxs[j], c, value=-1.0).clamp_min_(0.0)
-            pz.scatter_(1, at[j], f if dtype == torch.float64 else f.to(dtype))
+            f = torch.addcmul(px_on[j], qx_cols[j], c, value=-1.0).clamp_min_(0.0)
+            pz.scatter_(1, at[j], rows_dtype(f))
             qz.scatter_(1, at[j], 0.0)
-    residual = torch.addcmul(pz, qz, c if dtype == torch.float64 else c.to(dtype), value=-1.0).clamp_min_(0.0)
+    residual = torch.addcmul(pz, qz, rows_dtype(c), value=-1.0).clamp_min_(0.0)
     residual = residual[:, :v] if without_replacement else residual
     num = torch.addcmul(px, qx, torch.cat(cs, dim=1), value=-1.0).clamp_min_(0.0)  # (p − c q)_+ when tried
     den = torch.cat(ns, dim=1) * qx * step  # N q(x) / L; 0 on an inactive column or a q = 0 candidate (never drafted)
