@@ -62,7 +62,7 @@ from adaptive_spec.trees.policy import (
     PolicyContext,
     clip_widths,
 )
-from adaptive_spec.trees.slots import SlotLayout, slot_layout
+from adaptive_spec.trees.slots import SlotLayout, layouts_to_device, slot_layout
 
 
 @dataclass
@@ -561,6 +561,7 @@ def draft_conf_delayed(
     p, base = root.pending, root.base
     R, ok = root.probs[-1:], root.ok
     tokens, valid, rows = [], [], []
+    _delayed_layouts(D, K, probs_fn.vocab_size, device)  # every trunk length's slots on the device, in one copy
     while len(tokens) < D:
         top1, good = torch.stack([R.max().double(), ok.double()]).tolist()  # the trunk node's one read
         check_finite(good, "draft")
@@ -583,6 +584,15 @@ def draft_conf_delayed(
     out = _draft_slots(runner, root, layout, probs_fn, generator, deterministic, trunk=(tokens, valid, rows))
     out.policy_levels = t + 1  # the trunk's decisions: the rest is the static shape's
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _delayed_layouts(depth: int, paths: int, vocab: int, device: torch.device) -> None:
+    """The slots of ``delayed(t, paths, depth − t)`` for every trunk length ``t < depth``, put on ``device`` in one
+    copy the first time a ``conf-delayed`` policy of that depth and width drafts there.
+    """
+    shapes = [TreeShape.delayed(t, paths, depth - t) for t in range(depth)]
+    layouts_to_device([slot_layout(shape, vocab) for shape in shapes], device)
 
 
 def eagle_on_device(policy: DraftPolicy, vocab: int) -> bool:

@@ -11,8 +11,10 @@ level by level (the root is slot 0), with a parent slot fixed by the shape:
 
 Every slot is fed to the draft and to the target under the fixed ancestor matrix of :attr:`SlotLayout.parents`
 (its mask, positions and depths are built once per shape and device), so a level's inputs never wait for
-the host. A walker standing on a duplicate reads that slot's own row, which equals the row of the first slot
-with the same prefix: the same law.
+the host. A shape cut to a smaller depth (a plan's last tokens, :meth:`TreeShape.truncated`) has the first
+levels of the deeper shape's slots: its device tensors are slices of the deeper layout's, not a new copy. A
+walker standing on a duplicate reads that slot's own row, which equals the row of the first slot with the same
+prefix: the same law.
 
 Once the tokens are read (with the verifier's one host read), :meth:`SlotLayout.merge` gives the tree of
 :class:`~adaptive_spec.trees.DraftTree`, numbered by slot: a slot whose prefix an earlier slot already holds
@@ -54,6 +56,7 @@ class SlotLayout:
     draws: tuple[int, ...]
     spread: tuple[bool, ...]
     _device: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
+    _source: SlotLayout | None = field(default=None, init=False, repr=False, compare=False, hash=False)
 
     @property
     def num_slots(self) -> int:
@@ -64,15 +67,19 @@ class SlotLayout:
         """Whether the shape is drawn by walkers (with replacement) rather than without replacement."""
         return self.shape.law is not DraftLaw.WITHOUT_REPLACEMENT
 
-    def _on_device(self, name: str, device: torch.device, build) -> object:
-        """``build(device)``, made once per ``name`` and device (the layout's host data copied once)."""
+    def _on_device(self, name: str, device: torch.device, build, cut) -> object:
+        """``build(device)``, made once per ``name`` and device (the layout's host data copied once); for a
+        truncation of a deeper layout (``_source``), ``cut`` of that layout's (no copy).
+        """
         key = name, str(device)
         if key not in self._device:
-            self._device[key] = build(device)
+            src = self._source
+            self._device[key] = build(device) if src is None else cut(getattr(src, name)(device))
         return self._device[key]
 
     def tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``(ancestors BoolTensor[N, N], depths LongTensor[N])`` on ``device``: copied once per device."""
+        n = self.num_slots
         return self._on_device(
             "tensors",
             device,
@@ -80,11 +87,17 @@ class SlotLayout:
                 torch.tensor(ancestor_rows(list(self.parents)), dtype=torch.bool, device=d),
                 torch.tensor(self.depths, dtype=torch.long, device=d),
             ),
+            lambda t: (t[0][:n, :n].contiguous(), t[1][:n]),
         )
 
     def parents_tensor(self, device: torch.device) -> torch.Tensor:
         """LongTensor[N] of the parent slots on ``device`` (-1 for the root): copied once per device."""
-        return self._on_device("parents", device, lambda d: torch.tensor(self.parents, dtype=torch.long, device=d))
+        return self._on_device(
+            "parents_tensor",
+            device,
+            lambda d: torch.tensor(self.parents, dtype=torch.long, device=d),
+            lambda t: t[: self.num_slots],
+        )
 
     @property
     def fed(self) -> int:
@@ -100,10 +113,12 @@ class SlotLayout:
         Copied once per device.
         """
         cand, real = self._candidate_rows
+        f, k = len(cand), len(cand[0])
         return self._on_device(
             "candidates",
             device,
             lambda d: (torch.tensor(cand, dtype=torch.long, device=d), torch.tensor(real, dtype=torch.bool, device=d)),
+            lambda t: (t[0][:f, :k].contiguous(), t[1][:f, :k].contiguous()),
         )
 
     @functools.cached_property
@@ -176,7 +191,61 @@ class SlotLayout:
 
 @functools.lru_cache(maxsize=64)
 def slot_layout(shape: TreeShape, vocab_size: int) -> SlotLayout:
-    """The slots of a static ``shape`` over a vocabulary of ``vocab_size`` tokens (cached per shape)."""
+    """The slots of a static ``shape`` over a vocabulary of ``vocab_size`` tokens (cached per shape).
+
+    A shape that is the truncation of one laid out before (a plan cut near a request's end) takes its device
+    tensors from that layout's (:meth:`SlotLayout._on_device`): its slots are that layout's first levels.
+    """
+    layout = build_layout(shape, vocab_size)
+    deeper = [
+        other
+        for (v, other) in reversed(_DEEPER)  # the latest first
+        if v == vocab_size and other.shape.depth > shape.depth and other.shape.truncated(shape.depth) == shape
+    ]
+    if deeper:
+        object.__setattr__(layout, "_source", max(deeper, key=lambda o: o.shape.depth))  # the latest deepest
+    _DEEPER.append((vocab_size, layout))
+    del _DEEPER[:-64]
+    return layout
+
+
+def layouts_to_device(layouts: list[SlotLayout], device: torch.device) -> None:
+    """Put the device tensors of ``layouts`` (:meth:`SlotLayout.tensors`, :meth:`~SlotLayout.parents_tensor`,
+    :meth:`~SlotLayout.candidates`) on ``device`` in one copy from the host, for those not there yet: a policy
+    that drafts into several shapes' slots (``conf-delayed``) pays one transfer for all of them, once.
+    """
+    key = str(device)
+    todo = [lay for lay in layouts if lay._source is None and ("tensors", key) not in lay._device]
+    todo = list({id(lay): lay for lay in todo}.values())
+    if not todo:
+        return
+    flat: list[int] = []
+    sizes: list[int] = []
+    for lay in todo:
+        cand, real = lay._candidate_rows
+        for part in (
+            [int(b) for row in ancestor_rows(list(lay.parents)) for b in row],
+            list(lay.depths),
+            list(lay.parents),
+            [c for row in cand for c in row],
+            [int(b) for row in real for b in row],
+        ):
+            flat += part
+            sizes.append(len(part))
+    parts = iter(torch.tensor(flat, dtype=torch.long, device=device).split(sizes))
+    for lay in todo:
+        n, (cand, _) = lay.num_slots, lay._candidate_rows
+        anc, depths, parents, c, r = (next(parts) for _ in range(5))
+        lay._device["tensors", key] = (anc.view(n, n).bool(), depths)
+        lay._device["parents_tensor", key] = parents
+        lay._device["candidates", key] = (c.view(len(cand), -1), r.view(len(cand), -1).bool())
+
+
+_DEEPER: list[tuple[int, SlotLayout]] = []  # the layouts made by slot_layout, latest last: truncations' sources
+
+
+def build_layout(shape: TreeShape, vocab_size: int) -> SlotLayout:
+    """:func:`slot_layout`'s layout, built anew (its device tensors copied from the host when first asked for)."""
     law = shape.law
     if law not in (DraftLaw.IID, DraftLaw.DELAYED, DraftLaw.WITHOUT_REPLACEMENT):
         raise ValueError(f"slot_layout: {shape} is not a static tree of several paths (iid, delayed or wor)")

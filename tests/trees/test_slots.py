@@ -2,6 +2,9 @@
 
 - the layout of each static law: one slot per walker and level (branching at the trunk's end), or
   ``min(width, V)`` child slots per slot without replacement;
+- a shape cut to a smaller depth takes its device tensors from the deeper layout's (slices equal to its own
+  layout's, made with no copy from the host);
+- several layouts put on the device in one copy hold what each would have copied itself;
 - the merge: walkers that draw the same token at the same node share it (their draws kept with
   multiplicity, the walkers below continuing from it), a dropped draw takes its subtree with it, and
   the unused slots are in no node's draws;
@@ -18,7 +21,7 @@ import torch
 from adaptive_spec.bench.overhead import HostSyncCounter
 from adaptive_spec.engine import SpecEngine
 from adaptive_spec.trees import DraftTree, TreeShape
-from adaptive_spec.trees.slots import slot_layout
+from adaptive_spec.trees.slots import build_layout, layouts_to_device, slot_layout
 from tests.helpers.tiny import perturbed, tiny_model
 
 
@@ -39,6 +42,51 @@ def test_without_replacement_layout_has_a_slot_per_draw_clipped_to_the_vocabular
     assert small.parents == (-1, 0, 0, 1, 2) and small.draws == (2, 1)
     with pytest.raises(ValueError, match="not a static tree"):
         slot_layout(TreeShape.chain(3), 50)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [TreeShape.iid(3, 5), TreeShape.delayed(2, 3, 3), TreeShape.without_replacement((3, 2, 2, 1))],
+    ids=str,
+)
+def test_a_truncated_shape_slices_the_deeper_layouts_tensors(shape, monkeypatch):
+    slot_layout.cache_clear()  # laid out afresh, the deeper shape first
+    cpu = torch.device("cpu")
+    deep = slot_layout(shape, 50)
+    deep.tensors(cpu), deep.parents_tensor(cpu), deep.candidates(cpu)
+    cuts = [d for d in range(1, shape.depth) if shape.truncated(d).law is shape.law]
+    assert cuts
+    for d in cuts:
+        cut = slot_layout(shape.truncated(d), 50)
+        fresh = build_layout(shape.truncated(d), 50)
+        assert cut._source is deep
+        made = []
+        with monkeypatch.context() as m:  # nothing copied from the host for the cut layout
+            m.setattr(torch, "tensor", lambda *a, made=made, **k: made.append(a) or torch.as_tensor(*a, **k))
+            got = [*cut.tensors(cpu), cut.parents_tensor(cpu), *cut.candidates(cpu)]
+        assert not made
+        want = [*fresh.tensors(cpu), fresh.parents_tensor(cpu), *fresh.candidates(cpu)]
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and torch.equal(g, w)
+    slot_layout.cache_clear()  # a cut laid out before any deeper shape has its own tensors
+    assert slot_layout(shape.truncated(cuts[0]), 51)._source is None
+
+
+def test_layouts_put_on_the_device_together_equal_their_own_copies(monkeypatch):
+    shapes = [TreeShape.delayed(t, 3, 4 - t) for t in range(4)] + [TreeShape.without_replacement((3, 2))]
+    together = [build_layout(shape, 50) for shape in shapes]
+    copies = []
+    with monkeypatch.context() as m:
+        m.setattr(torch, "tensor", lambda *a, **k: copies.append(a) or torch.as_tensor(*a, **k))
+        layouts_to_device(together, torch.device("cpu"))
+    assert len(copies) == 1
+    cpu = torch.device("cpu")
+    for lay, shape in zip(together, shapes, strict=True):
+        alone = build_layout(shape, 50)
+        got = [*lay.tensors(cpu), lay.parents_tensor(cpu), *lay.candidates(cpu)]
+        want = [*alone.tensors(cpu), alone.parents_tensor(cpu), *alone.candidates(cpu)]
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w)
 
 
 def test_merge_shares_duplicate_draws_and_walkers_continue_from_the_shared_node():
