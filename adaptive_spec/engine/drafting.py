@@ -655,11 +655,29 @@ class _EaglePlan:
     one: torch.Tensor  # [1] float64 1: its path probability
 
 
-@functools.lru_cache(maxsize=64)
 def _eagle_plan(policy: EagleTree, device: torch.device) -> _EaglePlan:
-    """The levels, node and fed counts, widest node, depths and starting tensors of ``policy``'s trees, copied in
-    one transfer.
+    """The levels, node and fed counts, widest node, depths and starting tensors of ``policy``'s trees (made once per
+    policy and device). The first time, the plans of every depth cut of ``policy`` (its last steps in a request,
+    :meth:`~adaptive_spec.trees.policy.DraftPolicy.truncated`) are made with it, all in one transfer.
     """
+    key = policy, str(device)
+    if key not in _EAGLE_PLANS:
+        cuts = dict.fromkeys(policy.truncated(d) for d in range(1, policy.depth + 1))
+        todo = [c for c in cuts if (c, str(device)) not in _EAGLE_PLANS]
+        hosts = [_eagle_host(c) for c in todo]
+        flat = torch.tensor([v for h in hosts for v in h[-1]], dtype=torch.long, device=device)
+        if len(_EAGLE_PLANS) > 256:
+            _EAGLE_PLANS.clear()
+        for c, host, part in zip(todo, hosts, flat.split([len(h[-1]) for h in hosts]), strict=True):
+            _EAGLE_PLANS[c, str(device)] = _eagle_device(*host[:-1], part, device)
+    return _EAGLE_PLANS[key]
+
+
+_EAGLE_PLANS: dict[tuple[EagleTree, str], _EaglePlan] = {}
+
+
+def _eagle_host(policy: EagleTree) -> tuple:
+    """:func:`_eagle_plan`'s host part: ``(levels, n, widest, depths, kid lists, split sizes, flat values)``."""
     levels = eagle_levels(policy)
     n = 1 + sum(sum(w) for w, _ in levels)
     widest = max(1, max((max(w, default=0) for w, _ in levels), default=0))
@@ -675,9 +693,14 @@ def _eagle_plan(policy: EagleTree, device: torch.device) -> _EaglePlan:
         first += len(used)
         depths += [depth] * len(used)
     start = [-1] * (2 * n) + [n] * (n * widest)
-    tensors = torch.tensor(host + depths + start + [0], dtype=torch.long, device=device).split(
-        [*parts, n, len(start), 1]
-    )
+    return levels, n, widest, depths, kid_lists, [*parts, n, len(start), 1], host + depths + start + [0]
+
+
+def _eagle_device(
+    levels: list, n: int, widest: int, depths: list[int], kid_lists: list, sizes: list[int], flat: torch.Tensor, device
+) -> _EaglePlan:
+    """:func:`_eagle_plan`'s device part, from :func:`_eagle_host`'s values copied (``flat``)."""
+    tensors = flat.split(sizes)
     eye = torch.eye(n, dtype=torch.bool, device=device)
     out = []
     for i, (widths, fed) in enumerate(levels):

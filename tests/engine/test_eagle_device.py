@@ -130,3 +130,29 @@ def test_generations_are_the_same_on_the_device_and_on_the_host(monkeypatch, tem
     for a, b in zip(runs["device"], runs["host"], strict=True):
         assert a.token_ids == b.token_ids
         assert (a.stats.accept_lengths, a.stats.tree_sizes) == (b.stats.accept_lengths, b.stats.tree_sizes)
+
+
+def test_a_policys_depth_cuts_get_their_plans_in_the_same_transfer(monkeypatch):
+    """The plans of a policy's depth cuts (its last steps in a request) are made with its own, in one copy, and each
+    equals the plan made for the cut alone."""
+    policy = parse_policy("eagle:6:48:6:4:wor")
+    cpu = torch.device("cpu")
+    copies = []
+    monkeypatch.setattr(drafting, "_EAGLE_PLANS", {})
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: copies.append(a) or torch.as_tensor(*a, **k))
+    full = drafting._eagle_plan(policy, cpu)
+    cuts = [drafting._eagle_plan(policy.truncated(d), cpu) for d in range(1, policy.depth)]
+    assert len(copies) == 1 and full is drafting._eagle_plan(policy, cpu)
+    monkeypatch.undo()
+    for d, cut in enumerate(cuts, start=1):
+        monkeypatch.setattr(drafting, "_EAGLE_PLANS", {})
+        alone = drafting._eagle_plan(policy.truncated(d), cpu)
+        assert (cut.n, cut.fed, cut.widest, cut.depths) == (alone.n, alone.fed, alone.widest, alone.depths)
+        assert [(lv.widths, lv.fed, lv.kids) for lv in cut.levels] == [
+            (lv.widths, lv.fed, lv.kids) for lv in alone.levels
+        ]
+        for a, b in zip(cut.levels, alone.levels, strict=True):
+            for name in ("used", "of", "ids", "kids_rows", "own"):
+                assert torch.equal(getattr(a, name), getattr(b, name))
+        for name in ("depths_d", "start", "ancestors", "root", "one"):
+            assert torch.equal(getattr(cut, name), getattr(alone, name))
