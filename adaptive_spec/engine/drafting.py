@@ -178,7 +178,17 @@ def finite_flag(logits: torch.Tensor, probs: torch.Tensor | None = None) -> torc
     total = logits.sum(dtype=torch.float32)
     if probs is not None:  # one flag for both: a NaN or inf in either makes the sum so
         total = total + probs.sum(dtype=torch.float32)
-    return torch.isfinite(total)
+    return (total - total) == 0  # NaN for a NaN or an inf: two ops, where isfinite takes four
+
+
+def rows_ok(probs: torch.Tensor) -> torch.Tensor:
+    """0-dim bool tensor: are the probability rows ``probs`` free of NaN? No host sync.
+
+    Softmax rows are NaN wherever their logits were not finite, and a sum of probabilities cannot overflow, so
+    this is their finiteness, in two ops.
+    """
+    total = probs.sum()
+    return total == total
 
 
 def check_finite(ok: torch.Tensor | bool, who: str) -> None:
@@ -265,7 +275,7 @@ def _draft_slots(
     fed, n = layout.fed, layout.num_slots  # every slot above the last level is fed
     probs = torch.cat([*rows, rows[0].new_zeros(n - fed, rows[0].shape[1])])  # [N, V]; leaves are never fed
     # The rows are softmaxes: any NaN or +inf in a level's logits makes its row NaN (the root's is checked as fed).
-    ok = root.ok & torch.isfinite(probs.sum())
+    ok = root.ok & rows_ok(probs)
     tree = DraftTree.from_slots(layout, torch.cat(tokens), torch.cat(valid), probs)
     return DraftOutcome(tree, ancestors, p, fed, ok=ok)
 
@@ -309,16 +319,25 @@ def _chain_outcome(
     fed rows (the root's first), all on the device; nothing read.
     """
     D, p = shape.depth, root.pending
-    tokens = torch.cat([torch.full((1,), -1, dtype=torch.long, device=device), *drawn])  # [D + 1], on the device
+    no_token, parents, depths, children, ancestors = _chain_tensors(D, device)
+    tokens = torch.cat([no_token, *drawn])  # [D + 1], on the device
     probs = torch.cat([*rows, rows[0].new_zeros(1, rows[0].shape[1])])  # [D + 1, V]; the leaf is never fed
     # The rows are softmaxes: any NaN or +inf in a level's logits makes its row NaN (the root's is checked as fed).
-    ok = root.ok & torch.isfinite(probs.sum())
+    ok = root.ok & rows_ok(probs)
     nodes = range(D + 1)
     tree = DraftTree(tokens, [n - 1 for n in nodes], list(nodes), probs, [[n + 1] for n in range(D)] + [[]], shape)
-    depths = torch.arange(D + 1, device=device)
-    tree.keep_tensors(parents=depths - 1, depths=depths, children=(depths + 1)[:, None])  # the last: none (D + 1)
-    ancestors = torch.ones(D + 1, D + 1, dtype=torch.bool, device=device).tril_()
+    tree.keep_tensors(parents=parents, depths=depths, children=children)
     return DraftOutcome(tree, ancestors, p, D, policy_levels=decisions, ok=ok)
+
+
+@functools.lru_cache(maxsize=64)
+def _chain_tensors(depth: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """A chain's read-only tensors of depth ``depth`` on ``device``, made once: ``(the root's token -1 [1], parents
+    [D + 1], depths [D + 1], children [D + 1, 1] (the last: none, D + 1), ancestors [D + 1, D + 1])``.
+    """
+    depths = torch.arange(depth + 1, device=device)
+    ancestors = torch.ones(depth + 1, depth + 1, dtype=torch.bool, device=device).tril_()
+    return depths[:1] - 1, depths - 1, depths, (depths + 1)[:, None], ancestors
 
 
 def _root_only(pending: torch.Tensor | DraftRoot, shape: TreeShape, vocab: int, device: torch.device) -> DraftOutcome:

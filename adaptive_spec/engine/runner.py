@@ -86,6 +86,8 @@ class ModelRunner:
                 f"mask, supported by {SUPPORTED_ATTENTION}: load it with attn_implementation='sdpa'"
             )
         self.model = model
+        # read once: a model's ``device`` and ``dtype`` walk its parameters (a runner lives for one request)
+        self._device, self._dtype = model.device, model.dtype
         self.cached = 0
         self.forwards = 0
         self.keep_hidden = keep_hidden
@@ -113,11 +115,13 @@ class ModelRunner:
 
     @property
     def device(self) -> torch.device:
-        return self.model.device
+        """The model's device when the runner was made."""
+        return self._device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.model.dtype
+        """The model's dtype when the runner was made."""
+        return self._dtype
 
     def cache_length(self) -> int:
         return self.length if self.slot is not None else self.cache.get_seq_length()

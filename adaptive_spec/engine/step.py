@@ -30,6 +30,7 @@ from adaptive_spec.engine.drafting import (
     draft_tree,
     finite_flag,
     lookup_outcome,
+    rows_ok,
     sample_categorical,
 )
 from adaptive_spec.engine.eagle import EagleRunner
@@ -193,7 +194,7 @@ class StepMixin:
         """
         tree, generator = outcome.tree, run.state.generator
         greedy = run.request.greedy
-        target_ok = finite_flag(logits, target_probs) if greedy else torch.isfinite(target_probs.sum())
+        target_ok = finite_flag(logits, target_probs) if greedy else rows_ok(target_probs)
         ok = (target_ok if outcome.ok is None else target_ok & outcome.ok)[None]  # bool: host_read reads it as int
         kw = {"allow_lossy": plan.allow_lossy, "check_inputs": False}
         if REGISTRY[verifier].rides:

@@ -18,6 +18,7 @@ closed form of the recursion), the backward scan becomes "the largest ``i`` whos
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -124,12 +125,17 @@ def chain_block_draw(h: torch.Tensor, rows: torch.Tensor, generator: torch.Gener
     u = torch.rand(g + 1, generator=generator, dtype=torch.float64, device=generator.device)
     if u.device != h.device:  # a generator on another device than the rows (the engine keeps them together)
         u = u.to(h.device)
-    idx = torch.arange(g + 1, device=h.device)
     # τ, LongTensor[1]: the backward scan's stop, the largest i with η_i < h_i, else 0
-    tau = torch.where(u < h, idx, 0).max(0, keepdim=True).values
+    tau = ((u < h) * _positions(g + 1, h.device)).max(0, keepdim=True).values
     row = rows.index_select(0, tau)  # [1, V]
     token = search_cdf(row.cumsum(-1), u[:1, None])  # [1, 1]: η_0 draws the emitted token too
     return torch.cat([tau, token[0]])
+
+
+@functools.lru_cache(maxsize=64)
+def _positions(n: int, device: torch.device) -> torch.Tensor:
+    """``arange(n)`` on ``device``, made once (read only)."""
+    return torch.arange(n, device=device)
 
 
 def _is_chain(tree: DraftTree) -> bool:
