@@ -100,10 +100,9 @@ def chain_block_law(
     g = tokens.numel()
     if g == 0:
         return P.new_zeros(1, dtype=torch.float64), P
-    tiny = torch.finfo(torch.float64).tiny
     P1, Q1, idx = P[:-1], Q[:-1], tokens[:, None]  # the weights below are columns: Tensor[γ (+ 1), 1]
     pe, qe = P1.gather(1, idx).double(), Q1.gather(1, idx).double()
-    ratio = torch.where(qe > 0, pe / qe.clamp_min(tiny), 0.0)
+    ratio = pe / qe.clamp_min(_TINY) * (qe > 0)  # 0 where q = 0 (p <= 1: the quotient is finite there)
     L = pad(ratio.log().cumsum(0), (0, 0, 1, 0))  # L_0 = 0; -inf once a ratio is 0: w stays 0 after it
     w = (L - L.cummax(0).values).exp()  # w_i = min(1, w_{i-1} * ratio_i), in closed form
     w1 = w[:-1]
@@ -130,6 +129,9 @@ def chain_block_draw(h: torch.Tensor, rows: torch.Tensor, generator: torch.Gener
     row = rows.index_select(0, tau)  # [1, V]
     token = search_cdf(row.cumsum(-1), u[:1, None])  # [1, 1]: η_0 draws the emitted token too
     return torch.cat([tau, token[0]])
+
+
+_TINY = torch.finfo(torch.float64).tiny
 
 
 @functools.lru_cache(maxsize=64)
