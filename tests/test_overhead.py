@@ -287,3 +287,21 @@ def test_an_eagle_tree_decided_on_the_device_keeps_within_its_level_goal():
     # decided on the device with one read a tree, not level by level on the host (its plan's one copy comes once
     # per policy: the depth shrinks near the end of a request), and the verifier's one read
     assert 0.5 < sites["draft_eagle_on_device"] <= 1 and sites["host_read"] <= 1
+
+
+@pytest.mark.parametrize("plan", ["iid:3x4/specinfer", "chain:3/block", "delayed:1x2x3/traversal"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_static_plan_reads_the_host_once_a_step_to_the_last_token(plan, temperature):
+    """Static plans: exactly one host read a step and nothing else, the budget's cut shapes (their device tensors
+    sliced from the full shape's) and its last step included, a lone root scored and drawn from on the device (the
+    commit before: a copy of the root's inputs and a read of the draw there)."""
+    target = tiny_model("llama", vocab=48, seed=3, eos=None)
+    draft = perturbed(target, 0.6, 4)  # a poor draft: steps emit few tokens, so the budget ends on a lone root
+    engine = SpecEngine(target, draft)
+    prompt = [5, 6, 7, 5, 6, 7]
+    with HostSyncCounter(roles={"target": target, "draft": draft}):  # the full shape laid out, on the counted path
+        engine.generate(prompt, max_new_tokens=16, temperature=temperature, plan=plan, seed=1)
+    with HostSyncCounter(roles={"target": target, "draft": draft}) as counter:
+        r = engine.generate(prompt, max_new_tokens=12, temperature=temperature, plan=plan, seed=0)
+    assert 1 in r.stats.tree_sizes and len(r.token_ids) == 12  # a lone root was verified, and the budget spent
+    assert counter.by_kind(stage="step") == {"tolist": r.stats.steps}

@@ -341,12 +341,15 @@ def _chain_tensors(depth: int, device: torch.device) -> tuple[torch.Tensor, ...]
 
 
 def _root_only(pending: torch.Tensor | DraftRoot, shape: TreeShape, vocab: int, device: torch.device) -> DraftOutcome:
-    """A depth-0 tree: the root alone (with the draft's row when the pending tokens were fed)."""
-    one = torch.ones(1, 1, dtype=torch.bool, device=device)
-    if isinstance(pending, DraftRoot):  # the pending tokens were fed: node 0 has its row
-        return DraftOutcome(DraftTree([-1], [-1], [0], pending.probs[-1:], [[]], shape), one, pending.pending, 1)
-    probs = torch.zeros(1, vocab, dtype=torch.float32, device=device)
-    return DraftOutcome(DraftTree([-1], [-1], [0], probs, [[]], shape), one, 0, 0)
+    """A depth-0 tree: the root alone (with the draft's row when the pending tokens were fed). Its token, parent,
+    depth and ancestor tensors are a depth-0 chain's, made once per device: its target block copies nothing.
+    """
+    no_token, parents, depths, children, one = _chain_tensors(0, device)
+    fed = isinstance(pending, DraftRoot)  # the pending tokens were fed: node 0 has its row
+    probs = pending.probs[-1:] if fed else torch.zeros(1, vocab, dtype=torch.float32, device=device)
+    tree = DraftTree([-1], [-1], [0], probs, [[]], shape)
+    tree.keep_tensors(tokens=no_token, parents=parents, depths=depths, children=children)
+    return DraftOutcome(tree, one, pending.pending if fed else 0, 1 if fed else 0)
 
 
 class _Builder:

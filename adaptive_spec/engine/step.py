@@ -43,7 +43,7 @@ from adaptive_spec.engine.request import GenerationRequest
 from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
 from adaptive_spec.trees import DraftTree, TreeShape, block_ancestors, block_inputs
 from adaptive_spec.verifiers import REGISTRY, VerifyResult, verify
-from adaptive_spec.verifiers.base import host_read
+from adaptive_spec.verifiers.base import host_read, result_for
 
 if TYPE_CHECKING:
     from adaptive_spec.formats.feature_log import FeatureLogger
@@ -190,12 +190,18 @@ class StepMixin:
         The finite flag rides the verifier's own host read when it has one (``REGISTRY[name].rides``: greedy,
         block, NSS, SpecInfer, RRSw, traversal), else it is read before the verifier runs on the host. Sampled
         rows are softmaxes, NaN wherever the logits were not finite; one-hot (T = 0) rows are not, so their
-        logits are checked.
+        logits are checked. A lone root (nothing drafted) is a draw from the target's row, as every verifier's is
+        there (the argmax at T = 0), read with the flag.
         """
         tree, generator = outcome.tree, run.state.generator
         greedy = run.request.greedy
         target_ok = finite_flag(logits, target_probs) if greedy else rows_ok(target_probs)
         ok = (target_ok if outcome.ok is None else target_ok & outcome.ok)[None]  # bool: host_read reads it as int
+        if tree.num_nodes == 1:  # nothing drafted (a budget's last token): every verifier emits a draw from p_0
+            drawn = target_probs[0].argmax()[None] if greedy else sample_categorical(target_probs[:1], generator)
+            token, flag = host_read(tree, torch.cat([drawn, ok.long()]))[0]  # the step's one read
+            _check_finite(flag, outcome.ok, target_ok)
+            return result_for(tree, 0, token, True, on_device=drawn)
         kw = {"allow_lossy": plan.allow_lossy, "check_inputs": False}
         if REGISTRY[verifier].rides:
             result = verify(verifier, tree, target_probs, generator, ride=ok, **kw)
