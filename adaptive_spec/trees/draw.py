@@ -96,7 +96,7 @@ def _draw(
     if accelerator_path(rows.device):
         tokens, valid = _race(rows, k, generator, with_valid)
     else:
-        tokens, valid = _successive(rows, k, generator)
+        tokens, valid = _successive(rows, k, generator, with_valid)
     if isinstance(greedy, torch.Tensor):  # those rows take their top k
         top = rows.topk(k, dim=-1).indices
         tokens = torch.where(greedy[:, None], top, tokens)
@@ -113,8 +113,11 @@ def _race(
     return tokens, (rows.gather(-1, tokens) > 0 if with_valid else None)
 
 
-def _successive(rows: torch.Tensor, k: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """``k`` draws without replacement per row by successive inverse-CDF draws: ``(tokens [W, k], valid [W, k])``.
+def _successive(
+    rows: torch.Tensor, k: int, generator: torch.Generator, with_valid: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``k`` draws without replacement per row by successive inverse-CDF draws: ``(tokens [W, k], valid [W, k])``
+    (``valid`` None unless ``with_valid``: the same draws, two ops a round fewer).
 
     Each round draws from the weights left and zeroes the drawn token's; a round with no weight left draws
     nothing (``valid`` False).
@@ -124,10 +127,11 @@ def _successive(rows: torch.Tensor, k: int, generator: torch.Generator) -> tuple
     tokens, valid = [], []
     for j in range(k):
         t = search_cdf(weights.cumsum(-1), u[:, j : j + 1])
-        valid.append(weights.gather(-1, t) > 0)
+        if with_valid:
+            valid.append(weights.gather(-1, t) > 0)
         weights.scatter_(-1, t, 0.0)
         tokens.append(t)
-    return torch.cat(tokens, dim=1), torch.cat(valid, dim=1)
+    return torch.cat(tokens, dim=1), (torch.cat(valid, dim=1) if with_valid else None)
 
 
 def _one_at_a_time(
