@@ -944,12 +944,10 @@ class _PolicyGrowth:
         else:
             probs = torch.zeros(n, self.vocab, dtype=rows[0].dtype, device=self.device)
         tree = DraftTree(b.tokens, b.parents, b.depths, probs, b.child_draws, self.policy.shape)
-        if self.chain:  # nodes 0 .. n - 1 in a line, fed in that order: built on the device, no copy
-            steps = torch.arange(n, device=self.device)
-            tokens_t = torch.cat([steps[:1] - 1, *self.chain_tokens])
-            parents_t, depths_t = steps - 1, steps
-            ancestors = torch.ones(n, n, dtype=torch.bool, device=self.device).tril_()
-            tree.keep_tensors(children=(steps + 1)[:, None])  # the last node's: none (n)
+        if self.chain:  # nodes 0 .. n - 1 in a line, fed in that order: a chain's cached tensors, no copy
+            no_token, parents_t, depths_t, children, ancestors = _chain_tensors(n - 1, self.device)
+            tokens_t = torch.cat([no_token, *self.chain_tokens])
+            tree.keep_tensors(children=children)
         else:
             # the fed rows' places, the tokens, parents and depths (for the target's block and the verifiers), the
             # ancestor matrix and the children table (traversal's levels on an accelerator), in one copy
