@@ -67,37 +67,38 @@ class SlotLayout:
         """Whether the shape is drawn by walkers (with replacement) rather than without replacement."""
         return self.shape.law is not DraftLaw.WITHOUT_REPLACEMENT
 
-    def _on_device(self, name: str, device: torch.device, build, cut) -> object:
-        """``build(device)``, made once per ``name`` and device (the layout's host data copied once); for a
-        truncation of a deeper layout (``_source``), ``cut`` of that layout's (no copy).
+    def _on_device(self, name: str, device: torch.device, cut) -> object:
+        """Device entry ``name`` (one of :data:`_ENTRIES`), made once per device: its host data (:meth:`_host`) in
+        one copy; for a truncation of a deeper layout (``_source``), ``cut`` of that layout's entry (no copy).
         """
         key = name, str(device)
         if key not in self._device:
             src = self._source
-            self._device[key] = build(device) if src is None else cut(getattr(src, name)(device))
+            self._device[key] = (
+                _copied([self._host(name)], device)[0] if src is None else cut(getattr(src, name)(device))
+            )
         return self._device[key]
+
+    def _host(self, name: str) -> list[tuple[list[int], tuple[int, ...], bool]]:
+        """The host data of device entry ``name``: per tensor, its values (flat), its shape and whether it is bool."""
+        n = self.num_slots
+        if name == "tensors":
+            ancestors = [int(b) for row in ancestor_rows(list(self.parents)) for b in row]
+            return [(ancestors, (n, n), True), (list(self.depths), (n,), False)]
+        if name == "parents_tensor":
+            return [(list(self.parents), (n,), False)]
+        cand, real = self._candidate_rows  # "candidates"
+        shape = (len(cand), len(cand[0]))
+        return [([c for row in cand for c in row], shape, False), ([int(b) for row in real for b in row], shape, True)]
 
     def tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """``(ancestors BoolTensor[N, N], depths LongTensor[N])`` on ``device``: copied once per device."""
         n = self.num_slots
-        return self._on_device(
-            "tensors",
-            device,
-            lambda d: (
-                torch.tensor(ancestor_rows(list(self.parents)), dtype=torch.bool, device=d),
-                torch.tensor(self.depths, dtype=torch.long, device=d),
-            ),
-            lambda t: (t[0][:n, :n].contiguous(), t[1][:n]),
-        )
+        return self._on_device("tensors", device, lambda t: (t[0][:n, :n].contiguous(), t[1][:n]))
 
     def parents_tensor(self, device: torch.device) -> torch.Tensor:
         """LongTensor[N] of the parent slots on ``device`` (-1 for the root): copied once per device."""
-        return self._on_device(
-            "parents_tensor",
-            device,
-            lambda d: torch.tensor(self.parents, dtype=torch.long, device=d),
-            lambda t: t[: self.num_slots],
-        )
+        return self._on_device("parents_tensor", device, lambda t: t[: self.num_slots])
 
     @property
     def fed(self) -> int:
@@ -112,14 +113,9 @@ class SlotLayout:
         the same prefix (:meth:`groups`), and before branching, of the one walker. Padding points at slot 0.
         Copied once per device.
         """
-        cand, real = self._candidate_rows
+        cand, _ = self._candidate_rows
         f, k = len(cand), len(cand[0])
-        return self._on_device(
-            "candidates",
-            device,
-            lambda d: (torch.tensor(cand, dtype=torch.long, device=d), torch.tensor(real, dtype=torch.bool, device=d)),
-            lambda t: (t[0][:f, :k].contiguous(), t[1][:f, :k].contiguous()),
-        )
+        return self._on_device("candidates", device, lambda t: (t[0][:f, :k].contiguous(), t[1][:f, :k].contiguous()))
 
     @functools.cached_property
     def _candidate_rows(self) -> tuple[list[list[int]], list[list[bool]]]:
@@ -215,30 +211,37 @@ def layouts_to_device(layouts: list[SlotLayout], device: torch.device) -> None:
     that drafts into several shapes' slots (``conf-delayed``) pays one transfer for all of them, once.
     """
     key = str(device)
-    todo = [lay for lay in layouts if lay._source is None and ("tensors", key) not in lay._device]
-    todo = list({id(lay): lay for lay in todo}.values())
-    if not todo:
-        return
-    flat: list[int] = []
-    sizes: list[int] = []
-    for lay in todo:
-        cand, real = lay._candidate_rows
-        for part in (
-            [int(b) for row in ancestor_rows(list(lay.parents)) for b in row],
-            list(lay.depths),
-            list(lay.parents),
-            [c for row in cand for c in row],
-            [int(b) for row in real for b in row],
-        ):
-            flat += part
-            sizes.append(len(part))
-    parts = iter(torch.tensor(flat, dtype=torch.long, device=device).split(sizes))
-    for lay in todo:
-        n, (cand, _) = lay.num_slots, lay._candidate_rows
-        anc, depths, parents, c, r = (next(parts) for _ in range(5))
-        lay._device["tensors", key] = (anc.view(n, n).bool(), depths)
-        lay._device["parents_tensor", key] = parents
-        lay._device["candidates", key] = (c.view(len(cand), -1), r.view(len(cand), -1).bool())
+    todo = [
+        (lay, name)
+        for lay in {id(lay): lay for lay in layouts}.values()
+        if lay._source is None
+        for name in _ENTRIES
+        if (name, key) not in lay._device
+    ]
+    if todo:
+        for (lay, name), made in zip(todo, _copied([lay._host(name) for lay, name in todo], device), strict=True):
+            lay._device[name, key] = made
+
+
+#: A layout's device entries (:meth:`SlotLayout._on_device`), each its method's name.
+_ENTRIES = ("tensors", "parents_tensor", "candidates")
+
+
+def _copied(entries: list[list[tuple[list[int], tuple[int, ...], bool]]], device: torch.device) -> list:
+    """Each entry's tensors (:meth:`SlotLayout._host`) on ``device``, all in one copy from the host: a tuple per
+    entry, or its one tensor.
+    """
+    parts = [part for entry in entries for part in entry]
+    flat = torch.tensor([v for values, _, _ in parts for v in values], dtype=torch.long, device=device)
+    pieces = iter(flat.split([len(values) for values, _, _ in parts]))
+    out = []
+    for entry in entries:
+        made = []
+        for _, shape, is_bool in entry:
+            t = next(pieces).view(shape)
+            made.append(t.bool() if is_bool else t)
+        out.append(tuple(made) if len(made) > 1 else made[0])
+    return out
 
 
 _DEEPER: list[tuple[int, SlotLayout]] = []  # the layouts made by slot_layout, latest last: truncations' sources
