@@ -244,7 +244,8 @@ def test_bench_passes_writes_a_row_per_model_and_size(tiny_pair, tmp_path, capsy
     assert [(r["model"], r["rows"]) for r in rows] == [("target", 1), ("target", 3), ("draft", 2)]
     for r in rows:  # a CPU captures nothing: no graph time, no bucket
         assert r["eager_ms"] > 0 and r["graph_ms"] is None and r["bucket"] is None and r["context"] == 16
-    assert "bucket" in capsys.readouterr().out
+        assert r["replay_ms"] is None
+    assert "replay ms" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

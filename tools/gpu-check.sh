@@ -11,7 +11,11 @@
 #                  engine's plain decoding and plans, on the 12 demo prompts, interleaved
 #   e2e_t1.json    the same at T=1
 #   status.txt     one line per step: its exit status and seconds
-# and, only when named in --steps (a call of its own: it takes the whole budget of one device call):
+# and, only when named in --steps:
+#   phases.json    bench e2e --phase-sync on 3 prompts at T=0 (chain:2/block, lookup:8/block, the 48-node
+#                  tree; no transformers baselines): a device sync at every phase boundary, so each plan's
+#                  step splits into draft, target pass, verification and the rest (about 40 s)
+# and (a call of its own: it takes the whole budget of one device call):
 #   drafts.tar.*   `zoo drafts --device cuda --minutes 7 --init shipped`: the SmolLM2 head and draft trained
 #                  further on the device, with build_info.json (the figures before and after), as a tar
 #                  split into 15 MiB parts (the machine returns files of at most 16 MiB)
@@ -76,6 +80,9 @@ for T in 0 1; do
     --limit "$LIMIT" --max-new-tokens "$TOKENS" --temperatures "$T" --plans "$PLANS" --no-progress \
     --json "$OUT/e2e_t$T.json"
 done
+step phases 120 $PY -m adaptive_spec bench e2e --target smollm2 --device "$DEVICE" --prompts "$PROMPTS" \
+  --limit 3 --max-new-tokens "$TOKENS" --temperatures 0 --no-hf --no-lookup --no-hf-generate --phase-sync \
+  --plans "chain:2/block,lookup:8/block,eagle:6:48:6:4:wor/traversal" --no-progress --json "$OUT/phases.json"
 # The drafts build: a budget of 8 minutes on the device; a token run of it on a CPU.
 if [ "$DEVICE" = cpu ]; then
   DRAFTS="--minutes 3 --shards 1 --batch 4 --spec-bench 2"

@@ -75,9 +75,11 @@ def measure_passes(
 ) -> list[dict[str, Any]]:
     """Median milliseconds of a target pass and a draft level per row count, eager and (on CUDA) captured.
 
-    Returns one row per model and size: ``{"model", "rows", "eager_ms", "graph_ms", "speedup", "bucket"}``
-    (``graph_ms`` None where no graph is captured: off CUDA, or past the largest bucket; ``bucket``:
-    the captured bucket those rows replay, the fastest of at least that many rows).
+    Returns one row per model and size: ``{"model", "rows", "eager_ms", "graph_ms", "speedup", "bucket",
+    "replay_ms"}`` (``graph_ms`` None where no graph is captured: off CUDA, or past the largest bucket;
+    ``bucket``: the captured bucket those rows replay, the fastest of at least that many rows;
+    ``replay_ms``: that bucket's graph replay alone, timed on the device when it was captured, so
+    ``graph_ms - replay_ms`` is the host's work around it: inputs, mask, the runner's bookkeeping).
     """
     from tqdm.auto import tqdm
 
@@ -110,6 +112,7 @@ def measure_passes(
                 "graph_ms": graph,
                 "speedup": eager / graph if graph else None,
                 "bucket": bucket,
+                "replay_ms": slot.times[bucket] if bucket is not None else None,
             }
         )
     return out

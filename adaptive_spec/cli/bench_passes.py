@@ -43,12 +43,13 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--context and --repeats must be >= 1")
     engine = load_engine(args.target, args.draft, args.device, args.dtype)
     rows = measure_passes(engine, args.rows, args.draft_rows, args.context, args.repeats, not args.no_progress)
-    print(f"{'model':<7} {'rows':>5} {'eager ms':>9} {'graph ms':>9} {'speedup':>8} {'bucket':>7}")
+    print(f"{'model':<7} {'rows':>5} {'eager ms':>9} {'graph ms':>9} {'speedup':>8} {'bucket':>7} {'replay ms':>10}")
     for r in rows:
         graph = "-" if r["graph_ms"] is None else f"{r['graph_ms']:9.2f}"
         speedup = "-" if r["speedup"] is None else f"{r['speedup']:7.2f}x"
         bucket = "-" if r["bucket"] is None else str(r["bucket"])
-        print(f"{r['model']:<7} {r['rows']:>5} {r['eager_ms']:9.2f} {graph:>9} {speedup:>8} {bucket:>7}")
+        replay = "-" if r["replay_ms"] is None else f"{r['replay_ms']:10.2f}"
+        print(f"{r['model']:<7} {r['rows']:>5} {r['eager_ms']:9.2f} {graph:>9} {speedup:>8} {bucket:>7} {replay:>10}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"device": str(engine.device), "rows": rows}, indent=2))
