@@ -15,6 +15,10 @@
 #   phases.json    bench e2e --phase-sync on 3 prompts at T=0 (chain:2/block, lookup:8/block, the 48-node
 #                  tree; no transformers baselines): a device sync at every phase boundary, so each plan's
 #                  step splits into draft, target pass, verification and the rest (about 40 s)
+#   compile.json   bench passes --compile: each size's pass and head level captured from torch.compile's code
+#                  beside the eager-captured ones, with the seconds each bucket took to compile (up to 5 min)
+#   compile_e2e.json  bench e2e --compile-forwards on 4 prompts at T=0 (plain decoding, chain:2/block,
+#                  lookup:8/block): the engine with compiled forwards end to end (compile time untimed)
 # and (a call of its own: it takes the whole budget of one device call):
 #   drafts.tar.*   `zoo drafts --device cuda --minutes 7 --init shipped`: the SmolLM2 head and draft trained
 #                  further on the device, with build_info.json (the figures before and after), as a tar
@@ -83,6 +87,12 @@ done
 step phases 120 $PY -m adaptive_spec bench e2e --target smollm2 --device "$DEVICE" --prompts "$PROMPTS" \
   --limit 3 --max-new-tokens "$TOKENS" --temperatures 0 --no-hf --no-lookup --no-hf-generate --phase-sync \
   --plans "chain:2/block,lookup:8/block,eagle:6:48:6:4:wor/traversal" --no-progress --json "$OUT/phases.json"
+if [ "$DEVICE" = cpu ]; then COMPILE="--rows 1,4 --draft-rows 1 --repeats 1 --context 32"; else COMPILE="--rows 1,4,16,64 --draft-rows 1,4 --repeats 10"; fi
+step compile 300 $PY -m adaptive_spec bench passes --target smollm2 --device "$DEVICE" --compile $COMPILE \
+  --no-progress --json "$OUT/compile.json"
+step compile_e2e 200 $PY -m adaptive_spec bench e2e --target smollm2 --device "$DEVICE" --prompts "$PROMPTS" \
+  --limit 4 --max-new-tokens "$TOKENS" --temperatures 0 --no-hf --no-lookup --no-hf-generate --compile-forwards \
+  --plans "chain:2/block,lookup:8/block" --no-progress --json "$OUT/compile_e2e.json"
 # The drafts build: a budget of 8 minutes on the device; a token run of it on a CPU.
 if [ "$DEVICE" = cpu ]; then
   DRAFTS="--minutes 3 --shards 1 --batch 4 --spec-bench 2"

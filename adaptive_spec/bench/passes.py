@@ -21,14 +21,14 @@ import torch
 __all__ = ["measure_passes"]
 
 
-def _runner(engine: Any, role: str, graphs: bool, context: int) -> Any:
+def _runner(engine: Any, role: str, graphs: bool, context: int, compiled: bool = False) -> Any:
     from adaptive_spec.engine.eagle import EagleRunner, draft_runner, is_eagle_head
     from adaptive_spec.engine.graphs import ModelSlot
     from adaptive_spec.engine.runner import ModelRunner, fast_path_parts
 
     model = engine.target if role == "target" else engine.draft
     static = fast_path_parts(model) is not None or is_eagle_head(model)
-    slot = ModelSlot(model, context + 256, graphs=graphs) if static else None
+    slot = ModelSlot(model, context + 256, graphs=graphs, compiled=compiled) if static else None
     if role == "target":
         runner = ModelRunner(model, keep_features=is_eagle_head(engine.draft), slot=slot)
     else:
@@ -72,6 +72,7 @@ def measure_passes(
     context: int = 256,
     repeats: int = 20,
     progress: bool = True,
+    compiled: bool = False,
 ) -> list[dict[str, Any]]:
     """Median milliseconds of a target pass and a draft level per row count, eager and (on CUDA) captured.
 
@@ -85,13 +86,17 @@ def measure_passes(
 
     from adaptive_spec.engine.graphs import fastest_bucket
 
-    modes = ["eager", "graph"] if engine.device.type == "cuda" else ["eager"]
+    cuda = engine.device.type == "cuda"
+    modes = (["eager", "graph"] + (["compiled"] if compiled else [])) if cuda else ["eager"]
     out = []
     jobs = [("target", n) for n in rows] + [("draft", n) for n in draft_rows]
     runners = {
-        (role, mode): _runner(engine, role, mode == "graph", context) for role in ("target", "draft") for mode in modes
+        (role, mode): _runner(engine, role, mode != "eager", context, mode == "compiled")
+        for role in ("target", "draft")
+        for mode in modes
     }
     timers = {key: _timer(engine, runner, context) for key, runner in runners.items()}
+    compiled_before: dict[str, set[int]] = {"target": set(), "draft": set()}
     for role, n in tqdm(jobs, desc="passes", disable=not progress):
         samples: dict[str, list[float]] = {m: [] for m in modes}
         for i in range(repeats + 3):
@@ -115,4 +120,16 @@ def measure_passes(
                 "replay_ms": slot.times[bucket] if bucket is not None else None,
             }
         )
+        if compiled:
+            c_slot = getattr(runners.get((role, "compiled")), "slot", None)
+            c_bucket = fastest_bucket(n, c_slot.times) if c_slot is not None and c_slot.times else None
+            new = c_bucket is not None and c_bucket not in compiled_before[role]
+            out[-1].update(
+                compiled_ms=1e3 * statistics.median(samples["compiled"]) if "compiled" in samples else None,
+                compiled_bucket=c_bucket,
+                compiled_replay_ms=c_slot.times[c_bucket] if c_bucket is not None else None,
+                compile_s=c_slot.compile_s.get(c_bucket) if new else None,
+            )
+            if c_bucket is not None:
+                compiled_before[role].add(c_bucket)
     return out

@@ -79,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="on CUDA, synchronise at every phase boundary so that the phase times split the device's time "
         "(slower: it stalls the overlap of host and device; default: the phase times are host times)",
     )
+    parser.add_argument(
+        "--compile-forwards",
+        action="store_true",
+        help="on CUDA, capture torch.compile's fused code of each captured forward (compiled per row bucket "
+        "on first use; see bench passes --compile)",
+    )
     add_json_option(parser)
     add_progress_option(parser)
 
@@ -161,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
     engine = load_engine(args.target, args.draft, args.device, args.dtype, latency_model=latency.model)
     latency.complete(engine, progress=not args.no_progress)
     engine.phase_sync = args.phase_sync
+    engine.compile_forwards = args.compile_forwards
     from adaptive_spec.engine.load import load_hf_draft
 
     hf_draft = None if args.no_hf else load_hf_draft(engine, args.hf_draft, args.target)
@@ -195,6 +202,9 @@ def run(args: argparse.Namespace) -> int:
         "dtype": str(engine.target.dtype),
         "threads": __import__("torch").get_num_threads(),
         "phase_sync": args.phase_sync,
+        "compile_forwards": args.compile_forwards,
+        # seconds each captured bucket took to compile, per model (those compiled after the warm-up were timed)
+        "compile_s": engine.compile_times() if args.compile_forwards else None,
     }
     report = {"config": report.pop("config"), **report}
     for k, res in report["runs"].items():

@@ -30,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--context", type=int, default=256, help="committed rows before the pass (default: %(default)s)"
     )
     parser.add_argument("--repeats", type=int, default=20, help="timed repetitions per size (default: %(default)s)")
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="on CUDA, also time the forwards captured from torch.compile's fused code (compiled per bucket)",
+    )
     add_json_option(parser, "the rows")
     add_progress_option(parser)
 
@@ -42,14 +47,25 @@ def run(args: argparse.Namespace) -> int:
     if args.context < 1 or args.repeats < 1:
         raise ValueError("--context and --repeats must be >= 1")
     engine = load_engine(args.target, args.draft, args.device, args.dtype)
-    rows = measure_passes(engine, args.rows, args.draft_rows, args.context, args.repeats, not args.no_progress)
-    print(f"{'model':<7} {'rows':>5} {'eager ms':>9} {'graph ms':>9} {'speedup':>8} {'bucket':>7} {'replay ms':>10}")
+    rows = measure_passes(
+        engine, args.rows, args.draft_rows, args.context, args.repeats, not args.no_progress, compiled=args.compile
+    )
+    more = f" {'compiled ms':>12} {'its replay':>11} {'compile s':>10}" if args.compile else ""
+    print(
+        f"{'model':<7} {'rows':>5} {'eager ms':>9} {'graph ms':>9} {'speedup':>8} {'bucket':>7} {'replay ms':>10}{more}"
+    )
     for r in rows:
         graph = "-" if r["graph_ms"] is None else f"{r['graph_ms']:9.2f}"
         speedup = "-" if r["speedup"] is None else f"{r['speedup']:7.2f}x"
         bucket = "-" if r["bucket"] is None else str(r["bucket"])
         replay = "-" if r["replay_ms"] is None else f"{r['replay_ms']:10.2f}"
-        print(f"{r['model']:<7} {r['rows']:>5} {r['eager_ms']:9.2f} {graph:>9} {speedup:>8} {bucket:>7} {replay:>10}")
+        line = f"{r['model']:<7} {r['rows']:>5} {r['eager_ms']:9.2f} {graph:>9} {speedup:>8} {bucket:>7} {replay:>10}"
+        if args.compile:
+            line += "".join(
+                f" {'-':>{w}}" if r[k] is None else f" {r[k]:{w}.2f}"
+                for k, w in (("compiled_ms", 12), ("compiled_replay_ms", 11), ("compile_s", 10))
+            )
+        print(line)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"device": str(engine.device), "rows": rows}, indent=2))

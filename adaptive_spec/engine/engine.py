@@ -86,6 +86,10 @@ class SpecEngine(StepMixin):
             and drafts, EAGLE heads) as CUDA graphs, one per row bucket, on first use, and replay
             them for every later request (:mod:`adaptive_spec.engine.graphs`). Default: on for a
             CUDA device. A capture that fails logs one line and runs eagerly.
+        compile_forwards: with ``cuda_graphs``, capture ``torch.compile``'s fused code of each
+            bucket's forward instead of its eager kernels (compiled per bucket on first use;
+            its logits round slightly differently from the eager model's). Default False: not
+            yet measured on a GPU (``adaptive-spec bench passes --compile`` measures it).
         phase_sync: on CUDA, synchronise with the device at every phase boundary (draft, target,
             verify, other), so that ``stats.phase_times_s`` splits the device's time by phase.
             Default False: the host queues a step's work while the device runs it and waits
@@ -112,6 +116,7 @@ class SpecEngine(StepMixin):
         feature_log: str | os.PathLike | FeatureLogger | None = None,
         latency_model: LatencyFeatures | None = None,
         cuda_graphs: bool | None = None,
+        compile_forwards: bool = False,
         phase_sync: bool = False,
     ) -> None:
         device = torch.device(device) if device is not None else target.device
@@ -140,6 +145,7 @@ class SpecEngine(StepMixin):
         draft_runner(self.draft)
         self.phase_sync = bool(phase_sync)  # CUDA: synchronise at phase boundaries (a profile's split)
         self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
+        self.compile_forwards = bool(compile_forwards)  # with cuda_graphs: capture torch.compile's code
         # Static caches and captured forwards, lent to one run at a time and reused across runs.
         self._idle_slots: dict[str, list[ModelSlot]] = {"target": [], "draft": []}
         self.hidden_sizes = tuple(m.get_output_embeddings().weight.shape[1] for m in (self.draft, self.target))
@@ -422,12 +428,23 @@ class SpecEngine(StepMixin):
                     self._idle_slots[role].append(slot)
         return result
 
+    def compile_times(self) -> dict[str, dict[int, float]]:
+        """Seconds each row bucket took to compile and capture, per model (``"target"``, ``"draft"``), over the
+        idle static caches (empty without ``compile_forwards``, off CUDA, or before a first request).
+        """
+        return {
+            role: {b: t for slot in slots for b, t in slot.compile_s.items()}
+            for role, slots in self._idle_slots.items()
+        }
+
     def _lend(self, role: str, model: PreTrainedModel, capacity: int) -> ModelSlot | None:
         """An idle static cache for ``model`` with room for ``capacity`` rows, or None for a dynamic cache."""
         if fast_path_parts(model) is None and not is_eagle_head(model):
             return None
         idle = self._idle_slots[role]
-        slot = idle.pop() if idle else ModelSlot(model, capacity, graphs=self.cuda_graphs)
+        slot = (
+            idle.pop() if idle else ModelSlot(model, capacity, graphs=self.cuda_graphs, compiled=self.compile_forwards)
+        )
         slot.ensure(capacity)
         return slot
 

@@ -222,3 +222,42 @@ def test_eagle_head_forwards_are_captured():
         assert out.token_ids == expected[0, len(prompt) :].tolist(), plan
     slot = engine._idle_slots["draft"][0]
     assert slot.failed is None and slot.captured
+
+
+def test_compiled_forwards_match_eager_ones_and_compile_only_the_buckets_used():
+    from adaptive_spec.engine.graphs import ModelSlot
+
+    target, _ = _graph_pair()
+    slot = ModelSlot(target, 64, graphs=True, compiled=True)
+    runner = ModelRunner(target, slot=slot)
+    eager = ModelRunner(target, slot=ModelSlot(target, 64, graphs=False))
+    anc = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool, device=CUDA)
+    with torch.inference_mode():
+        for r in (runner, eager):
+            r.chain_forward(torch.tensor([0, 5, 9, 3, 7], device=CUDA), logits_to_keep=1)
+        for ids, pos, mask in (
+            (torch.tensor([7], device=CUDA), torch.tensor([5], device=CUDA), torch.ones(1, 1, dtype=torch.bool)),
+            (torch.tensor([7, 8, 9], device=CUDA), torch.tensor([5, 6, 6], device=CUDA), anc),
+        ):
+            got = runner.block_forward(ids, pos, mask.to(CUDA), logits_to_keep=len(ids))
+            want = eager.block_forward(ids, pos, mask.to(CUDA), logits_to_keep=len(ids))
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            runner.rollback(5)
+            eager.rollback(5)
+    assert slot.failed is None
+    assert slot.captured == [1, 4]  # the buckets used, not every larger one
+    assert set(slot.compile_s) == {1, 4} and all(s > 0 for s in slot.compile_s.values())
+
+
+def test_engine_with_compiled_forwards_decodes_greedily_as_transformers():
+    target, draft = _graph_pair()
+    engine = SpecEngine(target, draft, compile_forwards=True)
+    prompt = [0, 9, 3, 4]
+    ids = torch.tensor([prompt], device=CUDA)
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
+    out = engine.generate(prompt, max_new_tokens=16, temperature=0, plan="chain:3/block")
+    assert out.token_ids == expected[0, len(prompt) :].tolist()
+    slot = engine._idle_slots["target"][0]
+    assert slot.compile_on and slot.failed is None
+    times = engine.compile_times()
+    assert set(times["target"]) == set(slot.captured) and times["draft"]  # every captured bucket was compiled

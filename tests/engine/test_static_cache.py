@@ -157,3 +157,32 @@ def test_a_slot_captures_and_times_every_larger_bucket_and_replays_the_fastest(m
     assert slot.graph(129, None, ()) is None  # past the largest bucket: eager
     slot.ensure(slot.kv.capacity + 1, keep=0)  # a grown cache drops the graphs and their times
     assert slot.captured == [] and slot.times == {}
+
+
+def test_a_compiled_slot_compiles_and_captures_only_the_buckets_it_needs(monkeypatch) -> None:
+    import adaptive_spec.engine.graphs as graphs
+
+    model = tiny_model("llama", vocab=48)
+    assert not ModelSlot(model, 64, graphs=True, compiled=True).compile_on  # a CPU captures nothing
+    slot = ModelSlot(model, 64, compiled=True)
+    slot.graphs_on = slot.compile_on = True  # as on CUDA; compilation, capture and timing stand in
+    compiled, captured = [], []
+    monkeypatch.setattr(graphs, "_compiled", lambda core: compiled.append(core) or ("compiled", core))
+    monkeypatch.setattr(ModelSlot, "_capture", lambda self, b, core, extra: captured.append((b, core)) or f"graph {b}")
+    monkeypatch.setattr(ModelSlot, "_time", lambda self, g: 1.0)
+    assert slot.graph(3, "core", ()) == "graph 4" and slot.graph(4, "core", ()) == "graph 4"
+    assert slot.graph(1, "core", ()) == "graph 1"
+    assert captured == [(4, ("compiled", "core")), (1, ("compiled", "core"))]  # each bucket once, compiled
+    assert slot.captured == [1, 4] and set(slot.compile_s) == {1, 4}
+    assert slot.graph(2, "core", ()) == "graph 2"  # a smaller bucket of its own, not the captured 4
+
+
+def test_compiled_forwards_are_a_no_op_on_a_cpu() -> None:
+    target = tiny_model("llama", vocab=48, eos=None)
+    engine = SpecEngine(target, perturbed(target, scale=0.3), compile_forwards=True)
+    plain = SpecEngine(target, perturbed(target, scale=0.3))
+    for plan in ("autoregressive", "chain:3/block"):
+        got = engine.generate([0, 5, 6], max_new_tokens=12, temperature=0, plan=plan).token_ids
+        assert got == plain.generate([0, 5, 6], max_new_tokens=12, temperature=0, plan=plan).token_ids
+    assert engine.compile_forwards and not engine._idle_slots["target"][0].compile_on
+    assert engine.compile_times() == {"target": {}, "draft": {}}
