@@ -116,8 +116,8 @@ def traversal_impl(
         children[n].pop(0)
         rb, cb = mb.get(n, (target_probs[n], 1.0))
         q = tree.draft_probs[n]
-        cs, zeroed, zmask = ms.get(n, (1.0, {}, None))
-        r, r_sum, r_at = _residual(rb, w[n] * cb, q, cs, zmask, tok_all)  # r = (w · Mb − Ms)_+ / (w · cb)
+        cs, zeroed, qz = ms.get(n, (1.0, {}, None))
+        r, r_sum, r_at = _residual(rb, w[n] * cb, q, cs, qz, tok_all)  # r = (w · Mb − Ms)_+ / (w · cb)
         s = w[n] * cb * r_sum  # S = Σ (w · Mb − Ms)_+
         if parent_rule == "residual":
             new_w = s / (s + (1.0 - w[n])) if s > 0 else 0.0
@@ -134,12 +134,12 @@ def traversal_impl(
         kids = children[n]
         if zero_rejected and kids:  # Ms[n] is read again only if n has children left
             zeroed = {**zeroed, t: q_edge[leaf]}
-            zmask = torch.zeros_like(q, dtype=torch.bool) if zmask is None else zmask.clone()
-            zmask[t] = True  # a Python index: no copy
+            qz = q.clone() if qz is None else qz  # n's own copy, updated in place from then on
+            qz[t] = 0.0  # a Python index: no copy
             total = _mass(q_total[n], zeroed)
             if total > 0:
                 cs = 1.0 / total
-            ms[n] = (cs, zeroed, zmask)
+            ms[n] = (cs, zeroed, qz)
 
         # Recompute the weights of n's remaining subtrees, top-down.
         if kids:
@@ -192,23 +192,24 @@ def _mass(total: float, zeroed: dict[int, float]) -> float:
 
 
 def _residual(
-    rb: torch.Tensor, scale_b: float, q: torch.Tensor, cs: float, zmask: torch.Tensor | None, tok_all: torch.Tensor
+    rb: torch.Tensor, scale_b: float, q: torch.Tensor, cs: float, qz: torch.Tensor | None, tok_all: torch.Tensor
 ) -> tuple[torch.Tensor, float, list[float]]:
     """``r = (scale_b·rb − cs·q_zeroed)_+ / scale_b``, ``Σ r`` (float64) and r at every node's token: one read.
 
     Three passes over the vocabulary in the rows' dtype (one fused ``rb − α q``, the clamp,
-    the float64-accumulated sum); the tokens in ``zmask`` have Ms = 0.
+    the float64-accumulated sum). ``qz``: ``q`` with the rejected tokens' entries set to 0 (Ms = 0 there, so
+    r = rb exactly: ``rb − α·0``), or None when none is rejected yet.
     """
     if scale_b <= 0.0:
         return torch.zeros_like(rb), 0.0, [0.0] * tok_all.numel()
     alpha = cs / scale_b
     if alpha < 1e30:
-        r = torch.sub(rb, q, alpha=alpha)
+        r = torch.sub(rb, q if qz is None else qz, alpha=alpha)
     else:  # a tiny weight: avoid overflowing alpha·q in float32
-        r = rb * (scale_b / cs) - q
+        r = rb * (scale_b / cs) - (q if qz is None else qz)
         r.mul_(cs / scale_b)
-    if zmask is not None:
-        r = torch.where(zmask, rb, r)
+        if qz is not None:  # a zeroed token keeps rb exactly (the scaling round trip may round it)
+            r = torch.where(qz != q, rb, r)
     r.clamp_(min=0.0)
     values = torch.cat([r.sum(dtype=torch.float64)[None], r[tok_all].double()]).tolist()  # the rejection's read
     return r, values[0], values[1:]
