@@ -190,6 +190,16 @@ class DraftTree:
             out.append(out[self.parents[i]] + (self.tokens[i],))
         return out
 
+    def prefix(self, node: int) -> tuple[int, ...]:
+        """``prefixes[node]`` without building every node's (a walk up to the root)."""
+        if "prefixes" in self.__dict__:
+            return self.__dict__["prefixes"][node]
+        tokens, parents, out = self.tokens, self.parents, []
+        while node > 0:
+            out.append(tokens[node])
+            node = parents[node]
+        return tuple(out[::-1])
+
     def path(self, node: int) -> list[int]:
         """Node indices from the root to ``node``, both included."""
         out = [node]

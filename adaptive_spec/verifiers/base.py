@@ -105,7 +105,7 @@ def result_for(
     tree, node: int, token: int, bonus: bool, ride: list[int] | tuple[int, ...] = (), on_device=None
 ) -> VerifyResult:
     """Build a :class:`VerifyResult` for ``node`` followed by ``token`` (``on_device``: that token, LongTensor[1])."""
-    prefix = tree.prefixes[node]
+    prefix = tree.prefix(node)
     return VerifyResult(node, len(prefix), prefix + (int(token),), bonus, tuple(ride), on_device)
 
 

@@ -67,6 +67,15 @@ def test_iid_tree_structure():
     assert len(set(tree.prefixes)) == tree.num_nodes  # distinct prefixes
 
 
+def test_a_nodes_prefix_alone_equals_its_entry_in_prefixes():
+    for shape in (TreeShape.iid(3, 4), TreeShape.without_replacement((3, 2, 2))):
+        fresh = sample_tree(shape, _softmax_fn(5, 0), torch.Generator().manual_seed(1))
+        alone = [fresh.prefix(i) for i in range(fresh.num_nodes)]  # before prefixes is built
+        assert "prefixes" not in fresh.__dict__
+        assert alone == fresh.prefixes == [fresh.prefix(i) for i in range(fresh.num_nodes)]
+        assert alone[0] == () and all(len(alone[i]) == fresh.depths[i] for i in range(fresh.num_nodes))
+
+
 def test_delayed_tree_structure():
     tree = sample_tree(TreeShape.delayed(2, 3, 2), _softmax_fn(50, 1), torch.Generator().manual_seed(0))
     assert tree.child_draws[0] == [1] and tree.child_draws[1] == [2]  # the trunk
