@@ -85,6 +85,7 @@ class _Tally:
             "ratio_to_hf_assisted": tps / hf_tps if hf_tps else None,
             "ratio_to_hf_generate": tps / gen_tps if gen_tps else None,
             "block_efficiency": self.tokens / self.steps if self.steps else None,
+            "ms_per_step": 1e3 * self.seconds / self.steps if self.steps else None,
             "new_tokens": self.tokens,
             "seconds": self.seconds,
             "mean_tree_size": sum(self.tree_sizes) / len(self.tree_sizes) if self.tree_sizes else None,
@@ -430,7 +431,12 @@ class _Run:
             )
             for key, on, label in labels:
                 if on:
-                    row = {"plan": label, **self.hf[k][key].summary(*tps), "block_efficiency": None}
+                    row = {
+                        "plan": label,
+                        **self.hf[k][key].summary(*tps),
+                        "block_efficiency": None,
+                        "ms_per_step": None,
+                    }
                     if (key, k) in self.hf_error:
                         row["error"] = self.hf_error[(key, k)]
                     baselines[label] = row
@@ -607,7 +613,7 @@ def _best_static(runtime, temperatures, keys, path) -> tuple[dict[str, Any], dic
 
 
 def print_table(rows: list[dict]) -> None:
-    """Print one line per method: tokens/s, speedup vs AR and vs HF assisted, block efficiency."""
+    """Print one line per method: tokens/s, speedup vs AR and vs HF assisted, block efficiency, ms per step."""
 
     def fmt(x: float | None, spec: str) -> str:
         return "-" if x is None else format(x, spec)
@@ -616,7 +622,7 @@ def print_table(rows: list[dict]) -> None:
     w = max([32, *map(len, names)])
     gen = any(r.get("ratio_to_hf_generate") is not None for r in rows)
     head = f"{'plan':<{w}} {'tok/s':>9} {'vs AR':>7} {'vs HF':>7}" + (f" {'vs gen':>7}" if gen else "")
-    head += f" {'BE':>6} {'tokens':>8}"
+    head += f" {'BE':>6} {'ms/step':>8} {'tokens':>8}"
     print(head)
     print("-" * len(head))
     for name, r in zip(names, rows, strict=True):
@@ -624,7 +630,7 @@ def print_table(rows: list[dict]) -> None:
         print(
             f"{name:<{w}} {fmt(r['tokens_per_s'], '9.1f')} {fmt(r['speedup_vs_ar'], '7.2f')} "
             f"{fmt(r['ratio_to_hf_assisted'], '7.2f')}{vs_gen} {fmt(r['block_efficiency'], '6.2f')} "
-            f"{r['new_tokens']:>8}"
+            f"{fmt(r.get('ms_per_step'), '8.2f')} {r['new_tokens']:>8}"
         )
     for r in rows:
         if "chosen_actions" in r:

@@ -50,9 +50,13 @@ def test_bench_e2e_command(saved, tmp_path, capsys) -> None:
     for row in run["results"]:
         assert set(row) >= {"plan", "tokens_per_s", "speedup_vs_ar", "block_efficiency", "new_tokens"}
         assert row["block_efficiency"] >= 1.0
+        # a step's time: the run's seconds over its steps (new tokens / block efficiency)
+        steps = row["new_tokens"] / row["block_efficiency"]
+        assert row["ms_per_step"] == pytest.approx(1e3 * row["seconds"] / steps)
         assert "chosen_actions" not in row and "static_plan" not in row
     assert set(run["baselines"]) == {"autoregressive", "hf_assisted", "hf_prompt_lookup", "hf_generate"}
     assert run["baselines"]["autoregressive"]["block_efficiency"] == 1.0
+    assert run["baselines"]["hf_generate"]["ms_per_step"] is None
     for name in ("hf_assisted", "hf_prompt_lookup", "hf_generate"):
         assert "error" not in run["baselines"][name], run["baselines"][name]
         assert run["baselines"][name]["new_tokens"] == 16  # 2 prompts x 8 tokens
