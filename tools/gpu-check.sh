@@ -15,6 +15,7 @@
 #   phases.json    bench e2e --phase-sync on 3 prompts at T=0 (chain:2/block, lookup:8/block, the 48-node
 #                  tree; no transformers baselines): a device sync at every phase boundary, so each plan's
 #                  step splits into draft, target pass, verification and the rest (about 40 s)
+#   compile_tests.xml  the `gpu` tests of compiled forwards (left out of the pytest step: they compile)
 #   compile.json   bench passes --compile: each size's pass and head level captured from torch.compile's code
 #                  beside the eager-captured ones, with the seconds each bucket took to compile (up to 5 min)
 #   compile_e2e.json  bench e2e --compile-forwards on 4 prompts at T=0 (plain decoding, chain:2/block,
@@ -73,7 +74,7 @@ step() {  # step NAME SECONDS COMMAND...: runs when NAME is one of --steps
   lscpu | grep -m1 'Model name'
 } > "$OUT/env.txt" 2>&1
 step pytest 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_cuda.py -o addopts="-ra" \
-  --junitxml="$OUT/pytest.xml"
+  -k "not compiled" --junitxml="$OUT/pytest.xml"
 if [ "$DEVICE" = cpu ]; then PASSES="--repeats 1 --rows 1,2 --draft-rows 1 --context 32"; else PASSES="--repeats 20"; fi
 step passes 90 $PY -m adaptive_spec bench passes --target smollm2 --device "$DEVICE" $PASSES \
   --no-progress --json "$OUT/passes.json"
@@ -87,7 +88,9 @@ done
 step phases 120 $PY -m adaptive_spec bench e2e --target smollm2 --device "$DEVICE" --prompts "$PROMPTS" \
   --limit 3 --max-new-tokens "$TOKENS" --temperatures 0 --no-hf --no-lookup --no-hf-generate --phase-sync \
   --plans "chain:2/block,lookup:8/block,eagle:6:48:6:4:wor/traversal" --no-progress --json "$OUT/phases.json"
-if [ "$DEVICE" = cpu ]; then COMPILE="--rows 1,4 --draft-rows 1 --repeats 1 --context 32"; else COMPILE="--rows 1,4,16,64 --draft-rows 1,4 --repeats 10"; fi
+if [ "$DEVICE" = cpu ]; then COMPILE="--rows 1,4 --draft-rows 1 --repeats 1 --context 32"; else COMPILE="--rows 1,2,4,8 --draft-rows 1,2,4 --repeats 10"; fi
+step compile_tests 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_cuda.py -o addopts="-ra" \
+  -k compiled --junitxml="$OUT/compile_tests.xml"
 step compile 300 $PY -m adaptive_spec bench passes --target smollm2 --device "$DEVICE" --compile $COMPILE \
   --no-progress --json "$OUT/compile.json"
 step compile_e2e 200 $PY -m adaptive_spec bench e2e --target smollm2 --device "$DEVICE" --prompts "$PROMPTS" \

@@ -19,14 +19,19 @@ the choice is made among all of them, once per slot.
 A capture that fails (an operation that cannot be captured, out of memory, ...) logs one line
 saying why, and the slot runs eagerly from then on: same results, slower.
 
-``compiled=True`` (``SpecEngine(..., compile_forwards=True)``, off by default) captures
-``torch.compile``'s code of the forward instead of its eager kernels: fewer, fused kernels per
-replay (a small model's captured pass is bound by its kernel count: SmolLM2's 4.95 ms for one row
-on an H200 is about a thousand small kernels). Each bucket is then compiled when first needed and
-only that bucket is captured (compiling every larger one would cost minutes); the seconds each
-took are in :attr:`ModelSlot.compile_s`. Compiled kernels round differently from eager ones (about
-1e-5 on the logits), so the engine's law is exactly that of the compiled target, and its greedy
-tokens may differ from transformers' where two logits nearly tie. Not yet measured on a GPU.
+``compiled=True`` (``SpecEngine(..., compile_forwards=True)``, off by default) also captures
+``torch.compile``'s code of the forward: fewer, fused kernels per replay (a small model's captured
+pass is bound by its kernel count: SmolLM2's one-row pass is about a thousand small kernels). On an
+H200, a SmolLM2-shaped Llama's replay took 3.42 ms compiled against 4.68 eager-captured at 1 row and
+4.21 against 5.49 at 4 rows, but 7.68 compiled at 16 rows against 6.22 for the eager 32-row graph
+(``docs/measurements/gpu-h200-2026-11-27/``). So the bucket a forward needs is compiled when first
+needed, if it is one of :data:`COMPILED` (about 30 s each there: every bucket at once would cost
+minutes; the seconds are in :attr:`ModelSlot.compile_s`), timed like the others, and ``n`` rows
+replay the fastest timed graph, compiled or not. A compilation that fails logs one line and the
+slot keeps its eager captures.
+Compiled kernels round differently from eager ones (about 1e-5 on the logits), so the engine's law
+is exactly that of the compiled target, and its greedy tokens may differ from transformers' where
+two logits nearly tie.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import torch
 
 from adaptive_spec.engine.static_cache import SCRATCH, StaticKV, round_capacity
 
-__all__ = ["BUCKETS", "ModelSlot", "bucket_for", "fastest_bucket"]
+__all__ = ["BUCKETS", "COMPILED", "ModelSlot", "bucket_for", "fastest_bucket"]
 
 _log = logging.getLogger("adaptive_spec.engine")
 
@@ -54,6 +59,12 @@ def bucket_for(n: int) -> int | None:
     """The smallest bucket of at least ``n`` rows, or None when ``n`` is past the largest."""
     return next((b for b in BUCKETS if b >= n), None)
 
+
+#: Buckets captured from ``torch.compile``'s code too when a slot compiles (``compiled=True``): on an H200 a
+#: SmolLM2-shaped pass replayed faster compiled at 1 and 4 rows (3.42 vs 4.68 ms, 4.21 vs 5.49) and slower at
+#: 16 (7.68 vs 6.22 for the eager 32-row graph), and each bucket took about 30 s to compile; a prefill's
+#: larger blocks would compile for one use.
+COMPILED = (1, 2, 4)
 
 #: A larger bucket replaces a smaller one only when it is at least this much faster (timing noise).
 FASTER = 0.9
@@ -71,6 +82,11 @@ def fastest_bucket(n: int, times: dict[int, float]) -> int | None:
         if best is None or times[b] < FASTER * times[best]:
             best = b
     return best
+
+
+def _why(err: BaseException) -> str:
+    """One line on a failure: its type and its message's first line."""
+    return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
 
 
 def _compiled(core: Callable[..., tuple[torch.Tensor, ...]]) -> Callable[..., tuple[torch.Tensor, ...]]:
@@ -106,9 +122,12 @@ class ModelSlot:
         self.graphs_on = bool(graphs) and self.kv.device.type == "cuda"
         self.compile_on = bool(compiled) and self.graphs_on
         self.failed: str | None = None  # why a capture failed: eager from then on
+        self.compile_failed: str | None = None  # why a compiled capture failed: eager captures only from then on
         self._graphs: dict[int, _Graph] = {}
         self.times: dict[int, float] = {}  # milliseconds per replay of each captured bucket
-        self.compile_s: dict[int, float] = {}  # seconds to compile and capture each bucket (compile only)
+        self._compiled: dict[int, _Graph] = {}  # graphs of torch.compile's code, per bucket (compiled only)
+        self.compiled_times: dict[int, float] = {}  # milliseconds per replay of each of those
+        self.compile_s: dict[int, float] = {}  # seconds to compile and capture each bucket (compiled only)
         self._pool: Any = None
 
     def ensure(self, capacity: int, keep: int = 0) -> None:
@@ -119,11 +138,13 @@ class ModelSlot:
             # are all freed cannot take another capture).
             self._graphs.clear()
             self.times.clear()
+            self._compiled.clear()
+            self.compiled_times.clear()
             self._pool = None
 
     @property
     def captured(self) -> list[int]:
-        """The buckets captured so far."""
+        """The buckets captured so far (from the eager kernels; :attr:`compiled_times` has the compiled ones)."""
         return sorted(self._graphs)
 
     def graph(
@@ -137,27 +158,46 @@ class ModelSlot:
             return None
         if b not in self._graphs:
             try:
-                # this bucket and every larger one, each timed (compiled: this bucket alone)
-                for c in [b] if self.compile_on else BUCKETS[BUCKETS.index(b) :]:
+                for c in BUCKETS[BUCKETS.index(b) :]:  # this bucket and every larger one, each timed
                     if c not in self._graphs:
-                        t0 = time.perf_counter()
-                        self._graphs[c] = self._capture(c, _compiled(core) if self.compile_on else core, extra)
-                        if self.compile_on:
-                            self.compile_s[c] = time.perf_counter() - t0
-                            name = type(self.model).__name__
-                            _log.info("compiled and captured %d rows of %s in %.1f s", c, name, self.compile_s[c])
+                        self._graphs[c] = self._capture(c, core, extra)
                         self.times[c] = self._time(self._graphs[c])
             except Exception as err:  # noqa: BLE001 - any capture failure falls back to eager, said once
-                self.failed = f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                self.failed = _why(err)
                 _log.warning(
                     "CUDA graph capture of %s failed (%s); running its forwards eagerly",
                     type(self.model).__name__,
                     self.failed,
                 )
-                if self.kv.device.type == "cuda":
-                    torch.cuda.synchronize(self.kv.device)
+                self._settle()
                 return None
-        return self._graphs[fastest_bucket(n, self.times)]
+        if self.compile_on and self.compile_failed is None and b in COMPILED and b not in self._compiled:
+            name = type(self.model).__name__
+            try:
+                t0 = time.perf_counter()
+                self._compiled[b] = self._capture(b, _compiled(core), extra)
+                self.compile_s[b] = time.perf_counter() - t0
+                self.compiled_times[b] = self._time(self._compiled[b])
+                _log.info("compiled and captured %d rows of %s in %.1f s", b, name, self.compile_s[b])
+            except Exception as err:  # noqa: BLE001 - a failed compilation keeps the eager captures, said once
+                self._compiled.pop(b, None)
+                self.compile_failed = _why(err)
+                _log.warning("compiling %s failed (%s); replaying its eager captures", name, self.compile_failed)
+                self._settle()
+        return self._fastest(n)
+
+    def _fastest(self, n: int) -> _Graph:
+        """The fastest timed graph of at least ``n`` rows (:func:`fastest_bucket`), eager or compiled capture."""
+        best = {c: (t, self._graphs[c]) for c, t in self.times.items()}
+        for c, t in self.compiled_times.items():
+            if c not in best or t < best[c][0]:
+                best[c] = (t, self._compiled[c])
+        return best[fastest_bucket(n, {c: t for c, (t, _) in best.items()})][1]
+
+    def _settle(self) -> None:
+        """After a failed capture: wait for the device (a broken capture may leave work queued)."""
+        if self.kv.device.type == "cuda":
+            torch.cuda.synchronize(self.kv.device)
 
     def _time(self, g: _Graph, repeats: int = 3) -> float:
         """Milliseconds of one replay of a fresh graph (median of ``repeats``, after one untimed).

@@ -224,8 +224,8 @@ def test_eagle_head_forwards_are_captured():
     assert slot.failed is None and slot.captured
 
 
-def test_compiled_forwards_match_eager_ones_and_compile_only_the_buckets_used():
-    from adaptive_spec.engine.graphs import ModelSlot
+def test_compiled_forwards_match_eager_ones_and_compile_only_the_small_buckets_used():
+    from adaptive_spec.engine.graphs import ModelSlot, bucket_for
 
     target, _ = _graph_pair()
     slot = ModelSlot(target, 64, graphs=True, compiled=True)
@@ -244,9 +244,14 @@ def test_compiled_forwards_match_eager_ones_and_compile_only_the_buckets_used():
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
             runner.rollback(5)
             eager.rollback(5)
-    assert slot.failed is None
-    assert slot.captured == [1, 4]  # the buckets used, not every larger one
-    assert set(slot.compile_s) == {1, 4} and all(s > 0 for s in slot.compile_s.values())
+        slot._fastest = lambda n: slot._compiled[bucket_for(n)]  # the compiled graphs, whichever is faster
+        for ids, pos, mask in ((torch.tensor([7], device=CUDA), torch.tensor([5], device=CUDA), anc[:1, :1]),):
+            got = runner.block_forward(ids, pos, mask, logits_to_keep=1)
+            want = eager.block_forward(ids, pos, mask, logits_to_keep=1)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    assert slot.failed is None and slot.compile_failed is None
+    assert set(slot.compile_s) == set(slot.compiled_times) == {1, 4}  # the 5-row prefill's 8 is not compiled
+    assert all(s > 0 for s in slot.compile_s.values())
 
 
 def test_engine_with_compiled_forwards_decodes_greedily_as_transformers():
@@ -260,4 +265,4 @@ def test_engine_with_compiled_forwards_decodes_greedily_as_transformers():
     slot = engine._idle_slots["target"][0]
     assert slot.compile_on and slot.failed is None
     times = engine.compile_times()
-    assert set(times["target"]) == set(slot.captured) and times["draft"]  # every captured bucket was compiled
+    assert 4 in times["target"] and set(times["target"]) <= {1, 2, 4} and times["draft"]  # chain:3 blocks: 4 rows

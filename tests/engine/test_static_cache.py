@@ -159,22 +159,42 @@ def test_a_slot_captures_and_times_every_larger_bucket_and_replays_the_fastest(m
     assert slot.captured == [] and slot.times == {}
 
 
-def test_a_compiled_slot_compiles_and_captures_only_the_buckets_it_needs(monkeypatch) -> None:
+def test_a_compiled_slot_compiles_the_small_buckets_it_needs_and_replays_the_fastest_graph(monkeypatch, caplog) -> None:
     import adaptive_spec.engine.graphs as graphs
 
     model = tiny_model("llama", vocab=48)
     assert not ModelSlot(model, 64, graphs=True, compiled=True).compile_on  # a CPU captures nothing
     slot = ModelSlot(model, 64, compiled=True)
     slot.graphs_on = slot.compile_on = True  # as on CUDA; compilation, capture and timing stand in
-    compiled, captured = [], []
-    monkeypatch.setattr(graphs, "_compiled", lambda core: compiled.append(core) or ("compiled", core))
-    monkeypatch.setattr(ModelSlot, "_capture", lambda self, b, core, extra: captured.append((b, core)) or f"graph {b}")
-    monkeypatch.setattr(ModelSlot, "_time", lambda self, g: 1.0)
-    assert slot.graph(3, "core", ()) == "graph 4" and slot.graph(4, "core", ()) == "graph 4"
-    assert slot.graph(1, "core", ()) == "graph 1"
-    assert captured == [(4, ("compiled", "core")), (1, ("compiled", "core"))]  # each bucket once, compiled
-    assert slot.captured == [1, 4] and set(slot.compile_s) == {1, 4}
-    assert slot.graph(2, "core", ()) == "graph 2"  # a smaller bucket of its own, not the captured 4
+    # replay ms on an H200 (a SmolLM2-shaped pass): eager captures, and compiled ones where measured
+    eager = {1: 4.68, 2: 5.5, 4: 5.49, 8: 6.5, 16: 6.5, 32: 6.22, 64: 7.0, 128: 9.0}
+    compiled = {1: 3.42, 2: 6.0, 4: 4.21}
+    captured = []
+    monkeypatch.setattr(graphs, "_compiled", lambda core: ("compiled", core))
+    monkeypatch.setattr(
+        ModelSlot, "_capture", lambda self, b, core, extra: captured.append((b, core)) or (isinstance(core, tuple), b)
+    )
+    monkeypatch.setattr(ModelSlot, "_time", lambda self, g: (compiled if g[0] else eager)[g[1]])
+    assert slot.graph(1, "core", ()) == (True, 1)  # every eager bucket, then bucket 1 compiled: faster
+    assert captured == [(b, "core") for b in BUCKETS] + [(1, ("compiled", "core"))]
+    assert slot.graph(2, "core", ()) == (False, 2)  # compiled, but slower than the eager capture
+    assert slot.graph(3, "core", ()) == (True, 4)
+    assert slot.graph(9, "core", ()) == (False, 16)  # not compiled: past the small buckets
+    assert set(slot.compile_s) == set(slot.compiled_times) == {1, 2, 4} and len(captured) == len(BUCKETS) + 3
+    assert slot.graph(1, "core", ()) == (True, 1) and len(captured) == len(BUCKETS) + 3  # each compiled once
+    # a compilation that fails says so once and keeps the eager captures
+    slot.ensure(slot.kv.capacity + 1, keep=0)
+    assert slot.captured == [] and slot.compiled_times == {}
+
+    def broken(core):
+        raise RuntimeError("inductor: no compiler\nlong trace")
+
+    monkeypatch.setattr(graphs, "_compiled", broken)
+    with caplog.at_level(logging.WARNING, logger="adaptive_spec.engine"):
+        assert slot.graph(1, "core", ()) == (False, 1) and slot.graph(4, "core", ()) == (False, 4)
+    lines = [r.getMessage() for r in caplog.records if "compiling" in r.getMessage()]
+    assert len(lines) == 1 and "RuntimeError: inductor: no compiler" in lines[0] and "\n" not in lines[0]
+    assert slot.compile_failed is not None and slot.failed is None and slot.compiled_times == {}
 
 
 def test_compiled_forwards_are_a_no_op_on_a_cpu() -> None:
