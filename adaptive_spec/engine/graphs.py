@@ -92,7 +92,17 @@ def _why(err: BaseException) -> str:
 def _compiled(core: Callable[..., tuple[torch.Tensor, ...]]) -> Callable[..., tuple[torch.Tensor, ...]]:
     """``torch.compile`` of a runner's core forward for one static shape (a bucket's): fused kernels, no
     graphs of its own (the slot captures the compiled code in its own CUDA graph).
+
+    Every bucket, model and cache size is a recompilation of one code object (the runners' core), past
+    dynamo's default limit of 8, after which it would run the eager kernels without a word: the limit
+    is raised to 64 (a process-wide setting, changed only when forwards are compiled).
     """
+    import torch._dynamo.config as dynamo_config
+
+    for name in ("recompile_limit", "cache_size_limit"):  # the first in recent torch, the second before
+        if getattr(dynamo_config, name, 64) < 64:
+            setattr(dynamo_config, name, 64)
+            break
     return torch.compile(core, dynamic=False, mode="default")
 
 

@@ -206,3 +206,13 @@ def test_compiled_forwards_are_a_no_op_on_a_cpu() -> None:
         assert got == plain.generate([0, 5, 6], max_new_tokens=12, temperature=0, plan=plan).token_ids
     assert engine.compile_forwards and not engine._idle_slots["target"][0].compile_on
     assert engine.compile_times() == {"target": {}, "draft": {}}
+
+
+def test_compiling_raises_dynamos_recompile_limit(monkeypatch) -> None:
+    import torch._dynamo.config as dynamo_config
+
+    from adaptive_spec.engine.graphs import _compiled
+
+    monkeypatch.setattr(dynamo_config, "recompile_limit", 8)  # the default: 3 buckets x 2 models x 2 sizes pass it
+    compiled = _compiled(lambda x: x + 1)
+    assert dynamo_config.recompile_limit == 64 and callable(compiled)
