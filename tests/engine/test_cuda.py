@@ -176,17 +176,25 @@ def test_greedy_equals_transformers_in_every_bucket_with_cuda_graphs():
     assert engine._idle_slots["draft"][0].captured and engine._idle_slots["draft"][0].failed is None
 
 
-def test_padding_rows_write_only_scratch_rows():
+def _captured_and_eager(compiled: bool = False):
+    """A runner over a captured slot and one over an eager slot of the same target, both fed a 5-token context;
+    the slot, and a 3-row block's ancestors (a root with two children, the second a sibling of the first)."""
     from adaptive_spec.engine.graphs import ModelSlot
 
     target, _ = _graph_pair()
-    slot = ModelSlot(target, 64, graphs=True)
+    slot = ModelSlot(target, 64, graphs=True, compiled=compiled)
     runner = ModelRunner(target, slot=slot)
     eager = ModelRunner(target, slot=ModelSlot(target, 64, graphs=False))
-    anc = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool, device=CUDA)
     with torch.inference_mode():
         for r in (runner, eager):
             r.chain_forward(torch.tensor([0, 5, 9, 3, 7], device=CUDA), logits_to_keep=1)
+    anc = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool, device=CUDA)
+    return runner, eager, slot, anc
+
+
+def test_padding_rows_write_only_scratch_rows():
+    runner, eager, slot, anc = _captured_and_eager()
+    with torch.inference_mode():
         # A 4-row block first (bucket 4, no padding), rolled back: the graph's 4th input row now holds
         # a real token, which the next 3-row block's padding row reads.
         four = torch.ones(4, 4, dtype=torch.bool, device=CUDA).tril_()
@@ -225,16 +233,10 @@ def test_eagle_head_forwards_are_captured():
 
 
 def test_compiled_forwards_match_eager_ones_and_compile_only_the_small_buckets_used():
-    from adaptive_spec.engine.graphs import ModelSlot, bucket_for
+    from adaptive_spec.engine.graphs import bucket_for
 
-    target, _ = _graph_pair()
-    slot = ModelSlot(target, 64, graphs=True, compiled=True)
-    runner = ModelRunner(target, slot=slot)
-    eager = ModelRunner(target, slot=ModelSlot(target, 64, graphs=False))
-    anc = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool, device=CUDA)
+    runner, eager, slot, anc = _captured_and_eager(compiled=True)
     with torch.inference_mode():
-        for r in (runner, eager):
-            r.chain_forward(torch.tensor([0, 5, 9, 3, 7], device=CUDA), logits_to_keep=1)
         for ids, pos, mask in (
             (torch.tensor([7], device=CUDA), torch.tensor([5], device=CUDA), torch.ones(1, 1, dtype=torch.bool)),
             (torch.tensor([7, 8, 9], device=CUDA), torch.tensor([5, 6, 6], device=CUDA), anc),

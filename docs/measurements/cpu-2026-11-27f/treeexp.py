@@ -1,10 +1,12 @@
 """In one process, interleaved: SmolLM2 tree plans (4 demo prompts x 48 tokens) with this round's changes on their path
 (new) against them undone (old): a result's prefix built from every node's prefixes (`tree.prefixes`), and traversal's
-host walk with a mask cloned per rejection and a `where` per residual (`traversal_before.py`, the module before).
+host walk with a mask cloned per rejection and a `where` per residual (the module at `da2b1a1`, read from git).
 Run from the repository root: python docs/measurements/cpu-2026-11-27f/treeexp.py [PLAN T ROUNDS]"""
 import importlib.util
 import statistics as st
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from adaptive_spec.engine import step
@@ -15,7 +17,12 @@ from adaptive_spec.verifiers import base, block, hsd, rrs, token, traversal, wal
 plan = sys.argv[1] if len(sys.argv) > 1 else "iid:3x4/specinfer"
 T = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
 rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 4
-spec = importlib.util.spec_from_file_location("traversal_before", Path(__file__).with_name("traversal_before.py"))
+source = subprocess.run(
+    ["git", "show", "da2b1a1:adaptive_spec/verifiers/traversal.py"], capture_output=True, text=True, check=True
+).stdout
+path = Path(tempfile.mkdtemp()) / "traversal_before.py"
+path.write_text(source)
+spec = importlib.util.spec_from_file_location("traversal_before", path)
 before = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(before)
 e = load_engine("smollm2", None, "cpu", None)
