@@ -1,7 +1,8 @@
 """In one process, interleaved: SmolLM2 tree plans (4 demo prompts x 48 tokens) with this round's changes on their path
 (new) against them undone (old): a result's prefix built from every node's prefixes (`tree.prefixes`), and traversal's
 host walk with a mask cloned per rejection and a `where` per residual (the module at `da2b1a1`, read from git).
-Run from the repository root: python docs/measurements/cpu-2026-11-27f/treeexp.py [PLAN T ROUNDS]"""
+Run from the repository root: python docs/measurements/cpu-2026-11-27f/treeexp.py [PLAN T ROUNDS]
+"""
 import importlib.util
 import statistics as st
 import subprocess
