@@ -47,6 +47,8 @@ def run(args: argparse.Namespace) -> int:
     if args.context < 1 or args.repeats < 1:
         raise ValueError("--context and --repeats must be >= 1")
     engine = load_engine(args.target, args.draft, args.device, args.dtype)
+    if args.compile and engine.device.type != "cuda":
+        print(f"bench passes: --compile has no effect on {engine.device} (it compiles captured CUDA forwards)")
     rows = measure_passes(
         engine, args.rows, args.draft_rows, args.context, args.repeats, not args.no_progress, compiled=args.compile
     )

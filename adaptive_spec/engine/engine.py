@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -148,6 +149,13 @@ class SpecEngine(StepMixin):
         self.phase_sync = bool(phase_sync)  # CUDA: synchronise at phase boundaries (a profile's split)
         self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
         self.compile_forwards = bool(compile_forwards)  # with cuda_graphs: capture torch.compile's code
+        if self.compile_forwards and not (self.cuda_graphs and device.type == "cuda"):
+            warnings.warn(
+                "compile_forwards=True has no effect here: it compiles the captured forwards of a CUDA device "
+                "(cuda_graphs on)",
+                UserWarning,
+                stacklevel=2,
+            )
         # Static caches and captured forwards, lent to one run at a time and reused across runs.
         self._idle_slots: dict[str, list[ModelSlot]] = {"target": [], "draft": []}
         self.hidden_sizes = tuple(m.get_output_embeddings().weight.shape[1] for m in (self.draft, self.target))

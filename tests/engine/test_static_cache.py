@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 
 from adaptive_spec.engine import SpecEngine
@@ -199,7 +200,8 @@ def test_a_compiled_slot_compiles_the_small_buckets_it_needs_and_replays_the_fas
 
 def test_compiled_forwards_are_a_no_op_on_a_cpu() -> None:
     target = tiny_model("llama", vocab=48, eos=None)
-    engine = SpecEngine(target, perturbed(target, scale=0.3), compile_forwards=True)
+    with pytest.warns(UserWarning, match="compile_forwards=True has no effect here"):
+        engine = SpecEngine(target, perturbed(target, scale=0.3), compile_forwards=True)
     plain = SpecEngine(target, perturbed(target, scale=0.3))
     for plan in ("autoregressive", "chain:3/block"):
         got = engine.generate([0, 5, 6], max_new_tokens=12, temperature=0, plan=plan).token_ids
