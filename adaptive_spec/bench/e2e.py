@@ -615,8 +615,8 @@ def _best_static(runtime, temperatures, keys, path) -> tuple[dict[str, Any], dic
 def print_table(rows: list[dict]) -> None:
     """Print one line per method: tokens/s, speedup vs AR and vs HF assisted, block efficiency, ms per step."""
 
-    def fmt(x: float | None, spec: str) -> str:
-        return "-" if x is None else format(x, spec)
+    def fmt(x: float | None, spec: str) -> str:  # "-" for a missing value, right-aligned in the column's width
+        return format(x, spec) if x is not None else format("-", f">{spec.split('.')[0]}")
 
     names = [f"{r['plan']} ({r['static_plan']})" if r.get("static_plan") else r["plan"] for r in rows]
     w = max([32, *map(len, names)])
