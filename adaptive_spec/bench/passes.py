@@ -81,10 +81,16 @@ def measure_passes(
     ``bucket``: the captured bucket those rows replay, the fastest of at least that many rows;
     ``replay_ms``: that bucket's graph replay alone, timed on the device when it was captured, so
     ``graph_ms - replay_ms`` is the host's work around it: inputs, mask, the runner's bookkeeping).
+    ``compiled``: on CUDA, also time forwards from a slot that compiles
+    (:class:`~adaptive_spec.engine.graphs.ModelSlot` with ``compiled=True``), in the same interleaving:
+    ``compiled_ms``, ``compiled_bucket``, ``compiled_graph`` (whether the graph those rows replay there is the
+    compiled capture, or the eager one, which is faster), ``compiled_replay_ms`` and ``compile_s`` (seconds to
+    compile and capture that size's bucket; None when an earlier size compiled it or it is not compiled),
+    each None elsewhere.
     """
     from tqdm.auto import tqdm
 
-    from adaptive_spec.engine.graphs import fastest_bucket
+    from adaptive_spec.engine.graphs import COMPILED, bucket_for
 
     cuda = engine.device.type == "cuda"
     modes = (["eager", "graph"] + (["compiled"] if compiled else [])) if cuda else ["eager"]
@@ -107,7 +113,7 @@ def measure_passes(
         eager = 1e3 * statistics.median(samples["eager"])
         graph = 1e3 * statistics.median(samples["graph"]) if "graph" in samples else None
         slot = getattr(runners.get((role, "graph")), "slot", None)
-        bucket = fastest_bucket(n, slot.times) if slot is not None and slot.times else None
+        bucket, replay, _ = (slot.replayed(n) if slot is not None else None) or (None, None, None)
         out.append(
             {
                 "model": role,
@@ -117,19 +123,21 @@ def measure_passes(
                 "graph_ms": graph,
                 "speedup": eager / graph if graph else None,
                 "bucket": bucket,
-                "replay_ms": slot.times[bucket] if bucket is not None else None,
+                "replay_ms": replay,
             }
         )
         if compiled:
             c_slot = getattr(runners.get((role, "compiled")), "slot", None)
-            c_bucket = fastest_bucket(n, c_slot.times) if c_slot is not None and c_slot.times else None
-            new = c_bucket is not None and c_bucket not in compiled_before[role]
+            c_bucket, c_replay, c_graph = (c_slot.replayed(n) if c_slot is not None else None) or (None, None, None)
+            b = bucket_for(n)  # the bucket compiled for n rows, the first time a size needs it
+            new = c_slot is not None and b in COMPILED and b in c_slot.compile_s and b not in compiled_before[role]
             out[-1].update(
                 compiled_ms=1e3 * statistics.median(samples["compiled"]) if "compiled" in samples else None,
                 compiled_bucket=c_bucket,
-                compiled_replay_ms=c_slot.times[c_bucket] if c_bucket is not None else None,
-                compile_s=c_slot.compile_s.get(c_bucket) if new else None,
+                compiled_graph=c_graph,
+                compiled_replay_ms=c_replay,
+                compile_s=c_slot.compile_s[b] if new else None,
             )
-            if c_bucket is not None:
-                compiled_before[role].add(c_bucket)
+            if new:
+                compiled_before[role].add(b)
     return out

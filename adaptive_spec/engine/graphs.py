@@ -196,13 +196,21 @@ class ModelSlot:
                 self._settle()
         return self._fastest(n)
 
-    def _fastest(self, n: int) -> _Graph:
-        """The fastest timed graph of at least ``n`` rows (:func:`fastest_bucket`), eager or compiled capture."""
-        best = {c: (t, self._graphs[c]) for c, t in self.times.items()}
+    def replayed(self, n: int) -> tuple[int, float, bool] | None:
+        """``(bucket, ms per replay, compiled)`` of the graph ``n`` rows replay among those captured so far: the
+        fastest timed one holding them (:func:`fastest_bucket`), an eager capture or a compiled one; None if none.
+        """
+        best = {c: (t, False) for c, t in self.times.items()}
         for c, t in self.compiled_times.items():
             if c not in best or t < best[c][0]:
-                best[c] = (t, self._compiled[c])
-        return best[fastest_bucket(n, {c: t for c, (t, _) in best.items()})][1]
+                best[c] = (t, True)
+        b = fastest_bucket(n, {c: t for c, (t, _) in best.items()})
+        return None if b is None else (b, *best[b])
+
+    def _fastest(self, n: int) -> _Graph:
+        """The graph of :meth:`replayed`."""
+        b, _, compiled = self.replayed(n)
+        return (self._compiled if compiled else self._graphs)[b]
 
     def _settle(self) -> None:
         """After a failed capture: wait for the device (a broken capture may leave work queued)."""

@@ -183,9 +183,16 @@ def test_a_compiled_slot_compiles_the_small_buckets_it_needs_and_replays_the_fas
     assert slot.graph(9, "core", ()) == (False, 16)  # not compiled: past the small buckets
     assert set(slot.compile_s) == set(slot.compiled_times) == {1, 2, 4} and len(captured) == len(BUCKETS) + 3
     assert slot.graph(1, "core", ()) == (True, 1) and len(captured) == len(BUCKETS) + 3  # each compiled once
+    # what each size replays now, as bench passes reports it: (bucket, ms, compiled); 2 rows: the compiled 4
+    assert [slot.replayed(n) for n in (1, 2, 3, 9)] == [
+        (1, 3.42, True),
+        (4, 4.21, True),
+        (4, 4.21, True),
+        (16, 6.5, False),
+    ]
     # a compilation that fails says so once and keeps the eager captures
     slot.ensure(slot.kv.capacity + 1, keep=0)
-    assert slot.captured == [] and slot.compiled_times == {}
+    assert slot.captured == [] and slot.compiled_times == {} and slot.replayed(1) is None
 
     def broken(core):
         raise RuntimeError("inductor: no compiler\nlong trace")
