@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     latency.complete(engine, progress=not args.no_progress)
     engine.phase_sync = args.phase_sync
     engine.compile_forwards = args.compile_forwards
-    if args.compile_forwards and not (engine.cuda_graphs and engine.device.type == "cuda"):
+    if args.compile_forwards and not engine.compiles:
         print(f"bench e2e: --compile-forwards has no effect on {engine.device} (it compiles captured CUDA forwards)")
     from adaptive_spec.engine.load import load_hf_draft
 

@@ -149,7 +149,7 @@ class SpecEngine(StepMixin):
         self.phase_sync = bool(phase_sync)  # CUDA: synchronise at phase boundaries (a profile's split)
         self.cuda_graphs = device.type == "cuda" if cuda_graphs is None else bool(cuda_graphs)
         self.compile_forwards = bool(compile_forwards)  # with cuda_graphs: capture torch.compile's code
-        if self.compile_forwards and not (self.cuda_graphs and device.type == "cuda"):
+        if self.compile_forwards and not self.compiles:
             warnings.warn(
                 "compile_forwards=True has no effect here: it compiles the captured forwards of a CUDA device "
                 "(cuda_graphs on)",
@@ -437,6 +437,11 @@ class SpecEngine(StepMixin):
                 for role, slot in run.slots.items():
                     self._idle_slots[role].append(slot)
         return result
+
+    @property
+    def compiles(self) -> bool:
+        """Whether forwards are compiled: ``compile_forwards`` with CUDA graphs on a CUDA device (else it is idle)."""
+        return self.compile_forwards and self.cuda_graphs and self.device.type == "cuda"
 
     def compile_times(self) -> dict[str, dict[int, float]]:
         """Seconds each row bucket took to compile and capture, per model (``"target"``, ``"draft"``), over the

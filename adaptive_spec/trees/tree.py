@@ -194,11 +194,8 @@ class DraftTree:
         """``prefixes[node]`` without building every node's (a walk up to the root)."""
         if "prefixes" in self.__dict__:
             return self.__dict__["prefixes"][node]
-        tokens, parents, out = self.tokens, self.parents, []
-        while node > 0:
-            out.append(tokens[node])
-            node = parents[node]
-        return tuple(out[::-1])
+        tokens = self.tokens
+        return tuple(tokens[i] for i in self.path(node)[1:])
 
     def path(self, node: int) -> list[int]:
         """Node indices from the root to ``node``, both included."""
