@@ -66,6 +66,13 @@ def bucket_for(n: int) -> int | None:
 #: larger blocks would compile for one use.
 COMPILED = (1, 2, 4)
 
+#: Rows a compiling slot's cache holds from the start. A grown cache drops its graphs, and compiled ones take
+#: about 30 s a bucket to compile again: on an H200, SmolLM2 end to end on 4 prompts × 128 tokens with the
+#: cache grown from 256 to 512 rows mid-run spent 75 s recompiling (11.8 tok/s against 179 without
+#: compiling; ``docs/measurements/gpu-h200-2026-11-27b/``). 2048 rows cost SmolLM2 94 MiB of fp32 keys and
+#: values, and a pass reads them all (about 0.03 ms there).
+COMPILED_CAPACITY = 2048
+
 #: A larger bucket replaces a smaller one only when it is at least this much faster (timing noise).
 FASTER = 0.9
 
@@ -128,22 +135,34 @@ class ModelSlot:
 
     def __init__(self, model: Any, capacity: int, graphs: bool = False, compiled: bool = False) -> None:
         self.model = model
-        self.kv = StaticKV.for_model(model, round_capacity(capacity))
-        self.graphs_on = bool(graphs) and self.kv.device.type == "cuda"
+        self.graphs_on = bool(graphs) and model.device.type == "cuda"
         self.compile_on = bool(compiled) and self.graphs_on
+        self.kv = StaticKV.for_model(model, self._rows(capacity))
         self.failed: str | None = None  # why a capture failed: eager from then on
         self.compile_failed: str | None = None  # why a compiled capture failed: eager captures only from then on
         self._graphs: dict[int, _Graph] = {}
         self.times: dict[int, float] = {}  # milliseconds per replay of each captured bucket
         self._compiled: dict[int, _Graph] = {}  # graphs of torch.compile's code, per bucket (compiled only)
         self.compiled_times: dict[int, float] = {}  # milliseconds per replay of each of those
-        self.compile_s: dict[int, float] = {}  # seconds to compile and capture each bucket (compiled only)
+        # seconds spent compiling and capturing each bucket (compiled only; summed when a grown cache recompiles)
+        self.compile_s: dict[int, float] = {}
         self._pool: Any = None
+
+    def _rows(self, capacity: int) -> int:
+        """Rows to allocate for ``capacity``: rounded up; at least :data:`COMPILED_CAPACITY` when compiling."""
+        rows = round_capacity(capacity)
+        return max(rows, COMPILED_CAPACITY) if self.compile_on else rows
 
     def ensure(self, capacity: int, keep: int = 0) -> None:
         """Room for ``capacity`` committed rows (the first ``keep`` rows kept); growing drops the graphs."""
         if capacity > self.kv.capacity:
-            self.kv = self.kv.grown(round_capacity(capacity), keep)
+            if self._compiled:
+                _log.warning(
+                    "the static cache of %s grows to %d rows: its compiled forwards compile again (~30 s a bucket)",
+                    type(self.model).__name__,
+                    self._rows(capacity),
+                )
+            self.kv = self.kv.grown(self._rows(capacity), keep)
             # The graphs read the old buffers; with them goes their memory pool (a pool whose graphs
             # are all freed cannot take another capture).
             self._graphs.clear()
@@ -186,7 +205,7 @@ class ModelSlot:
             try:
                 t0 = time.perf_counter()
                 self._compiled[b] = self._capture(b, _compiled(core), extra)
-                self.compile_s[b] = time.perf_counter() - t0
+                self.compile_s[b] = self.compile_s.get(b, 0.0) + time.perf_counter() - t0
                 self.compiled_times[b] = self._time(self._compiled[b])
                 _log.info("compiled and captured %d rows of %s in %.1f s", b, name, self.compile_s[b])
             except Exception as err:  # noqa: BLE001 - a failed compilation keeps the eager captures, said once

@@ -65,6 +65,33 @@ def test_bench_e2e_command(saved, tmp_path, capsys) -> None:
     assert "chain:3/block" in capsys.readouterr().out
 
 
+def test_bench_e2e_says_how_long_compiling_fell_inside_its_timed_runs(saved, tmp_path, monkeypatch, capsys) -> None:
+    # On an H200 a static cache that grew mid-run recompiled its forwards inside the timed runs: reported.
+    from adaptive_spec.engine import SpecEngine
+
+    calls = []  # compile seconds so far: 30 after the warm-up, 75 once the timed runs recompiled
+
+    def compile_times(self):
+        calls.append(1)
+        return {
+            "target": {1: 20.0 if len(calls) == 1 else 50.0},
+            "draft": {1: 10.0, 4: 0.0 if len(calls) == 1 else 15.0},
+        }
+
+    monkeypatch.setattr(SpecEngine, "compiles", property(lambda self: self.compile_forwards))
+    monkeypatch.setattr(SpecEngine, "compile_times", compile_times)
+    out_json = tmp_path / "e2e.json"
+    argv = ["bench", "e2e", "--target", str(saved / "target"), "--draft", str(saved / "draft"), "--no-hf"]
+    argv += ["--plans", "chain:2/block", "--max-new-tokens", "4", "--temperature", "0", "--no-progress"]
+    assert main([*argv, "--compile-forwards", "--json", str(out_json)]) == 0
+    report = json.loads(out_json.read_text())
+    assert report["compiled_while_timed_s"] == 45.0 and report["config"]["compile_s"]["draft"] == {"1": 10.0, "4": 15.0}
+    assert "45.0 s of compiling fell inside the timed runs" in capsys.readouterr().out
+    assert main([*argv, "--json", str(out_json)]) == 0  # not compiling: nothing to say
+    assert "compiled_while_timed_s" not in json.loads(out_json.read_text())
+    assert "compiling" not in capsys.readouterr().out
+
+
 @pytest.fixture(scope="module")
 def selector(tmp_path_factory):
     from tests.helpers.tiny_selector import tiny_selector
