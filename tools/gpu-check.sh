@@ -19,7 +19,8 @@
 #   compile.json   bench passes --compile: each size's pass and head level captured from torch.compile's code
 #                  beside the eager-captured ones, with the seconds each bucket took to compile (up to 5 min)
 #   compile_e2e.json  bench e2e --compile-forwards on 4 prompts at T=0 (plain decoding, chain:2/block,
-#                  lookup:8/block): the engine with compiled forwards end to end (compile time untimed)
+#                  lookup:8/block): the engine with compiled forwards end to end (compiling is done in the
+#                  warm-up; compiled_while_timed_s in the JSON says how much fell inside the timed runs)
 # and (a call of its own: it takes the whole budget of one device call):
 #   drafts.tar.*   `zoo drafts --device cuda --minutes 7 --init shipped`: the SmolLM2 head and draft trained
 #                  further on the device, with build_info.json (the figures before and after), as a tar
