@@ -70,7 +70,7 @@ COMPILED = (1, 2, 4)
 #: about 30 s a bucket to compile again: on an H200, SmolLM2 end to end on 4 prompts × 128 tokens with the
 #: cache grown from 256 to 512 rows mid-run spent 75 s recompiling (11.8 tok/s against 179 without
 #: compiling; ``docs/measurements/gpu-h200-2026-11-27b/``). 2048 rows cost SmolLM2 94 MiB of fp32 keys and
-#: values, and a pass reads them all (about 0.03 ms there).
+#: values, which a captured pass reads whole (at the H200's 4.8 TB/s, about 0.02 ms: an estimate, not measured).
 COMPILED_CAPACITY = 2048
 
 #: A larger bucket replaces a smaller one only when it is at least this much faster (timing noise).
