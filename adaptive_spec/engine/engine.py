@@ -444,13 +444,16 @@ class SpecEngine(StepMixin):
         return self.compile_forwards and self.cuda_graphs and self.device.type == "cuda"
 
     def compile_times(self) -> dict[str, dict[int, float]]:
-        """Seconds each row bucket took to compile and capture, per model (``"target"``, ``"draft"``), over the
-        idle static caches (empty without ``compile_forwards``, off CUDA, or before a first request).
+        """Seconds spent compiling and capturing each row bucket, per model (``"target"``, ``"draft"``), summed
+        over the idle static caches (empty without ``compile_forwards``, off CUDA, or before a first request).
         """
-        return {
-            role: {b: t for slot in slots for b, t in slot.compile_s.items()}
-            for role, slots in self._idle_slots.items()
-        }
+        out: dict[str, dict[int, float]] = {}
+        for role, slots in self._idle_slots.items():
+            out[role] = {}
+            for slot in slots:  # two slots of a model (concurrent requests) each compile their own buckets
+                for b, t in slot.compile_s.items():
+                    out[role][b] = out[role].get(b, 0.0) + t
+        return out
 
     def _lend(self, role: str, model: PreTrainedModel, capacity: int) -> ModelSlot | None:
         """An idle static cache for ``model`` with room for ``capacity`` rows, or None for a dynamic cache."""

@@ -239,6 +239,11 @@ def test_compiled_forwards_are_a_no_op_on_a_cpu() -> None:
         assert got == plain.generate([0, 5, 6], max_new_tokens=12, temperature=0, plan=plan).token_ids
     assert engine.compile_forwards and not engine._idle_slots["target"][0].compile_on
     assert engine.compile_times() == {"target": {}, "draft": {}}
+    # two idle slots of one model (after concurrent requests): each compiled its own buckets, and both count
+    a, b = ModelSlot(target, 64), ModelSlot(target, 64)
+    a.compile_s, b.compile_s = {1: 20.0, 4: 22.0}, {1: 5.0}
+    engine._idle_slots["target"] = [a, b]
+    assert engine.compile_times() == {"target": {1: 25.0, 4: 22.0}, "draft": {}}
 
 
 def test_compiling_raises_dynamos_recompile_limit(monkeypatch) -> None:
