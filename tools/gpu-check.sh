@@ -103,7 +103,10 @@ step compile_e2e 200 $PY -m adaptive_spec bench e2e --target smollm2 --device "$
 if [ "$DEVICE" = cpu ]; then
   DRAFTS="--minutes 3 --shards 1 --batch 4 --spec-bench 2"
 else
-  DRAFTS="--minutes ${DRAFT_MINUTES:-7}"  # DRAFT_MINUTES: a shorter build when less device time is left
+  # DRAFT_MINUTES: a shorter build when less device time is left. DRAFT_SEED: by default the first seed the
+  # committed builds did not use, so that the build writes new conversations instead of theirs again.
+  [ -n "${DRAFT_SEED:-}" ] || DRAFT_SEED=$($PY -c 'from adaptive_spec.zoo.drafts import unused_seed; print(unused_seed("adaptive_spec/zoo/smollm2"))')
+  DRAFTS="--minutes ${DRAFT_MINUTES:-7} --seed ${DRAFT_SEED:-0}"
 fi
 step drafts 520 $PY -m adaptive_spec zoo drafts smollm2 --device "$DEVICE" --init shipped $DRAFTS \
   --work "$OUT/drafts-work" --out "$OUT/drafts" --no-progress

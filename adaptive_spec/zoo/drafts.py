@@ -663,6 +663,28 @@ def user_like_evaluation(
     return out
 
 
+def reused_seeds(folder: str | Path, seed: int, shards: int) -> list[int]:
+    """The shard seeds ``seed .. seed + shards - 1`` that the committed build in ``folder`` (or a build it went
+    on from, its ``continued_from``) already used: a build that goes on from it with them regenerates the same
+    conversations (shard ``i`` uses seed ``seed + i``), so it trains on data the drafts have seen."""
+    path = Path(folder) / "build_info.json"
+    info = json.loads(path.read_text()) if path.is_file() else None
+    used: set[int] = set()
+    while isinstance(info, dict):
+        conv = info.get("conversations") or {}
+        if isinstance(info.get("seed"), int) and isinstance(conv.get("shards"), int):
+            used.update(range(info["seed"], info["seed"] + conv["shards"]))
+        info = info.get("continued_from")
+    return sorted(used.intersection(range(seed, seed + shards)))
+
+
+def unused_seed(folder: str | Path) -> int:
+    """The first multiple of 1000 above every shard seed of the committed build in ``folder`` and the builds it
+    went on from: a seed for a build that goes on from it with new conversations (0 when there is none)."""
+    used = reused_seeds(folder, 0, 10**9)
+    return (used[-1] // 1000 + 1) * 1000 if used else 0
+
+
 def build_drafts(
     name: str = "smollm2",
     *,
@@ -736,6 +758,12 @@ def build_drafts(
     for p in target.parameters():
         p.requires_grad_(False)
 
+    if init == "shipped" and (again := reused_seeds(shipped_drafts_dir(name), seed, shards)):
+        print(
+            f"zoo drafts: shard seeds {again[0]}-{again[-1]} were used by the committed build: those shards repeat "
+            f"its conversations; pass a --seed it did not use (e.g. {seed + 1000}) for new data",
+            flush=True,
+        )
     t = time.time()
     conv = generate_conversations(
         target,

@@ -43,3 +43,19 @@ def test_unrolled_pass_k_is_the_engines_depth_k_draft(depth) -> None:
                 anc = torch.ones(1, d + 1, dtype=torch.bool)
                 logits = runner.block_forward(ids[0, r + d : r + d + 1], torch.tensor([r + d]), anc, 1)
         assert torch.allclose(logits[0], want[j], atol=1e-4), (j, depth)
+
+
+def test_a_continued_build_knows_which_shard_seeds_the_committed_builds_used(tmp_path) -> None:
+    import json
+
+    from adaptive_spec.zoo.drafts import reused_seeds, unused_seed
+
+    assert reused_seeds(tmp_path, 0, 40) == [] and unused_seed(tmp_path) == 0
+    first = {"seed": 0, "conversations": {"shards": 22}}
+    (tmp_path / "build_info.json").write_text(
+        json.dumps({"seed": 1000, "conversations": {"shards": 10}, "continued_from": first})
+    )
+    assert reused_seeds(tmp_path, 0, 40) == list(range(22))
+    assert reused_seeds(tmp_path, 1005, 40) == list(range(1005, 1010))
+    assert reused_seeds(tmp_path, 2000, 40) == []
+    assert unused_seed(tmp_path) == 2000
