@@ -666,7 +666,8 @@ def user_like_evaluation(
 def reused_seeds(folder: str | Path, seed: int, shards: int) -> list[int]:
     """The shard seeds ``seed .. seed + shards - 1`` that the committed build in ``folder`` (or a build it went
     on from, its ``continued_from``) already used: a build that goes on from it with them regenerates the same
-    conversations (shard ``i`` uses seed ``seed + i``), so it trains on data the drafts have seen."""
+    conversations (shard ``i`` uses seed ``seed + i``), so it trains on data the drafts have seen.
+    """
     path = Path(folder) / "build_info.json"
     info = json.loads(path.read_text()) if path.is_file() else None
     used: set[int] = set()
@@ -680,7 +681,8 @@ def reused_seeds(folder: str | Path, seed: int, shards: int) -> list[int]:
 
 def unused_seed(folder: str | Path) -> int:
     """The first multiple of 1000 above every shard seed of the committed build in ``folder`` and the builds it
-    went on from: a seed for a build that goes on from it with new conversations (0 when there is none)."""
+    went on from: a seed for a build that goes on from it with new conversations (0 when there is none).
+    """
     used = reused_seeds(folder, 0, 10**9)
     return (used[-1] // 1000 + 1) * 1000 if used else 0
 
@@ -775,6 +777,7 @@ def build_drafts(
         batch=batch if batch is not None else (384 if device.type == "cuda" else 96),
         user_prompts=user_prompts,
         deadline=deadlines["generate"] if deadlines else None,
+        first=[HELD_OUT - 1],  # a build its budget stops early still has a held-out shard
     )
     info["conversations"] = {
         **conv,
@@ -840,7 +843,8 @@ def build_drafts(
     info["head"] = train_head(head, train, work, minutes=head_minutes, **kw, **lr)
     info["standalone"] = train_standalone(standalone, train, work, minutes=draft_minutes, **kw, **lr)
     drafts = {"eagle": head, "draft": standalone}
-    info["held_out"] = evaluate_drafts(target, {**drafts, **before}, held)
+    # No held-out shard (a build of fewer than HELD_OUT shards): no figures, rather than zeros.
+    info["held_out"] = evaluate_drafts(target, {**drafts, **before}, held) if held else None
     info["user_like"] = user_like_evaluation(target, tok, {**drafts, **before}, name=name, spec_bench=spec_bench)
     info["speed"] = {
         "device": str(device),

@@ -47,12 +47,15 @@ def generate_conversations(
     progress: bool = True,
     user_prompts: Sequence[str] = (),
     deadline: float | None = None,
+    first: Sequence[int] = (),
 ) -> dict[str, Any]:
     """Write ``shards`` shards of ``batch`` self-generated conversations each into ``out`` (resumable).
 
     With ``user_prompts`` (public instruction or chat prompts, evaluation texts already excluded), every
     odd-numbered shard takes its requests from them instead (the next ``batch`` of them, in turn); the target
     still writes every answer. No new shard is started after ``deadline`` (a ``time.time()`` value).
+    ``first``: shard numbers written before the others (a shard's text depends on its number only, so the
+    order changes which shards a stopped run has, not what they hold).
     Returns totals: shards present, conversations and answer tokens in them, seconds spent here, and the
     generation speed of this run (answer tokens per second, on the model's device).
     """
@@ -61,7 +64,8 @@ def generate_conversations(
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     tokenizer.padding_side = "left"
     t0, made = time.time(), 0
-    for i in range(shards):
+    order = [i for i in first if 0 <= i < shards]
+    for i in [*order, *(i for i in range(shards) if i not in order)]:
         path = out / f"conv-{i:05d}.jsonl"
         if path.exists():
             continue

@@ -59,3 +59,41 @@ def test_a_continued_build_knows_which_shard_seeds_the_committed_builds_used(tmp
     assert reused_seeds(tmp_path, 1005, 40) == list(range(1005, 1010))
     assert reused_seeds(tmp_path, 2000, 40) == []
     assert unused_seed(tmp_path) == 2000
+
+
+def test_shards_named_first_are_written_first_so_a_stopped_build_has_a_held_out_shard(tmp_path, monkeypatch) -> None:
+    import json
+    import time
+
+    from adaptive_spec.zoo import selfdistill
+    from adaptive_spec.zoo.drafts import HELD_OUT, held_out
+
+    written = []
+
+    def one_shard(model, tokenizer, eos, batch, request_tokens, answer_tokens, temperature, seed, requests):
+        written.append(seed)
+        if len(written) == 3:  # the budget runs out after the third shard
+            monkeypatch.setattr(time, "time", lambda: float("inf"))
+        return [json.dumps({"answer_ids": [1, 2], "seed": seed})], 1, 2
+
+    class Tok:
+        padding_side = "right"
+
+        def convert_tokens_to_ids(self, token):
+            return 0
+
+    monkeypatch.setattr(selfdistill, "_one_shard", one_shard)
+    got = selfdistill.generate_conversations(
+        torch.nn.Linear(1, 1),
+        Tok(),
+        tmp_path,
+        shards=40,
+        seed=100,
+        progress=False,
+        deadline=time.time() + 3600,
+        first=[HELD_OUT - 1],
+    )
+    assert written == [100 + HELD_OUT - 1, 100, 101]  # shard i keeps seed + i whatever the order
+    assert got["shards"] == 3
+    shards = sorted(int(p.stem.split("-")[1]) for p in tmp_path.glob("conv-*.jsonl"))
+    assert shards == [0, 1, HELD_OUT - 1] and [s for s in shards if held_out(s)] == [HELD_OUT - 1]
