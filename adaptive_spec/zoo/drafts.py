@@ -822,7 +822,9 @@ def build_drafts(
         before = {"eagle_before": b_head.to(device).eval(), "draft_before": b_draft.to(device).eval()}
         vocab_size = head.token_ids.numel()
         coverage = vocabulary_coverage(train, head.token_ids)
-        info["init"] = f"the committed drafts of {shipped_drafts_dir(name)} (trained on further)"
+        info["init"] = "the drafts committed before (their build: continued_from), trained on further"
+        if (committed := shipped_drafts_dir(name) / "build_info.json").is_file():
+            info["continued_from"] = json.loads(committed.read_text())
     else:
         head, coverage = new_head(target, train, vocab_size)
         standalone = init_standalone(target, seed=seed)
