@@ -18,9 +18,13 @@
 #   compile_tests.xml  the `gpu` tests of compiled forwards (left out of the pytest step: they compile)
 #   compile.json   bench passes --compile: each size's pass and head level captured from torch.compile's code
 #                  beside the eager-captured ones, with the seconds each bucket took to compile (up to 5 min)
+#   capacity_512.json, capacity_2048.json  bench passes (1, 4 and 16 rows; the head at 1 and 4) with static caches
+#                  of 512 and 2048 rows: what rows beyond a request cost a captured pass, which attends over all
+#                  of them (about 40 s)
 #   compile_e2e.json  bench e2e --compile-forwards on 4 prompts at T=0 (plain decoding, chain:2/block,
 #                  lookup:8/block): the engine with compiled forwards end to end (compiling is done in the
-#                  warm-up; compiled_while_timed_s in the JSON says how much fell inside the timed runs)
+#                  warm-up, on the longest prompt with the timed runs' tokens, so no cache grows after it;
+#                  compiled_while_timed_s in the JSON says how much fell inside the timed runs)
 # and (a call of its own: it takes the whole budget of one device call):
 #   drafts.tar.*   `zoo drafts --device cuda --minutes 7 --init shipped`: the SmolLM2 head and draft trained
 #                  further on the device, with build_info.json (the figures before and after), as a tar
@@ -91,6 +95,13 @@ done
 step phases 120 $PY -m adaptive_spec bench e2e --target smollm2 --device "$DEVICE" --prompts "$PROMPTS" \
   --limit 3 --max-new-tokens "$TOKENS" --temperatures 0 --no-hf --no-lookup --no-hf-generate --phase-sync \
   --plans "chain:2/block,lookup:8/block,eagle:6:48:6:4:wor/traversal" --no-progress --json "$OUT/phases.json"
+# What the rows a static cache holds cost a captured pass, which attends over all of them (an eager one attends
+# over the context only): the same passes with caches of 512 and 2048 rows.
+if [ "$DEVICE" = cpu ]; then CAP="--rows 1 --draft-rows 1 --repeats 1 --context 32"; else CAP="--rows 1,4,16 --draft-rows 1,4 --repeats 20"; fi
+for C in 512 2048; do
+  step capacity 60 $PY -m adaptive_spec bench passes --target smollm2 --device "$DEVICE" $CAP --capacity $C \
+    --no-progress --json "$OUT/capacity_$C.json"
+done
 if [ "$DEVICE" = cpu ]; then COMPILE="--rows 1,4 --draft-rows 1 --repeats 1 --context 32"; else COMPILE="--rows 1,2,4,8 --draft-rows 1,2,4 --repeats 10"; fi
 step compile_tests 200 $PY -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_cuda.py -o addopts="-ra" \
   -k compiled --junitxml="$OUT/compile_tests.xml"

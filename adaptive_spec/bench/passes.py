@@ -21,14 +21,14 @@ import torch
 __all__ = ["measure_passes"]
 
 
-def _runner(engine: Any, role: str, graphs: bool, context: int, compiled: bool = False) -> Any:
+def _runner(engine: Any, role: str, graphs: bool, context: int, compiled: bool = False, capacity: int = 0) -> Any:
     from adaptive_spec.engine.eagle import EagleRunner, draft_runner, is_eagle_head
     from adaptive_spec.engine.graphs import ModelSlot
     from adaptive_spec.engine.runner import ModelRunner, fast_path_parts
 
     model = engine.target if role == "target" else engine.draft
     static = fast_path_parts(model) is not None or is_eagle_head(model)
-    slot = ModelSlot(model, context + 256, graphs=graphs, compiled=compiled) if static else None
+    slot = ModelSlot(model, max(capacity, context + 256), graphs=graphs, compiled=compiled) if static else None
     if role == "target":
         runner = ModelRunner(model, keep_features=is_eagle_head(engine.draft), slot=slot)
     else:
@@ -73,6 +73,7 @@ def measure_passes(
     repeats: int = 20,
     progress: bool = True,
     compiled: bool = False,
+    capacity: int | None = None,
 ) -> list[dict[str, Any]]:
     """Median milliseconds of a target pass and a draft level per row count, eager and (on CUDA) captured.
 
@@ -86,7 +87,8 @@ def measure_passes(
     ``compiled_ms``, ``compiled_bucket``, ``compiled_graph`` (whether the graph those rows replay there is the
     compiled capture, or the eager one, which is faster), ``compiled_replay_ms`` and ``compile_s`` (seconds to
     compile and capture that size's bucket; None when an earlier size compiled it or it is not compiled),
-    each None elsewhere.
+    each None elsewhere. ``capacity``: rows the static caches hold (default ``context + 256``, rounded up to
+    256; a captured pass attends over all of them, an eager one over the context): ``capacity`` in each row.
     """
     from tqdm.auto import tqdm
 
@@ -97,11 +99,13 @@ def measure_passes(
     out = []
     jobs = [("target", n) for n in rows] + [("draft", n) for n in draft_rows]
     runners = {
-        (role, mode): _runner(engine, role, mode != "eager", context, mode == "compiled")
+        (role, mode): _runner(engine, role, mode != "eager", context, mode == "compiled", capacity or 0)
         for role in ("target", "draft")
         for mode in modes
     }
     timers = {key: _timer(engine, runner, context) for key, runner in runners.items()}
+    slots = {role: getattr(runners[(role, "eager")], "slot", None) for role in ("target", "draft")}
+    capacities = {role: slot.kv.capacity if slot is not None else None for role, slot in slots.items()}
     compiled_before: dict[str, set[int]] = {"target": set(), "draft": set()}
     for role, n in tqdm(jobs, desc="passes", disable=not progress):
         samples: dict[str, list[float]] = {m: [] for m in modes}
@@ -119,6 +123,7 @@ def measure_passes(
                 "model": role,
                 "rows": n,
                 "context": context,
+                "capacity": capacities[role],
                 "eager_ms": eager,
                 "graph_ms": graph,
                 "speedup": eager / graph if graph else None,

@@ -29,6 +29,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--context", type=int, default=256, help="committed rows before the pass (default: %(default)s)"
     )
+    parser.add_argument(
+        "--capacity",
+        type=int,
+        default=None,
+        help="rows the static caches hold, rounded up to 256 (default: context + 256); a captured pass attends "
+        "over all of them",
+    )
     parser.add_argument("--repeats", type=int, default=20, help="timed repetitions per size (default: %(default)s)")
     parser.add_argument(
         "--compile",
@@ -46,11 +53,20 @@ def run(args: argparse.Namespace) -> int:
 
     if args.context < 1 or args.repeats < 1:
         raise ValueError("--context and --repeats must be >= 1")
+    if args.capacity is not None and args.capacity < args.context + 128:
+        raise ValueError(f"--capacity must hold the context and a pass: at least {args.context + 128} rows")
     engine = load_engine(args.target, args.draft, args.device, args.dtype)
     if args.compile and engine.device.type != "cuda":
         print(f"bench passes: --compile has no effect on {engine.device} (it compiles captured CUDA forwards)")
     rows = measure_passes(
-        engine, args.rows, args.draft_rows, args.context, args.repeats, not args.no_progress, compiled=args.compile
+        engine,
+        args.rows,
+        args.draft_rows,
+        args.context,
+        args.repeats,
+        not args.no_progress,
+        compiled=args.compile,
+        capacity=args.capacity,
     )
     more = f" {'compiled ms':>12} {'its replay':>11} {'compile s':>10}" if args.compile else ""
     print(
@@ -70,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"device": str(engine.device), "rows": rows}, indent=2))
+        report = {"device": str(engine.device), "capacity": rows[0]["capacity"] if rows else None, "rows": rows}
+        args.json.write_text(json.dumps(report, indent=2))
         print(f"wrote {args.json}")
     return 0

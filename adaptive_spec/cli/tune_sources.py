@@ -13,7 +13,7 @@ from pathlib import Path
 
 from adaptive_spec.options import add_json_option, add_model_options, add_progress_option, add_temperatures_option
 from adaptive_spec.planner.plan import Plan
-from adaptive_spec.tuning.sources import DEFAULT_STATIC, choose, search
+from adaptive_spec.tuning.sources import DEFAULT_STATIC, choose, incumbents, search
 from adaptive_spec.tuning.storage import DEFAULT_STORAGE
 
 
@@ -80,13 +80,20 @@ def run(args: argparse.Namespace) -> int:
 
             for gate in args.gate:
                 SourceGate.load(gate)  # a clear error before any model loads
+        current = incumbents(args.out_file)
+        for plan in current.values():  # the plans being replaced are measured too, static ones with the statics
+            if not plan.startswith("source:"):
+                statics.setdefault(str(Plan.parse(plan)), Plan.parse(plan))
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"tune sources: {err}") from None
+    if current:
+        tried = ", ".join(f"T={k} {p}" for k, p in current.items())
+        print(f"tune sources: the plans of {args.out_file} are tried too: {tried}")
     engine = load_engine(args.target, args.draft, None, None)
     static_res = measure(
         engine, prompts, statics, temps, args.max_new_tokens, args.seed, hf=False, progress=not args.no_progress
     )
-    rules = search(engine, prompts, temps, args)
+    rules = search(engine, prompts, temps, args, incumbent=current)
     choices = choose(rules, static_res["runs"])
     stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     for entry in choices.values():

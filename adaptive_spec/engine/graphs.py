@@ -66,12 +66,6 @@ def bucket_for(n: int) -> int | None:
 #: larger blocks would compile for one use.
 COMPILED = (1, 2, 4)
 
-#: Rows a compiling slot's cache holds from the start. A grown cache drops its graphs, and compiled ones take
-#: about 30 s a bucket to compile again: on an H200, SmolLM2 end to end on 4 prompts × 128 tokens with the
-#: cache grown from 256 to 512 rows mid-run spent 75 s recompiling (11.8 tok/s against 179 without
-#: compiling; ``docs/measurements/gpu-h200-2026-11-27b/``). 2048 rows cost SmolLM2 94 MiB of fp32 keys and
-#: values, which a captured pass reads whole (at the H200's 4.8 TB/s, about 0.02 ms: an estimate, not measured).
-COMPILED_CAPACITY = 2048
 
 #: A larger bucket replaces a smaller one only when it is at least this much faster (timing noise).
 FASTER = 0.9
@@ -149,9 +143,17 @@ class ModelSlot:
         self._pool: Any = None
 
     def _rows(self, capacity: int) -> int:
-        """Rows to allocate for ``capacity``: rounded up; at least :data:`COMPILED_CAPACITY` when compiling."""
-        rows = round_capacity(capacity)
-        return max(rows, COMPILED_CAPACITY) if self.compile_on else rows
+        """Rows to allocate for ``capacity``: rounded up, compiling or not.
+
+        A captured pass attends over every row the cache holds (its shapes are fixed), so rows beyond a
+        request's may cost time in each replay: on an H100, plain decoding with compiled forwards and caches of 2048
+        rows ran at 9.2 ms a token, against 5.7 ms captured eagerly with caches sized to the requests
+        (two runs in one lease, ``docs/measurements/gpu-h100-2026-11-27c/``; ``tools/gpu-check.sh --steps capacity``
+        measures the rows alone). A compiling slot is therefore sized as the others, and one that
+        grows compiles again (~30 s a bucket) and says so: warm it up with the longest request it will serve
+        (``bench e2e`` does).
+        """
+        return round_capacity(capacity)
 
     def ensure(self, capacity: int, keep: int = 0) -> None:
         """Room for ``capacity`` committed rows (the first ``keep`` rows kept); growing drops the graphs."""

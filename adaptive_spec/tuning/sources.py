@@ -9,7 +9,9 @@ Static plans (model chains and lookup plans) are measured once, in one interleav
 best static plan of the pair. With ``--gate FILE`` (a learned source choice from ``adaptive-spec
 selector gate``), every study also tries the gate, its margin searched beside the rules'
 parameters (``--gate`` repeated: each gate, e.g. one that reads the draft's root features and one
-that does not): the pair's per-step planner is whichever measures fastest.
+that does not): the pair's per-step planner is whichever measures fastest. An existing plan file's
+plans (:func:`incumbents`) are tried first: a rule or a gate's margin as its study's first trial, a static
+plan among the static ones.
 
 Tune on prompt sets of your own that mix open chat with tasks that copy their context
 (summaries, answers from a passage, code edits): ``adaptive_spec/zoo/smollm2/tune_prompts.jsonl``
@@ -90,8 +92,57 @@ def _known_params(rule: str) -> dict[str, Any]:
     return params
 
 
-def search(engine: Any, prompts: list, temps: list[float], args: Any) -> dict[str, Any]:
-    """Per temperature: ``args.trials`` Optuna trials of rules (and of ``args.gate``); returns ``run``-like rows."""
+def incumbents(path: str | Path) -> dict[str, str]:
+    """The plans of an existing plan file per temperature key (none when there is no file): what a new tuning
+    tries first, so that it never ships a plan slower than the one it replaces without having measured that one.
+    """
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path} is not a plan file: {str(err).splitlines()[0]}") from None
+    plans = data.get("plans") if isinstance(data, dict) else None
+    return {
+        str(k): str(v["plan"])
+        for k, v in (plans or {}).items()
+        if isinstance(v, dict) and isinstance(v.get("plan"), str)
+    }
+
+
+def incumbent_trial(plan: str, gates: Sequence[GatedSource] = (), rules: bool = True) -> dict[str, Any] | None:
+    """The trial parameters that replay ``plan`` in a study (to enqueue it), or None where no trial can: a static
+    plan (measured with the static plans instead), a gate not among ``gates`` (matched by file name), a rule when
+    only gates are searched, or a plan this search cannot express.
+    """
+    if not plan.startswith("source:"):
+        return None
+    if "gate=" in plan:
+        query = dict(part.split("=", 1) for part in plan.split("?", 1)[1].split("&") if "=" in part)
+        for i, g in enumerate(gates):
+            if Path(query.get("gate", "")).name == Path(str(g.gate.path)).name and "margin" in query:
+                name, margin_name = _gate_names(i)
+                return {"kind": name, margin_name: float(query["margin"])}
+        return None
+    if not rules:
+        return None
+    try:
+        params = _known_params(plan)
+    except (ValueError, AttributeError):
+        return None
+    return params | {"kind": "rule"} if gates else params
+
+
+def search(
+    engine: Any, prompts: list, temps: list[float], args: Any, incumbent: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Per temperature: ``args.trials`` Optuna trials of rules (and of ``args.gate``); returns ``run``-like rows.
+
+    ``incumbent``: a plan per temperature key (:func:`incumbents`) enqueued first where a trial can replay it.
+    """
     from adaptive_spec.temperatures import temperature_key
     from adaptive_spec.tuning.objectives import speedup_trial
     from adaptive_spec.tuning.storage import open_study
@@ -103,6 +154,9 @@ def search(engine: Any, prompts: list, temps: list[float], args: Any) -> dict[st
     for t in temps:
         key = temperature_key(t)
         study = open_study(f"{args.study_prefix}-T{key}", args.storage, seed=args.seed)
+        first = incumbent_trial((incumbent or {}).get(key, ""), gates, rules)
+        if first is not None:
+            study.enqueue_trial(first, skip_if_exists=True)
         for rule in KNOWN_RULES if rules else ():
             params = _known_params(rule)
             study.enqueue_trial(params | {"kind": "rule"} if gates else params, skip_if_exists=True)

@@ -676,7 +676,7 @@ def reused_seeds(folder: str | Path, seed: int, shards: int) -> list[int]:
         if isinstance(info.get("seed"), int) and isinstance(conv.get("shards"), int):
             used.update(range(info["seed"], info["seed"] + conv["shards"]))
         info = info.get("continued_from")
-    return sorted(used.intersection(range(seed, seed + shards)))
+    return sorted(s for s in used if seed <= s < seed + shards)
 
 
 def unused_seed(folder: str | Path) -> int:
@@ -763,7 +763,8 @@ def build_drafts(
     if init == "shipped" and (again := reused_seeds(shipped_drafts_dir(name), seed, shards)):
         print(
             f"zoo drafts: shard seeds {again[0]}-{again[-1]} were used by the committed build: those shards repeat "
-            f"its conversations; pass a --seed it did not use (e.g. {seed + 1000}) for new data",
+            f"its conversations; pass a --seed it did not use (e.g. {unused_seed(shipped_drafts_dir(name))}) "
+            "for new data",
             flush=True,
         )
     t = time.time()

@@ -65,6 +65,33 @@ def test_bench_e2e_command(saved, tmp_path, capsys) -> None:
     assert "chain:3/block" in capsys.readouterr().out
 
 
+def test_bench_e2e_warms_a_compiling_engine_up_with_its_longest_request() -> None:
+    """A compiled cache that grows inside the timed runs compiles again: the warm-up sizes it for all of them."""
+    from adaptive_spec.bench.e2e import _warm_up
+
+    class Engine:
+        compiles = False
+
+        def __init__(self):
+            self.calls = []
+
+        def tokenizer(self, text):
+            return {"input_ids": text.split()}
+
+        def generate(self, prompt, max_new_tokens, temperature, plan):
+            self.calls.append((prompt, max_new_tokens, plan))
+
+    prompts = [(0, "a b"), (1, "a b c d e"), (2, [1, 2, 3])]
+    table = {"chain:2/block": {"0": "P"}}
+    plain = Engine()
+    _warm_up(plain, prompts, [0.0], ["0"], table, 128)
+    assert plain.calls == [("a b", 4, None), ("a b", 4, "P")]
+    compiling = Engine()
+    compiling.compiles = True
+    _warm_up(compiling, prompts, [0.0], ["0"], table, 128)
+    assert compiling.calls == [("a b c d e", 128, None), ("a b c d e", 128, "P")]
+
+
 def test_bench_e2e_says_how_long_compiling_fell_inside_its_timed_runs(saved, tmp_path, monkeypatch, capsys) -> None:
     # On an H200 a static cache that grew mid-run recompiled its forwards inside the timed runs: reported.
     from adaptive_spec.engine import SpecEngine

@@ -175,3 +175,47 @@ def test_two_gates_without_rules_each_tried_at_the_enqueued_margins(prompt_files
     assert sum(f"gate={gates[0]}&" in p for p in tried) == 3 and sum(f"gate={gates[1]}&" in p for p in tried) == 3
     plan = yaml.safe_load(out.read_text())["plans"]["0"]["plan"]
     assert "gate=gate_root.json&" in plan or "gate=gate_free.json&" in plan or "gate=" not in plan
+
+
+def test_the_plans_a_tuning_replaces_are_tried_first(tmp_path) -> None:
+    from types import SimpleNamespace
+
+    from adaptive_spec.tuning.sources import _known_params, incumbent_trial, incumbents
+
+    assert incumbents(tmp_path / "none.yaml") == {}
+    rule = "source:chain:1/block+lookup:3x11/greedy?min_ngram=3&min_rate=0.400&decay=0.743"
+    gate = "source:chain:1/block+lookup:3x8/nss?gate=source_gate.json&margin=1.250"
+    f = tmp_path / "adaptive.yaml"
+    f.write_text(yaml.safe_dump({"version": 1, "plans": {"0": {"plan": rule}, "1": {"plan": "chain:1/block"}}}))
+    assert incumbents(f) == {"0": rule, "1": "chain:1/block"}
+    assert incumbent_trial(rule) == _known_params(rule)
+    assert str(parse_source_rule(suggest_rule(optuna.trial.FixedTrial(_known_params(rule)), True))) == str(
+        parse_source_rule(rule)
+    )  # the enqueued trial replays the rule itself
+    gates = [
+        SimpleNamespace(gate=SimpleNamespace(path="/elsewhere/other.json")),
+        SimpleNamespace(gate=SimpleNamespace(path="/pair/source_gate.json")),
+    ]
+    assert incumbent_trial(rule, gates) == _known_params(rule) | {"kind": "rule"}
+    assert incumbent_trial(rule, gates, rules=False) is None  # only gates searched
+    assert incumbent_trial(gate, gates) == {"kind": "gate2", "margin2": 1.25}  # matched by file name
+    assert incumbent_trial(gate, gates[:1]) is None and incumbent_trial("chain:1/block") is None
+    f.write_text("plans: [unclosed")
+    with pytest.raises(ValueError, match="is not a plan file"):
+        incumbents(f)
+
+
+def test_tune_sources_measures_the_plans_it_replaces(prompt_files, tmp_path, capsys) -> None:
+    out = tmp_path / "adaptive.yaml"
+    rule = "source:chain:1/block+lookup:4/block?min_ngram=2&min_rate=0.250&decay=0.500"
+    out.write_text(yaml.safe_dump({"version": 1, "plans": {"0": {"plan": rule}, "1": {"plan": "lookup:3/block"}}}))
+    args = ["tune", "sources", "--prompts", "copy.txt", "--temperatures", "0,1", "--max-new-tokens", "6"]
+    args += ["--trials", "1", "--storage", f"sqlite:///{tmp_path}/o.db", "--static", "chain:2/block"]
+    assert main([*args, "--out-file", str(out), "--json", "out.json", "--no-progress"]) == 0
+    assert f"the plans of {out} are tried too: T=0 {rule}, T=1 lookup:3/block" in capsys.readouterr().out
+    report = json.loads((tmp_path / "out.json").read_text())
+    assert [r["plan"] for r in report["rules"]["0"]["results"]] == [str(parse_source_rule(rule))]
+    assert {r["plan"] for r in report["static"]["runs"]["1"]["results"]} == {"chain:2/block", "lookup:3/block"}
+    out.write_text("plans: [unclosed")
+    with pytest.raises(SystemExit, match="is not a plan file"):
+        main([*args, "--out-file", str(out), "--no-progress"])
