@@ -68,6 +68,9 @@ def run(args: argparse.Namespace) -> int:
         compiled=args.compile,
         capacity=args.capacity,
     )
+    caps = sorted({r["capacity"] for r in rows if r["capacity"] is not None})
+    if caps:
+        print(f"static caches of {'/'.join(map(str, caps))} rows, {args.context} of them committed")
     more = f" {'compiled ms':>12} {'its replay':>11} {'compile s':>10}" if args.compile else ""
     print(
         f"{'model':<7} {'rows':>5} {'eager ms':>9} {'graph ms':>9} {'speedup':>8} {'bucket':>7} {'replay ms':>10}{more}"
