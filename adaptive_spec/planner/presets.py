@@ -68,6 +68,7 @@ __all__ = [
     "load_best_static",
     "load_in_draft",
     "read_best_static",
+    "read_plan_entries",
     "write_best_static",
     "write_in_draft",
 ]
@@ -107,11 +108,11 @@ def _candidates(path: str | Path | None) -> list[Path]:
     return out
 
 
-def read_best_static(path: str | Path) -> dict[str, dict[str, Any]]:
-    """The entries of a best-static file by temperature key (empty when the file does not exist).
+def read_plan_entries(path: str | Path, what: str = "plan file") -> dict[Any, Any]:
+    """The ``plans`` mapping of a plan file, unchecked entries by their keys (empty when the file does not exist).
 
     Raises:
-        ValueError: the file exists but is not a best-static file (the message names it).
+        ValueError: the file exists but is not valid YAML or has no ``plans`` mapping (the message names it).
     """
     import yaml
 
@@ -124,7 +125,17 @@ def read_best_static(path: str | Path) -> dict[str, dict[str, Any]]:
         raise ValueError(f"{path} is not valid YAML ({err}); fix or delete it") from err
     plans = data.get("plans") if isinstance(data, dict) else None
     if not isinstance(plans, dict):
-        raise ValueError(f"{path} is not a best-static file: expected a mapping with a 'plans' mapping")
+        raise ValueError(f"{path} is not a {what}: expected a mapping with a 'plans' mapping")
+    return plans
+
+
+def read_best_static(path: str | Path) -> dict[str, dict[str, Any]]:
+    """The entries of a best-static file by temperature key (empty when the file does not exist).
+
+    Raises:
+        ValueError: the file exists but is not a best-static file (the message names it).
+    """
+    plans = read_plan_entries(path, "best-static file")
     out: dict[str, dict[str, Any]] = {}
     for key, entry in plans.items():
         if not isinstance(entry, dict) or not isinstance(entry.get("plan"), str):

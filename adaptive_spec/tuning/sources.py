@@ -96,21 +96,10 @@ def incumbents(path: str | Path) -> dict[str, str]:
     """The plans of an existing plan file per temperature key (none when there is no file): what a new tuning
     tries first, so that it never ships a plan slower than the one it replaces without having measured that one.
     """
-    import yaml
+    from adaptive_spec.planner.presets import read_plan_entries
 
-    path = Path(path)
-    if not path.is_file():
-        return {}
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path} is not a plan file: {str(err).splitlines()[0]}") from None
-    plans = data.get("plans") if isinstance(data, dict) else None
-    return {
-        str(k): str(v["plan"])
-        for k, v in (plans or {}).items()
-        if isinstance(v, dict) and isinstance(v.get("plan"), str)
-    }
+    entries = read_plan_entries(path).items()
+    return {str(k): str(v["plan"]) for k, v in entries if isinstance(v, dict) and isinstance(v.get("plan"), str)}
 
 
 def incumbent_trial(plan: str, gates: Sequence[GatedSource] = (), rules: bool = True) -> dict[str, Any] | None:

@@ -201,7 +201,7 @@ def test_the_plans_a_tuning_replaces_are_tried_first(tmp_path) -> None:
     assert incumbent_trial(gate, gates) == {"kind": "gate2", "margin2": 1.25}  # matched by file name
     assert incumbent_trial(gate, gates[:1]) is None and incumbent_trial("chain:1/block") is None
     f.write_text("plans: [unclosed")
-    with pytest.raises(ValueError, match="is not a plan file"):
+    with pytest.raises(ValueError, match="is not valid YAML"):
         incumbents(f)
 
 
@@ -217,5 +217,5 @@ def test_tune_sources_measures_the_plans_it_replaces(prompt_files, tmp_path, cap
     assert [r["plan"] for r in report["rules"]["0"]["results"]] == [str(parse_source_rule(rule))]
     assert {r["plan"] for r in report["static"]["runs"]["1"]["results"]} == {"chain:2/block", "lookup:3/block"}
     out.write_text("plans: [unclosed")
-    with pytest.raises(SystemExit, match="is not a plan file"):
+    with pytest.raises(SystemExit, match="is not valid YAML"):
         main([*args, "--out-file", str(out), "--no-progress"])
