@@ -83,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
         current = incumbents(args.out_file)
         for plan in current.values():  # the plans being replaced are measured too, static ones with the statics
             if not plan.startswith("source:"):
-                statics.setdefault(str(Plan.parse(plan)), Plan.parse(plan))
+                parsed = Plan.parse(plan)
+                statics.setdefault(str(parsed), parsed)
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"tune sources: {err}") from None
     if current:

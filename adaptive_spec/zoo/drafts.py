@@ -663,10 +663,9 @@ def user_like_evaluation(
     return out
 
 
-def reused_seeds(folder: str | Path, seed: int, shards: int) -> list[int]:
-    """The shard seeds ``seed .. seed + shards - 1`` that the committed build in ``folder`` (or a build it went
-    on from, its ``continued_from``) already used: a build that goes on from it with them regenerates the same
-    conversations (shard ``i`` uses seed ``seed + i``), so it trains on data the drafts have seen.
+def used_seeds(folder: str | Path) -> set[int]:
+    """Every shard seed of the committed build in ``folder`` and of the builds it went on from (its
+    ``continued_from``): shard ``i`` of a build uses seed ``seed + i``.
     """
     path = Path(folder) / "build_info.json"
     info = json.loads(path.read_text()) if path.is_file() else None
@@ -676,15 +675,22 @@ def reused_seeds(folder: str | Path, seed: int, shards: int) -> list[int]:
         if isinstance(info.get("seed"), int) and isinstance(conv.get("shards"), int):
             used.update(range(info["seed"], info["seed"] + conv["shards"]))
         info = info.get("continued_from")
-    return sorted(s for s in used if seed <= s < seed + shards)
+    return used
+
+
+def reused_seeds(folder: str | Path, seed: int, shards: int) -> list[int]:
+    """The shard seeds ``seed .. seed + shards - 1`` that :func:`used_seeds` holds: a build that goes on from the
+    committed one with them regenerates the same conversations, so it trains on data the drafts have seen.
+    """
+    return sorted(s for s in used_seeds(folder) if seed <= s < seed + shards)
 
 
 def unused_seed(folder: str | Path) -> int:
-    """The first multiple of 1000 above every shard seed of the committed build in ``folder`` and the builds it
-    went on from: a seed for a build that goes on from it with new conversations (0 when there is none).
+    """The first multiple of 1000 above every one of :func:`used_seeds`: a seed for a build that goes on from the
+    committed one with new conversations (0 when there is none).
     """
-    used = reused_seeds(folder, 0, 10**9)
-    return (used[-1] // 1000 + 1) * 1000 if used else 0
+    used = used_seeds(folder)
+    return (max(used) // 1000 + 1) * 1000 if used else 0
 
 
 def build_drafts(
@@ -760,11 +766,11 @@ def build_drafts(
     for p in target.parameters():
         p.requires_grad_(False)
 
-    if init == "shipped" and (again := reused_seeds(shipped_drafts_dir(name), seed, shards)):
+    committed = shipped_drafts_dir(name)
+    if init == "shipped" and (again := reused_seeds(committed, seed, shards)):
         print(
             f"zoo drafts: shard seeds {again[0]}-{again[-1]} were used by the committed build: those shards repeat "
-            f"its conversations; pass a --seed it did not use (e.g. {unused_seed(shipped_drafts_dir(name))}) "
-            "for new data",
+            f"its conversations; pass a --seed it did not use (e.g. {unused_seed(committed)}) for new data",
             flush=True,
         )
     t = time.time()
@@ -818,14 +824,14 @@ def build_drafts(
 
     before: dict[str, Any] = {}
     if init == "shipped":
-        head, standalone = shipped_drafts(target, shipped_drafts_dir(name))
-        b_head, b_draft = shipped_drafts(target, shipped_drafts_dir(name))  # evaluated beside the new ones
+        head, standalone = shipped_drafts(target, committed)
+        b_head, b_draft = shipped_drafts(target, committed)  # evaluated beside the new ones
         before = {"eagle_before": b_head.to(device).eval(), "draft_before": b_draft.to(device).eval()}
         vocab_size = head.token_ids.numel()
         coverage = vocabulary_coverage(train, head.token_ids)
         info["init"] = "the drafts committed before (their build: continued_from), trained on further"
-        if (committed := shipped_drafts_dir(name) / "build_info.json").is_file():
-            info["continued_from"] = json.loads(committed.read_text())
+        if (committed / "build_info.json").is_file():
+            info["continued_from"] = json.loads((committed / "build_info.json").read_text())
     else:
         head, coverage = new_head(target, train, vocab_size)
         standalone = init_standalone(target, seed=seed)
