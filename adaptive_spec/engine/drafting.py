@@ -480,8 +480,9 @@ def draft_policy_tree(
 ) -> DraftOutcome:
     """Grow a tree with a drafting ``policy``: one draft forward per level.
 
-    An EAGLE-style policy without replacement is decided on the device, with one host read for the
-    whole tree (:func:`draft_eagle_on_device`; ``on_device=False`` forces the host path below, and
+    An EAGLE-style policy is decided on the device, with one host read for the whole tree without
+    replacement (:func:`draft_eagle_on_device`) and usually with i.i.d. children too
+    (:func:`draft_eagle_iid_on_device`; ``on_device=False`` forces the host path below, and
     the runner's ``device_policy`` turns it off for a run after a step had to redo its tree). A
     ``conf-delayed`` policy whose paths go on once branched reads its trunk, then drafts the paths into
     slots (:func:`draft_conf_delayed`; ``on_device=False`` forces the host path here too). Any other
@@ -508,7 +509,8 @@ def draft_policy_tree(
         on_device = runner.device_policy and eagle_on_device(policy, probs_fn.vocab_size)
     if on_device:
         state, mark = generator.get_state(), runner.block_mark()
-        outcome = draft_eagle_on_device(runner, root, policy, probs_fn, generator, deterministic)
+        grow = draft_eagle_on_device if policy.without_replacement else draft_eagle_iid_on_device
+        outcome = grow(runner, root, policy, probs_fn, generator, deterministic)
         if outcome is not None:
             return outcome
         # A drawn child had probability 0: the tree the host path grows differs from the one drafted. Draw it again
@@ -522,7 +524,10 @@ def draft_policy_tree(
     frontier, R, ok = [0], root.probs[-1:], root.ok
     rows = [R]  # per fed level: Tensor[F, V]
     pending_pos = None if g.chain else torch.ones(1, p - 1, dtype=torch.bool, device=device)
+    slots = eagle_iid_slots(policy) if isinstance(policy, EagleTree) and not policy.without_replacement else None
     while frontier and g.budget > 0 and policy.depth > 0:
+        if slots is not None and R.shape[0] < slots[g.levels]:  # drawn on the device drafter's rows (see there)
+            R = torch.cat([R, R[:1].expand(slots[g.levels] - R.shape[0], -1)])
         cand, *stats = _level_candidates(R, g.K, policy.law is DraftLaw.DYNAMIC_WOR, generator, deterministic, ok)
         new = g.expand(frontier, *stats)
         if g.chain and new:
@@ -618,8 +623,21 @@ def _delayed_layouts(depth: int, paths: int, vocab: int, device: torch.device) -
 
 
 def eagle_on_device(policy: DraftPolicy, vocab: int) -> bool:
-    """Whether :func:`draft_eagle_on_device` grows ``policy``'s trees: EAGLE-style, without replacement."""
-    return isinstance(policy, EagleTree) and policy.without_replacement and policy.depth > 0 and policy.width <= vocab
+    """Whether the device grows ``policy``'s trees: EAGLE-style, no wider than the vocabulary
+    (:func:`draft_eagle_on_device` without replacement, :func:`draft_eagle_iid_on_device` with i.i.d. children).
+    """
+    return isinstance(policy, EagleTree) and policy.depth > 0 and policy.width <= vocab
+
+
+def eagle_iid_slots(policy: EagleTree) -> list[int]:
+    """Per level of an EAGLE-style tree with i.i.d. children, the most frontier nodes it can have: the rows its
+    children are drawn from on the device (:func:`draft_eagle_iid_on_device`), and on the host too (the host path
+    pads its rows to as many, so that both draw the same uniforms from one generator state).
+    """
+    out = [1]
+    while len(out) < policy.depth:
+        out.append(min(policy.top_k, out[-1] * policy.width))
+    return out
 
 
 def eagle_levels(policy: EagleTree) -> list[tuple[list[int], int]]:
@@ -815,6 +833,191 @@ def draft_eagle_on_device(
         0, fed_d, torch.arange(fed_total, device=device)
     )
     return DraftOutcome(tree, ancestors, p, fed_total, cache_rows, len(plan.levels), 0.0, cache_rows_tensor=rows_d)
+
+
+@dataclass(frozen=True)
+class _IidPlan:
+    """:func:`draft_eagle_iid_on_device`'s constants for a policy on a device (made once)."""
+
+    slots: list[int]  # frontier rows per level (eagle_iid_slots)
+    certain: int  # the levels whose new nodes are surely fed (those the policy without replacement feeds)
+    m: int  # the most nodes a tree can have; index m is a dummy that invalid entries point at
+    start: torch.Tensor  # long [3 (m + 1) + 2 (m + 1) W + 2]: tokens, parents, depths, draws, children, next id, budget
+    pp: torch.Tensor  # float64 [m + 1]: path probabilities, the root's 1
+    ancestors: torch.Tensor  # bool [m + 1, m + 1]: the root its own ancestor, and the dummy's
+    eye: torch.Tensor  # bool [m + 1, m + 1]
+    index: list[torch.Tensor]  # per level, [rows, W]: each draw's place in frontier order
+    rank: list[torch.Tensor]  # per level, [rows]: 0 .. rows - 1
+    earlier: torch.Tensor  # bool [W, W]: column j' before column j
+    root: torch.Tensor  # long [1]: node 0
+
+
+def _iid_plan(policy: EagleTree, device: torch.device) -> _IidPlan:
+    key = policy, str(device)
+    if key not in _IID_PLANS:
+        w, slots = policy.width, eagle_iid_slots(policy)
+        certain = 0
+        for _, fed in eagle_levels(policy):
+            if not fed:
+                break
+            certain += 1
+        m = min(1 + policy.budget, 1 + w * sum(slots))
+        start = [-1] * (2 * (m + 1)) + [0] * (m + 1) + [m] * (2 * (m + 1) * w) + [1, policy.budget]
+        flat = torch.tensor(start + [r * w + j for f in slots for r in range(f) for j in range(w)], device=device)
+        start_t, index = flat.split([len(start), w * sum(slots)])
+        ancestors = torch.zeros(m + 1, m + 1, dtype=torch.bool, device=device)
+        ancestors[:, 0] = True  # the root (and the dummy, so that a padding row attends to something)
+        ancestors[0].fill_(False)
+        ancestors[0, 0] = True
+        pp = torch.zeros(m + 1, dtype=torch.float64, device=device)
+        pp[0] = 1.0
+        eye = torch.eye(m + 1, dtype=torch.bool, device=device)
+        ranks = torch.arange(max(slots), device=device)
+        if len(_IID_PLANS) > 256:
+            _IID_PLANS.clear()
+        _IID_PLANS[key] = _IidPlan(
+            slots,
+            certain,
+            m,
+            start_t,
+            pp,
+            ancestors,
+            eye,
+            [t.view(f, w) for t, f in zip(index.split([f * w for f in slots]), slots, strict=True)],
+            [ranks[:f] for f in slots],
+            torch.ones(w, w, dtype=torch.bool, device=device).tril_(-1),
+            ranks[:1],
+        )
+    return _IID_PLANS[key]
+
+
+_IID_PLANS: dict[tuple[EagleTree, str], _IidPlan] = {}
+
+
+def draft_eagle_iid_on_device(
+    runner: ModelRunner,
+    root: DraftRoot,
+    policy: EagleTree,
+    probs_fn: ProbsFn,
+    generator: torch.Generator,
+    deterministic: bool,
+) -> DraftOutcome | None:
+    """An EAGLE-style tree with i.i.d. children, decided on the device: usually one host read for the whole tree.
+
+    The host path (:func:`draft_policy_tree`) gives each fed node ``width`` i.i.d. draws within the budget (spent
+    in frontier order), merges a node's draws by token into its children (in the order of first appearance) and
+    feeds the ``top_k`` new nodes of highest path probability (ties: the first made), in the order made. How many
+    distinct children the draws give is not known in advance, so each level here has its most frontier rows
+    (:func:`eagle_iid_slots`): the first are the fed nodes, the others padding rows that are fed to the draft too
+    (attending to the root; their rows are never read) and whose draws are invalid. Node numbers, budget, merges
+    and the choice of the fed nodes are computed on the device with the host path's arithmetic (float64 path
+    probabilities, a stable sort). The host path draws on as many rows (it pads its rows likewise), so from one
+    generator state both grow the same tree.
+
+    The levels whose nodes the same policy without replacement feeds are fed here for sure (duplicates only save
+    budget); from the first level after them, whether any node is fed depends on the merges: the tree is read
+    there, and only if nodes are fed does the growth go on, with a read per level. Returns None when a drawn
+    child had probability 0 (a row of zeros): the caller grows the host path's tree from the saved state.
+    """
+    device = runner.device
+    p, base = root.pending, root.base
+    plan = _iid_plan(policy, device)
+    m, w = plan.m, policy.width
+    R, ok = root.probs[-1:], root.ok
+    tokens_d, parents_d, depths_d, draws_d, kids_d, nxt, left = plan.start.clone().split(
+        [m + 1, m + 1, m + 1, (m + 1) * w, (m + 1) * w, 1, 1]
+    )
+    draws_d, kids_d = draws_d.view(m + 1, w), kids_d.view(m + 1, w)
+    pp, ancestors = plan.pp.clone(), plan.ancestors.clone()
+    fr = plan.root  # the frontier's node ids (m: a padding row), valid ones first, in the order made
+    fed_ids, rows, level_logits, qs = [fr], [R], [], []
+    pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device) if p > 1 else None
+    host, levels = None, 0
+    for d in range(1, policy.depth + 1):
+        f = plan.slots[d - 1]
+        cand = draw_tokens(R, w, generator, replace=True, greedy=deterministic)  # [f, W], as the host path
+        levels += 1
+        valid = (fr < m)[:, None] & (plan.index[d - 1] < left)  # the budget, spent in frontier order
+        q = R.gather(1, cand)
+        qs.append(torch.where(valid, q, 1.0))
+        same = cand[:, :, None] == cand[:, None, :]  # [f, W, W]
+        first = valid & ~(same & valid[:, None, :] & plan.earlier).any(dim=-1)  # a token's first valid draw
+        new = first.flatten()
+        count = new.sum()
+        ids = torch.where(new, nxt + new.cumsum(0) - 1, m)  # new nodes numbered in the order made
+        child = (same & first[:, None, :]).long().mul(ids.view(f, 1, w)).sum(dim=-1)  # each draw's node
+        draws_d[fr] = torch.where(valid, child, m)
+        kids_d[fr] = ids.view(f, w).sort(dim=1).values  # distinct children in draw order, padding last
+        par = fr[:, None].expand(f, w).flatten()
+        tokens_d[ids] = cand.flatten()
+        parents_d[ids] = par
+        depths_d[ids] = d
+        pp[ids] = pp[par] * q.flatten().to(torch.float64)
+        ancestors[ids] = ancestors[par] | plan.eye[ids]
+        nxt, left = nxt + count, left - valid.sum()
+        if d == policy.depth:
+            break
+        g = plan.slots[d]
+        order = torch.where(new, pp[ids], -1.0).argsort(descending=True, stable=True)[:g]  # top k, ties: first made
+        fed = torch.where(left > 0, count.clamp_max(policy.top_k), 0)
+        fr = torch.where(plan.rank[d] < fed, ids[order], m).sort().values  # in the order made, padding last
+        if d > plan.certain:  # whether anything is fed now depends on the merges: the tree so far, read
+            host = _read_iid(m, nxt, tokens_d, parents_d, draws_d, fed_ids, ok, level_logits, rows, qs, fed)
+            if not host[-1]:
+                break
+            host = None
+        fed_ids.append(fr)
+        allowed = ancestors[fr][:, torch.cat(fed_ids)]
+        if pending_pos is not None:
+            allowed = torch.cat([pending_pos.expand(g, -1), allowed], dim=1)
+        pos = torch.full((g,), base + p - 1 + d, dtype=torch.long, device=device)
+        logits = runner.block_forward(tokens_d[fr].clamp_min(0), pos, allowed, logits_to_keep=g)
+        R = probs_fn(logits)
+        level_logits.append(logits)
+        rows.append(R)
+    if host is None:
+        host = _read_iid(m, nxt, tokens_d, parents_d, draws_d, fed_ids, ok, level_logits, rows, qs)
+    tokens, parents, draws, fed_order, n, flag, bad, _ = host
+    check_finite(bool(flag), "draft")
+    if bad:
+        return None
+    tokens, parents = tokens[:n], parents[:n]
+    child_draws = [[c for c in draws[i * w : (i + 1) * w] if c < m] for i in range(n)]
+    depths = [0] * n
+    for i in range(1, n):
+        depths[i] = depths[parents[i]] + 1
+    fed_d, fed_rows = torch.cat(fed_ids), torch.cat(rows)
+    probs = torch.zeros(m + 1, probs_fn.vocab_size, dtype=fed_rows.dtype, device=device)
+    probs[fed_d] = fed_rows  # padding rows land on the dummy's
+    tree = DraftTree(tokens, parents, depths, probs[:n], child_draws, policy.shape)
+    widest = max(1, max(len(set(c)) for c in child_draws))
+    most = max(1, max(map(len, child_draws)))
+    tree.keep_tensors(
+        tokens=tokens_d[:n],
+        parents=parents_d[:n],
+        depths=depths_d[:n],
+        ancestors=ancestors[:n, :n],
+        children=kids_d[:n, :widest].clamp_max(n),
+        draws=draws_d[:n, :most].clamp_max(n),
+    )
+    cache_rows = {node: i for i, node in enumerate(fed_order) if node < m}
+    rows_d = torch.full((m + 1,), -1, dtype=torch.long, device=device)
+    rows_d[fed_d] = torch.arange(len(fed_order), device=device)
+    return DraftOutcome(tree, ancestors[:n, :n], p, len(cache_rows), cache_rows, levels, 0.0, cache_rows_tensor=rows_d[:n])
+
+
+def _read_iid(m, nxt, tokens_d, parents_d, draws_d, fed_ids, ok, level_logits, rows, qs, fed=None) -> tuple:
+    """:func:`draft_eagle_iid_on_device`'s one read of the tree so far: ``(tokens, parents, draws, fed slots,
+    nodes, finite, bad, fed next)`` (``fed``: how many nodes the next level feeds, 0 if not given).
+    """
+    if level_logits:  # every fed level's logits and rows, checked once (the root's row rides along)
+        ok = ok & finite_flag(torch.cat(level_logits), torch.cat(rows))
+    bad = (torch.cat([q.flatten() for q in qs]) <= 0).any()  # a drawn child of probability 0 (a row of zeros)
+    fed_d = torch.cat(fed_ids)
+    tail = [nxt, ok.long()[None], bad.long()[None], nxt.new_zeros(1) if fed is None else fed.reshape(1)]
+    flat = torch.cat([tokens_d[:m], parents_d[:m], draws_d[:m].flatten(), fed_d, *tail]).tolist()  # the one read
+    a, b, c, k = m, 2 * m, 2 * m + m * draws_d.shape[1], len(fed_d)
+    return flat[:a], flat[a:b], flat[b:c], flat[c : c + k], *flat[c + k :]
 
 
 def _level_candidates(

@@ -250,20 +250,35 @@ class DraftTree:
             self._tensors[key] = torch.tensor(self.children_rows(), dtype=torch.long, device=key[1])
         return self._tensors[key]
 
+    def draws_tensor(self, device: torch.device | None = None) -> torch.Tensor:
+        """LongTensor[N, D]: each node's :attr:`child_draws` (with multiplicity, in draw order), padded with ``num_nodes``
+        to the most draws of a node (built on the host and copied once, unless a drafter handed it over).
+        """
+        key = ("draws", _resolved(device if device is not None else self.device))
+        if key not in self._tensors:
+            n, most = self.num_nodes, max(1, max(map(len, self.child_draws)))
+            rows = [d + [n] * (most - len(d)) for d in self.child_draws]
+            self._tensors[key] = torch.tensor(rows, dtype=torch.long, device=key[1])
+        return self._tensors[key]
+
     def keep_tensors(self, **tensors: torch.Tensor) -> None:
         """Hand over device copies of ``tokens``, ``parents``, ``depths`` (equal to the lists), ``ancestors``
-        (:meth:`ancestors_tensor`) or ``children`` (:meth:`children_tensor`), e.g. from a drafter that drew the
-        tokens on the device: the ``*_tensor`` methods then copy nothing.
+        (:meth:`ancestors_tensor`), ``children`` (:meth:`children_tensor`) or ``draws`` (:attr:`child_draws` as a
+        table, padded with ``num_nodes``: only from a drafter), e.g. from a drafter that drew the tokens on the
+        device: the ``*_tensor`` methods then copy nothing.
         """
         n = self.num_nodes
         for name, t in tensors.items():
             want = (n, n) if name == "ancestors" else (n,)
             if name == "children":  # the structure is on the host then (a slot tree's never is handed over)
                 want = (n, max(1, max(map(len, self.children))))
-            if name not in ("tokens", "parents", "depths", "ancestors", "children") or tuple(t.shape) != want:
+            elif name == "draws":
+                want = (n, max(1, max(map(len, self.child_draws))))
+            if name not in ("tokens", "parents", "depths", "ancestors", "children", "draws") or tuple(t.shape) != want:
                 raise ValueError(
                     f"DraftTree.keep_tensors: {name} must be one of tokens/parents/depths ([num_nodes]), "
-                    "ancestors ([num_nodes, num_nodes]) or children ([num_nodes, widest])"
+                    "ancestors ([num_nodes, num_nodes]), children ([num_nodes, widest]) or draws ([num_nodes, most "
+                    "draws])"
                 )
             self._tensors[name, _resolved(t.device)] = t
 

@@ -189,23 +189,29 @@ def _solve_rows(
 
 
 def rrs_on_children(
-    tree: DraftTree, target_probs: torch.Tensor, generator: torch.Generator, ride: torch.Tensor | None = None
+    tree: DraftTree,
+    target_probs: torch.Tensor,
+    generator: torch.Generator,
+    ride: torch.Tensor | None = None,
+    *,
+    without_replacement: bool = True,
 ) -> VerifyResult:
-    """RRSw on the rows' device for a tree drawn without replacement whose children table is on the device (a
-    policy tree's: :meth:`DraftTree.children_tensor`); one host read. Taken on an accelerator
+    """RRSw (or SpecInfer, ``without_replacement=False``) on the rows' device for a policy tree whose children
+    table (without replacement: :meth:`DraftTree.children_tensor`) or draws table (i.i.d.: a drafter's
+    :meth:`DraftTree.draws_tensor`) is on the device; one host read. Taken on an accelerator
     (:func:`~adaptive_spec.verifiers.base.run_ahead`): it solves every node's rows, where the host walk solves
     only the visited nodes', which a CPU does faster.
 
-    Without replacement a node's draws are its children, in order, so the table gives every node's candidates:
-    every node runs :func:`rrs_solve` at once (a node with no children accepts none), the walk follows the
-    accepted children from the root on the device, and ``Y`` is drawn where it stops, as in
-    :func:`rrs_on_slots`.
+    Without replacement a node's draws are its children, in order; with replacement its draws (duplicates
+    included, in draw order) are its candidates: every node runs :func:`rrs_solve` at once (a node with no
+    children accepts none), the walk follows the accepted draws' nodes from the root on the device, and ``Y`` is
+    drawn where it stops, as in :func:`rrs_on_slots`.
     """
     device, n = target_probs.device, tree.num_nodes
-    cand = tree.children_tensor(device)  # [N, W], padded with N
+    cand = tree.children_tensor(device) if without_replacement else tree.draws_tensor(device)  # [N, W], padded with N
     active = cand < n
     x = tree.tokens_tensor(device)[cand.clamp_max(n - 1)].clamp_min(0)
-    accepted, p = _solve_rows(target_probs[:n], tree.draft_probs[:n], x, active, generator, True)
+    accepted, p = _solve_rows(target_probs[:n], tree.draft_probs[:n], x, active, generator, without_replacement)
     node = follow_accepted(cand, accepted, n, tree.shape.depth)
     y = draw_tokens(p[node], 1, generator)[:, 0]  # LongTensor[1]: the final residual (a leaf's: its row)
     parts = [node, y] + ([] if ride is None else [ride])
@@ -227,14 +233,15 @@ def verify_rrs(
     """
     if isinstance(sampler, TorchSampler) and tree.slots is not None:
         return rrs_on_slots(tree, target_probs, sampler.generator, without_replacement=without_replacement, ride=ride)
+    table = "children" if without_replacement else "draws"  # a node's candidates, on the device
+    laws = (DraftLaw.DYNAMIC_WOR, DraftLaw.DYNAMIC_CHAIN) if without_replacement else (DraftLaw.DYNAMIC_IID,)
     if (
         isinstance(sampler, TorchSampler)
-        and without_replacement
-        and tree.shape.law in (DraftLaw.DYNAMIC_WOR, DraftLaw.DYNAMIC_CHAIN)
-        and tree.has_tensors(target_probs.device, "children", "tokens")
+        and tree.shape.law in laws
+        and tree.has_tensors(target_probs.device, table, "tokens")
         and run_ahead(target_probs.device)  # every node's rows at once: an accelerator's work, not a CPU's
     ):
-        return rrs_on_children(tree, target_probs, sampler.generator, ride)
+        return rrs_on_children(tree, target_probs, sampler.generator, ride, without_replacement=without_replacement)
 
     def solver(p, q, candidates, s):
         return rrs_solve(p, q, candidates, s, without_replacement=without_replacement)

@@ -1,9 +1,11 @@
-"""EAGLE-style policy trees decided on the device (``engine.drafting.draft_eagle_on_device``).
+"""EAGLE-style policy trees decided on the device (``engine.drafting.draft_eagle_on_device`` without replacement,
+``draft_eagle_iid_on_device`` with i.i.d. children).
 
 The device drafter draws the same candidates by the same calls as the host drafter (one host read per
 level), so from the same generator state it must grow *the same tree*: tokens, parents, draws, rows,
 feed order, device tensors, and leave the draft cache and the generator where the host drafter leaves
-them. Where a drawn child has probability 0 (a top-k processor narrower than the width), it grows the
+them (with i.i.d. children the device feeds padding rows too: its rows agree to rounding, and its cache
+holds those rows until the commit). Where a drawn child has probability 0 (a top-k processor narrower than the width), it grows the
 host path's tree again from the saved generator state. The host drafter's law is tested exactly
 elsewhere (tests/verifiers/test_dynamic_exact.py, through sample_policy_tree and the engine).
 """
@@ -14,7 +16,13 @@ import pytest
 import torch
 
 from adaptive_spec.engine import SpecEngine, drafting
-from adaptive_spec.engine.drafting import draft_policy_tree, draft_root, eagle_levels, eagle_on_device
+from adaptive_spec.engine.drafting import (
+    draft_policy_tree,
+    draft_root,
+    eagle_iid_slots,
+    eagle_levels,
+    eagle_on_device,
+)
 from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.trees.policy import parse_policy
@@ -32,6 +40,7 @@ POLICIES = [
     "eagle:5:7:1:3:wor",
     "eagle:3:30:2:1:wor",  # a chain-like tree
 ]
+IID_POLICIES = [p.removesuffix(":wor") for p in POLICIES] + ["eagle:6:30:3:5", "eagle:5:40:2:6"]
 
 
 def _grow(model, policy, probs_fn, seed, deterministic, on_device):
@@ -104,7 +113,7 @@ def test_eagle_levels_follow_the_host_loop() -> None:
     ]
     assert eagle_levels(parse_policy("eagle:1:4:2:3:wor")) == [([3], 0)]  # depth 1: the root's children only
     assert eagle_levels(parse_policy("eagle:2:5:4:3:wor")) == [([3], 3), ([2, 0, 0], 0)]
-    assert not eagle_on_device(parse_policy("eagle:3:6:2:2"), V)  # i.i.d. children merge: the host decides
+    assert eagle_on_device(parse_policy("eagle:3:6:2:2"), V)  # i.i.d. children too (draft_eagle_iid_on_device)
     assert not eagle_on_device(parse_policy("eagle:3:6:2:20:wor"), V)  # wider than the vocabulary
 
 
@@ -156,3 +165,99 @@ def test_a_policys_depth_cuts_get_their_plans_in_the_same_transfer(monkeypatch):
                 assert torch.equal(getattr(a, name), getattr(b, name))
         for name in ("depths_d", "start", "ancestors", "root", "one"):
             assert torch.equal(getattr(cut, name), getattr(alone, name))
+
+
+def _same_iid(a, b):
+    """The same tree, draws and feeds; rows equal to rounding (the device's forwards carry padding rows)."""
+    ta, tb = a.tree, b.tree
+    assert (ta.tokens, ta.parents, ta.depths, ta.child_draws) == (tb.tokens, tb.parents, tb.depths, tb.child_draws)
+    assert torch.allclose(ta.draft_probs, tb.draft_probs, atol=1e-6)
+    assert (a.pending_fed, a.policy_levels, sorted(a.cache_rows)) == (b.pending_fed, b.policy_levels, sorted(b.cache_rows))
+    assert torch.equal(a.ancestors, b.ancestors)
+    for name in ("tokens", "parents", "depths", "ancestors", "children", "draws"):
+        assert torch.equal(getattr(ta, f"{name}_tensor")(), getattr(tb, f"{name}_tensor")()), name
+    assert ta.has_tensors("cpu", "children", "draws")  # handed over by the device drafter: no copy
+    rows = a.cache_rows_tensor.tolist()
+    assert [r for r in rows if r >= 0] == sorted(a.cache_rows.values()) and all(
+        rows[node] == row for node, row in a.cache_rows.items()
+    )
+
+
+@pytest.mark.parametrize("text", IID_POLICIES)
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_the_device_drafter_grows_the_host_drafters_iid_tree(model, text, temperature, monkeypatch) -> None:
+    policy = parse_policy(text)
+    assert eagle_on_device(policy, V) and not policy.without_replacement
+    probs_fn = ProbsFn(build_logits_processor(SamplingConfig(temperature=1.0).generation_config()), V, one_hot=False)
+    reads, merged, longer = [], 0, 0
+    real = drafting._read_iid
+    monkeypatch.setattr(drafting, "_read_iid", lambda *a: reads.append(1) or real(*a))
+    certain = 0  # the levels whose nodes are fed for sure: those the policy without replacement feeds
+    while certain < len(eagle_levels(policy)) and eagle_levels(policy)[certain][1]:
+        certain += 1
+    for seed in range(8):
+        reads.clear()
+        dev, r_dev, g_dev = _grow(model, policy, probs_fn, seed, temperature == 0, True)
+        n_reads = len(reads)
+        host, r_host, g_host = _grow(model, policy, probs_fn, seed, temperature == 0, False)
+        _same_iid(dev, host)
+        assert r_dev.device_policy and r_dev.forwards == r_host.forwards
+        assert torch.equal(g_dev.get_state(), g_host.get_state())  # the same draws, consumed alike
+        draws = sum(map(len, dev.tree.child_draws))
+        assert draws <= policy.budget and draws == sum(len(c) for c in host.tree.child_draws)
+        merged += dev.tree.num_nodes - 1 < draws  # duplicates merged into one node
+        longer += dev.policy_levels > len(eagle_levels(policy))  # saved budget spent deeper: a read a level there
+        assert n_reads == dev.policy_levels - certain  # one read for the tree, and one per level not certain
+    if text in ("eagle:3:6:2:2", "eagle:4:12:3:2"):
+        assert merged and longer  # the cases where the merges matter happen
+
+
+def test_iid_frontier_rows_per_level() -> None:
+    assert eagle_iid_slots(parse_policy("eagle:6:48:6:4")) == [1, 4, 6, 6, 6, 6]
+    assert eagle_iid_slots(parse_policy("eagle:1:4:2:3")) == [1]
+    assert eagle_iid_slots(parse_policy("eagle:3:30:2:1")) == [1, 1, 1]
+
+
+def test_iid_draws_of_probability_zero_are_drafted_again_on_the_host(model, monkeypatch) -> None:
+    """A drawn child of probability 0 (here: draws forced to a row's top k, wider than its two positive entries)
+    sends the tree back to the host path, which grows the same tree from the saved generator state."""
+    policy = parse_policy("eagle:4:12:3:3")
+    narrow = SamplingConfig(temperature=1.0, top_k=2)
+    probs_fn = ProbsFn(build_logits_processor(narrow.generation_config()), V, one_hot=False)
+    real = drafting.draw_tokens
+
+    def topk_draws(rows, k, generator, **kw):
+        real(rows, k, generator, **kw)  # the same uniforms consumed
+        return rows.topk(k, dim=-1).indices
+
+    monkeypatch.setattr(drafting, "draw_tokens", topk_draws)
+    dev, r_dev, g_dev = _grow(model, policy, probs_fn, 0, False, True)
+    host, r_host, g_host = _grow(model, policy, probs_fn, 0, False, False)
+    assert (dev.tree.tokens, dev.tree.child_draws) == (host.tree.tokens, host.tree.child_draws)
+    assert not r_dev.device_policy and r_dev.cache_length() == r_host.cache_length()
+    assert torch.equal(g_dev.get_state(), g_host.get_state())
+    assert all(len(d) <= 2 for d in dev.tree.child_draws)  # the host path stops a node's draws at a zero
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+@pytest.mark.parametrize("head", [False, True], ids=["draft-model", "eagle-head"])
+def test_iid_generations_are_the_same_on_the_device_and_on_the_host(monkeypatch, temperature, head) -> None:
+    target = tiny_model("llama", vocab=48, hidden=32, seed=3, eos=None)
+    draft = make_head(target, 40, range(8, 48)) if head else perturbed(target, 0.2, 4)
+    engine = SpecEngine(target, draft)
+    plans = ["eagle:4:12:3:2/traversal", "eagle:5:16:3:3/specinfer", "eagle:3:9:2:4/nss"]
+    runs, grown = {}, []
+    real = drafting.draft_eagle_iid_on_device
+    monkeypatch.setattr(drafting, "draft_eagle_iid_on_device", lambda *a: grown.append(real(*a)) or grown[-1])
+    for where in ("device", "host"):
+        if where == "host":
+            monkeypatch.setattr(drafting, "eagle_on_device", lambda *a: False)
+        runs[where] = [
+            engine.generate([5, 6, 7, 9], max_new_tokens=24, temperature=temperature, plan=plan, seed=seed)
+            for plan in plans
+            for seed in range(2)
+        ]
+    assert grown and all(o is not None for o in grown)
+    for a, b in zip(runs["device"], runs["host"], strict=True):
+        assert a.token_ids == b.token_ids
+        assert (a.stats.accept_lengths, a.stats.tree_sizes) == (b.stats.accept_lengths, b.stats.tree_sizes)

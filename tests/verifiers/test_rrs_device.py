@@ -141,6 +141,56 @@ def test_a_policy_tree_drawn_without_replacement_runs_rrsw_on_the_device(monkeyp
     assert _tv(frequencies(), exact) > 0.06
 
 
+def _iid_policy_case():
+    """A tree drawn i.i.d. by a policy (no slots): node 0 drew 1, 3, 1 (node 1 twice), node 1 drew 0, 0 (node 3
+    twice), node 2 drew 2, node 3 none; its draws table on the device, as ``draft_eagle_iid_on_device`` hands it over.
+    """
+    inst = random_instance(2, V, zero_frac=0.0)
+    tokens, parents, depths = [-1, 1, 3, 0, 2], [-1, 0, 0, 1, 2], [0, 1, 1, 2, 2]
+    draws = [[1, 2, 1], [3, 3], [4], [], []]
+    shape = TreeShape.dynamic(DraftLaw.DYNAMIC_IID, 2, 6)
+    ref = DraftTree(tokens, parents, depths, torch.zeros(5, V), draws, shape)
+    draft = torch.stack([inst.draft_fn(c) for c in ref.prefixes]).float()
+    target = torch.stack([inst.target_fn(c) for c in ref.prefixes]).float()
+    draft[3:] = 0  # leaves have no draft row
+
+    def tree() -> DraftTree:
+        t = DraftTree(tokens, parents, depths, draft, draws, shape)
+        t.keep_tensors(tokens=torch.tensor(tokens), draws=torch.tensor([[1, 2, 1], [3, 3, 5], [4, 5, 5], *[[5] * 3] * 2]))
+        return t
+
+    return tree, target
+
+
+def test_a_policy_tree_drawn_iid_runs_specinfer_on_the_device(monkeypatch) -> None:
+    """SpecInfer on an i.i.d. policy tree's draws table (duplicates tried again, as the host walk tries them): the
+    exact law of the host solver on the same tree, one host read; forgetting the residual fails."""
+    tree, target = _iid_policy_case()
+    exact = fixed_tree_law(verify_specinfer, tree(), target)
+    assert abs(sum(exact.values()) - 1.0) < 1e-6
+    called = []
+    real = rrs.rrs_on_children
+    monkeypatch.setattr(rrs, "rrs_on_children", lambda *a, **k: called.append(k) or real(*a, **k))
+    verify_specinfer(tree(), target, TorchSampler(torch.Generator().manual_seed(2)))
+    assert not called  # a CPU walks on the host
+    monkeypatch.setattr(rrs, "run_ahead", lambda device: True)  # as on an accelerator
+
+    def frequencies() -> dict:
+        sampler, counts = TorchSampler(torch.Generator().manual_seed(0)), {}
+        for _ in range(RUNS):
+            r = verify_specinfer(tree(), target, sampler)
+            counts[r.node, r.tokens] = counts.get((r.node, r.tokens), 0) + 1
+        return {k: v / RUNS for k, v in counts.items()}
+
+    assert _tv(frequencies(), exact) < 0.035 and len(called) == RUNS
+    assert all(k == {"without_replacement": False} for k in called)
+    with counted_reads() as reads:
+        verify_specinfer(tree(), target, TorchSampler(torch.Generator().manual_seed(1)))
+    assert len(reads) == 1
+    monkeypatch.setattr(rrs, "rrs_states", _no_residual)
+    assert _tv(frequencies(), exact) > 0.06
+
+
 def _states_solver(without_replacement: bool, states=rrs.rrs_states):
     """A node solver built on ``rrs_states``: each candidate flipped with the probability the states give it, in
     order, and ``Y`` from the residual they give: the device path's law, driven by the enumeration sampler."""
