@@ -25,6 +25,7 @@ from adaptive_spec.engine import SpecEngine
 from adaptive_spec.engine.eagle import EagleRunner
 from adaptive_spec.engine.metrics import PhaseTimer
 from adaptive_spec.engine.runner import ModelRunner
+from adaptive_spec.rng import accelerator_path_on_cpu
 from tests.engine.test_eagle import make_head
 from tests.helpers.tiny import perturbed, tiny_model
 
@@ -288,6 +289,28 @@ def test_an_eagle_tree_decided_on_the_device_keeps_within_its_level_goal():
     # decided on the device with one read a tree, not level by level on the host (its plan's one copy comes once
     # per policy: the depth shrinks near the end of a request), and the verifier's one read
     assert 0.5 < sites["draft_eagle_on_device"] <= 1 and sites["host_read"] <= 1
+
+
+@pytest.mark.parametrize("plan", ["eagle:5:12:3:2/specinfer", "eagle:4:16:4:4/traversal"])
+def test_an_eagle_tree_with_iid_children_reads_the_host_once_for_the_tree(plan):
+    """An EAGLE-style tree with i.i.d. children is decided on the device (the accelerator's path, which the counter
+    takes): one read for the tree where the same policy without replacement would stop feeding, one more per level
+    after it that its merges reach, and the verifier's one read (SpecInfer on the draws table, on the device). The
+    commit before: 16.2 syncs a step for ``eagle:5:12:3:2/specinfer`` (a read a level, copies of each level's
+    inputs, and the host walk's reads)."""
+    target = tiny_model("llama", vocab=48, seed=3, eos=None)
+    draft = perturbed(target, 0.2, 4)
+    engine = SpecEngine(target, draft)
+    with accelerator_path_on_cpu():  # the plans, cached (a CPU grows these trees on the host otherwise)
+        engine.generate([5, 6, 7, 5, 6, 7], max_new_tokens=24, temperature=1.0, plan=plan, seed=1)
+    with HostSyncCounter(roles={"target": target, "draft": draft}) as counter:
+        r = engine.generate([5, 6, 7, 5, 6, 7], max_new_tokens=24, temperature=1.0, plan=plan, seed=0)
+    row = summarize_counts(counter, r.stats.steps, 1)
+    assert r.stats.steps >= 4 and row["draft_levels_per_step"] > 1
+    sites = {s["site"].split(" ")[-1]: s["per_step"] for s in row["sync_sites"]}
+    assert set(sites) == {"_read_iid", "host_read"} and counter.by_kind(stage="step").keys() == {"tolist"}
+    assert 0.5 < sites["_read_iid"] <= 1.5 and sites["host_read"] <= 1
+    assert row["syncs_per_step"] <= 2.5
 
 
 @pytest.mark.parametrize("plan", ["iid:3x4/specinfer", "chain:3/block", "delayed:1x2x3/traversal"])

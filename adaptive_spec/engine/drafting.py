@@ -17,8 +17,10 @@ level are then drawn with a few torch ops from the caller's generator:
 
 Static shapes are drafted into fixed slots (:mod:`adaptive_spec.trees.slots`): no level reads the host,
 and the tree's structure is merged from the tokens after the engine's one read. Policies decide on the
-host, one read per level, except EAGLE-style trees without replacement, whose counts per level are known in
-advance: they are decided on the device with one read per tree (:func:`draft_eagle_on_device`); and
+host, one read per level, except EAGLE-style trees: without replacement their counts per level are known in
+advance, and they are decided on the device with one read per tree (:func:`draft_eagle_on_device`); with
+i.i.d. children, on an accelerator, each level has its most frontier rows, padding after the fed ones
+(:func:`draft_eagle_iid_on_device`, one read per tree where the merges do not take it deeper); and
 ``conf-delayed`` trees read their trunk level by level, then draft the paths into a static shape's slots
 (:func:`draft_conf_delayed`). This is the
 law of :func:`adaptive_spec.trees.sample_tree` (which draws rollout
@@ -49,7 +51,7 @@ import torch
 from adaptive_spec.engine.eagle import EagleRunner
 from adaptive_spec.engine.logits import ProbsFn
 from adaptive_spec.engine.runner import ModelRunner
-from adaptive_spec.rng import TorchSampler
+from adaptive_spec.rng import TorchSampler, accelerator_path
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.trees.draw import draw_children, draw_tokens
 from adaptive_spec.trees.lookup import hybrid_tree, lookup_trie, ngram_candidates, ngram_lookup, within_vocab
@@ -481,7 +483,7 @@ def draft_policy_tree(
     """Grow a tree with a drafting ``policy``: one draft forward per level.
 
     An EAGLE-style policy is decided on the device, with one host read for the whole tree without
-    replacement (:func:`draft_eagle_on_device`) and usually with i.i.d. children too
+    replacement (:func:`draft_eagle_on_device`) and usually with i.i.d. children too, on an accelerator
     (:func:`draft_eagle_iid_on_device`; ``on_device=False`` forces the host path below, and
     the runner's ``device_policy`` turns it off for a run after a step had to redo its tree). A
     ``conf-delayed`` policy whose paths go on once branched reads its trunk, then drafts the paths into
@@ -507,6 +509,9 @@ def draft_policy_tree(
         return draft_conf_delayed(runner, root, policy, probs_fn, generator, deterministic)
     if on_device is None:
         on_device = runner.device_policy and eagle_on_device(policy, probs_fn.vocab_size)
+        # i.i.d. children: the device pads its levels and writes every candidate; a CPU, where a read costs nothing,
+        # grows the tree faster on the host
+        on_device = on_device and (policy.without_replacement or accelerator_path(runner.device))
     if on_device:
         state, mark = generator.get_state(), runner.block_mark()
         grow = draft_eagle_on_device if policy.without_replacement else draft_eagle_iid_on_device
@@ -837,61 +842,87 @@ def draft_eagle_on_device(
 
 @dataclass(frozen=True)
 class _IidPlan:
-    """:func:`draft_eagle_iid_on_device`'s constants for a policy on a device (made once)."""
+    """:func:`draft_eagle_iid_on_device`'s constants for a policy on a device (made once, with its depth cuts')."""
 
     slots: list[int]  # frontier rows per level (eagle_iid_slots)
     certain: int  # the levels whose new nodes are surely fed (those the policy without replacement feeds)
-    m: int  # the most nodes a tree can have; index m is a dummy that invalid entries point at
-    start: torch.Tensor  # long [3 (m + 1) + 2 (m + 1) W + 2]: tokens, parents, depths, draws, children, next id, budget
-    pp: torch.Tensor  # float64 [m + 1]: path probabilities, the root's 1
-    ancestors: torch.Tensor  # bool [m + 1, m + 1]: the root its own ancestor, and the dummy's
-    eye: torch.Tensor  # bool [m + 1, m + 1]
-    index: list[torch.Tensor]  # per level, [rows, W]: each draw's place in frontier order
+    m: int  # the most nodes a tree can have; index m is a dummy that padding entries point at
+    start: torch.Tensor  # long [3, m + 1]: tokens, parents (-1) and depths (0) of every node
+    tables: torch.Tensor  # long [2, m + 1, W]: draws and children tables, padded with m
+    counters: torch.Tensor  # long [2]: the next node id less one (0), the budget
+    ancestors: torch.Tensor  # bool [m + 1, m + 1]: the root its own ancestor; every row has the root (padding rows too)
+    limit: list[torch.Tensor]  # per level, [rows, W]: each draw's place in frontier order
+    row: list[torch.Tensor]  # per level, [rows * W]: each draw's frontier row
+    depth: list[torch.Tensor]  # per level, [rows * W]: the level's depth
     rank: list[torch.Tensor]  # per level, [rows]: 0 .. rows - 1
     earlier: torch.Tensor  # bool [W, W]: column j' before column j
     root: torch.Tensor  # long [1]: node 0
+    one: torch.Tensor  # float64 [1]: its path probability
+    pad: torch.Tensor  # long [1]: m, the padding entries' node
 
 
 def _iid_plan(policy: EagleTree, device: torch.device) -> _IidPlan:
+    """The plan of ``policy`` on ``device``; the first time, those of its depth cuts (its last steps in a request)
+    are made with it, in one transfer (as :func:`_eagle_plan`).
+    """
     key = policy, str(device)
     if key not in _IID_PLANS:
-        w, slots = policy.width, eagle_iid_slots(policy)
-        certain = 0
-        for _, fed in eagle_levels(policy):
-            if not fed:
-                break
-            certain += 1
-        m = min(1 + policy.budget, 1 + w * sum(slots))
-        start = [-1] * (2 * (m + 1)) + [0] * (m + 1) + [m] * (2 * (m + 1) * w) + [1, policy.budget]
-        flat = torch.tensor(start + [r * w + j for f in slots for r in range(f) for j in range(w)], device=device)
-        start_t, index = flat.split([len(start), w * sum(slots)])
-        ancestors = torch.zeros(m + 1, m + 1, dtype=torch.bool, device=device)
-        ancestors[:, 0] = True  # the root (and the dummy, so that a padding row attends to something)
-        ancestors[0].fill_(False)
-        ancestors[0, 0] = True
-        pp = torch.zeros(m + 1, dtype=torch.float64, device=device)
-        pp[0] = 1.0
-        eye = torch.eye(m + 1, dtype=torch.bool, device=device)
-        ranks = torch.arange(max(slots), device=device)
+        cuts = [c for c in dict.fromkeys(policy.truncated(d) for d in range(1, policy.depth + 1))]
+        cuts = [c for c in cuts if (c, str(device)) not in _IID_PLANS]
+        hosts = [_iid_host(c) for c in cuts]
+        flat = torch.tensor([v for h in hosts for v in h[-1]], dtype=torch.long, device=device)  # the one copy
         if len(_IID_PLANS) > 256:
             _IID_PLANS.clear()
-        _IID_PLANS[key] = _IidPlan(
-            slots,
-            certain,
-            m,
-            start_t,
-            pp,
-            ancestors,
-            eye,
-            [t.view(f, w) for t, f in zip(index.split([f * w for f in slots]), slots, strict=True)],
-            [ranks[:f] for f in slots],
-            torch.ones(w, w, dtype=torch.bool, device=device).tril_(-1),
-            ranks[:1],
-        )
+        for c, host, part in zip(cuts, hosts, flat.split([len(h[-1]) for h in hosts]), strict=True):
+            _IID_PLANS[c, str(device)] = _iid_device(c, *host[:-1], part, device)
     return _IID_PLANS[key]
 
 
 _IID_PLANS: dict[tuple[EagleTree, str], _IidPlan] = {}
+
+
+def _iid_host(policy: EagleTree) -> tuple:
+    """:func:`_iid_plan`'s host part: ``(slots, certain, m, flat values)``."""
+    w, slots = policy.width, eagle_iid_slots(policy)
+    certain = 0
+    for _, fed in eagle_levels(policy):
+        if not fed:
+            break
+        certain += 1
+    m = min(1 + policy.budget, 1 + w * sum(slots))
+    flat = [-1] * (2 * (m + 1)) + [0] * (m + 1) + [m] * (2 * (m + 1) * w) + [0, policy.budget, m]
+    for d, f in enumerate(slots, start=1):
+        flat += [*range(f * w), *(i // w for i in range(f * w)), *[d] * (f * w)]
+    return slots, certain, m, flat
+
+
+def _iid_device(policy: EagleTree, slots: list[int], certain: int, m: int, flat: torch.Tensor, device) -> _IidPlan:
+    """:func:`_iid_plan`'s device part, from :func:`_iid_host`'s values copied (``flat``)."""
+    w = policy.width
+    parts = flat.split([3 * (m + 1), 2 * (m + 1) * w, 3, *(f * w for f in slots for _ in range(3))])
+    ancestors = torch.zeros(m + 1, m + 1, dtype=torch.bool, device=device)
+    ancestors[:, 0] = True  # the root is every node's ancestor (and the dummy's: a padding row attends to it)
+    ancestors[0].fill_(False)
+    ancestors[0, 0] = True
+    ranks = torch.arange(max(slots), device=device)
+    levels = parts[3:]
+    return _IidPlan(
+        slots,
+        certain,
+        m,
+        parts[0].view(3, m + 1),
+        parts[1].view(2, m + 1, w),
+        parts[2][:2],
+        ancestors,
+        [t.view(f, w) for t, f in zip(levels[0::3], slots, strict=True)],
+        list(levels[1::3]),
+        list(levels[2::3]),
+        [ranks[:f] for f in slots],
+        torch.ones(w, w, dtype=torch.bool, device=device).tril_(-1),
+        ranks[:1],
+        torch.ones(1, dtype=torch.float64, device=device),
+        parts[2][2:],
+    )
 
 
 def draft_eagle_iid_on_device(
@@ -911,8 +942,8 @@ def draft_eagle_iid_on_device(
     (:func:`eagle_iid_slots`): the first are the fed nodes, the others padding rows that are fed to the draft too
     (attending to the root; their rows are never read) and whose draws are invalid. Node numbers, budget, merges
     and the choice of the fed nodes are computed on the device with the host path's arithmetic (float64 path
-    probabilities, a stable sort). The host path draws on as many rows (it pads its rows likewise), so from one
-    generator state both grow the same tree.
+    probabilities, a stable sort); the tree's tables are written once, after the last level. The host path draws
+    on as many rows (it pads its rows likewise), so from one generator state both grow the same tree.
 
     The levels whose nodes the same policy without replacement feeds are fed here for sure (duplicates only save
     budget); from the first level after them, whether any node is fed depends on the merges: the tree is read
@@ -924,100 +955,119 @@ def draft_eagle_iid_on_device(
     plan = _iid_plan(policy, device)
     m, w = plan.m, policy.width
     R, ok = root.probs[-1:], root.ok
-    tokens_d, parents_d, depths_d, draws_d, kids_d, nxt, left = plan.start.clone().split(
-        [m + 1, m + 1, m + 1, (m + 1) * w, (m + 1) * w, 1, 1]
-    )
-    draws_d, kids_d = draws_d.view(m + 1, w), kids_d.view(m + 1, w)
-    pp, ancestors = plan.pp.clone(), plan.ancestors.clone()
-    fr = plan.root  # the frontier's node ids (m: a padding row), valid ones first, in the order made
-    fed_ids, rows, level_logits, qs = [fr], [R], [], []
+    nxt, left = plan.counters.clone().split(1)  # the next node id less one, the budget left
+    ancestors = plan.ancestors.clone()
+    fr, fr_pp, fed = plan.root, plan.one, plan.one.long()  # the frontier: node ids (m: padding), path probs, count
+    fed_ids, rows, level_logits, levels = [fr], [R], [], []
     pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device) if p > 1 else None
-    host, levels = None, 0
+    host = None
     for d in range(1, policy.depth + 1):
-        f = plan.slots[d - 1]
+        f, i = plan.slots[d - 1], d - 1
         cand = draw_tokens(R, w, generator, replace=True, greedy=deterministic)  # [f, W], as the host path
-        levels += 1
-        valid = (fr < m)[:, None] & (plan.index[d - 1] < left)  # the budget, spent in frontier order
         q = R.gather(1, cand)
-        qs.append(torch.where(valid, q, 1.0))
+        valid = plan.limit[i] < torch.minimum(left, fed * w)  # the fed rows' draws, within the budget
         same = cand[:, :, None] == cand[:, None, :]  # [f, W, W]
-        first = valid & ~(same & valid[:, None, :] & plan.earlier).any(dim=-1)  # a token's first valid draw
-        new = first.flatten()
+        new = (valid > (same & plan.earlier).any(dim=-1)).view(-1)  # a token's first valid draw at its row
+        ids = torch.where(new, new.cumsum(0) + nxt, m)  # new nodes numbered in the order made
         count = new.sum()
-        ids = torch.where(new, nxt + new.cumsum(0) - 1, m)  # new nodes numbered in the order made
-        child = (same & first[:, None, :]).long().mul(ids.view(f, 1, w)).sum(dim=-1)  # each draw's node
-        draws_d[fr] = torch.where(valid, child, m)
-        kids_d[fr] = ids.view(f, w).sort(dim=1).values  # distinct children in draw order, padding last
-        par = fr[:, None].expand(f, w).flatten()
-        tokens_d[ids] = cand.flatten()
-        parents_d[ids] = par
-        depths_d[ids] = d
-        pp[ids] = pp[par] * q.flatten().to(torch.float64)
-        ancestors[ids] = ancestors[par] | plan.eye[ids]
         nxt, left = nxt + count, left - valid.sum()
+        par = fr[plan.row[i]]
+        ancestors[ids] = ancestors[par]
+        ancestors[ids, ids] = True  # each node its own ancestor (padding: the dummy's)
+        levels.append((cand, q, valid, same, ids, fr, par))
         if d == policy.depth:
             break
+        pp = (fr_pp[:, None] * q).view(-1)  # float64: the host path's products
         g = plan.slots[d]
-        order = torch.where(new, pp[ids], -1.0).argsort(descending=True, stable=True)[:g]  # top k, ties: first made
+        order = torch.where(new, pp, -1.0).argsort(descending=True, stable=True)[:g]  # the top k, ties: first made
         fed = torch.where(left > 0, count.clamp_max(policy.top_k), 0)
-        fr = torch.where(plan.rank[d] < fed, ids[order], m).sort().values  # in the order made, padding last
+        order = torch.where(plan.rank[d] < fed, order, f * w).sort().values  # in the order made, padding last
+        fr = torch.cat([ids, plan.pad])[order]  # m for padding
         if d > plan.certain:  # whether anything is fed now depends on the merges: the tree so far, read
-            host = _read_iid(m, nxt, tokens_d, parents_d, draws_d, fed_ids, ok, level_logits, rows, qs, fed)
+            host = _read_iid(plan, levels, nxt, fed_ids, ok, level_logits, rows, fed)
             if not host[-1]:
                 break
             host = None
+        order = order.clamp_max(f * w - 1)
+        fr_pp = pp[order]
         fed_ids.append(fr)
         allowed = ancestors[fr][:, torch.cat(fed_ids)]
         if pending_pos is not None:
             allowed = torch.cat([pending_pos.expand(g, -1), allowed], dim=1)
         pos = torch.full((g,), base + p - 1 + d, dtype=torch.long, device=device)
-        logits = runner.block_forward(tokens_d[fr].clamp_min(0), pos, allowed, logits_to_keep=g)
+        logits = runner.block_forward(cand.view(-1)[order], pos, allowed, logits_to_keep=g)
         R = probs_fn(logits)
         level_logits.append(logits)
         rows.append(R)
     if host is None:
-        host = _read_iid(m, nxt, tokens_d, parents_d, draws_d, fed_ids, ok, level_logits, rows, qs)
+        host = _read_iid(plan, levels, nxt, fed_ids, ok, level_logits, rows)
     tokens, parents, draws, fed_order, n, flag, bad, _ = host
     check_finite(bool(flag), "draft")
     if bad:
         return None
     tokens, parents = tokens[:n], parents[:n]
-    child_draws = [[c for c in draws[i * w : (i + 1) * w] if c < m] for i in range(n)]
+    child_draws = [[c for c in draws[j * w : (j + 1) * w] if c < m] for j in range(n)]
     depths = [0] * n
-    for i in range(1, n):
-        depths[i] = depths[parents[i]] + 1
+    for j in range(1, n):
+        depths[j] = depths[parents[j]] + 1
+    nodes_d, tables = host.nodes, host.tables
     fed_d, fed_rows = torch.cat(fed_ids), torch.cat(rows)
     probs = torch.zeros(m + 1, probs_fn.vocab_size, dtype=fed_rows.dtype, device=device)
     probs[fed_d] = fed_rows  # padding rows land on the dummy's
     tree = DraftTree(tokens, parents, depths, probs[:n], child_draws, policy.shape)
     widest = max(1, max(len(set(c)) for c in child_draws))
     most = max(1, max(map(len, child_draws)))
+    tables = tables[:, :n].clamp_max(n)  # padding: the node count
     tree.keep_tensors(
-        tokens=tokens_d[:n],
-        parents=parents_d[:n],
-        depths=depths_d[:n],
+        tokens=nodes_d[0, :n],
+        parents=nodes_d[1, :n],
+        depths=nodes_d[2, :n],
         ancestors=ancestors[:n, :n],
-        children=kids_d[:n, :widest].clamp_max(n),
-        draws=draws_d[:n, :most].clamp_max(n),
+        children=tables[1, :, :widest],
+        draws=tables[0, :, :most],
     )
-    cache_rows = {node: i for i, node in enumerate(fed_order) if node < m}
+    cache_rows = {node: j for j, node in enumerate(fed_order) if node < m}
     rows_d = torch.full((m + 1,), -1, dtype=torch.long, device=device)
     rows_d[fed_d] = torch.arange(len(fed_order), device=device)
-    return DraftOutcome(tree, ancestors[:n, :n], p, len(cache_rows), cache_rows, levels, 0.0, cache_rows_tensor=rows_d[:n])
+    outcome = DraftOutcome(tree, ancestors[:n, :n], p, len(cache_rows), cache_rows, len(levels), 0.0)
+    outcome.cache_rows_tensor = rows_d[:n]
+    return outcome
 
 
-def _read_iid(m, nxt, tokens_d, parents_d, draws_d, fed_ids, ok, level_logits, rows, qs, fed=None) -> tuple:
-    """:func:`draft_eagle_iid_on_device`'s one read of the tree so far: ``(tokens, parents, draws, fed slots,
-    nodes, finite, bad, fed next)`` (``fed``: how many nodes the next level feeds, 0 if not given).
+class _IidRead(tuple):
+    """:func:`_read_iid`'s values, with the tree's device tensors as attributes (``nodes``: tokens, parents,
+    depths; ``tables``: draws and children).
     """
+
+    nodes: torch.Tensor
+    tables: torch.Tensor
+
+
+def _read_iid(plan: _IidPlan, levels: list, nxt, fed_ids, ok, level_logits, rows, fed=None) -> _IidRead:
+    """:func:`draft_eagle_iid_on_device`'s tree so far, written into its tables, and its one read: ``(tokens,
+    parents, draws, fed slots, nodes, finite, bad, fed next)`` (``fed``: how many nodes the next level feeds).
+    """
+    m, w = plan.m, plan.tables.shape[-1]
+    cand, q, valid, same, ids, fr, par = (
+        torch.cat(t) for t in zip(*levels, strict=True)
+    )  # every level's draws at once
+    ids2 = ids.view(-1, w)
+    nodes = plan.start.clone()
+    depth = torch.cat([plan.depth[i] for i in range(len(levels))])
+    nodes[:, ids] = torch.stack([cand.view(-1), par, depth])
+    child = torch.where(valid, ids2.gather(1, same.byte().argmax(dim=-1)), m)  # each draw's node: its token's first
+    tables = plan.tables.clone()
+    tables[:, fr] = torch.stack([child, ids2.sort(dim=1).values])  # draws in order; distinct children, padding last
     if level_logits:  # every fed level's logits and rows, checked once (the root's row rides along)
         ok = ok & finite_flag(torch.cat(level_logits), torch.cat(rows))
-    bad = (torch.cat([q.flatten() for q in qs]) <= 0).any()  # a drawn child of probability 0 (a row of zeros)
+    bad = ((q <= 0) & valid).any()  # a drawn child of probability 0 (a row of zeros)
     fed_d = torch.cat(fed_ids)
-    tail = [nxt, ok.long()[None], bad.long()[None], nxt.new_zeros(1) if fed is None else fed.reshape(1)]
-    flat = torch.cat([tokens_d[:m], parents_d[:m], draws_d[:m].flatten(), fed_d, *tail]).tolist()  # the one read
-    a, b, c, k = m, 2 * m, 2 * m + m * draws_d.shape[1], len(fed_d)
-    return flat[:a], flat[a:b], flat[b:c], flat[c : c + k], *flat[c + k :]
+    tail = [nxt + 1, ok.long()[None], bad.long()[None], nxt.new_zeros(1) if fed is None else fed.reshape(1)]
+    flat = torch.cat([nodes[:2, :m].flatten(), tables[0, :m].flatten(), fed_d, *tail]).tolist()  # the one read
+    a, b, c, k = m, 2 * m, 2 * m + m * w, len(fed_d)
+    out = _IidRead((flat[:a], flat[a:b], flat[b:c], flat[c : c + k], *flat[c + k :]))
+    out.nodes, out.tables = nodes, tables
+    return out
 
 
 def _level_candidates(
@@ -1154,14 +1204,19 @@ class _PolicyGrowth:
         else:
             # the fed rows' places, the tokens, parents and depths (for the target's block and the verifiers), the
             # ancestor matrix and the children table (traversal's levels on an accelerator), in one copy
+            # (and i.i.d. draws' table: SpecInfer's candidates on an accelerator)
             kids = tree.children_rows()
+            most = max(1, max(map(len, b.child_draws))) if self.policy.law is DraftLaw.DYNAMIC_IID else 0
             host = [*self.fed_order, *b.tokens, *b.parents, *b.depths, *b.mask_rows(list(range(n)), list(range(n)))]
             host += [c for row in kids for c in row]
-            fed_t, tokens_t, parents_t, depths_t, anc, kids_t = torch.tensor(host, device=self.device).split(
-                [fed, n, n, n, n * n, n * len(kids[0])]
+            host += [c for d in b.child_draws for c in d + [n] * (most - len(d))] if most else []
+            fed_t, tokens_t, parents_t, depths_t, anc, kids_t, draws_t = torch.tensor(host, device=self.device).split(
+                [fed, n, n, n, n * n, n * len(kids[0]), n * most]
             )
             probs[fed_t] = torch.cat(rows[:fed])
             ancestors = anc.view(n, n).bool()
             tree.keep_tensors(children=kids_t.view(n, -1))
+            if most:
+                tree.keep_tensors(draws=draws_t.view(n, most))
         tree.keep_tensors(tokens=tokens_t, parents=parents_t, depths=depths_t, ancestors=ancestors)
         return DraftOutcome(tree, ancestors, pending, fed, self.cache_rows, self.levels, self.decision_s)

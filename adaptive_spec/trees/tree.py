@@ -251,8 +251,8 @@ class DraftTree:
         return self._tensors[key]
 
     def draws_tensor(self, device: torch.device | None = None) -> torch.Tensor:
-        """LongTensor[N, D]: each node's :attr:`child_draws` (with multiplicity, in draw order), padded with ``num_nodes``
-        to the most draws of a node (built on the host and copied once, unless a drafter handed it over).
+        """LongTensor[N, D]: each node's :attr:`child_draws` (with multiplicity, in draw order), padded with
+        ``num_nodes`` to the most draws of a node (built on the host and copied once, unless a drafter handed it over).
         """
         key = ("draws", _resolved(device if device is not None else self.device))
         if key not in self._tensors:

@@ -5,12 +5,14 @@ The device drafter draws the same candidates by the same calls as the host draft
 level), so from the same generator state it must grow *the same tree*: tokens, parents, draws, rows,
 feed order, device tensors, and leave the draft cache and the generator where the host drafter leaves
 them (with i.i.d. children the device feeds padding rows too: its rows agree to rounding, and its cache
-holds those rows until the commit). Where a drawn child has probability 0 (a top-k processor narrower than the width), it grows the
-host path's tree again from the saved generator state. The host drafter's law is tested exactly
+holds those rows until the commit). Where a drawn child has probability 0 (a top-k processor narrower than
+the width), it grows the host path's tree again from the saved generator state. The host drafter's law is tested exactly
 elsewhere (tests/verifiers/test_dynamic_exact.py, through sample_policy_tree and the engine).
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 import torch
@@ -25,6 +27,7 @@ from adaptive_spec.engine.drafting import (
 )
 from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
 from adaptive_spec.engine.runner import ModelRunner
+from adaptive_spec.rng import accelerator_path_on_cpu
 from adaptive_spec.trees.policy import parse_policy
 from tests.engine.test_eagle import make_head
 from tests.helpers.tiny import perturbed, tiny_model
@@ -172,7 +175,11 @@ def _same_iid(a, b):
     ta, tb = a.tree, b.tree
     assert (ta.tokens, ta.parents, ta.depths, ta.child_draws) == (tb.tokens, tb.parents, tb.depths, tb.child_draws)
     assert torch.allclose(ta.draft_probs, tb.draft_probs, atol=1e-6)
-    assert (a.pending_fed, a.policy_levels, sorted(a.cache_rows)) == (b.pending_fed, b.policy_levels, sorted(b.cache_rows))
+    assert (a.pending_fed, a.policy_levels, sorted(a.cache_rows)) == (
+        b.pending_fed,
+        b.policy_levels,
+        sorted(b.cache_rows),
+    )
     assert torch.equal(a.ancestors, b.ancestors)
     for name in ("tokens", "parents", "depths", "ancestors", "children", "draws"):
         assert torch.equal(getattr(ta, f"{name}_tensor")(), getattr(tb, f"{name}_tensor")()), name
@@ -249,15 +256,40 @@ def test_iid_generations_are_the_same_on_the_device_and_on_the_host(monkeypatch,
     runs, grown = {}, []
     real = drafting.draft_eagle_iid_on_device
     monkeypatch.setattr(drafting, "draft_eagle_iid_on_device", lambda *a: grown.append(real(*a)) or grown[-1])
-    for where in ("device", "host"):
+    for where in ("cpu", "device", "host"):
         if where == "host":
             monkeypatch.setattr(drafting, "eagle_on_device", lambda *a: False)
-        runs[where] = [
-            engine.generate([5, 6, 7, 9], max_new_tokens=24, temperature=temperature, plan=plan, seed=seed)
-            for plan in plans
-            for seed in range(2)
-        ]
+        with accelerator_path_on_cpu() if where != "cpu" else contextlib.nullcontext():  # the verifiers' paths alike
+            runs[where] = [
+                engine.generate([5, 6, 7, 9], max_new_tokens=24, temperature=temperature, plan=plan, seed=seed)
+                for plan in plans
+                for seed in range(2)
+            ]
+        if where == "cpu":  # a CPU grows these trees on the host: a read costs nothing there
+            assert not grown
     assert grown and all(o is not None for o in grown)
     for a, b in zip(runs["device"], runs["host"], strict=True):
         assert a.token_ids == b.token_ids
         assert (a.stats.accept_lengths, a.stats.tree_sizes) == (b.stats.accept_lengths, b.stats.tree_sizes)
+
+
+def test_an_iid_policys_depth_cuts_get_their_plans_in_the_same_transfer(monkeypatch):
+    """As without replacement: the plans of an i.i.d. EAGLE policy's depth cuts come with its own, in one copy, and
+    each equals the plan made for the cut alone."""
+    policy = parse_policy("eagle:6:48:6:4")
+    cpu = torch.device("cpu")
+    copies = []
+    monkeypatch.setattr(drafting, "_IID_PLANS", {})
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: copies.append(a) or torch.as_tensor(*a, **k))
+    full = drafting._iid_plan(policy, cpu)
+    cuts = [drafting._iid_plan(policy.truncated(d), cpu) for d in range(1, policy.depth)]
+    assert len(copies) == 1 and full is drafting._iid_plan(policy, cpu)
+    monkeypatch.undo()
+    for d, cut in enumerate(cuts, start=1):
+        monkeypatch.setattr(drafting, "_IID_PLANS", {})
+        alone = drafting._iid_plan(policy.truncated(d), cpu)
+        assert (cut.slots, cut.certain, cut.m) == (alone.slots, alone.certain, alone.m)
+        for name in ("start", "tables", "counters", "ancestors", "earlier", "root", "one", "pad"):
+            assert torch.equal(getattr(cut, name), getattr(alone, name)), name
+        for name in ("limit", "row", "depth", "rank"):
+            assert all(torch.equal(a, b) for a, b in zip(getattr(cut, name), getattr(alone, name), strict=True))

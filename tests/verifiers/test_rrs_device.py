@@ -156,7 +156,9 @@ def _iid_policy_case():
 
     def tree() -> DraftTree:
         t = DraftTree(tokens, parents, depths, draft, draws, shape)
-        t.keep_tensors(tokens=torch.tensor(tokens), draws=torch.tensor([[1, 2, 1], [3, 3, 5], [4, 5, 5], *[[5] * 3] * 2]))
+        t.keep_tensors(
+            tokens=torch.tensor(tokens), draws=torch.tensor([[1, 2, 1], [3, 3, 5], [4, 5, 5], *[[5] * 3] * 2])
+        )
         return t
 
     return tree, target
