@@ -65,7 +65,8 @@ def test_greedy_equals_target_generate_on_cuda():
         ids = torch.tensor([prompt], device=CUDA)
         expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
         expected = expected[0, len(prompt) :].tolist()
-        for plan in ("chain:4/block", "delayed:1x3x2/traversal", "wor:2x2x1/rrsw", "conf-chain:6:0.3/block"):
+        plans = ("chain:4/block", "delayed:1x3x2/traversal", "wor:2x2x1/rrsw", "conf-chain:6:0.3/block")
+        for plan in (*plans, "eagle:4:12:3:2/traversal"):  # an EAGLE tree with i.i.d. children: on the device
             out = engine.generate(prompt, max_new_tokens=16, temperature=0, plan=plan)
             assert out.token_ids == expected, plan
 
@@ -225,7 +226,7 @@ def test_eagle_head_forwards_are_captured():
     prompt = [0, 5, 6, 7]
     ids = torch.tensor([prompt], device=CUDA)
     expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24)
-    for plan in ("chain:4/block", "eagle:4:8:3:2:wor/traversal"):
+    for plan in ("chain:4/block", "eagle:4:8:3:2:wor/traversal", "eagle:4:12:3:2/specinfer"):
         out = engine.generate(prompt, max_new_tokens=24, temperature=0, plan=plan)
         assert out.token_ids == expected[0, len(prompt) :].tolist(), plan
     slot = engine._idle_slots["draft"][0]

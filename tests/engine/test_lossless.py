@@ -70,8 +70,8 @@ def exact_law(model, sampling: SamplingConfig, prompt: list[int] = PROMPT) -> to
     return laws.exact_law(model, sampling, prompt, V)
 
 
-def run_case(engine: SpecEngine, verifier: str, law: DraftLaw, runs: int) -> float:
-    plan = f"{SHAPE_FOR_LAW[law]}/{verifier}"
+def run_case(engine: SpecEngine, verifier: str, law: DraftLaw, runs: int, shape: str | None = None) -> float:
+    plan = f"{shape or SHAPE_FOR_LAW[law]}/{verifier}"
     prompt = PROMPT_FOR_LAW.get(law, PROMPT)
     counts = torch.zeros(V, V, V, dtype=torch.long)
     largest = 0
@@ -113,6 +113,20 @@ def test_lossless_end_to_end_traversal_ahead(engine: SpecEngine, law: DraftLaw) 
 
     with accelerator_path_on_cpu():
         assert run_case(engine, "traversal", law, runs=2000) > 1e-3
+
+
+def test_lossless_end_to_end_eagle_iid_on_the_device(engine: SpecEngine, monkeypatch) -> None:
+    """An EAGLE-style tree with i.i.d. children decided on the device (padding rows, merges and top-k there) and
+    SpecInfer run on its draws table, every node at once: the accelerator's paths, through the engine."""
+    from adaptive_spec.engine import drafting
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    grown = []
+    real = drafting.draft_eagle_iid_on_device
+    monkeypatch.setattr(drafting, "draft_eagle_iid_on_device", lambda *a: grown.append(1) or real(*a))
+    with accelerator_path_on_cpu():
+        assert run_case(engine, "specinfer", DraftLaw.DYNAMIC_IID, runs=2000, shape="eagle:2:5:2:3") > 1e-3
+    assert len(grown) >= 2000
 
 
 @pytest.mark.slow
