@@ -34,6 +34,7 @@ SIXTEEN_NODE_PLANS = "delayed:3x3x4/traversal,iid:3x5/specinfer,chain:15/block,w
 FAMILY_PLANS = (
     "chain:4/block,iid:3x5/specinfer,delayed:1x3x2/traversal,wor:2x2x1/rrsw,iid:4x12/specinfer,"
     "conf-chain:6:0.3/block,cum-chain:6:0.2/block,conf-delayed:6:0.5:3/traversal,eagle:5:12:3:2:wor/traversal,"
+    "eagle:5:12:3:2/specinfer,"
     "learned-chain:6:0.15/block,lookup:8/block,lookup:3x8/nss,hybrid:2:2/block"
 )
 PLAN_PRESETS = {"families": FAMILY_PLANS, "sixteen": SIXTEEN_NODE_PLANS}
