@@ -25,6 +25,12 @@
 #                  lookup:8/block): the engine with compiled forwards end to end (compiling is done in the
 #                  warm-up, on the longest prompt with the timed runs' tokens, so no cache grows after it;
 #                  compiled_while_timed_s in the JSON says how much fell inside the timed runs)
+#   tune.json, adaptive.yaml  `tune sources --device cuda` on the pair's 14 tuning prompts at T = 0 and 1 (6 trials
+#                  each): the per-step source rule tuned on this GPU (the shipped rules were tuned on a CPU, where a
+#                  pass costs what its rows cost), written into a copy of the pair's plan file (its `devices: cuda`
+#                  section) and installed over the shipped file on this machine, so that a later e2e step plays it
+#                  as `adaptive` (estimated 4 minutes: not measured yet). To keep it, copy that section into
+#                  adaptive_spec/zoo/smollm2/adaptive.yaml.
 # and (a call of its own: it takes the whole budget of one device call):
 #   drafts.tar.*   `zoo drafts --device cuda --minutes 7 --init shipped`: the SmolLM2 head and draft trained
 #                  further on the device, with build_info.json (the figures before and after), as a tar
@@ -110,6 +116,17 @@ step compile 300 $PY -m adaptive_spec bench passes --target smollm2 --device "$D
 step compile_e2e 200 $PY -m adaptive_spec bench e2e --target smollm2 --device "$DEVICE" --prompts "$PROMPTS" \
   --limit 4 --max-new-tokens "$TOKENS" --temperatures 0 --no-hf --no-lookup --no-hf-generate --compile-forwards \
   --plans "chain:2/block,lookup:8/block" --no-progress --json "$OUT/compile_e2e.json"
+# The source rule tuned on this device; on a GPU it replaces the shipped plan file here (not on a CPU: a dry run).
+PAIR_FILE=adaptive_spec/zoo/smollm2/adaptive.yaml
+TUNE_PROMPTS="--prompts adaptive_spec/zoo/smollm2/tune_prompts.jsonl --prompts adaptive_spec/zoo/smollm2/tune_lookup_prompts.jsonl"
+if [ "$DEVICE" = cpu ]; then
+  TUNE="--limit 1 --max-new-tokens 8 --trials 1 --temperatures 0 --static chain:1/block"; INSTALL=true
+else
+  TUNE="--trials 6 --temperatures 0,1"; INSTALL="cp $OUT/adaptive.yaml $PAIR_FILE"
+fi
+step tune 450 bash -c "cp $PAIR_FILE $OUT/adaptive.yaml && $PY -m adaptive_spec tune sources --target smollm2 \
+  --device $DEVICE $TUNE_PROMPTS $TUNE --out-file $OUT/adaptive.yaml --storage sqlite:///$OUT/tune.db \
+  --json $OUT/tune.json --no-progress && $INSTALL"
 # The drafts build: a budget of 8 minutes on the device; a token run of it on a CPU.
 if [ "$DEVICE" = cpu ]; then
   DRAFTS="--minutes 3 --shards 1 --batch 4 --spec-bench 2"

@@ -515,6 +515,7 @@ def resolve_plans(
     best_static_file: str | Path | None = None,
     in_draft_file: str | Path | None = None,
     pair_file: str | Path | None = None,
+    device: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Turn plan names into what :func:`measure` takes, resolving ``adaptive`` and ``best-static``.
 
@@ -531,6 +532,8 @@ def resolve_plans(
             action (default: :func:`~adaptive_spec.planner.presets.load_best_static`'s lookup).
         in_draft_file: the in-draft planner's plan file (default: ``configs/plans/in-draft.yaml``, the
             built-in pair's; a shipped pair has its own, :func:`~adaptive_spec.engine.models.in_draft_file`).
+        device: the device type the plans run on: a pair file's plans tuned on that kind of device come first
+            (:func:`~adaptive_spec.planner.presets.plan_sections`).
 
     Returns:
         ``(plans, info)``: the name -> plan/planner mapping, and ``info`` with the selector's path
@@ -550,7 +553,8 @@ def resolve_plans(
     keys = [temperature_key(t) for t in temperatures]
     info: dict[str, Any] = {"selector": None, "runtime": None, "best_static": None}
     runtime = None
-    pair = _pair_plans(pair_file, temperatures, keys) if pair_file is not None and Path(pair_file).is_file() else None
+    has_pair = pair_file is not None and Path(pair_file).is_file()
+    pair = _pair_plans(pair_file, temperatures, keys, device) if has_pair else None
     if pair is not None:
         info["pair_file"] = str(pair_file)
     elif ADAPTIVE in names:
@@ -588,26 +592,29 @@ def resolve_plans(
     return plans, info
 
 
-def _pair_plans(path, temperatures, keys) -> dict[str, dict[str, Any]]:
+def _pair_plans(path, temperatures, keys, device: str | None = None) -> dict[str, dict[str, Any]]:
     """``{adaptive: {key: source rule}, best-static: {key: plan}}`` from a pair's ``adaptive.yaml``.
 
-    Each temperature takes the entry of the nearest tuned temperature of the same kind (greedy or sampling).
+    Each temperature takes the entry of the nearest tuned temperature of the same kind (greedy or sampling), among
+    the plans tuned on ``device``'s kind first (:func:`~adaptive_spec.planner.presets.plan_sections`).
     """
     import yaml
 
     from adaptive_spec.engine.auto_plan import parse_plan_or_rule
-    from adaptive_spec.planner.presets import nearest_tuned_key
+    from adaptive_spec.planner.presets import nearest_tuned_key, plan_sections
 
     data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     entries = data.get("plans") if isinstance(data, dict) else None
     if not isinstance(entries, dict) or not entries:
         raise ValueError(f"{path}: not a plan file (no 'plans' mapping); rerun `adaptive-spec tune sources`")
+    sections = plan_sections(data, device)
     out: dict[str, dict[str, Any]] = {ADAPTIVE: {}, BEST_STATIC: {}}
     for t, key in zip(temperatures, keys, strict=True):
-        nearest = nearest_tuned_key(entries, t)
+        found = ((sec, nearest_tuned_key(sec, t)) for sec in sections)
+        section, nearest = next(((sec, k) for sec, k in found if k is not None), (entries, None))
         if nearest is None:
             raise ValueError(f"{path} has no plan for temperature {t:g} (tuned: {', '.join(map(str, entries))})")
-        entry = entries[nearest]
+        entry = section[nearest]
         out[ADAPTIVE][key] = parse_plan_or_rule(entry["plan"], base_dir=Path(path).parent)
         if "best_static" in entry:
             out[BEST_STATIC][key] = parse_plan_or_rule(entry["best_static"]["plan"])

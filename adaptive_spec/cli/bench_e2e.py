@@ -120,6 +120,7 @@ def bench_plans(args: argparse.Namespace, temps: list[float], verb: str) -> tupl
             best_static_file=args.best_static_file,
             in_draft_file=in_draft_file(args.target) if args.draft is None else None,
             pair_file=adaptive_file(args.target) if args.draft is None else None,
+            device=_device_type(getattr(args, "device", None)),
         )
         runtime = info.pop("runtime")
         latency, warning = (None, None)
@@ -130,6 +131,13 @@ def bench_plans(args: argparse.Namespace, temps: list[float], verb: str) -> tupl
     if not plans:
         raise SystemExit(f"{verb}: --plans names no plan")
     return plans, info, _Latency(latency, warning, runtime)
+
+
+def _device_type(device: str | None) -> str:
+    """The kind of device ``--device`` names (the engine's default: cuda if available, else cpu)."""
+    import torch
+
+    return torch.device(device).type if device else ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _prompts(args: argparse.Namespace) -> list:

@@ -45,12 +45,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-new-tokens", type=int, default=96, help="(default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
-    add_model_options(parser, ("target", "draft"))
+    add_model_options(parser, ("target", "draft", "device"))
     parser.add_argument(
         "--out-file",
         type=Path,
         default=Path("configs/plans/adaptive.yaml"),
-        help="the plan file to write (default: %(default)s; adaptive_spec/zoo/smollm2/adaptive.yaml ships the pair's)",
+        help="the plan file to write (default: %(default)s; adaptive_spec/zoo/smollm2/adaptive.yaml ships the pair's); "
+        "tuned on a GPU, the plans go to its section for that kind of device, which generate() reads there first",
     )
     add_json_option(parser, "the whole measurement")
     add_progress_option(parser)
@@ -80,7 +81,13 @@ def run(args: argparse.Namespace) -> int:
 
             for gate in args.gate:
                 SourceGate.load(gate)  # a clear error before any model loads
-        current = incumbents(args.out_file)
+        import torch
+
+        try:
+            device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")).type
+        except RuntimeError as err:
+            raise ValueError(f"--device {args.device!r}: {err}") from None
+        current = incumbents(args.out_file, device)
         for plan in current.values():  # the plans being replaced are measured too, static ones with the statics
             if not plan.startswith("source:"):
                 parsed = Plan.parse(plan)
@@ -90,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     if current:
         tried = ", ".join(f"T={k} {p}" for k, p in current.items())
         print(f"tune sources: the plans of {args.out_file} are tried too: {tried}")
-    engine = load_engine(args.target, args.draft, None, None)
+    engine = load_engine(args.target, args.draft, args.device, None)
     static_res = measure(
         engine, prompts, statics, temps, args.max_new_tokens, args.seed, hf=False, progress=not args.no_progress
     )
@@ -100,14 +107,14 @@ def run(args: argparse.Namespace) -> int:
     for entry in choices.values():
         entry.update(
             {"prompts": list(map(str, args.prompts)), "num_prompts": len(prompts), "search": "optuna"}
-            | {"max_new_tokens": args.max_new_tokens, "date": stamp}
+            | {"max_new_tokens": args.max_new_tokens, "date": stamp, "device": engine.device.type}
         )
     header = "# The per-step source rule per temperature, from `adaptive-spec tune sources` (its measured speedups).\n"
     for gate in args.gate or ():
         if gate.resolve().parent == args.out_file.resolve().parent:
             for entry in choices.values():  # a gate beside the plan file is named relative to it
                 entry["plan"] = entry["plan"].replace(f"gate={gate}&", f"gate={gate.name}&")
-    write_plan_file(choices, args.out_file, header)
+    write_plan_file(choices, args.out_file, header, device=engine.device.type)
     stamp_plan_file(args.out_file, engine.fingerprints())  # generate() plays it by default for this pair only
     for k, entry in choices.items():
         print(f"\ntemperature {k}: {entry['plan']}  {entry['speedup_vs_ar']:.3f}x over autoregressive")
@@ -116,5 +123,6 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"choices": choices, "static": static_res, "rules": rules}, indent=2))
-    print(f"wrote {args.out_file}")
+    where = "" if engine.device.type == "cpu" else f" (its plans for {engine.device.type})"
+    print(f"wrote {args.out_file}{where}")
     return 0

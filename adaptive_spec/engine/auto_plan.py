@@ -14,6 +14,9 @@ In order:
 4. otherwise :data:`DEFAULT_PLAN` (``chain:2/block``, the best static plan measured on a CPU for
    the built-in pair; at temperature 0 the engine verifies it greedily).
 
+On a GPU (any device but a CPU) a file's plans tuned on that kind of device (its ``devices`` section,
+``adaptive-spec tune sources --device cuda``) come before its other plans, which were tuned on a CPU.
+
 A plan file written for another pair, or without fingerprints, is never used by default: a
 plan tuned for one pair can be slow for another (it stays lossless either way: every plan the
 registry admits is). Files are looked up in the working directory, then in the copy shipped
@@ -29,7 +32,7 @@ from typing import Any
 from adaptive_spec.engine.fingerprint import plan_file_matches
 from adaptive_spec.planner.gate import GatedSource
 from adaptive_spec.planner.plan import Plan
-from adaptive_spec.planner.presets import nearest_tuned_key
+from adaptive_spec.planner.presets import nearest_tuned_key, plan_sections
 from adaptive_spec.planner.sources import SOURCE_PREFIX, SourceRule, parse_source_rule
 from adaptive_spec.verifiers import REGISTRY
 
@@ -60,7 +63,10 @@ def _read(path: Path) -> Any:
 
 
 def choose_default_plan(
-    fingerprints: dict[str, str], temperature: float, files: Sequence[str | Path] | None = None
+    fingerprints: dict[str, str],
+    temperature: float,
+    files: Sequence[str | Path] | None = None,
+    device: str | None = None,
 ) -> tuple[Plan | SourceRule | GatedSource, str]:
     """The default plan (or per-step source rule) for a pair with these fingerprints at ``temperature``, and why.
 
@@ -69,6 +75,8 @@ def choose_default_plan(
             :func:`~adaptive_spec.engine.fingerprint.pair_fingerprints`.
         temperature: the sampling temperature (0 = greedy).
         files: tuned plan files to try, in order (default: :func:`tuned_plan_files`).
+        device: the engine's device type (``"cuda"``, ...): a file's plans tuned on that kind of device come
+            before its other plans (:func:`~adaptive_spec.planner.presets.plan_sections`).
 
     Returns:
         ``(plan, reason)``; the plan is one the verifier registry admits at this temperature.
@@ -87,10 +95,13 @@ def choose_default_plan(
         if not plan_file_matches(data, fingerprints):
             reasons.append(f"{path.name} was tuned for another model pair")
             continue
-        key = nearest_tuned_key(filter(_is_number, plans), t)
+        sections = plan_sections(data, device)
+        found = ((sec, nearest_tuned_key(filter(_is_number, sec), t)) for sec in sections)
+        plans, key = next(((sec, k) for sec, k in found if k is not None), (plans, None))
         if key is None:
             reasons.append(f"{path.name} has no plan for temperature {t:g}")
             continue
+        tuned_here = len(sections) > 1 and plans is sections[0]
         entry = plans[key]
         try:
             plan = parse_plan_or_rule(entry["plan"] if isinstance(entry, dict) else entry, base_dir=path.parent)
@@ -100,7 +111,8 @@ def choose_default_plan(
         if t > 0 and any(REGISTRY[p.verifier].greedy_only for p in _plans_of(plan)):
             reasons.append(f"{path.name}: {plan} is greedy-only")
             continue
-        return plan, f"{path.name} was tuned for this model pair (its plan for temperature {float(key):g})"
+        where = f" on {device}" if tuned_here else ""
+        return plan, f"{path.name} was tuned for this model pair{where} (its plan for temperature {float(key):g})"
     return Plan.parse(DEFAULT_PLAN), f"the default static plan ({'; '.join(reasons) or 'no tuned plan files'})"
 
 

@@ -299,7 +299,8 @@ class SpecEngine(StepMixin):
         metadata; else the tuned best static plan (``configs/plans/best-static.yaml``) on the same
         condition; else the files shipped for a fetched pair (``adaptive_spec/zoo/<model>/``); else
         ``chain:2/block``. Plans tuned per temperature are taken at the nearest tuned
-        temperature of the same kind (greedy or sampling). The choice and its reason are logged
+        temperature of the same kind (greedy or sampling); on a GPU, a file's plans tuned on that kind of
+        device first. The choice and its reason are logged
         (``logging.INFO``, logger ``adaptive_spec.engine``) once per temperature. See
         :mod:`adaptive_spec.engine.auto_plan`.
         """
@@ -308,7 +309,9 @@ class SpecEngine(StepMixin):
         files = None if self.tuned_plan_files is None else tuple(map(str, self.tuned_plan_files))
         key = (files, float(temperature))
         if key not in self._default_plans:
-            plan, why = choose_default_plan(self.fingerprints(), temperature, self.tuned_plan_files)
+            plan, why = choose_default_plan(
+                self.fingerprints(), temperature, self.tuned_plan_files, device=self.device.type
+            )
             _log.info("generate(): plan %s at temperature %g: %s", plan, temperature, why)
             self._default_plans[key] = plan
         return self._default_plans[key]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["load_engine", "load_hf_draft"]
+__all__ = ["check_device", "load_engine", "load_hf_draft"]
 
 
 def load_engine(target: str | None, draft: str | None, device: str | None, dtype: str | None, **engine_kwargs):
@@ -16,6 +16,7 @@ def load_engine(target: str | None, draft: str | None, device: str | None, dtype
     from adaptive_spec.engine.models import PAIRED_DRAFT
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(device)
     if target is None and draft is not None:
         raise ValueError("--draft needs a --target")
     if target is not None and draft is None and target not in PAIRED_DRAFT:
@@ -23,6 +24,24 @@ def load_engine(target: str | None, draft: str | None, device: str | None, dtype
             f"give --draft for --target {target} (only the short names {', '.join(PAIRED_DRAFT)} have a paired draft)"
         )
     return SpecEngine.from_pretrained(target, draft, device=device, dtype=dtype, **engine_kwargs)
+
+
+def check_device(device: str) -> None:
+    """Raise a one-line ``ValueError`` for a ``--device`` this machine cannot run on (a typo, CUDA without a GPU,
+    a GPU index past the last), before any model loads.
+    """
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"--device {device!r} is not a device (cpu, cuda, cuda:1, ...): {err}") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+            raise ValueError(f"--device {device}: {why} (torch {torch.__version__}); use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
 
 
 def load_hf_draft(engine, name: str | None, target: str | None):

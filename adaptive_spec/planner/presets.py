@@ -39,6 +39,15 @@ lock on the folder), so two tuners finishing at once do not lose each other's en
       "0": {plan: "conf-chain:12:0.3/block", speedup_vs_ar: 2.1, ...}
       "1": {...}
 
+A plan file may also hold plans tuned on one kind of device (``adaptive-spec tune sources --device cuda``)
+under ``devices``; they come first on that kind of device, the ``plans`` mapping (tuned on a CPU) everywhere
+else and for temperatures the device's own section lacks (:func:`plan_sections`)::
+
+    plans: {"0": {...}, "1": {...}}
+    devices:
+      cuda:
+        plans: {"0": {plan: "source:chain:2/block+lookup:3x16/greedy?...", device: cuda, ...}}
+
 This module imports neither Optuna nor torch: the engine side (``bench e2e --plans best-static``,
 ``--plans in-draft``) uses it.
 """
@@ -67,6 +76,7 @@ __all__ = [
     "in_draft_path",
     "load_best_static",
     "load_in_draft",
+    "plan_sections",
     "read_best_static",
     "read_plan_entries",
     "write_best_static",
@@ -127,6 +137,24 @@ def read_plan_entries(path: str | Path, what: str = "plan file") -> dict[Any, An
     if not isinstance(plans, dict):
         raise ValueError(f"{path} is not a {what}: expected a mapping with a 'plans' mapping")
     return plans
+
+
+def plan_sections(data: Any, device: str | None = None) -> list[dict[Any, Any]]:
+    """The ``plans`` mappings of a loaded plan file to look in on a ``device`` (a torch device type such as
+    ``"cuda"``), in order: the plans tuned on that kind of device (``devices: {cuda: {plans: ...}}``), then the
+    file's ``plans``. A CPU (or None) reads ``plans`` only; a missing or malformed section is skipped.
+    """
+    if not isinstance(data, dict):
+        return []
+    out = []
+    devices = data.get("devices")
+    if device not in (None, "cpu") and isinstance(devices, dict):
+        own = devices.get(device)
+        if isinstance(own, dict) and isinstance(own.get("plans"), dict):
+            out.append(own["plans"])
+    if isinstance(data.get("plans"), dict):
+        out.append(data["plans"])
+    return out
 
 
 def read_best_static(path: str | Path) -> dict[str, dict[str, Any]]:
@@ -280,14 +308,22 @@ def write_in_draft(choices: dict[str, dict[str, Any]], path: Path) -> None:
     write_plan_file(choices, path, header)
 
 
-def write_plan_file(choices: dict[str, dict[str, Any]], path: Path, header: str) -> None:
-    """Merge ``{temperature key: entry}`` into the plan file at ``path`` (atomically; other temperatures kept)."""
+def write_plan_file(choices: dict[str, dict[str, Any]], path: Path, header: str, device: str | None = None) -> None:
+    """Merge ``{temperature key: entry}`` into the plan file at ``path`` (atomically; other temperatures kept).
+
+    ``device``: a torch device type the plans were tuned on; other than a CPU, they go to that device's own
+    section (``devices: {cuda: {plans: ...}}``, :func:`plan_sections`), leaving the file's ``plans`` as they are.
+    """
     import yaml
 
     data: dict[str, Any] = {"version": 1, "plans": {}}
     if path.is_file():
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or data
         data.setdefault("plans", {})
-    data["plans"].update(choices)
+    if device in (None, "cpu"):
+        data["plans"].update(choices)
+    else:
+        devices = data.setdefault("devices", {})
+        devices.setdefault(device, {}).setdefault("plans", {}).update(choices)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, header + yaml.safe_dump(data, sort_keys=False))

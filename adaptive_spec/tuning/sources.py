@@ -92,14 +92,29 @@ def _known_params(rule: str) -> dict[str, Any]:
     return params
 
 
-def incumbents(path: str | Path) -> dict[str, str]:
+def incumbents(path: str | Path, device: str | None = None) -> dict[str, str]:
     """The plans of an existing plan file per temperature key (none when there is no file): what a new tuning
     tries first, so that it never ships a plan slower than the one it replaces without having measured that one.
-    """
-    from adaptive_spec.planner.presets import read_plan_entries
 
-    entries = read_plan_entries(path).items()
-    return {str(k): str(v["plan"]) for k, v in entries if isinstance(v, dict) and isinstance(v.get("plan"), str)}
+    ``device``: the kind of device tuned on; its own plans where the file has them, else the file's ``plans``
+    (:func:`~adaptive_spec.planner.presets.plan_sections`).
+    """
+    import yaml
+
+    from adaptive_spec.planner.presets import plan_sections, read_plan_entries
+
+    out: dict[str, str] = {}
+    if not read_plan_entries(path):  # no file (or a clear error for one that is not a plan file)
+        return out
+    for section in reversed(plan_sections(yaml.safe_load(Path(path).read_text(encoding="utf-8")), device)):
+        out.update(
+            {
+                str(k): str(v["plan"])
+                for k, v in section.items()
+                if isinstance(v, dict) and isinstance(v.get("plan"), str)
+            }
+        )
+    return out
 
 
 def incumbent_trial(plan: str, gates: Sequence[GatedSource] = (), rules: bool = True) -> dict[str, Any] | None:

@@ -219,3 +219,53 @@ def test_tune_sources_measures_the_plans_it_replaces(prompt_files, tmp_path, cap
     out.write_text("plans: [unclosed")
     with pytest.raises(SystemExit, match="is not valid YAML"):
         main([*args, "--out-file", str(out), "--no-progress"])
+
+
+def test_plans_tuned_on_a_gpu_come_first_there_and_nowhere_else(tmp_path) -> None:
+    """A plan file's ``devices: {cuda: {plans}}`` (``tune sources --device cuda``) is read first on that kind of
+    device, its ``plans`` (tuned on a CPU) on a CPU and for the temperatures the device's own section lacks; the
+    writer puts a GPU's plans in its section and leaves the others; a tuning on the GPU tries its own plans first."""
+    from adaptive_spec.planner.presets import plan_sections, write_plan_file
+    from adaptive_spec.tuning.sources import incumbents
+
+    cpu_rule = "source:chain:1/block+lookup:3x11/greedy?min_ngram=3&min_rate=0.400&decay=0.743"
+    gpu_rule = "source:chain:2/block+lookup:3x16/greedy?min_ngram=2&min_rate=0.300&decay=0.500"
+    f = tmp_path / "adaptive.yaml"
+    write_plan_file({"0": {"plan": cpu_rule}, "1": {"plan": "chain:2/block"}}, f, "# test\n")
+    write_plan_file({"0": {"plan": gpu_rule}}, f, "# test\n", device="cuda")
+    data = yaml.safe_load(f.read_text())
+    assert data["plans"]["0"]["plan"] == cpu_rule and data["devices"]["cuda"]["plans"]["0"]["plan"] == gpu_rule
+    assert plan_sections(data, "cpu") == [data["plans"]] and plan_sections(data, None) == [data["plans"]]
+    assert plan_sections(data, "cuda") == [data["devices"]["cuda"]["plans"], data["plans"]]
+    assert plan_sections(data, "mps") == [data["plans"]]
+    assert incumbents(f, "cuda") == {"0": gpu_rule, "1": "chain:2/block"} and incumbents(f) == {"0": cpu_rule} | {
+        "1": "chain:2/block"
+    }
+
+    pair = {"target": "v1:t", "draft": "v1:d"}
+    stamp_plan_file(f, pair)
+    assert yaml.safe_load(f.read_text())["devices"]["cuda"]["plans"]["0"]["plan"] == gpu_rule  # the stamp keeps it
+    plan, why = choose_default_plan(pair, 0.0, [f], device="cuda")
+    assert str(plan) == str(parse_source_rule(gpu_rule)) and "on cuda" in why
+    plan, why = choose_default_plan(pair, 0.0, [f], device="cpu")
+    assert str(plan) == str(parse_source_rule(cpu_rule)) and "on cuda" not in why
+    plan, why = choose_default_plan(pair, 1.0, [f], device="cuda")  # no T > 0 plan tuned on the GPU: the CPU's
+    assert str(plan) == "chain:2/block" and "on cuda" not in why
+
+    plans, _ = resolve_plans(["adaptive"], [0.0, 1.0], pair_file=f, device="cuda")
+    assert [str(p) for p in plans["adaptive"].values()] == [str(parse_source_rule(gpu_rule)), "chain:2/block"]
+    plans, _ = resolve_plans(["adaptive"], [0.0], pair_file=f, device="cpu")
+    assert str(plans["adaptive"]["0"]) == str(parse_source_rule(cpu_rule))
+
+
+def test_a_device_this_machine_lacks_is_one_line(prompt_files, capsys) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(SystemExit, match=r"--device cuda: .*use --device cpu"):
+        main(["tune", "sources", "--prompts", "copy.txt", "--device", "cuda", "--no-progress"])
+    with pytest.raises(SystemExit, match=r"--device 'gpu'"):
+        main(["tune", "sources", "--prompts", "copy.txt", "--device", "gpu", "--no-progress"])
+    with pytest.raises(SystemExit, match=r"--device 'tpu0' is not a device"):
+        main(["bench", "overhead", "--device", "tpu0", "--plans", "chain:2/block"])
