@@ -254,8 +254,13 @@ class SpecEngine(StepMixin):
 
         Raises:
             ValueError: the two tokenizers disagree; a local path that is not a directory; a hub
-                name that is neither cached nor reachable; ``device`` and ``device_map`` together.
+                name that is neither cached nor reachable; ``device`` and ``device_map`` together; a device
+                this machine does not have.
         """
+        if device is not None:
+            from adaptive_spec.engine.load import check_device
+
+            check_device(str(device))
         target_model, draft_model, tokenizer, draft_tokenizer = load_pair(
             target,
             draft,

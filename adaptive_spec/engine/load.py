@@ -27,21 +27,21 @@ def load_engine(target: str | None, draft: str | None, device: str | None, dtype
 
 
 def check_device(device: str) -> None:
-    """Raise a one-line ``ValueError`` for a ``--device`` this machine cannot run on (a typo, CUDA without a GPU,
-    a GPU index past the last), before any model loads.
+    """Raise a one-line ``ValueError`` for a device this machine cannot run on (a typo, CUDA without a GPU, a GPU
+    index past the last), before any model loads (every command's ``--device``, and ``SpecEngine.from_pretrained``).
     """
     import torch
 
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as err:
-        raise ValueError(f"--device {device!r} is not a device (cpu, cuda, cuda:1, ...): {err}") from None
+        raise ValueError(f"device {device!r} is not a device (cpu, cuda, cuda:1, ...): {err}") from None
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             why = "this torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
-            raise ValueError(f"--device {device}: {why} (torch {torch.__version__}); use --device cpu")
+            raise ValueError(f"device {device}: {why} (torch {torch.__version__}); use the cpu")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
+            raise ValueError(f"device {device}: only {torch.cuda.device_count()} CUDA device(s) here")
 
 
 def load_hf_draft(engine, name: str | None, target: str | None):

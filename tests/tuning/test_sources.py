@@ -263,9 +263,13 @@ def test_a_device_this_machine_lacks_is_one_line(prompt_files, capsys) -> None:
 
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    with pytest.raises(SystemExit, match=r"--device cuda: .*use --device cpu"):
+    with pytest.raises(SystemExit, match=r"device cuda: this torch was built without CUDA .*use the cpu"):
         main(["tune", "sources", "--prompts", "copy.txt", "--device", "cuda", "--no-progress"])
     with pytest.raises(SystemExit, match=r"--device 'gpu'"):
         main(["tune", "sources", "--prompts", "copy.txt", "--device", "gpu", "--no-progress"])
-    with pytest.raises(SystemExit, match=r"--device 'tpu0' is not a device"):
+    with pytest.raises(SystemExit, match=r"device 'tpu0' is not a device"):
         main(["bench", "overhead", "--device", "tpu0", "--plans", "chain:2/block"])
+    from adaptive_spec import SpecEngine
+
+    with pytest.raises(ValueError, match=r"device cuda:1: this torch was built without CUDA"):
+        SpecEngine.from_pretrained(None, None, device="cuda:1")  # before any model loads
