@@ -867,7 +867,7 @@ def _iid_plan(policy: EagleTree, device: torch.device) -> _IidPlan:
     """
     key = policy, str(device)
     if key not in _IID_PLANS:
-        cuts = [c for c in dict.fromkeys(policy.truncated(d) for d in range(1, policy.depth + 1))]
+        cuts = list(dict.fromkeys(policy.truncated(d) for d in range(1, policy.depth + 1)))
         cuts = [c for c in cuts if (c, str(device)) not in _IID_PLANS]
         hosts = [_iid_host(c) for c in cuts]
         flat = torch.tensor([v for h in hosts for v in h[-1]], dtype=torch.long, device=device)  # the one copy

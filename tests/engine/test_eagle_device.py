@@ -120,45 +120,64 @@ def test_eagle_levels_follow_the_host_loop() -> None:
     assert not eagle_on_device(parse_policy("eagle:3:6:2:20:wor"), V)  # wider than the vocabulary
 
 
+GENERATION_PLANS = {
+    "wor": ["eagle:4:12:3:2:wor/traversal", "eagle:3:9:2:3:wor/nss", "eagle:5:10:2:2:wor/rrsw"],
+    "iid": ["eagle:4:12:3:2/traversal", "eagle:5:16:3:3/specinfer", "eagle:3:9:2:4/nss"],
+}
+
+
+@pytest.mark.parametrize("law", ["wor", "iid"])
 @pytest.mark.parametrize("temperature", [1.0, 0.0])
 @pytest.mark.parametrize("head", [False, True], ids=["draft-model", "eagle-head"])
-def test_generations_are_the_same_on_the_device_and_on_the_host(monkeypatch, temperature, head) -> None:
+def test_generations_are_the_same_on_the_device_and_on_the_host(monkeypatch, law, temperature, head) -> None:
+    """Without replacement a CPU grows the tree on the device too; with i.i.d. children only an accelerator does (a
+    CPU run grows none there), so those runs take the accelerator's paths, verifiers included, on both sides."""
     target = tiny_model("llama", vocab=48, hidden=32, seed=3, eos=None)
     draft = make_head(target, 40, range(8, 48)) if head else perturbed(target, 0.2, 4)
     engine = SpecEngine(target, draft)
-    plans = ["eagle:4:12:3:2:wor/traversal", "eagle:3:9:2:3:wor/nss", "eagle:5:10:2:2:wor/rrsw"]
+    name = "draft_eagle_on_device" if law == "wor" else "draft_eagle_iid_on_device"
     runs, grown = {}, []
-    real = drafting.draft_eagle_on_device
-    monkeypatch.setattr(drafting, "draft_eagle_on_device", lambda *a: grown.append(real(*a)) or grown[-1])
-    for where in ("device", "host"):
+    real = getattr(drafting, name)
+    monkeypatch.setattr(drafting, name, lambda *a: grown.append(real(*a)) or grown[-1])
+    for where in ("cpu", "device", "host") if law == "iid" else ("device", "host"):
         if where == "host":
             monkeypatch.setattr(drafting, "eagle_on_device", lambda *a: False)
-        runs[where] = [
-            engine.generate([5, 6, 7, 9], max_new_tokens=24, temperature=temperature, plan=plan, seed=seed)
-            for plan in plans
-            for seed in range(2)
-        ]
+        ahead = law == "iid" and where != "cpu"
+        with accelerator_path_on_cpu() if ahead else contextlib.nullcontext():  # the verifiers' paths alike
+            runs[where] = [
+                engine.generate([5, 6, 7, 9], max_new_tokens=24, temperature=temperature, plan=plan, seed=seed)
+                for plan in GENERATION_PLANS[law]
+                for seed in range(2)
+            ]
+        if where == "cpu":  # a CPU grows trees with i.i.d. children on the host: a read costs nothing there
+            assert not grown
     assert grown and all(o is not None for o in grown)  # every tree of the device runs was grown on the device
     for a, b in zip(runs["device"], runs["host"], strict=True):
         assert a.token_ids == b.token_ids
         assert (a.stats.accept_lengths, a.stats.tree_sizes) == (b.stats.accept_lengths, b.stats.tree_sizes)
 
 
+def _cuts_and_alone(monkeypatch, cache: str, make, text: str) -> list[tuple]:
+    """The plans of a policy's depth cuts made with its own (checked: in one copy for all), each beside the plan made
+    for the cut alone."""
+    policy, cpu, copies = parse_policy(text), torch.device("cpu"), []
+    monkeypatch.setattr(drafting, cache, {})
+    monkeypatch.setattr(torch, "tensor", lambda *a, **k: copies.append(a) or torch.as_tensor(*a, **k))
+    full = make(policy, cpu)
+    cuts = [make(policy.truncated(d), cpu) for d in range(1, policy.depth)]
+    assert len(copies) == 1 and full is make(policy, cpu)
+    monkeypatch.undo()
+    alone = []
+    for d in range(1, policy.depth):
+        monkeypatch.setattr(drafting, cache, {})
+        alone.append(make(policy.truncated(d), cpu))
+    return list(zip(cuts, alone, strict=True))
+
+
 def test_a_policys_depth_cuts_get_their_plans_in_the_same_transfer(monkeypatch):
     """The plans of a policy's depth cuts (its last steps in a request) are made with its own, in one copy, and each
     equals the plan made for the cut alone."""
-    policy = parse_policy("eagle:6:48:6:4:wor")
-    cpu = torch.device("cpu")
-    copies = []
-    monkeypatch.setattr(drafting, "_EAGLE_PLANS", {})
-    monkeypatch.setattr(torch, "tensor", lambda *a, **k: copies.append(a) or torch.as_tensor(*a, **k))
-    full = drafting._eagle_plan(policy, cpu)
-    cuts = [drafting._eagle_plan(policy.truncated(d), cpu) for d in range(1, policy.depth)]
-    assert len(copies) == 1 and full is drafting._eagle_plan(policy, cpu)
-    monkeypatch.undo()
-    for d, cut in enumerate(cuts, start=1):
-        monkeypatch.setattr(drafting, "_EAGLE_PLANS", {})
-        alone = drafting._eagle_plan(policy.truncated(d), cpu)
+    for cut, alone in _cuts_and_alone(monkeypatch, "_EAGLE_PLANS", drafting._eagle_plan, "eagle:6:48:6:4:wor"):
         assert (cut.n, cut.fed, cut.widest, cut.depths) == (alone.n, alone.fed, alone.widest, alone.depths)
         assert [(lv.widths, lv.fed, lv.kids) for lv in cut.levels] == [
             (lv.widths, lv.fed, lv.kids) for lv in alone.levels
@@ -246,48 +265,10 @@ def test_iid_draws_of_probability_zero_are_drafted_again_on_the_host(model, monk
     assert all(len(d) <= 2 for d in dev.tree.child_draws)  # the host path stops a node's draws at a zero
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.0])
-@pytest.mark.parametrize("head", [False, True], ids=["draft-model", "eagle-head"])
-def test_iid_generations_are_the_same_on_the_device_and_on_the_host(monkeypatch, temperature, head) -> None:
-    target = tiny_model("llama", vocab=48, hidden=32, seed=3, eos=None)
-    draft = make_head(target, 40, range(8, 48)) if head else perturbed(target, 0.2, 4)
-    engine = SpecEngine(target, draft)
-    plans = ["eagle:4:12:3:2/traversal", "eagle:5:16:3:3/specinfer", "eagle:3:9:2:4/nss"]
-    runs, grown = {}, []
-    real = drafting.draft_eagle_iid_on_device
-    monkeypatch.setattr(drafting, "draft_eagle_iid_on_device", lambda *a: grown.append(real(*a)) or grown[-1])
-    for where in ("cpu", "device", "host"):
-        if where == "host":
-            monkeypatch.setattr(drafting, "eagle_on_device", lambda *a: False)
-        with accelerator_path_on_cpu() if where != "cpu" else contextlib.nullcontext():  # the verifiers' paths alike
-            runs[where] = [
-                engine.generate([5, 6, 7, 9], max_new_tokens=24, temperature=temperature, plan=plan, seed=seed)
-                for plan in plans
-                for seed in range(2)
-            ]
-        if where == "cpu":  # a CPU grows these trees on the host: a read costs nothing there
-            assert not grown
-    assert grown and all(o is not None for o in grown)
-    for a, b in zip(runs["device"], runs["host"], strict=True):
-        assert a.token_ids == b.token_ids
-        assert (a.stats.accept_lengths, a.stats.tree_sizes) == (b.stats.accept_lengths, b.stats.tree_sizes)
-
-
 def test_an_iid_policys_depth_cuts_get_their_plans_in_the_same_transfer(monkeypatch):
     """As without replacement: the plans of an i.i.d. EAGLE policy's depth cuts come with its own, in one copy, and
     each equals the plan made for the cut alone."""
-    policy = parse_policy("eagle:6:48:6:4")
-    cpu = torch.device("cpu")
-    copies = []
-    monkeypatch.setattr(drafting, "_IID_PLANS", {})
-    monkeypatch.setattr(torch, "tensor", lambda *a, **k: copies.append(a) or torch.as_tensor(*a, **k))
-    full = drafting._iid_plan(policy, cpu)
-    cuts = [drafting._iid_plan(policy.truncated(d), cpu) for d in range(1, policy.depth)]
-    assert len(copies) == 1 and full is drafting._iid_plan(policy, cpu)
-    monkeypatch.undo()
-    for d, cut in enumerate(cuts, start=1):
-        monkeypatch.setattr(drafting, "_IID_PLANS", {})
-        alone = drafting._iid_plan(policy.truncated(d), cpu)
+    for cut, alone in _cuts_and_alone(monkeypatch, "_IID_PLANS", drafting._iid_plan, "eagle:6:48:6:4"):
         assert (cut.slots, cut.certain, cut.m) == (alone.slots, alone.certain, alone.m)
         for name in ("start", "tables", "counters", "ancestors", "earlier", "root", "one", "pad"):
             assert torch.equal(getattr(cut, name), getattr(alone, name)), name

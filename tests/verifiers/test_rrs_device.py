@@ -94,100 +94,72 @@ def test_the_device_path_reads_the_host_once_with_the_ride() -> None:
     assert len(reads) == 1 and r.ride == (7, 1) and t.tokens == tokens  # the tree's tokens and flags came along
 
 
-def _policy_case():
-    """A tree drawn without replacement by a policy (no slots): node 0 drew 1 then 3, node 1 drew 0 then 2,
-    node 2 drew 1, node 3 none; its children table on the device, as the engine's policy drafters hand it over.
-    """
-    inst = random_instance(1, V, zero_frac=0.0)  # an instance where forgetting the residual shows
-    tokens, parents, depths = [-1, 1, 3, 0, 2, 1], [-1, 0, 0, 1, 1, 2], [0, 1, 1, 2, 2, 2]
-    draws = [[1, 2], [3, 4], [5], [], [], []]
-    shape = TreeShape.dynamic(DraftLaw.DYNAMIC_WOR, 2, 5)
-    ref = DraftTree(tokens, parents, depths, torch.zeros(6, V), draws, shape)
+def _policy_tree(seed: int, tokens, parents, child_draws, law: DraftLaw, **table):
+    """A policy tree (no slots) with fixed draws, its draft rows and the target rows at its prefixes (a random
+    instance); its tokens and ``table`` (the children or draws table) on the device, as the drafters hand them over.
+    Leaves have no draft row."""
+    inst = random_instance(seed, V, zero_frac=0.0)
+    depths = [0] * len(parents)
+    for i in range(1, len(parents)):
+        depths[i] = depths[parents[i]] + 1
+    shape = TreeShape.dynamic(law, 2, sum(map(len, child_draws)))
+    ref = DraftTree(tokens, parents, depths, torch.zeros(len(tokens), V), child_draws, shape)
     draft = torch.stack([inst.draft_fn(c) for c in ref.prefixes]).float()
     target = torch.stack([inst.target_fn(c) for c in ref.prefixes]).float()
-    draft[3:] = 0  # leaves have no draft row
+    draft[3:] = 0  # the leaves (nodes 3 on)
 
     def tree() -> DraftTree:
-        t = DraftTree(tokens, parents, depths, draft, draws, shape)
-        t.keep_tensors(tokens=torch.tensor(tokens), children=torch.tensor([[1, 2], [3, 4], [5, 6], *[[6, 6]] * 3]))
+        t = DraftTree(tokens, parents, depths, draft, child_draws, shape)
+        t.keep_tensors(tokens=torch.tensor(tokens), **{k: torch.tensor(v) for k, v in table.items()})
         return t
 
     return tree, target
 
 
-def test_a_policy_tree_drawn_without_replacement_runs_rrsw_on_the_device(monkeypatch) -> None:
-    tree, target = _policy_case()
-    exact = fixed_tree_law(verify_rrsw, tree(), target)
+def _policy_case():
+    """Drawn without replacement: node 0 drew 1 then 3, node 1 drew 0 then 2, node 2 drew 1, node 3 none; its
+    children table on the device (an instance where forgetting the residual shows)."""
+    draws = [[1, 2], [3, 4], [5], [], [], []]
+    children = [[1, 2], [3, 4], [5, 6], *[[6, 6]] * 3]
+    return _policy_tree(1, [-1, 1, 3, 0, 2, 1], [-1, 0, 0, 1, 1, 2], draws, DraftLaw.DYNAMIC_WOR, children=children)
+
+
+def _iid_policy_case():
+    """Drawn i.i.d.: node 0 drew 1, 3, 1 (node 1 twice), node 1 drew 0, 0 (node 3 twice), node 2 drew 2, node 3
+    none; its draws table on the device, as ``draft_eagle_iid_on_device`` hands it over."""
+    draws = [[1, 2, 1], [3, 3], [4], [], []]
+    table = [[1, 2, 1], [3, 3, 5], [4, 5, 5], *[[5] * 3] * 2]
+    return _policy_tree(2, [-1, 1, 3, 0, 2], [-1, 0, 0, 1, 2], draws, DraftLaw.DYNAMIC_IID, draws=table)
+
+
+@pytest.mark.parametrize(
+    ("case", "verifier"), [(_policy_case, verify_rrsw), (_iid_policy_case, verify_specinfer)], ids=["rrsw", "specinfer"]
+)
+def test_a_policy_tree_runs_its_verifier_on_the_device(monkeypatch, case, verifier) -> None:
+    """RRSw on a tree drawn without replacement (its children table), SpecInfer on a tree drawn i.i.d. (its draws
+    table: duplicates tried again, as the host walk tries them): the exact law of the host solver on the same tree,
+    one host read; forgetting the residual fails."""
+    tree, target = case()
+    exact = fixed_tree_law(verifier, tree(), target)
     assert abs(sum(exact.values()) - 1.0) < 1e-6
     called = []
     real = rrs.rrs_on_children
-    monkeypatch.setattr(rrs, "rrs_on_children", lambda *a, **k: called.append(1) or real(*a, **k))
-    verify_rrsw(tree(), target, TorchSampler(torch.Generator().manual_seed(2)))
+    monkeypatch.setattr(rrs, "rrs_on_children", lambda *a, **k: called.append(k) or real(*a, **k))
+    verifier(tree(), target, TorchSampler(torch.Generator().manual_seed(2)))
     assert not called  # a CPU walks on the host: solving every node's rows costs it more
     monkeypatch.setattr(rrs, "run_ahead", lambda device: True)  # as on an accelerator
 
     def frequencies() -> dict:
         sampler, counts = TorchSampler(torch.Generator().manual_seed(0)), {}
         for _ in range(RUNS):
-            r = verify_rrsw(tree(), target, sampler)
+            r = verifier(tree(), target, sampler)
             counts[r.node, r.tokens] = counts.get((r.node, r.tokens), 0) + 1
         return {k: v / RUNS for k, v in counts.items()}
 
     assert _tv(frequencies(), exact) < 0.035 and len(called) == RUNS
+    assert all(k == {"without_replacement": verifier is verify_rrsw} for k in called)
     with counted_reads() as reads:
-        verify_rrsw(tree(), target, TorchSampler(torch.Generator().manual_seed(1)))
-    assert len(reads) == 1
-    monkeypatch.setattr(rrs, "rrs_states", _no_residual)
-    assert _tv(frequencies(), exact) > 0.06
-
-
-def _iid_policy_case():
-    """A tree drawn i.i.d. by a policy (no slots): node 0 drew 1, 3, 1 (node 1 twice), node 1 drew 0, 0 (node 3
-    twice), node 2 drew 2, node 3 none; its draws table on the device, as ``draft_eagle_iid_on_device`` hands it over.
-    """
-    inst = random_instance(2, V, zero_frac=0.0)
-    tokens, parents, depths = [-1, 1, 3, 0, 2], [-1, 0, 0, 1, 2], [0, 1, 1, 2, 2]
-    draws = [[1, 2, 1], [3, 3], [4], [], []]
-    shape = TreeShape.dynamic(DraftLaw.DYNAMIC_IID, 2, 6)
-    ref = DraftTree(tokens, parents, depths, torch.zeros(5, V), draws, shape)
-    draft = torch.stack([inst.draft_fn(c) for c in ref.prefixes]).float()
-    target = torch.stack([inst.target_fn(c) for c in ref.prefixes]).float()
-    draft[3:] = 0  # leaves have no draft row
-
-    def tree() -> DraftTree:
-        t = DraftTree(tokens, parents, depths, draft, draws, shape)
-        t.keep_tensors(
-            tokens=torch.tensor(tokens), draws=torch.tensor([[1, 2, 1], [3, 3, 5], [4, 5, 5], *[[5] * 3] * 2])
-        )
-        return t
-
-    return tree, target
-
-
-def test_a_policy_tree_drawn_iid_runs_specinfer_on_the_device(monkeypatch) -> None:
-    """SpecInfer on an i.i.d. policy tree's draws table (duplicates tried again, as the host walk tries them): the
-    exact law of the host solver on the same tree, one host read; forgetting the residual fails."""
-    tree, target = _iid_policy_case()
-    exact = fixed_tree_law(verify_specinfer, tree(), target)
-    assert abs(sum(exact.values()) - 1.0) < 1e-6
-    called = []
-    real = rrs.rrs_on_children
-    monkeypatch.setattr(rrs, "rrs_on_children", lambda *a, **k: called.append(k) or real(*a, **k))
-    verify_specinfer(tree(), target, TorchSampler(torch.Generator().manual_seed(2)))
-    assert not called  # a CPU walks on the host
-    monkeypatch.setattr(rrs, "run_ahead", lambda device: True)  # as on an accelerator
-
-    def frequencies() -> dict:
-        sampler, counts = TorchSampler(torch.Generator().manual_seed(0)), {}
-        for _ in range(RUNS):
-            r = verify_specinfer(tree(), target, sampler)
-            counts[r.node, r.tokens] = counts.get((r.node, r.tokens), 0) + 1
-        return {k: v / RUNS for k, v in counts.items()}
-
-    assert _tv(frequencies(), exact) < 0.035 and len(called) == RUNS
-    assert all(k == {"without_replacement": False} for k in called)
-    with counted_reads() as reads:
-        verify_specinfer(tree(), target, TorchSampler(torch.Generator().manual_seed(1)))
+        verifier(tree(), target, TorchSampler(torch.Generator().manual_seed(1)))
     assert len(reads) == 1
     monkeypatch.setattr(rrs, "rrs_states", _no_residual)
     assert _tv(frequencies(), exact) > 0.06
