@@ -583,7 +583,7 @@ def resolve_plans(
             from adaptive_spec.planner.presets import in_draft_path, load_in_draft
 
             source = in_draft_file if in_draft_file is not None else in_draft_path()
-            plans[name] = {k: load_in_draft(t, source) for t, k in zip(temperatures, keys, strict=True)}
+            plans[name] = {k: load_in_draft(t, source, device) for t, k in zip(temperatures, keys, strict=True)}
             info["in_draft"] = {"source": str(source), "plans": {k: str(p) for k, p in plans[name].items()}}
         elif name.startswith(SOURCE_PREFIX):  # the per-step source rule over a model plan (a planner)
             plans[name] = parse_source_rule(name)

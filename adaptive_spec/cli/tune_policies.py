@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96, help="(default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="(default: %(default)s)")
     parser.add_argument("--config-out", default=None, help="write configs/plans/in-draft.yaml under this folder")
-    add_model_options(parser, ("target", "draft"))
+    add_model_options(parser, ("target", "draft", "device"))
     parser.add_argument(
         "--out-file",
         type=Path,
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         plans = {str(p): p for p in parsed}
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"tune policies: {err}") from None
-    engine = load_engine(args.target, args.draft, None, None)
+    engine = load_engine(args.target, args.draft, args.device, None)
     if args.optuna:
         res = {"runs": optuna_search(engine, prompts, temps, args)}
     else:
@@ -83,10 +83,11 @@ def run(args: argparse.Namespace) -> int:
                 "search": "optuna" if args.optuna else "grid",
                 "max_new_tokens": args.max_new_tokens,
                 "date": stamp,
+                "device": engine.device.type,
             }
         )
     path = args.out_file or (in_draft_path(args.config_out) if args.config_out else Path.cwd() / IN_DRAFT_RELPATH)
-    write_in_draft(choices, path)
+    write_in_draft(choices, path, device=engine.device.type)  # a GPU's: its own section, read first there
     from adaptive_spec.engine.fingerprint import stamp_plan_file
 
     stamp_plan_file(path, engine.fingerprints())  # generate() plays these plans by default for this pair only

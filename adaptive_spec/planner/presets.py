@@ -280,8 +280,9 @@ def in_draft_path(root: str | Path | None = None) -> Path:
     return shipped if shipped.is_file() else here
 
 
-def load_in_draft(temperature: float, path: str | Path | None = None) -> Plan:
-    """The tuned in-draft plan for ``temperature`` (the nearest tuned temperature of the same kind).
+def load_in_draft(temperature: float, path: str | Path | None = None, device: str | None = None) -> Plan:
+    """The tuned in-draft plan for ``temperature`` (the nearest tuned temperature of the same kind; on a ``device``
+    other than a CPU, among the plans tuned on that kind of device first, :func:`plan_sections`).
 
     Raises:
         FileNotFoundError: no file (the message says how to make one).
@@ -294,18 +295,21 @@ def load_in_draft(temperature: float, path: str | Path | None = None) -> Plan:
         raise FileNotFoundError(
             f"no tuned in-draft plans at {file}; run `adaptive-spec tune policies --prompts TUNING.jsonl`"
         )
-    plans = (yaml.safe_load(file.read_text(encoding="utf-8")) or {}).get("plans") or {}
-    key = nearest_tuned_key(plans, temperature)
-    if key is None:
-        have = ", ".join(plans) or "none"
-        raise LookupError(f"{file} has no in-draft plan for temperature {float(temperature):g} (tuned: {have})")
-    return Plan.parse(plans[key]["plan"])
+    data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+    for plans in plan_sections(data, device):
+        key = nearest_tuned_key(plans, temperature)
+        if key is not None:
+            return Plan.parse(plans[key]["plan"])
+    have = ", ".join((data.get("plans") or {}) if isinstance(data, dict) else {}) or "none"
+    raise LookupError(f"{file} has no in-draft plan for temperature {float(temperature):g} (tuned: {have})")
 
 
-def write_in_draft(choices: dict[str, dict[str, Any]], path: Path) -> None:
-    """Merge ``{temperature key: entry}`` into the file (atomically; other temperatures kept)."""
+def write_in_draft(choices: dict[str, dict[str, Any]], path: Path, device: str | None = None) -> None:
+    """Merge ``{temperature key: entry}`` into the file (atomically; other temperatures kept; a GPU's plans in
+    its own section, :func:`write_plan_file`).
+    """
     header = "# In-draft planner: the best drafting policy per temperature, from `adaptive-spec tune policies`.\n"
-    write_plan_file(choices, path, header)
+    write_plan_file(choices, path, header, device)
 
 
 def write_plan_file(choices: dict[str, dict[str, Any]], path: Path, header: str, device: str | None = None) -> None:

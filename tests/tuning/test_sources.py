@@ -273,3 +273,21 @@ def test_a_device_this_machine_lacks_is_one_line(prompt_files, capsys) -> None:
 
     with pytest.raises(ValueError, match=r"device cuda:1: this torch was built without CUDA"):
         SpecEngine.from_pretrained(None, None, device="cuda:1")  # before any model loads
+
+
+def test_in_draft_plans_tuned_on_a_gpu_are_read_first_there(tmp_path) -> None:
+    """``tune policies --device cuda`` writes the in-draft plans to the GPU's section of ``in-draft.yaml``, which
+    ``bench e2e --plans in-draft`` reads first on that kind of device (and never on a CPU)."""
+    from adaptive_spec.planner.presets import load_in_draft, write_in_draft
+
+    f = tmp_path / "in-draft.yaml"
+    write_in_draft({"0": {"plan": "conf-chain:4:0.7/block"}, "1": {"plan": "chain:2/block"}}, f)
+    write_in_draft({"0": {"plan": "cum-chain:8:0.3/block"}}, f, device="cuda")
+    assert str(load_in_draft(0.0, f)) == "conf-chain:4:0.7/block"
+    assert str(load_in_draft(0.0, f, "cuda")) == "cum-chain:8:0.3/block"
+    assert str(load_in_draft(1.0, f, "cuda")) == "chain:2/block"  # none tuned on the GPU at T > 0: the CPU's
+    plans, _ = resolve_plans(["in-draft"], [0.0], in_draft_file=f, device="cuda")
+    assert str(plans["in-draft"]["0"]) == "cum-chain:8:0.3/block"
+    f.write_text(yaml.safe_dump({"version": 1, "plans": {"1": {"plan": "chain:2/block"}}}))
+    with pytest.raises(LookupError, match=r"no in-draft plan for temperature 0 \(tuned: 1\)"):
+        load_in_draft(0.0, f, "cuda")
