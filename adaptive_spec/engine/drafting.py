@@ -965,12 +965,13 @@ def draft_eagle_iid_on_device(
         f, i = plan.slots[d - 1], d - 1
         cand = draw_tokens(R, w, generator, replace=True, greedy=deterministic)  # [f, W], as the host path
         q = R.gather(1, cand)
-        valid = plan.limit[i] < torch.minimum(left, fed * w)  # the fed rows' draws, within the budget
+        drawn = torch.minimum(left, fed * w)  # the fed rows' draws, within the budget (spent in frontier order)
+        valid = plan.limit[i] < drawn
         same = cand[:, :, None] == cand[:, None, :]  # [f, W, W]
         new = (valid > (same & plan.earlier).any(dim=-1)).view(-1)  # a token's first valid draw at its row
         ids = torch.where(new, new.cumsum(0) + nxt, m)  # new nodes numbered in the order made
         count = new.sum()
-        nxt, left = nxt + count, left - valid.sum()
+        nxt, left = nxt + count, left - drawn
         par = fr[plan.row[i]]
         ancestors[ids] = ancestors[par]
         ancestors[ids, ids] = True  # each node its own ancestor (padding: the dummy's)
@@ -980,7 +981,7 @@ def draft_eagle_iid_on_device(
         pp = (fr_pp[:, None] * q).view(-1)  # float64: the host path's products
         g = plan.slots[d]
         order = torch.where(new, pp, -1.0).argsort(descending=True, stable=True)[:g]  # the top k, ties: first made
-        fed = torch.where(left > 0, count.clamp_max(policy.top_k), 0)
+        fed = torch.where(left > 0, count.clamp_max(policy.top_k), 0)  # nothing is fed once the budget is spent
         order = torch.where(plan.rank[d] < fed, order, f * w).sort().values  # in the order made, padding last
         fr = torch.cat([ids, plan.pad])[order]  # m for padding
         if d > plan.certain:  # whether anything is fed now depends on the merges: the tree so far, read
