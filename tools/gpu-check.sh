@@ -28,9 +28,10 @@
 #   tune.json, adaptive.yaml  `tune sources --device cuda` on the pair's 14 tuning prompts at T = 0 and 1 (6 trials
 #                  each): the per-step source rule tuned on this GPU (the shipped rules were tuned on a CPU, where a
 #                  pass costs what its rows cost), written into a copy of the pair's plan file (its `devices: cuda`
-#                  section) and installed over the shipped file on this machine, so that a later e2e step plays it
-#                  as `adaptive` (estimated 4 minutes: not measured yet). To keep it, copy that section into
-#                  adaptive_spec/zoo/smollm2/adaptive.yaml.
+#                  section) and installed over the shipped file on this machine (kept in /tmp/gpu-tuned for the
+#                  later calls on it), so that a later e2e step plays it as `adaptive` (estimated 4 minutes: not
+#                  measured yet; TUNE_TRIALS and TUNE_TEMPERATURES change the 6 trials and T = 0,1). To keep it,
+#                  copy that section into adaptive_spec/zoo/smollm2/adaptive.yaml.
 # and (a call of its own: it takes the whole budget of one device call):
 #   drafts.tar.*   `zoo drafts --device cuda --minutes 7 --init shipped`: the SmolLM2 head and draft trained
 #                  further on the device, with build_info.json (the figures before and after), as a tar
@@ -68,6 +69,11 @@ if [ -d "$STAGE" ]; then
     [ -f "$f" ] || { mkdir -p "$(dirname "$f")" && cp "$STAGE/$f" "$f" && echo "gpu-check: restored $f"; }
   done
 fi
+# A source rule tuned on this machine by an earlier call's `tune` step (a new call's copy of the working tree has the
+# shipped plan file): played by this call's e2e steps.
+TUNED=/tmp/gpu-tuned/adaptive.yaml
+PAIR_FILE=adaptive_spec/zoo/smollm2/adaptive.yaml
+if [ "$DEVICE" != cpu ] && [ -f "$TUNED" ]; then cp "$TUNED" "$PAIR_FILE" && echo "gpu-check: the source rule tuned here ($TUNED)"; fi
 mkdir -p "$OUT"; touch "$OUT/status.txt"
 FAILED=0
 step() {  # step NAME SECONDS COMMAND...: runs when NAME is one of --steps
@@ -116,13 +122,14 @@ step compile 300 $PY -m adaptive_spec bench passes --target smollm2 --device "$D
 step compile_e2e 200 $PY -m adaptive_spec bench e2e --target smollm2 --device "$DEVICE" --prompts "$PROMPTS" \
   --limit 4 --max-new-tokens "$TOKENS" --temperatures 0 --no-hf --no-lookup --no-hf-generate --compile-forwards \
   --plans "chain:2/block,lookup:8/block" --no-progress --json "$OUT/compile_e2e.json"
-# The source rule tuned on this device; on a GPU it replaces the shipped plan file here (not on a CPU: a dry run).
-PAIR_FILE=adaptive_spec/zoo/smollm2/adaptive.yaml
+# The source rule tuned on this device; on a GPU it replaces the shipped plan file here, and in later calls on this
+# machine (kept in /tmp/gpu-tuned); not on a CPU (a dry run).
 TUNE_PROMPTS="--prompts adaptive_spec/zoo/smollm2/tune_prompts.jsonl --prompts adaptive_spec/zoo/smollm2/tune_lookup_prompts.jsonl"
 if [ "$DEVICE" = cpu ]; then
   TUNE="--limit 1 --max-new-tokens 8 --trials 1 --temperatures 0 --static chain:1/block"; INSTALL=true
 else
-  TUNE="--trials 6 --temperatures 0,1"; INSTALL="cp $OUT/adaptive.yaml $PAIR_FILE"
+  TUNE="--trials ${TUNE_TRIALS:-6} --temperatures ${TUNE_TEMPERATURES:-0,1}"
+  INSTALL="cp $OUT/adaptive.yaml $PAIR_FILE && mkdir -p /tmp/gpu-tuned && cp $OUT/adaptive.yaml $TUNED"
 fi
 step tune 450 bash -c "cp $PAIR_FILE $OUT/adaptive.yaml && $PY -m adaptive_spec tune sources --target smollm2 \
   --device $DEVICE $TUNE_PROMPTS $TUNE --out-file $OUT/adaptive.yaml --storage sqlite:///$OUT/tune.db \
