@@ -136,3 +136,18 @@ def add_draft_data_option(parser: argparse.ArgumentParser) -> None:
         help="also log the token, the target's feature and its top-32 law of every committed position (a draft log, "
         "for `zoo drafts --from-logs DIR`)",
     )
+
+
+def device_type(device: str | None) -> str:
+    """The kind of device ``device`` names (``"cuda"`` for ``"cuda:1"``; None: the engine's default, cuda if
+    available, else cpu).
+
+    Raises:
+        ValueError: not a device string (one line naming it).
+    """
+    import torch
+
+    try:
+        return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")).type
+    except (RuntimeError, TypeError) as err:
+        raise ValueError(f"device {device!r} is not a device (cpu, cuda, cuda:1, ...): {err}") from None

@@ -578,7 +578,7 @@ def resolve_plans(
         elif name == ADAPTIVE:
             plans[name] = AdaptivePlanner(runtime)
         elif name == BEST_STATIC:
-            plans[name], info["best_static"] = _best_static(runtime, temperatures, keys, best_static_file)
+            plans[name], info["best_static"] = _best_static(runtime, temperatures, keys, best_static_file, device)
         elif name == IN_DRAFT:
             from adaptive_spec.planner.presets import in_draft_path, load_in_draft
 
@@ -621,7 +621,7 @@ def _pair_plans(path, temperatures, keys, device: str | None = None) -> dict[str
     return out
 
 
-def _best_static(runtime, temperatures, keys, path) -> tuple[dict[str, Any], dict[str, Any]]:
+def _best_static(runtime, temperatures, keys, path, device=None) -> tuple[dict[str, Any], dict[str, Any]]:
     from adaptive_spec.planner.presets import load_best_static
 
     if runtime is not None and runtime.best_static_groups:
@@ -632,7 +632,7 @@ def _best_static(runtime, temperatures, keys, path) -> tuple[dict[str, Any], dic
         source = f"selector metadata ({runtime.path}): best mean tokens/s on its training prompts"
     else:
         try:
-            chosen = {k: load_best_static(t, path) for t, k in zip(temperatures, keys, strict=True)}
+            chosen = {k: load_best_static(t, path, device) for t, k in zip(temperatures, keys, strict=True)}
         except FileNotFoundError as err:
             why = "the selector records no best static action" if runtime is not None else "no selector was found"
             raise FileNotFoundError(

@@ -19,6 +19,7 @@ from adaptive_spec.options import (
     add_profile_option,
     add_progress_option,
     add_temperatures_option,
+    device_type,
 )
 from adaptive_spec.planner.presets import DEFAULT_PLANS
 from adaptive_spec.temperatures import parse_temperatures
@@ -120,7 +121,7 @@ def bench_plans(args: argparse.Namespace, temps: list[float], verb: str) -> tupl
             best_static_file=args.best_static_file,
             in_draft_file=in_draft_file(args.target) if args.draft is None else None,
             pair_file=adaptive_file(args.target) if args.draft is None else None,
-            device=_device_type(getattr(args, "device", None)),
+            device=device_type(getattr(args, "device", None)),
         )
         runtime = info.pop("runtime")
         latency, warning = (None, None)
@@ -131,13 +132,6 @@ def bench_plans(args: argparse.Namespace, temps: list[float], verb: str) -> tupl
     if not plans:
         raise SystemExit(f"{verb}: --plans names no plan")
     return plans, info, _Latency(latency, warning, runtime)
-
-
-def _device_type(device: str | None) -> str:
-    """The kind of device ``--device`` names (the engine's default: cuda if available, else cpu)."""
-    import torch
-
-    return torch.device(device).type if device else ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def _prompts(args: argparse.Namespace) -> list:

@@ -11,7 +11,13 @@ import datetime as _dt
 import json
 from pathlib import Path
 
-from adaptive_spec.options import add_json_option, add_model_options, add_progress_option, add_temperatures_option
+from adaptive_spec.options import (
+    add_json_option,
+    add_model_options,
+    add_progress_option,
+    add_temperatures_option,
+    device_type,
+)
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.tuning.sources import DEFAULT_STATIC, choose, incumbents, search
 from adaptive_spec.tuning.storage import DEFAULT_STORAGE
@@ -81,13 +87,7 @@ def run(args: argparse.Namespace) -> int:
 
             for gate in args.gate:
                 SourceGate.load(gate)  # a clear error before any model loads
-        import torch
-
-        try:
-            device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu")).type
-        except RuntimeError as err:
-            raise ValueError(f"--device {args.device!r}: {err}") from None
-        current = incumbents(args.out_file, device)
+        current = incumbents(args.out_file, device_type(args.device))
         for plan in current.values():  # the plans being replaced are measured too, static ones with the statics
             if not plan.startswith("source:"):
                 parsed = Plan.parse(plan)

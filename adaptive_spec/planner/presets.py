@@ -192,14 +192,18 @@ def _folder_lock(folder: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def write_best_static(temperature: float, entry: dict[str, Any], path: str | Path | None = None) -> Path:
-    """Set the entry of ``temperature`` (keeping the others) and write the file atomically.
+def write_best_static(
+    temperature: float, entry: dict[str, Any], path: str | Path | None = None, device: str | None = None
+) -> Path:
+    """Set the entry of ``temperature`` (keeping the others, and the file's other keys) and write the file atomically.
 
     Args:
         temperature: the temperature the plan was tuned at.
         entry: at least ``{"plan": "<plan string>"}``; ``tokens_per_s``, study information and
             baselines are kept as given (plain YAML types); ``updated`` is added.
         path: the file (default ``./configs/plans/best-static.yaml``).
+        device: the kind of device the plan was tuned on: other than a CPU, the entry goes to that device's own
+            section (:func:`plan_sections`).
 
     Returns:
         The path written.
@@ -214,11 +218,20 @@ def write_best_static(temperature: float, entry: dict[str, Any], path: str | Pat
     path.parent.mkdir(parents=True, exist_ok=True)
     entry = {**entry, "updated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     with _folder_lock(path.parent):
-        plans = read_best_static(path)
+        plans = read_best_static(path)  # checks an existing file first
+        data = (yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None) or {}
+        if device not in (None, "cpu"):
+            own = data.setdefault("devices", {}).setdefault(device, {})
+            plans = dict(own.get("plans") or {})
         plans[temperature_key(temperature)] = entry
         plans = dict(sorted(plans.items(), key=lambda kv: float(kv[0])))
-        text = _HEADER + yaml.safe_dump({"version": FORMAT_VERSION, "plans": plans}, sort_keys=False)
-        atomic_write(path, text)
+        if device in (None, "cpu"):
+            data["plans"] = plans
+        else:
+            data.setdefault("plans", {})
+            own["plans"] = plans
+        data = {"version": FORMAT_VERSION, **{k: v for k, v in data.items() if k != "version"}}
+        atomic_write(path, _HEADER + yaml.safe_dump(data, sort_keys=False))
     return path
 
 
@@ -232,8 +245,9 @@ def nearest_tuned_key(keys: Iterable[Any], temperature: float) -> Any | None:
     return min(same_kind, key=lambda k: abs(float(k) - t), default=None)
 
 
-def load_best_static(temperature: float, path: str | Path | None = None) -> Plan:
-    """The best static plan tuned for ``temperature``.
+def load_best_static(temperature: float, path: str | Path | None = None, device: str | None = None) -> Plan:
+    """The best static plan tuned for ``temperature`` (on a ``device`` other than a CPU, the plans tuned on that
+    kind of device first, :func:`plan_sections`).
 
     Looks in ``path``, else ``./configs/plans/best-static.yaml``, else the package's shipped
     ``configs/``. Without an entry for exactly this temperature, falls back (with a warning) to
@@ -254,6 +268,14 @@ def load_best_static(temperature: float, path: str | Path | None = None) -> Plan
             f"`adaptive-spec tune plans --temperatures {key}` from the repository root, or pass its path"
         )
     plans = read_best_static(found)
+    if device not in (None, "cpu"):
+        import yaml
+
+        own = plan_sections(yaml.safe_load(found.read_text(encoding="utf-8")), device)
+        mine = {temperature_key(float(k)): v for k, v in own[0].items()} if len(own) > 1 else {}
+        near = nearest_tuned_key(mine, float(key))
+        if near is not None:
+            return Plan.parse(mine[near]["plan"])
     if key in plans:
         return Plan.parse(plans[key]["plan"])
     nearest = nearest_tuned_key(plans, float(key))

@@ -414,8 +414,13 @@ def _write_outputs(
         "settings": _fingerprint(cfg, temperature, prompts),
         "comparison": {r["plan"]: round(float(r["tokens_per_s"]), 3) for r in rows},
     }
-    if cfg.write_config:
-        section["best_static"] = str(write_best_static(temperature, entry, best_static_path(cfg.config_out)))
+    if cfg.write_config:  # tuned on a GPU: that device's own section of the file (read first there)
+        from adaptive_spec.options import device_type
+
+        device = device_type(cfg.device)
+        entry["device"] = device
+        path = best_static_path(cfg.config_out)
+        section["best_static"] = str(write_best_static(temperature, entry, path, device=device))
     if cfg.write_report:
         report_dir = _report_dir(cfg)
         section["plots"] = plot_study(study, report_dir, prefix=f"T{key}_", groups=PLAN_PARAM_GROUPS)
