@@ -195,7 +195,8 @@ def _folder_lock(folder: Path) -> Iterator[None]:
 def write_best_static(
     temperature: float, entry: dict[str, Any], path: str | Path | None = None, device: str | None = None
 ) -> Path:
-    """Set the entry of ``temperature`` (keeping the others, and the file's other keys) and write the file atomically.
+    """Set the entry of ``temperature`` (keeping the others, and the other sections) and write the file atomically;
+    the file's ``models`` stamp is dropped (it named the pair of the plans it saw).
 
     Args:
         temperature: the temperature the plan was tuned at.
@@ -220,6 +221,7 @@ def write_best_static(
     with _folder_lock(path.parent):
         plans = read_best_static(path)  # checks an existing file first
         data = (yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None) or {}
+        data.pop("models", None)  # a stamp names the pair of the plans it saw: stamp again (`tune stamp`) after this
         if device not in (None, "cpu"):
             own = data.setdefault("devices", {}).setdefault(device, {})
             plans = dict(own.get("plans") or {})
