@@ -64,7 +64,9 @@ def suggest_rule(
         margin = trial.suggest_float(_gate_names(i)[1], 0.5, 2.0, log=True)
         g = gates[i]
         return f"source:{g.model}+{g.lookup}?gate={g.gate.path}&margin={margin:.3f}"
-    model = f"chain:{trial.suggest_int('model_depth', 1, 4)}/block"
+    # depth 0: plain decoding where the lookup finds nothing (where a draft level costs a sizeable share of a pass,
+    # as a captured head level does on a GPU, a chain of 1 may not pay)
+    model = f"chain:{trial.suggest_int('model_depth', 0, 4)}/block"
     kind = trial.suggest_categorical("lookup", ["chain", "trie", "hybrid"])
     depth = trial.suggest_int("lookup_depth", 3, 12)
     if kind == "chain":

@@ -76,16 +76,31 @@ def test_tune_sources_writes_the_measured_best_rule_and_generate_plays_it(prompt
 
 def test_suggested_rules_parse_and_cover_every_lookup_kind():
     study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
-    kinds = set()
+    kinds, depths = set(), set()
     for _ in range(30):
         trial = study.ask()
         greedy = trial.number % 2 == 0
         rule = parse_source_rule(suggest_rule(trial, greedy))
         study.tell(trial, 1.0)
         kinds.add(rule.lookup.source if rule.lookup.shape.paths == 1 else "trie")
+        depths.add(rule.model.shape.depth)
         if greedy and rule.lookup.shape.paths > 1:
             assert rule.lookup.verifier == "greedy"
     assert kinds == {"lookup", "hybrid", "trie"}
+    assert depths == {0, 1, 2, 3, 4}  # 0: plain decoding where the lookup finds nothing
+
+
+def test_a_rule_of_lookup_or_plain_decoding_drafts_nothing_with_the_model(tiny_pair) -> None:
+    """``source:chain:0/block+...``: the lookup's tree where it finds one, else a lone root (a step of plain
+    decoding, the draft never run); greedy, it decodes as plain decoding does."""
+    engine = load_engine(None, None, None, None)
+    rule = parse_source_rule("source:chain:0/block+lookup:3x8/greedy?min_ngram=2&min_rate=0.2&decay=0.5")
+    prompt = "w5 w6 w7 w5 w6 w7 w5 w6 w7 w5 w6"
+    out = engine.generate(prompt, max_new_tokens=24, temperature=0.0, plan=rule, seed=0)
+    plain = engine.generate(prompt, max_new_tokens=24, temperature=0.0, plan="autoregressive", seed=0)
+    assert out.token_ids == plain.token_ids
+    assert max(out.stats.tree_sizes) > 1 and 1 in out.stats.tree_sizes  # looked up, and lone roots elsewhere
+    assert out.stats.draft_forwards <= 1  # the prefill's at most: the model drafts nothing
 
 
 def test_a_pair_file_without_a_temperature_kind_is_one_line(tmp_path):
