@@ -574,7 +574,11 @@ def resolve_plans(
                 raise ValueError(f"{pair_file} records no best static plan; rerun `adaptive-spec tune sources`")
             plans[name] = pair[name]
             chosen = {k: str(p) for k, p in pair[name].items()}
-            info["adaptive" if name == ADAPTIVE else "best_static"] = {"source": str(pair_file), "plans": chosen}
+            info["adaptive" if name == ADAPTIVE else "best_static"] = {
+                "source": str(pair_file),
+                "plans": chosen,
+                "tuned_on": pair["tuned_on"],  # per temperature: the device kind whose section it came from
+            }
         elif name == ADAPTIVE:
             plans[name] = AdaptivePlanner(runtime)
         elif name == BEST_STATIC:
@@ -593,7 +597,8 @@ def resolve_plans(
 
 
 def _pair_plans(path, temperatures, keys, device: str | None = None) -> dict[str, dict[str, Any]]:
-    """``{adaptive: {key: source rule}, best-static: {key: plan}}`` from a pair's ``adaptive.yaml``.
+    """``{adaptive: {key: source rule}, best-static: {key: plan}, tuned_on: {key: device kind}}`` from a pair's
+    ``adaptive.yaml``.
 
     Each temperature takes the entry of the nearest tuned temperature of the same kind (greedy or sampling), among
     the plans tuned on ``device``'s kind first (:func:`~adaptive_spec.planner.presets.plan_sections`).
@@ -608,13 +613,14 @@ def _pair_plans(path, temperatures, keys, device: str | None = None) -> dict[str
     if not isinstance(entries, dict) or not entries:
         raise ValueError(f"{path}: not a plan file (no 'plans' mapping); rerun `adaptive-spec tune sources`")
     sections = plan_sections(data, device)
-    out: dict[str, dict[str, Any]] = {ADAPTIVE: {}, BEST_STATIC: {}}
+    out: dict[str, dict[str, Any]] = {ADAPTIVE: {}, BEST_STATIC: {}, "tuned_on": {}}
     for t, key in zip(temperatures, keys, strict=True):
         found = ((sec, nearest_tuned_key(sec, t)) for sec in sections)
         section, nearest = next(((sec, k) for sec, k in found if k is not None), (entries, None))
         if nearest is None:
             raise ValueError(f"{path} has no plan for temperature {t:g} (tuned: {', '.join(map(str, entries))})")
         entry = section[nearest]
+        out["tuned_on"][key] = "cpu" if section is entries else device  # the file's section the plan came from
         out[ADAPTIVE][key] = parse_plan_or_rule(entry["plan"], base_dir=Path(path).parent)
         if "best_static" in entry:
             out[BEST_STATIC][key] = parse_plan_or_rule(entry["best_static"]["plan"])

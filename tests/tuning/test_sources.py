@@ -267,10 +267,13 @@ def test_plans_tuned_on_a_gpu_come_first_there_and_nowhere_else(tmp_path) -> Non
     plan, why = choose_default_plan(pair, 1.0, [f], device="cuda")  # no T > 0 plan tuned on the GPU: the CPU's
     assert str(plan) == "chain:2/block" and "on cuda" not in why
 
-    plans, _ = resolve_plans(["adaptive"], [0.0, 1.0], pair_file=f, device="cuda")
+    plans, info = resolve_plans(["adaptive"], [0.0, 1.0], pair_file=f, device="cuda")
     assert [str(p) for p in plans["adaptive"].values()] == [str(parse_source_rule(gpu_rule)), "chain:2/block"]
-    plans, _ = resolve_plans(["adaptive"], [0.0], pair_file=f, device="cpu")
-    assert str(plans["adaptive"]["0"]) == str(parse_source_rule(cpu_rule))
+    assert info["adaptive"]["tuned_on"] == {"0": "cuda", "1": "cpu"}  # said in bench e2e's JSON
+    plans, info = resolve_plans(["adaptive"], [0.0], pair_file=f, device="cpu")
+    assert str(plans["adaptive"]["0"]) == str(parse_source_rule(cpu_rule)) and info["adaptive"]["tuned_on"] == {
+        "0": "cpu"
+    }
 
 
 def test_a_device_this_machine_lacks_is_one_line(prompt_files, capsys) -> None:
