@@ -702,20 +702,28 @@ class _EaglePlan:
 
 def _eagle_plan(policy: EagleTree, device: torch.device) -> _EaglePlan:
     """The levels, node and fed counts, widest node, depths and starting tensors of ``policy``'s trees (made once per
-    policy and device). The first time, the plans of every depth cut of ``policy`` (its last steps in a request,
-    :meth:`~adaptive_spec.trees.policy.DraftPolicy.truncated`) are made with it, all in one transfer.
+    policy and device, with its depth cuts', :func:`_plan_with_cuts`).
+    """
+    return _plan_with_cuts(_EAGLE_PLANS, policy, device, _eagle_host, lambda _, h, part, d: _eagle_device(*h, part, d))
+
+
+def _plan_with_cuts(cache: dict, policy: EagleTree, device: torch.device, host, build):
+    """``cache``'s plan of ``policy`` on ``device``. The first time, the plans of every depth cut of ``policy``
+    (its last steps in a request, :meth:`~adaptive_spec.trees.policy.DraftPolicy.truncated`) are made with it, all
+    in one transfer: ``host(cut)`` gives a cut's host values, the last of them the integers to copy, and ``build(cut, the
+    other host values, its part of the copy, device)`` its plan.
     """
     key = policy, str(device)
-    if key not in _EAGLE_PLANS:
+    if key not in cache:
         cuts = dict.fromkeys(policy.truncated(d) for d in range(1, policy.depth + 1))
-        todo = [c for c in cuts if (c, str(device)) not in _EAGLE_PLANS]
-        hosts = [_eagle_host(c) for c in todo]
-        flat = torch.tensor([v for h in hosts for v in h[-1]], dtype=torch.long, device=device)
-        if len(_EAGLE_PLANS) > 256:
-            _EAGLE_PLANS.clear()
-        for c, host, part in zip(todo, hosts, flat.split([len(h[-1]) for h in hosts]), strict=True):
-            _EAGLE_PLANS[c, str(device)] = _eagle_device(*host[:-1], part, device)
-    return _EAGLE_PLANS[key]
+        todo = [c for c in cuts if (c, str(device)) not in cache]
+        hosts = [host(c) for c in todo]
+        flat = torch.tensor([v for h in hosts for v in h[-1]], dtype=torch.long, device=device)  # the one copy
+        if len(cache) > 256:
+            cache.clear()
+        for c, h, part in zip(todo, hosts, flat.split([len(h[-1]) for h in hosts]), strict=True):
+            cache[c, str(device)] = build(c, h[:-1], part, device)
+    return cache[key]
 
 
 _EAGLE_PLANS: dict[tuple[EagleTree, str], _EaglePlan] = {}
@@ -862,20 +870,8 @@ class _IidPlan:
 
 
 def _iid_plan(policy: EagleTree, device: torch.device) -> _IidPlan:
-    """The plan of ``policy`` on ``device``; the first time, those of its depth cuts (its last steps in a request)
-    are made with it, in one transfer (as :func:`_eagle_plan`).
-    """
-    key = policy, str(device)
-    if key not in _IID_PLANS:
-        cuts = list(dict.fromkeys(policy.truncated(d) for d in range(1, policy.depth + 1)))
-        cuts = [c for c in cuts if (c, str(device)) not in _IID_PLANS]
-        hosts = [_iid_host(c) for c in cuts]
-        flat = torch.tensor([v for h in hosts for v in h[-1]], dtype=torch.long, device=device)  # the one copy
-        if len(_IID_PLANS) > 256:
-            _IID_PLANS.clear()
-        for c, host, part in zip(cuts, hosts, flat.split([len(h[-1]) for h in hosts]), strict=True):
-            _IID_PLANS[c, str(device)] = _iid_device(c, *host[:-1], part, device)
-    return _IID_PLANS[key]
+    """The plan of ``policy`` on ``device`` (made once, with its depth cuts', :func:`_plan_with_cuts`)."""
+    return _plan_with_cuts(_IID_PLANS, policy, device, _iid_host, lambda c, h, part, d: _iid_device(c, *h, part, d))
 
 
 _IID_PLANS: dict[tuple[EagleTree, str], _IidPlan] = {}
