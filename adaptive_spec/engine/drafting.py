@@ -710,8 +710,8 @@ def _eagle_plan(policy: EagleTree, device: torch.device) -> _EaglePlan:
 def _plan_with_cuts(cache: dict, policy: EagleTree, device: torch.device, host, build):
     """``cache``'s plan of ``policy`` on ``device``. The first time, the plans of every depth cut of ``policy``
     (its last steps in a request, :meth:`~adaptive_spec.trees.policy.DraftPolicy.truncated`) are made with it, all
-    in one transfer: ``host(cut)`` gives a cut's host values, the last of them the integers to copy, and ``build(cut, the
-    other host values, its part of the copy, device)`` its plan.
+    in one transfer: ``host(cut)`` gives a cut's host values, the last of them the integers to copy, and
+    ``build(cut, the other host values, its part of the copy, device)`` its plan.
     """
     key = policy, str(device)
     if key not in cache:
