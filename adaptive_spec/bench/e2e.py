@@ -606,7 +606,7 @@ def _pair_plans(path, temperatures, keys, device: str | None = None) -> dict[str
     import yaml
 
     from adaptive_spec.engine.auto_plan import parse_plan_or_rule
-    from adaptive_spec.planner.presets import nearest_tuned_key, plan_sections
+    from adaptive_spec.planner.presets import nearest_section_entry, plan_sections
 
     data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
     entries = data.get("plans") if isinstance(data, dict) else None
@@ -615,12 +615,11 @@ def _pair_plans(path, temperatures, keys, device: str | None = None) -> dict[str
     sections = plan_sections(data, device)
     out: dict[str, dict[str, Any]] = {ADAPTIVE: {}, BEST_STATIC: {}, "tuned_on": {}}
     for t, key in zip(temperatures, keys, strict=True):
-        found = ((sec, nearest_tuned_key(sec, t)) for sec in sections)
-        section, nearest = next(((sec, k) for sec, k in found if k is not None), (entries, None))
-        if nearest is None:
+        found = nearest_section_entry(sections, t)
+        if found is None:
             raise ValueError(f"{path} has no plan for temperature {t:g} (tuned: {', '.join(map(str, entries))})")
-        entry = section[nearest]
-        out["tuned_on"][key] = "cpu" if section is entries else device  # the file's section the plan came from
+        entry = sections[found[0]][found[1]]
+        out["tuned_on"][key] = "cpu" if found[0] == len(sections) - 1 else device  # the section it came from
         out[ADAPTIVE][key] = parse_plan_or_rule(entry["plan"], base_dir=Path(path).parent)
         if "best_static" in entry:
             out[BEST_STATIC][key] = parse_plan_or_rule(entry["best_static"]["plan"])

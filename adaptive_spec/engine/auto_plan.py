@@ -32,7 +32,7 @@ from typing import Any
 from adaptive_spec.engine.fingerprint import plan_file_matches
 from adaptive_spec.planner.gate import GatedSource
 from adaptive_spec.planner.plan import Plan
-from adaptive_spec.planner.presets import nearest_tuned_key, plan_sections
+from adaptive_spec.planner.presets import nearest_section_entry, plan_sections
 from adaptive_spec.planner.sources import SOURCE_PREFIX, SourceRule, parse_source_rule
 from adaptive_spec.verifiers import REGISTRY
 
@@ -96,13 +96,12 @@ def choose_default_plan(
             reasons.append(f"{path.name} was tuned for another model pair")
             continue
         sections = plan_sections(data, device)
-        found = ((sec, nearest_tuned_key(filter(_is_number, sec), t)) for sec in sections)
-        plans, key = next(((sec, k) for sec, k in found if k is not None), (plans, None))
-        if key is None:
+        found = nearest_section_entry(({k: v for k, v in sec.items() if _is_number(k)} for sec in sections), t)
+        if found is None:
             reasons.append(f"{path.name} has no plan for temperature {t:g}")
             continue
-        tuned_here = len(sections) > 1 and plans is sections[0]
-        entry = plans[key]
+        (i, key), tuned_here = found, len(sections) > 1 and found[0] == 0
+        entry = sections[i][key]
         try:
             plan = parse_plan_or_rule(entry["plan"] if isinstance(entry, dict) else entry, base_dir=path.parent)
         except (KeyError, TypeError, ValueError) as err:

@@ -76,9 +76,11 @@ __all__ = [
     "in_draft_path",
     "load_best_static",
     "load_in_draft",
+    "nearest_section_entry",
     "plan_sections",
     "read_best_static",
     "read_plan_entries",
+    "read_plan_file",
     "write_best_static",
     "write_in_draft",
 ]
@@ -118,8 +120,8 @@ def _candidates(path: str | Path | None) -> list[Path]:
     return out
 
 
-def read_plan_entries(path: str | Path, what: str = "plan file") -> dict[Any, Any]:
-    """The ``plans`` mapping of a plan file, unchecked entries by their keys (empty when the file does not exist).
+def read_plan_file(path: str | Path, what: str = "plan file") -> dict[str, Any]:
+    """A plan file as loaded (empty when the file does not exist), checked to hold a ``plans`` mapping.
 
     Raises:
         ValueError: the file exists but is not valid YAML or has no ``plans`` mapping (the message names it).
@@ -133,10 +135,18 @@ def read_plan_entries(path: str | Path, what: str = "plan file") -> dict[Any, An
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ValueError(f"{path} is not valid YAML ({err}); fix or delete it") from err
-    plans = data.get("plans") if isinstance(data, dict) else None
-    if not isinstance(plans, dict):
+    if not isinstance(data, dict) or not isinstance(data.get("plans"), dict):
         raise ValueError(f"{path} is not a {what}: expected a mapping with a 'plans' mapping")
-    return plans
+    return data
+
+
+def read_plan_entries(path: str | Path, what: str = "plan file") -> dict[Any, Any]:
+    """The ``plans`` mapping of a plan file, unchecked entries by their keys (empty when the file does not exist).
+
+    Raises:
+        ValueError: as :func:`read_plan_file`.
+    """
+    return read_plan_file(path, what).get("plans", {})
 
 
 def plan_sections(data: Any, device: str | None = None) -> list[dict[Any, Any]]:
@@ -157,13 +167,35 @@ def plan_sections(data: Any, device: str | None = None) -> list[dict[Any, Any]]:
     return out
 
 
+def nearest_section_entry(sections: Iterable[dict[Any, Any]], temperature: float) -> tuple[int, Any] | None:
+    """``(i, key)``: the first of ``sections`` (:func:`plan_sections`' order) with a plan tuned at a temperature of
+    ``temperature``'s kind, and the nearest such key there (:func:`nearest_tuned_key`); None if none has one.
+    """
+    for i, section in enumerate(sections):
+        key = nearest_tuned_key(section, temperature)
+        if key is not None:
+            return i, key
+    return None
+
+
+def _writable(data: dict[str, Any], device: str | None) -> dict[str, Any]:
+    """The mapping of a loaded plan file whose ``plans`` take what was tuned on ``device``: the file itself on a CPU
+    (or None), else that device's own section (``devices: {cuda: {...}}``, made if missing).
+    """
+    return data if device in (None, "cpu") else data.setdefault("devices", {}).setdefault(device, {})
+
+
 def read_best_static(path: str | Path) -> dict[str, dict[str, Any]]:
     """The entries of a best-static file by temperature key (empty when the file does not exist).
 
     Raises:
         ValueError: the file exists but is not a best-static file (the message names it).
     """
-    plans = read_plan_entries(path, "best-static file")
+    return _best_static_entries(read_plan_entries(path, "best-static file"), path)
+
+
+def _best_static_entries(plans: dict[Any, Any], path: str | Path) -> dict[str, dict[str, Any]]:
+    """A best-static file's ``plans`` mapping (or a device's), checked, by temperature key."""
     out: dict[str, dict[str, Any]] = {}
     for key, entry in plans.items():
         if not isinstance(entry, dict) or not isinstance(entry.get("plan"), str):
@@ -219,19 +251,13 @@ def write_best_static(
     path.parent.mkdir(parents=True, exist_ok=True)
     entry = {**entry, "updated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")}
     with _folder_lock(path.parent):
-        plans = read_best_static(path)  # checks an existing file first
-        data = (yaml.safe_load(path.read_text(encoding="utf-8")) if path.exists() else None) or {}
+        data = read_plan_file(path, "best-static file") or {"plans": {}}
+        data["plans"] = _best_static_entries(data["plans"], path)  # an existing file checked first
         data.pop("models", None)  # a stamp names the pair of the plans it saw: stamp again (`tune stamp`) after this
-        if device not in (None, "cpu"):
-            own = data.setdefault("devices", {}).setdefault(device, {})
-            plans = dict(own.get("plans") or {})
+        own = _writable(data, device)
+        plans = own.get("plans") if own is data else dict(own.get("plans") or {})
         plans[temperature_key(temperature)] = entry
-        plans = dict(sorted(plans.items(), key=lambda kv: float(kv[0])))
-        if device in (None, "cpu"):
-            data["plans"] = plans
-        else:
-            data.setdefault("plans", {})
-            own["plans"] = plans
+        own["plans"] = dict(sorted(plans.items(), key=lambda kv: float(kv[0])))
         data = {"version": FORMAT_VERSION, **{k: v for k, v in data.items() if k != "version"}}
         atomic_write(path, _HEADER + yaml.safe_dump(data, sort_keys=False))
     return path
@@ -269,15 +295,14 @@ def load_best_static(temperature: float, path: str | Path | None = None, device:
             f"no best-static plan file (looked at {', '.join(map(str, tried))}); create it with "
             f"`adaptive-spec tune plans --temperatures {key}` from the repository root, or pass its path"
         )
-    plans = read_best_static(found)
-    if device not in (None, "cpu"):
-        import yaml
-
-        own = plan_sections(yaml.safe_load(found.read_text(encoding="utf-8")), device)
-        mine = {temperature_key(float(k)): v for k, v in own[0].items()} if len(own) > 1 else {}
+    data = read_plan_file(found, "best-static file")
+    sections = plan_sections(data, device)
+    if len(sections) > 1:  # the plans tuned on this kind of device first
+        mine = _best_static_entries(sections[0], found)
         near = nearest_tuned_key(mine, float(key))
         if near is not None:
             return Plan.parse(mine[near]["plan"])
+    plans = _best_static_entries(data["plans"], found)
     if key in plans:
         return Plan.parse(plans[key]["plan"])
     nearest = nearest_tuned_key(plans, float(key))
@@ -320,10 +345,10 @@ def load_in_draft(temperature: float, path: str | Path | None = None, device: st
             f"no tuned in-draft plans at {file}; run `adaptive-spec tune policies --prompts TUNING.jsonl`"
         )
     data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
-    for plans in plan_sections(data, device):
-        key = nearest_tuned_key(plans, temperature)
-        if key is not None:
-            return Plan.parse(plans[key]["plan"])
+    sections = plan_sections(data, device)
+    found = nearest_section_entry(sections, temperature)
+    if found is not None:
+        return Plan.parse(sections[found[0]][found[1]]["plan"])
     have = ", ".join((data.get("plans") or {}) if isinstance(data, dict) else {}) or "none"
     raise LookupError(f"{file} has no in-draft plan for temperature {float(temperature):g} (tuned: {have})")
 
@@ -348,10 +373,6 @@ def write_plan_file(choices: dict[str, dict[str, Any]], path: Path, header: str,
     if path.is_file():
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or data
         data.setdefault("plans", {})
-    if device in (None, "cpu"):
-        data["plans"].update(choices)
-    else:
-        devices = data.setdefault("devices", {})
-        devices.setdefault(device, {}).setdefault("plans", {}).update(choices)
+    _writable(data, device).setdefault("plans", {}).update(choices)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, header + yaml.safe_dump(data, sort_keys=False))

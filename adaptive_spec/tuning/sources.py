@@ -101,14 +101,10 @@ def incumbents(path: str | Path, device: str | None = None) -> dict[str, str]:
     ``device``: the kind of device tuned on; its own plans where the file has them, else the file's ``plans``
     (:func:`~adaptive_spec.planner.presets.plan_sections`).
     """
-    import yaml
-
-    from adaptive_spec.planner.presets import plan_sections, read_plan_entries
+    from adaptive_spec.planner.presets import plan_sections, read_plan_file
 
     out: dict[str, str] = {}
-    if not read_plan_entries(path):  # no file (or a clear error for one that is not a plan file)
-        return out
-    for section in reversed(plan_sections(yaml.safe_load(Path(path).read_text(encoding="utf-8")), device)):
+    for section in reversed(plan_sections(read_plan_file(path), device)):  # a file that is not one: a clear error
         out.update(
             {
                 str(k): str(v["plan"])
