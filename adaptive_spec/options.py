@@ -138,9 +138,8 @@ def add_draft_data_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def device_type(device: str | None) -> str:
-    """The kind of device ``device`` names (``"cuda"`` for ``"cuda:1"``; None: the engine's default, cuda if
-    available, else cpu).
+def parse_device(device: str | None):
+    """The ``torch.device`` that ``device`` names (None: the engine's default, cuda if available, else cpu).
 
     Raises:
         ValueError: not a device string (one line naming it).
@@ -148,6 +147,16 @@ def device_type(device: str | None) -> str:
     import torch
 
     try:
-        return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu")).type
+        return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     except (RuntimeError, TypeError) as err:
         raise ValueError(f"device {device!r} is not a device (cpu, cuda, cuda:1, ...): {err}") from None
+
+
+def device_type(device: str | None) -> str:
+    """The kind of device ``device`` names (``"cuda"`` for ``"cuda:1"``; None: the engine's default, cuda if
+    available, else cpu).
+
+    Raises:
+        ValueError: as :func:`parse_device`.
+    """
+    return parse_device(device).type

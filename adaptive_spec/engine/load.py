@@ -10,13 +10,11 @@ def load_engine(target: str | None, draft: str | None, device: str | None, dtype
 
     ``engine_kwargs`` (e.g. ``latency_model``) go to :class:`~adaptive_spec.engine.SpecEngine`.
     """
-    import torch
-
     from adaptive_spec.engine import SpecEngine
     from adaptive_spec.engine.models import PAIRED_DRAFT
+    from adaptive_spec.options import parse_device
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    check_device(device)
+    device = str(parse_device(device))  # the default one if None; from_pretrained checks it first (check_device)
     if target is None and draft is not None:
         raise ValueError("--draft needs a --target")
     if target is not None and draft is None and target not in PAIRED_DRAFT:
@@ -32,10 +30,9 @@ def check_device(device: str) -> None:
     """
     import torch
 
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise ValueError(f"device {device!r} is not a device (cpu, cuda, cuda:1, ...): {err}") from None
+    from adaptive_spec.options import parse_device
+
+    dev = parse_device(device)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
             why = "this torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
