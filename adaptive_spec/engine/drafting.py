@@ -1203,10 +1203,10 @@ class _PolicyGrowth:
             # ancestor matrix and the children table (traversal's levels on an accelerator), in one copy
             # (and i.i.d. draws' table: SpecInfer's candidates on an accelerator)
             kids = tree.children_rows()
-            most = max(1, max(map(len, b.child_draws))) if self.policy.law is DraftLaw.DYNAMIC_IID else 0
+            draws = tree.draws_rows() if self.policy.law is DraftLaw.DYNAMIC_IID else []
             host = [*self.fed_order, *b.tokens, *b.parents, *b.depths, *b.mask_rows(list(range(n)), list(range(n)))]
-            host += [c for row in kids for c in row]
-            host += [c for d in b.child_draws for c in d + [n] * (most - len(d))] if most else []
+            host += [c for row in kids + draws for c in row]
+            most = len(draws[0]) if draws else 0
             fed_t, tokens_t, parents_t, depths_t, anc, kids_t, draws_t = torch.tensor(host, device=self.device).split(
                 [fed, n, n, n, n * n, n * len(kids[0]), n * most]
             )

@@ -238,8 +238,13 @@ class DraftTree:
 
     def children_rows(self) -> list[list[int]]:
         """:attr:`children` as a table: one row per node, padded with ``num_nodes`` to the widest node's count."""
-        n, width = self.num_nodes, max(1, max(map(len, self.children)))
-        return [c + [n] * (width - len(c)) for c in self.children]
+        return _padded_rows(self.children, self.num_nodes)
+
+    def draws_rows(self) -> list[list[int]]:
+        """:attr:`child_draws` as a table (with multiplicity, in draw order), padded with ``num_nodes`` to the most
+        draws of a node.
+        """
+        return _padded_rows(self.child_draws, self.num_nodes)
 
     def children_tensor(self, device: torch.device | None = None) -> torch.Tensor:
         """LongTensor[N, K] of :meth:`children_rows` (built on the host and copied once, unless a drafter handed it
@@ -251,14 +256,12 @@ class DraftTree:
         return self._tensors[key]
 
     def draws_tensor(self, device: torch.device | None = None) -> torch.Tensor:
-        """LongTensor[N, D]: each node's :attr:`child_draws` (with multiplicity, in draw order), padded with
-        ``num_nodes`` to the most draws of a node (built on the host and copied once, unless a drafter handed it over).
+        """LongTensor[N, D] of :meth:`draws_rows` (built on the host and copied once, unless a drafter handed it
+        over).
         """
         key = ("draws", _resolved(device if device is not None else self.device))
         if key not in self._tensors:
-            n, most = self.num_nodes, max(1, max(map(len, self.child_draws)))
-            rows = [d + [n] * (most - len(d)) for d in self.child_draws]
-            self._tensors[key] = torch.tensor(rows, dtype=torch.long, device=key[1])
+            self._tensors[key] = torch.tensor(self.draws_rows(), dtype=torch.long, device=key[1])
         return self._tensors[key]
 
     def keep_tensors(self, **tensors: torch.Tensor) -> None:
@@ -292,6 +295,12 @@ class DraftTree:
         if key not in self._tensors:
             self._tensors[key] = torch.tensor(getattr(self, name), dtype=torch.long, device=key[1])
         return self._tensors[key]
+
+
+def _padded_rows(lists: list[list[int]], fill: int) -> list[list[int]]:
+    """``lists`` padded with ``fill`` to the longest one's length (at least 1)."""
+    width = max(1, max(map(len, lists)))
+    return [r + [fill] * (width - len(r)) for r in lists]
 
 
 def ancestor_rows(parents: list[int]) -> list[list[bool]]:
