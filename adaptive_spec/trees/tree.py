@@ -250,19 +250,13 @@ class DraftTree:
         """LongTensor[N, K] of :meth:`children_rows` (built on the host and copied once, unless a drafter handed it
         over).
         """
-        key = ("children", _resolved(device if device is not None else self.device))
-        if key not in self._tensors:
-            self._tensors[key] = torch.tensor(self.children_rows(), dtype=torch.long, device=key[1])
-        return self._tensors[key]
+        return self._tensor("children", device, self.children_rows)
 
     def draws_tensor(self, device: torch.device | None = None) -> torch.Tensor:
         """LongTensor[N, D] of :meth:`draws_rows` (built on the host and copied once, unless a drafter handed it
         over).
         """
-        key = ("draws", _resolved(device if device is not None else self.device))
-        if key not in self._tensors:
-            self._tensors[key] = torch.tensor(self.draws_rows(), dtype=torch.long, device=key[1])
-        return self._tensors[key]
+        return self._tensor("draws", device, self.draws_rows)
 
     def keep_tensors(self, **tensors: torch.Tensor) -> None:
         """Hand over device copies of ``tokens``, ``parents``, ``depths`` (equal to the lists), ``ancestors``
@@ -290,10 +284,12 @@ class DraftTree:
         device = _resolved(device)
         return all((n, device) in self._tensors for n in names)
 
-    def _tensor(self, name: str, device: torch.device | None) -> torch.Tensor:
+    def _tensor(self, name: str, device: torch.device | None, host=None) -> torch.Tensor:
+        """The LongTensor copy of ``name`` on ``device`` (the attribute of that name, or ``host()``), made once."""
         key = (name, _resolved(device if device is not None else self.device))
         if key not in self._tensors:
-            self._tensors[key] = torch.tensor(getattr(self, name), dtype=torch.long, device=key[1])
+            values = getattr(self, name) if host is None else host()
+            self._tensors[key] = torch.tensor(values, dtype=torch.long, device=key[1])
         return self._tensors[key]
 
 
