@@ -6,7 +6,8 @@
 # Runs, each step under its own timeout, writing everything to DIR (default data/gpu-check):
 #   env.txt        the machine, torch, transformers, the GPU
 #   pytest.xml     the `gpu` tests (tests/engine/test_cuda.py; skipped without CUDA), JUnit XML
-#   passes.json    one SmolLM2 pass and one EAGLE-head level per row count, eager vs captured
+#   passes.json    one SmolLM2 pass and one EAGLE-head level per row count, eager vs captured, each also with the
+#                  decoder layers' own modules (--layers-too: the engine runs them in fewer kernels, engine.decoder)
 #   e2e_t0.json    bench e2e at T=0: transformers' generate, assisted and prompt lookup, the
 #                  engine's plain decoding and plans, on the 12 demo prompts, interleaved
 #   e2e_t1.json    the same at T=1
@@ -95,7 +96,7 @@ step() {  # step NAME SECONDS COMMAND...: runs when NAME is one of --steps
 step pytest 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_cuda.py -o addopts="-ra" \
   -k "not compiled" --junitxml="$OUT/pytest.xml"
 if [ "$DEVICE" = cpu ]; then PASSES="--repeats 1 --rows 1,2 --draft-rows 1 --context 32"; else PASSES="--repeats 20"; fi
-step passes 90 $PY -m adaptive_spec bench passes --target smollm2 --device "$DEVICE" $PASSES \
+step passes 150 $PY -m adaptive_spec bench passes --target smollm2 --device "$DEVICE" $PASSES --layers-too \
   --no-progress --json "$OUT/passes.json"
 PROMPTS=adaptive_spec/zoo/smollm2/prompts.jsonl
 PLANS="chain:3/block,eagle:6:48:6:4:wor/traversal,lookup:8/block,adaptive"

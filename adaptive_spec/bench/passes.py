@@ -21,7 +21,9 @@ import torch
 __all__ = ["measure_passes"]
 
 
-def _runner(engine: Any, role: str, graphs: bool, context: int, compiled: bool = False, capacity: int = 0) -> Any:
+def _runner(
+    engine: Any, role: str, graphs: bool, context: int, compiled: bool = False, capacity: int = 0, lean: bool = True
+) -> Any:
     from adaptive_spec.engine.eagle import EagleRunner, draft_runner, is_eagle_head
     from adaptive_spec.engine.graphs import ModelSlot
     from adaptive_spec.engine.runner import ModelRunner, fast_path_parts
@@ -29,10 +31,14 @@ def _runner(engine: Any, role: str, graphs: bool, context: int, compiled: bool =
     model = engine.target if role == "target" else engine.draft
     static = fast_path_parts(model) is not None or is_eagle_head(model)
     slot = ModelSlot(model, max(capacity, context + 256), graphs=graphs, compiled=compiled) if static else None
-    if role == "target":
-        runner = ModelRunner(model, keep_features=is_eagle_head(engine.draft), slot=slot)
-    else:
-        runner = draft_runner(model, input_limit=engine.draft_input_limit, slot=slot)
+    old, ModelRunner.lean_layers = ModelRunner.lean_layers, lean  # read when a runner is made
+    try:
+        if role == "target":
+            runner = ModelRunner(model, keep_features=is_eagle_head(engine.draft), slot=slot)
+        else:
+            runner = draft_runner(model, input_limit=engine.draft_input_limit, slot=slot)
+    finally:
+        ModelRunner.lean_layers = old
     if isinstance(runner, EagleRunner):  # the target's features of the context, as the engine hands them over
         runner.set_target_features(0, torch.zeros(context, engine.hidden_sizes[1], device=engine.device))
     return runner
@@ -74,6 +80,7 @@ def measure_passes(
     progress: bool = True,
     compiled: bool = False,
     capacity: int | None = None,
+    layers: bool = False,
 ) -> list[dict[str, Any]]:
     """Median milliseconds of a target pass and a draft level per row count, eager and (on CUDA) captured.
 
@@ -89,6 +96,9 @@ def measure_passes(
     compile and capture that size's bucket; None when an earlier size compiled it or it is not compiled),
     each None elsewhere. ``capacity``: rows the static caches hold (default ``context + 256``, rounded up to
     256; a captured pass attends over all of them, an eager one over the context): ``capacity`` in each row.
+    ``layers``: also time runners that call the decoder layers' own modules instead of
+    :func:`~adaptive_spec.engine.decoder.decoder_layers` (the engine's default), in the same interleaving:
+    ``layers_eager_ms`` and, on CUDA, ``layers_graph_ms`` (each None where the model has no lean layers).
     """
     from tqdm.auto import tqdm
 
@@ -96,10 +106,20 @@ def measure_passes(
 
     cuda = engine.device.type == "cuda"
     modes = (["eager", "graph"] + (["compiled"] if compiled else [])) if cuda else ["eager"]
+    if layers:
+        modes += ["layers_eager", "layers_graph"] if cuda else ["layers_eager"]
     out = []
     jobs = [("target", n) for n in rows] + [("draft", n) for n in draft_rows]
     runners = {
-        (role, mode): _runner(engine, role, mode != "eager", context, mode == "compiled", capacity or 0)
+        (role, mode): _runner(
+            engine,
+            role,
+            mode.endswith("graph"),
+            context,
+            mode == "compiled",
+            capacity or 0,
+            not mode.startswith("layers"),
+        )
         for role in ("target", "draft")
         for mode in modes
     }
@@ -145,4 +165,13 @@ def measure_passes(
             )
             if new:
                 compiled_before[role].add(b)
+        if layers:
+            lean = getattr(runners[(role, "eager")], "lean", None) is not None
+            out[-1].update(
+                {
+                    f"layers_{m}_ms": 1e3 * statistics.median(samples[f"layers_{m}"]) if lean else None
+                    for m in ("eager", "graph")
+                    if f"layers_{m}" in samples
+                }
+            )
     return out

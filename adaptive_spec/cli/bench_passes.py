@@ -42,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="on CUDA, also time the forwards captured from torch.compile's fused code (compiled per bucket)",
     )
+    parser.add_argument(
+        "--layers-too",
+        action="store_true",
+        help="also time the decoder layers' own modules (the engine runs them in fewer kernels: engine.decoder), "
+        "interleaved",
+    )
     add_json_option(parser, "the rows")
     add_progress_option(parser)
 
@@ -67,11 +73,14 @@ def run(args: argparse.Namespace) -> int:
         not args.no_progress,
         compiled=args.compile,
         capacity=args.capacity,
+        layers=args.layers_too,
     )
     caps = sorted({r["capacity"] for r in rows if r["capacity"] is not None})
     if caps:
         print(f"static caches of {'/'.join(map(str, caps))} rows, {args.context} of them committed")
     more = f" {'compiled ms':>12} {'its replay':>11} {'compile s':>10}" if args.compile else ""
+    layer_cols = [k for k in ("layers_eager_ms", "layers_graph_ms") if rows and k in rows[0]]
+    more += "".join(f" {k[:-3].replace('_', ' ') + ' ms':>18}" for k in layer_cols)
     print(
         f"{'model':<7} {'rows':>5} {'eager ms':>9} {'graph ms':>9} {'speedup':>8} {'bucket':>7} {'replay ms':>10}{more}"
     )
@@ -86,6 +95,7 @@ def run(args: argparse.Namespace) -> int:
                 f" {'-':>{w}}" if r[k] is None else f" {r[k]:{w}.2f}"
                 for k, w in (("compiled_ms", 12), ("compiled_replay_ms", 11), ("compile_s", 10))
             )
+        line += "".join(f" {'-':>18}" if r[k] is None else f" {r[k]:18.2f}" for k in layer_cols)
         print(line)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -32,6 +32,7 @@ from torch import nn
 from transformers import LlamaConfig, PreTrainedModel
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
+from adaptive_spec.engine.decoder import decoder_layers, lean_parts
 from adaptive_spec.engine.graphs import ModelSlot
 from adaptive_spec.engine.runner import ModelRunner
 
@@ -154,9 +155,14 @@ class EagleHead(PreTrainedModel):
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         cache: Any = None,
+        lean: tuple[int, int, int] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``input_ids`` [B, n], ``features`` [B, n, H] (the previous position's), additive mask or None."""
-        h = self.hidden_states(input_ids, features, position_ids, attention_mask, cache)
+        """``input_ids`` [B, n], ``features`` [B, n, H] (the previous position's), additive mask or None.
+
+        ``lean``: the layer's shape from :func:`~adaptive_spec.engine.decoder.lean_parts` to run it with
+        :func:`~adaptive_spec.engine.decoder.decoder_layers` (fewer kernels; one row of batch, a ``cache``).
+        """
+        h = self.hidden_states(input_ids, features, position_ids, attention_mask, cache, lean)
         return self.lm_head(h), h
 
     def hidden_states(
@@ -166,11 +172,14 @@ class EagleHead(PreTrainedModel):
         position_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         cache: Any = None,
+        lean: tuple[int, int, int] | None = None,
     ) -> torch.Tensor:
         """The layer's output ``h`` [B, n, H] (what :meth:`forward` feeds to ``lm_head``)."""
         emb = self.get_input_embeddings()(input_ids).to(self.fc.weight.dtype)
         x = self.fc(torch.cat([emb, features.to(emb.dtype)], dim=-1))
         pe = self.rotary_emb(x, position_ids)
+        if lean is not None and cache is not None:
+            return decoder_layers([self.midlayer], lean, x, attention_mask, pe, cache)
         h = self.midlayer(
             x,
             attention_mask=attention_mask,
@@ -205,6 +214,7 @@ class EagleRunner(ModelRunner):
             raise ValueError("this EAGLE head is not bound to its target: call head.bind(target)")
         super().__init__(model, keep_hidden=keep_hidden, input_limit=None, slot=slot)
         self.fast_parts = ()  # explicit masks for chains (the head has no causal mask of its own)
+        self.lean = lean_parts([model.midlayer]) if ModelRunner.lean_layers else None
         self.vocab_ids = model.token_ids  # [N] target id of each logit column
         H = model.config.hidden_size
         self._buf = torch.zeros(256, H, dtype=model.dtype, device=model.device)  # target features by position
@@ -224,7 +234,7 @@ class EagleRunner(ModelRunner):
         keep: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The head over the static cache: logits of the last ``keep`` rows (None: all), every row's output."""
-        logits, h = self.model(input_ids[None], features[None], position_ids[None], mask, self.slot.kv)
+        logits, h = self.model(input_ids[None], features[None], position_ids[None], mask, self.slot.kv, self.lean)
         return logits[0] if keep is None else logits[0, -keep:], h[0]
 
     def set_target_features(self, start: int, features: torch.Tensor) -> None:

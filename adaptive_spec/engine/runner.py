@@ -28,6 +28,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
+from adaptive_spec.engine.decoder import decoder_layers, lean_parts
 from adaptive_spec.engine.graphs import ModelSlot
 from adaptive_spec.trees import additive_mask
 
@@ -70,6 +71,8 @@ class ModelRunner:
 
     #: Call the parts of known architectures directly (see :data:`FAST_PATH_TYPES`).
     fast_path = True
+    #: Run the fast path's decoder layers with :func:`~adaptive_spec.engine.decoder.decoder_layers` (fewer kernels).
+    lean_layers = True
 
     def __init__(
         self,
@@ -98,6 +101,8 @@ class ModelRunner:
         # for, e.g. a draft with a smaller vocabulary) are read as id input_limit - 1.
         self.input_limit = input_limit
         self.fast_parts = fast_path_parts(model)
+        # the fast path's layers in fewer kernels (engine.decoder), where they qualify; else the layers' own forward
+        self.lean = lean_parts(self.fast_parts[1]) if self.fast_parts and ModelRunner.lean_layers else None
         # The static cache (and captured forwards) of the fast path; None: the DynamicCache above.
         self.slot: ModelSlot | None = None
         if slot is not None or self._static_capable():
@@ -250,11 +255,14 @@ class ModelRunner:
         ids, pos = input_ids[None], position_ids[None]
         h = embed(ids)
         pe = rotary(h, pos)
-        cache = {_cache_kw(type(layers[0])): self.slot.kv}
-        for layer in layers:
-            h = layer(h, attention_mask=mask, position_ids=pos, use_cache=True, position_embeddings=pe, **cache)
-            if isinstance(h, tuple):
-                h = h[0]
+        if self.lean is not None:
+            h = decoder_layers(layers, self.lean, h, mask, pe, self.slot.kv)
+        else:
+            cache = {_cache_kw(type(layers[0])): self.slot.kv}
+            for layer in layers:
+                h = layer(h, attention_mask=mask, position_ids=pos, use_cache=True, position_embeddings=pe, **cache)
+                if isinstance(h, tuple):
+                    h = h[0]
         if keep is None or self.keep_features:
             h = norm(h)
             kept = h if keep is None else h[:, -keep:]

@@ -58,3 +58,93 @@ def test_hooks_on_the_model_keep_its_own_forward() -> None:
     finally:
         handle.remove()
     assert fast_path_parts(model) is not None
+
+
+def _lean(flag: bool):
+    class _Switch:
+        def __enter__(self):
+            self.old, ModelRunner.lean_layers = ModelRunner.lean_layers, flag
+
+        def __exit__(self, *exc):
+            ModelRunner.lean_layers = self.old
+
+    return _Switch()
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_lean_layers_give_the_layers_own_logits(kind: str, dtype: torch.dtype) -> None:
+    """engine.decoder's layers against the modules' forward on the same fast path: grouped keys (4 query heads,
+    2 key heads), Qwen2's biases, half precision's casts; chains, a tree block, a commit."""
+    model = tiny_model(kind, vocab=48).to(dtype)
+    with torch.inference_mode(), _lean(True):
+        assert ModelRunner(model).lean == (4, 2, 8)
+        lean = _run(model, True, keep_hidden=True)
+    with torch.inference_mode(), _lean(False):
+        assert ModelRunner(model).lean is None
+        layers = _run(model, True, keep_hidden=True)
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # float rounding: the stacked heads attend in other blocks
+    for a, b in zip(lean, layers, strict=True):
+        torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+def test_lean_layers_dispatch_fewer_ops() -> None:
+    """Fewer kernels a layer (the point of engine.decoder): counted as aten ops dispatched by a tree block."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view:
+                Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    model = tiny_model("llama", vocab=48, layers=4)
+    counts = {}
+    for flag in (True, False):
+        with torch.inference_mode(), _lean(flag):
+            runner = ModelRunner(model)
+            runner.chain_forward(torch.tensor([0, 5, 9, 3, 7]), logits_to_keep=1)
+            anc = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+            Count.n = 0
+            with Count():
+                runner.block_forward(torch.tensor([4, 12, 13]), torch.tensor([5, 6, 6]), anc, logits_to_keep=3)
+            counts[flag] = Count.n
+    assert counts[True] < 0.8 * counts[False], counts
+
+
+def test_a_hook_on_a_layer_part_keeps_the_layers_own_forward() -> None:
+    model = tiny_model("llama", vocab=48)
+    calls = []
+    handle = model.model.layers[1].self_attn.k_proj.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        runner = ModelRunner(model)
+        assert runner.fast_parts is not None and runner.lean is None
+        with torch.inference_mode():
+            runner.chain_forward(torch.tensor([0, 5, 9]), logits_to_keep=1)
+        assert calls == [1]
+    finally:
+        handle.remove()
+    assert ModelRunner(model).lean is not None
+
+
+def test_lean_eagle_head_gives_the_layers_own_logits() -> None:
+    from adaptive_spec.engine.eagle import EagleConfig, EagleHead, EagleRunner
+
+    target = tiny_model("llama", vocab=48, eos=None)
+    head = EagleHead(EagleConfig.for_target(target.config, draft_vocab_size=40)).eval()
+    head.set_vocabulary(torch.arange(40))
+    head.bind(target)
+    out = {}
+    for flag in (True, False):
+        with torch.inference_mode(), _lean(flag):
+            runner = EagleRunner(head)
+            assert (runner.lean is not None) == flag
+            runner.set_target_features(0, torch.randn(4, 32, generator=torch.Generator().manual_seed(0)))
+            first = runner.chain_forward(torch.tensor([0, 5, 9, 3]), logits_to_keep=2)
+            anc = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+            block = runner.block_forward(torch.tensor([4, 12, 13]), torch.tensor([4, 5, 5]), anc, logits_to_keep=3)
+            out[flag] = (first, block)
+    for a, b in zip(out[True], out[False], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)

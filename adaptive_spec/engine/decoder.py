@@ -1,0 +1,124 @@
+"""The fast path's decoder layers: transformers' Llama / Qwen2 arithmetic in fewer kernels.
+
+On a GPU a small model's captured pass is bound by its kernel count (SmolLM2-135M's one-row pass is about
+a thousand small kernels, 36 a layer), not by its weights. :func:`decoder_layers` runs the same layers
+(a pre-norm attention block with rotary positions and grouped keys and values, then a gated MLP), reading
+the modules' weights, with fewer kernels a layer:
+
+- **RMSNorm** is ``torch.nn.functional.rms_norm``: one fused kernel where torch has one (CUDA), the same
+  arithmetic as transformers' ``LlamaRMSNorm`` in float32 elsewhere (pow, mean, add, rsqrt, mul, mul). In
+  half precision transformers casts the normalised rows before the weight's product: so does this.
+- **Rotary positions** of the queries and keys at once, in one tensor: ``x·cos + roll(x)·sin±``, where
+  ``sin±`` (made once a pass) carries ``rotate_half``'s signs: four kernels for both, transformers' ten
+  (``q·cos + cat(−q₂, q₁)·sin``, then the same for the keys), with the same values bit for bit.
+- **Grouped keys and values are never repeated.** The query heads that share a key head are stacked as rows
+  of one attention (transformers does so for one row: ``pack_gqa``), the mask repeated once a pass for
+  them, where transformers' ``repeat_kv`` copies every layer's keys and values over the cache's rows, as
+  many times as heads share them, for every block of more than one row.
+- The projections' own ``forward`` is called (a CPU's per-size weight orders, :mod:`~.layout`, stay), not
+  the module: no hook machinery per call (a layer with hooks is not run here).
+
+Same values as the modules' own forward on this CPU (tested: logits equal to the layers' within float
+rounding, greedy tokens equal to transformers'); a GPU's fused norm rounds its sums in another order.
+:func:`lean_parts` says whether a model's layers qualify: plain ``nn.Linear`` projections, an RMSNorm with
+a ``weight`` and a ``variance_epsilon``, ``nn.Linear`` projections, no hooks on any part (the modules'
+own forward would run them), else the runner calls the layers themselves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.nn import functional
+
+__all__ = ["decoder_layers", "lean_parts"]
+
+_PROJECTIONS = (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")), ("mlp", ("gate_proj", "up_proj", "down_proj")))
+
+
+def lean_parts(layers: Sequence[torch.nn.Module]) -> tuple[int, int, int] | None:
+    """``(query heads, key heads, head size)`` when :func:`decoder_layers` can run ``layers``, else None."""
+    shape = None
+    for layer in layers:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        if attn is None or mlp is None or not callable(getattr(mlp, "act_fn", None)):
+            return None
+        parts = [layer, attn, mlp]
+        for owner, names in _PROJECTIONS:
+            for name in names:
+                lin = getattr(getattr(layer, owner), name, None)
+                if not isinstance(lin, torch.nn.Linear):
+                    return None
+                parts.append(lin)
+        for name in ("input_layernorm", "post_attention_layernorm"):
+            norm = getattr(layer, name, None)
+            if norm is None or not isinstance(getattr(norm, "weight", None), torch.Tensor):
+                return None
+            if not isinstance(getattr(norm, "variance_epsilon", None), float) or "RMSNorm" not in type(norm).__name__:
+                return None
+            parts.append(norm)
+        if any(m._forward_hooks or m._forward_pre_hooks for m in parts):
+            return None
+        d = getattr(attn, "head_dim", None)
+        if not isinstance(d, int) or d % 2 or attn.q_proj.out_features % d or attn.k_proj.out_features % d:
+            return None
+        heads, kv_heads = attn.q_proj.out_features // d, attn.k_proj.out_features // d
+        if heads % kv_heads or attn.v_proj.out_features != kv_heads * d:
+            return None
+        if shape not in (None, (heads, kv_heads, d)) or not isinstance(getattr(attn, "scaling", None), float):
+            return None
+        shape = (heads, kv_heads, d)
+    return shape
+
+
+def _rms(x: torch.Tensor, norm: Any) -> torch.Tensor:
+    """Transformers' ``LlamaRMSNorm``: normalised in float32, cast back, then times the weight."""
+    if x.dtype == torch.float32:
+        return functional.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
+    y = functional.rms_norm(x.float(), (x.shape[-1],), None, norm.variance_epsilon).to(x.dtype)
+    return norm.weight * y
+
+
+def decoder_layers(
+    layers: Sequence[torch.nn.Module],
+    shape: tuple[int, int, int],
+    h: torch.Tensor,
+    mask: torch.Tensor | None,
+    position_embeddings: tuple[torch.Tensor, torch.Tensor],
+    cache: Any,
+) -> torch.Tensor:
+    """Run ``h`` [1, n, hidden] through ``layers`` (see the module docstring), writing each layer's keys and
+    values with ``cache.update``; the last layer's output [1, n, hidden].
+
+    ``mask``: additive, [1, 1, n, keys] (None: one row attending to every key); ``position_embeddings``: the
+    model's rotary ``(cos, sin)``, [1, n, head size]; ``shape``: :func:`lean_parts`'s.
+    """
+    heads, kv_heads, d = shape
+    n, half, group = h.shape[1], shape[2] // 2, heads // kv_heads
+    if mask is None and n > 1:
+        raise ValueError("decoder_layers: more than one row needs a mask")
+    cos, sin = position_embeddings
+    cos = cos.unsqueeze(1)  # [1, 1, n, d]
+    sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1).unsqueeze(1)  # rotate_half's signs, once a pass
+    if mask is not None and group > 1 and n > 1:  # rows (head in group, row), as the stacked queries below
+        mask = mask.repeat(1, 1, group, 1)
+    for i, layer in enumerate(layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        x = _rms(h, layer.input_layernorm)
+        q = attn.q_proj.forward(x).view(1, n, heads, d).transpose(1, 2)
+        k = attn.k_proj.forward(x).view(1, n, kv_heads, d).transpose(1, 2)
+        v = attn.v_proj.forward(x).view(1, n, kv_heads, d).transpose(1, 2)
+        qk = torch.cat([q, k], dim=1)  # [1, heads + kv_heads, n, d], contiguous
+        qk = qk * cos + qk.roll(half, dims=-1) * sin  # rotate_half(x) = roll(x) with the first half negated
+        keys, values = cache.update(qk[:, heads:], v, i)
+        q = qk[:, :heads].reshape(1, kv_heads, group * n, d)  # a key head's query heads, stacked as rows
+        o = functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
+        o = o.view(1, kv_heads, group, n, d).permute(0, 3, 1, 2, 4).reshape(1, n, heads * d)
+        h = h + attn.o_proj.forward(o)
+        x = _rms(h, layer.post_attention_layernorm)
+        gate = mlp.gate_proj.forward(x)
+        up = mlp.up_proj.forward(x)
+        h = h + mlp.down_proj.forward(mlp.act_fn(gate) * up)
+    return h
