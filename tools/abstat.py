@@ -1,7 +1,7 @@
 """Means per plan, base against main, of the JSON files tools/ab.sh writes.
 
 python tools/abstat.py DIR        bench e2e files DIR/ab-{base,main}-<round>.json: tok/s, ratio to plain
-                                  decoding, block efficiency, tree size
+                                  decoding, block efficiency, tree size (DIR abN: the files abN-{base,main}-*)
 python tools/abstat.py DIR ov     bench overhead files DIR/ov-{base,main}-<round>.json: ms per step outside
                                   the forwards (another prefix than ov: the files PREFIX-{base,main}-<round>.json)
 """
@@ -24,12 +24,12 @@ def load(folder, prefix):
     return out
 
 
-def e2e(folder):
+def e2e(folder, prefix="ab"):
     agg = {}
-    for v, runs in load(folder, "ab").items():
+    for v, runs in load(folder, prefix).items():
         for d in runs:
             for tkey, run in d["runs"].items():
-                for r in run["results"]:
+                for r in [*run["results"], *[b for b in run.get("baselines", {}).values() if b.get("tokens_per_s")]]:
                     a = agg.setdefault((tkey, r["plan"]), {}).setdefault(
                         v, {"tps": [], "rel": [], "be": [], "tree": []}
                     )
@@ -63,7 +63,9 @@ def overhead(folder, prefix="ov"):
 
 if __name__ == "__main__":
     folder = sys.argv[1] if len(sys.argv) > 1 else "."
-    if len(sys.argv) > 2:
+    if len(sys.argv) > 2 and sys.argv[2].startswith("ab"):
+        e2e(folder, sys.argv[2])
+    elif len(sys.argv) > 2:
         overhead(folder, sys.argv[2])
     else:
         e2e(folder)
