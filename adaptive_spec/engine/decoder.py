@@ -5,11 +5,13 @@ a thousand small kernels, 36 a layer), not by its weights. :func:`decoder_layers
 (a pre-norm attention block with rotary positions and grouped keys and values, then a gated MLP), reading
 the modules' weights, with fewer kernels a layer:
 
-- **RMSNorm** is ``torch.nn.functional.rms_norm``: one fused kernel where torch has one (CUDA), the same
-  arithmetic as transformers' ``LlamaRMSNorm`` in float32 elsewhere (pow, mean, add, rsqrt, mul, mul). In
-  half precision transformers casts the normalised rows before the weight's product: so does this.
+- **RMSNorm** (the layers' two and the model's final one: :func:`rms`) is ``torch.nn.functional.rms_norm``:
+  one fused kernel where torch has one (CUDA), the arithmetic of transformers' ``LlamaRMSNorm`` elsewhere
+  (pow, mean, add, rsqrt, mul, mul; bit for bit in float32). In half precision transformers casts the
+  normalised rows before the weight's product: so does this.
 - **Rotary positions** of the queries and keys at once, in one tensor: ``x·cos + roll(x)·sin±``, where
-  ``sin±`` (made once a pass) carries ``rotate_half``'s signs: four kernels for both, transformers' ten
+  ``sin±`` (made once a pass) carries ``rotate_half``'s signs: five kernels for both (the cat included),
+  transformers' ten
   (``q·cos + cat(−q₂, q₁)·sin``, then the same for the keys), with the same values bit for bit.
 - **Grouped keys and values are never repeated.** The query heads that share a key head are stacked as rows
   of one attention (transformers does so for one row: ``pack_gqa``), the mask repeated once a pass for
@@ -20,9 +22,9 @@ the modules' weights, with fewer kernels a layer:
 
 Same values as the modules' own forward on this CPU (tested: logits equal to the layers' within float
 rounding, greedy tokens equal to transformers'); a GPU's fused norm rounds its sums in another order.
-:func:`lean_parts` says whether a model's layers qualify: plain ``nn.Linear`` projections, an RMSNorm with
-a ``weight`` and a ``variance_epsilon``, ``nn.Linear`` projections, no hooks on any part (the modules'
-own forward would run them), else the runner calls the layers themselves.
+:func:`lean_parts` says whether a model's layers qualify: ``nn.Linear`` projections, RMSNorms with a
+``weight`` and a ``variance_epsilon``, no hooks on any part (the modules' own forward would run them); else
+the runner calls the layers themselves.
 """
 
 from __future__ import annotations
@@ -33,13 +35,17 @@ from typing import Any
 import torch
 from torch.nn import functional
 
-__all__ = ["decoder_layers", "lean_parts"]
+__all__ = ["decoder_layers", "lean_parts", "rms"]
 
 _PROJECTIONS = (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")), ("mlp", ("gate_proj", "up_proj", "down_proj")))
 
 
-def lean_parts(layers: Sequence[torch.nn.Module]) -> tuple[int, int, int] | None:
-    """``(query heads, key heads, head size)`` when :func:`decoder_layers` can run ``layers``, else None."""
+def lean_parts(layers: Sequence[torch.nn.Module], norm: torch.nn.Module | None = None) -> tuple[int, int, int] | None:
+    """``(query heads, key heads, head size)`` when :func:`decoder_layers` can run ``layers`` (and :func:`rms`
+    the final ``norm``, if given), else None.
+    """
+    if norm is not None and not _plain_rms(norm):
+        return None
     shape = None
     for layer in layers:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
@@ -53,12 +59,9 @@ def lean_parts(layers: Sequence[torch.nn.Module]) -> tuple[int, int, int] | None
                     return None
                 parts.append(lin)
         for name in ("input_layernorm", "post_attention_layernorm"):
-            norm = getattr(layer, name, None)
-            if norm is None or not isinstance(getattr(norm, "weight", None), torch.Tensor):
+            if not _plain_rms(getattr(layer, name, None)):
                 return None
-            if not isinstance(getattr(norm, "variance_epsilon", None), float) or "RMSNorm" not in type(norm).__name__:
-                return None
-            parts.append(norm)
+            parts.append(getattr(layer, name))
         if any(m._forward_hooks or m._forward_pre_hooks for m in parts):
             return None
         d = getattr(attn, "head_dim", None)
@@ -73,7 +76,18 @@ def lean_parts(layers: Sequence[torch.nn.Module]) -> tuple[int, int, int] | None
     return shape
 
 
-def _rms(x: torch.Tensor, norm: Any) -> torch.Tensor:
+def _plain_rms(norm: Any) -> bool:
+    """Whether ``norm`` is an RMSNorm that :func:`rms` computes: a ``weight``, a ``variance_epsilon``, no hooks."""
+    return (
+        norm is not None
+        and "RMSNorm" in type(norm).__name__
+        and isinstance(getattr(norm, "weight", None), torch.Tensor)
+        and isinstance(getattr(norm, "variance_epsilon", None), float)
+        and not (norm._forward_hooks or norm._forward_pre_hooks)
+    )
+
+
+def rms(x: torch.Tensor, norm: Any) -> torch.Tensor:
     """Transformers' ``LlamaRMSNorm``: normalised in float32, cast back, then times the weight."""
     if x.dtype == torch.float32:
         return functional.rms_norm(x, (x.shape[-1],), norm.weight, norm.variance_epsilon)
@@ -106,7 +120,7 @@ def decoder_layers(
         mask = mask.repeat(1, 1, group, 1)
     for i, layer in enumerate(layers):
         attn, mlp = layer.self_attn, layer.mlp
-        x = _rms(h, layer.input_layernorm)
+        x = rms(h, layer.input_layernorm)
         q = attn.q_proj.forward(x).view(1, n, heads, d).transpose(1, 2)
         k = attn.k_proj.forward(x).view(1, n, kv_heads, d).transpose(1, 2)
         v = attn.v_proj.forward(x).view(1, n, kv_heads, d).transpose(1, 2)
@@ -117,7 +131,7 @@ def decoder_layers(
         o = functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
         o = o.view(1, kv_heads, group, n, d).permute(0, 3, 1, 2, 4).reshape(1, n, heads * d)
         h = h + attn.o_proj.forward(o)
-        x = _rms(h, layer.post_attention_layernorm)
+        x = rms(h, layer.post_attention_layernorm)
         gate = mlp.gate_proj.forward(x)
         up = mlp.up_proj.forward(x)
         h = h + mlp.down_proj.forward(mlp.act_fn(gate) * up)

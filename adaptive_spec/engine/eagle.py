@@ -264,34 +264,15 @@ class EagleRunner(ModelRunner):
     ) -> torch.Tensor:
         n, past = input_ids.numel(), self.cached
         H = self._target.shape[1]
-        device = input_ids.device
         m_before = sum(int(p.numel()) for p in self._block_pos)  # block rows fed earlier this step
         # Candidate parents: the last committed row, then the block rows so far (table index 0, 1, ...).
-        last = self._target[past - 1 : past] if past > 0 else torch.zeros(1, H, dtype=self._target.dtype, device=device)
-        table = torch.cat([last, *self._block_feat]) if self._block_feat else last  # [1 + m_before, H]
-        if mask is None:  # a lone token attending to everything: its parent is the row before it
-            parent = torch.full((n,), m_before, dtype=torch.long, device=device)
+        last = self._target[past - 1 : past] if past > 0 else self._target.new_zeros(1, H)
+        if mask is None:  # a lone token attending to everything: its parent is the row before it, a view
+            feats = self._block_feat[-1][-1:] if self._block_feat else last
+            if past == 0:  # position 0 has no previous feature
+                feats = torch.where((position_ids == 0)[:, None], 0.0, feats)
         else:
-            # allowed[i, j] over the columns past - 1 .. past + m_before - 1 (last committed row, earlier block rows),
-            # then the new rows themselves (a new row's parent may be an earlier new row of a chain).
-            allowed = mask[0, 0, :, past - 1 if past > 0 else 0 :] == 0
-            if past == 0:
-                allowed = torch.cat([torch.zeros(n, 1, dtype=torch.bool, device=device), allowed], dim=1)
-            cols = allowed.shape[1]
-            own = 1 + m_before + torch.arange(n, device=device)  # each new row's own column
-            idx = torch.arange(cols, device=device)
-            allowed = allowed & (idx[None, :] < own[:, None])
-            parent = torch.where(allowed, idx, -1).max(dim=1).values  # [n]; -1: none (position 0)
-        # A parent in this same forward (a chain) is a pending context token: its feature is the target's
-        # (the engine feeds chains only of committed tokens, whose features it has handed over).
-        # Gathered and selected on the device, without a host sync.
-        in_new = (parent > m_before)[:, None]
-        from_table = table[parent.clamp(0, m_before)]
-        from_target = self._target[(position_ids - 1).clamp(0, max(self.known - 1, 0))] if self.known else from_table
-        zero = torch.zeros((), dtype=table.dtype, device=device)
-        feats = torch.where(in_new, from_target, torch.where((parent >= 0)[:, None], from_table, zero))
-        if past == 0:  # position 0 has no previous feature
-            feats = torch.where((position_ids == 0)[:, None], zero, feats)
+            feats = self._parent_features(last, mask, position_ids, n, past, m_before)
         logits, h = self._static_forward(input_ids, position_ids, mask, logits_to_keep, (feats,))
         # The feature each new row passes on: the target's where known, else the head's own output.
         known = position_ids < self.known
@@ -305,6 +286,35 @@ class EagleRunner(ModelRunner):
         if self.keep_hidden:
             self.hidden = h[-logits_to_keep:]
         return logits
+
+    def _parent_features(
+        self, last: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, n: int, past: int, m_before: int
+    ) -> torch.Tensor:
+        """The feature each of ``n`` masked rows reads: its parent's (the nearest allowed column before it), on the
+        device without a host sync.
+        """
+        device = position_ids.device
+        table = torch.cat([last, *self._block_feat]) if self._block_feat else last  # [1 + m_before, H]
+        # allowed[i, j] over the columns past - 1 .. past + m_before - 1 (last committed row, earlier block rows),
+        # then the new rows themselves (a new row's parent may be an earlier new row of a chain).
+        allowed = mask[0, 0, :, past - 1 if past > 0 else 0 :] == 0
+        if past == 0:
+            allowed = torch.cat([torch.zeros(n, 1, dtype=torch.bool, device=device), allowed], dim=1)
+        cols = allowed.shape[1]
+        own = 1 + m_before + torch.arange(n, device=device)  # each new row's own column
+        idx = torch.arange(cols, device=device)
+        allowed = allowed & (idx[None, :] < own[:, None])
+        parent = torch.where(allowed, idx, -1).max(dim=1).values  # [n]; -1: none (position 0)
+        # A parent in this same forward (a chain) is a pending context token: its feature is the target's
+        # (the engine feeds chains only of committed tokens, whose features it has handed over).
+        in_new = (parent > m_before)[:, None]
+        from_table = table[parent.clamp(0, m_before)]
+        from_target = self._target[(position_ids - 1).clamp(0, max(self.known - 1, 0))] if self.known else from_table
+        zero = torch.zeros((), dtype=table.dtype, device=device)
+        feats = torch.where(in_new, from_target, torch.where((parent >= 0)[:, None], from_table, zero))
+        if past == 0:  # position 0 has no previous feature
+            feats = torch.where((position_ids == 0)[:, None], zero, feats)
+        return feats
 
     def chain_forward(self, tokens: torch.Tensor, logits_to_keep: int) -> torch.Tensor | None:
         logits = super().chain_forward(tokens, logits_to_keep)

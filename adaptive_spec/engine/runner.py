@@ -28,7 +28,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from adaptive_spec.engine.decoder import decoder_layers, lean_parts
+from adaptive_spec.engine.decoder import decoder_layers, lean_parts, rms
 from adaptive_spec.engine.graphs import ModelSlot
 from adaptive_spec.trees import additive_mask
 
@@ -103,7 +103,7 @@ class ModelRunner:
         self.input_limit = input_limit
         self.fast_parts = fast_path_parts(model)
         # the fast path's layers in fewer kernels (engine.decoder), where they qualify; else the layers' own forward
-        self.lean = lean_parts(self.fast_parts[1]) if self.fast_parts and ModelRunner.lean_layers else None
+        self.lean = lean_parts(self.fast_parts[1], self.fast_parts[3]) if self.fast_parts and self.lean_layers else None
         # The static cache (and captured forwards) of the fast path; None: the DynamicCache above.
         self.slot: ModelSlot | None = None
         if slot is not None or self._static_capable():
@@ -264,6 +264,8 @@ class ModelRunner:
                 h = layer(h, attention_mask=mask, position_ids=pos, use_cache=True, position_embeddings=pe, **cache)
                 if isinstance(h, tuple):
                     h = h[0]
+        if self.lean is not None:  # the final norm too (one op where torch fuses it)
+            norm = functools.partial(rms, norm=norm)
         if keep is None or self.keep_features:
             h = norm(h)
             kept = h if keep is None else h[:, -keep:]
