@@ -267,20 +267,20 @@ class EagleRunner(ModelRunner):
         m_before = sum(int(p.numel()) for p in self._block_pos)  # block rows fed earlier this step
         # Candidate parents: the last committed row, then the block rows so far (table index 0, 1, ...).
         last = self._target[past - 1 : past] if past > 0 else self._target.new_zeros(1, H)
-        if mask is None:  # a lone token attending to everything: its parent is the row before it, a view
+        row = self.length  # where a lone row (no mask) is written: after every row before it, at that position
+        if mask is None:  # its parent is the row before it: a view, no gather (position 0: the zero row `last`)
             feats = self._block_feat[-1][-1:] if self._block_feat else last
-            if past == 0:  # position 0 has no previous feature
-                feats = torch.where((position_ids == 0)[:, None], 0.0, feats)
         else:
             feats = self._parent_features(last, mask, position_ids, n, past, m_before)
         logits, h = self._static_forward(input_ids, position_ids, mask, logits_to_keep, (feats,))
         # The feature each new row passes on: the target's where known, else the head's own output.
-        known = position_ids < self.known
-        passed = (
-            torch.where(known[:, None], self._target[position_ids.clamp(max=max(self.known - 1, 0))], h)
-            if (self.known > 0)
-            else h
-        )
+        if mask is None:  # decided on the host: the row is its position
+            passed = self._target[row : row + 1] if row < self.known else h
+        elif self.known > 0:
+            known = position_ids < self.known
+            passed = torch.where(known[:, None], self._target[position_ids.clamp(max=self.known - 1)], h)
+        else:
+            passed = h
         self._block_pos.append(position_ids)
         self._block_feat.append(passed)
         if self.keep_hidden:
