@@ -39,7 +39,8 @@
 #                  split into 15 MiB parts (the machine returns files of at most 16 MiB)
 # --device cpu is the dry run (the same steps, fewer prompts and tokens): it must pass anywhere.
 # On the GPU machine the whole check takes about 6 minutes (budget: 7): on an H100 on 2026-11-27, the set-up
-# 45 s, pytest 60 s, passes 23 s, e2e_t0 136 s, e2e_t1 175 s; on an H200 the same day pytest 62 s, passes 22 s,
+# 45 s, pytest 60 s, passes 23 s (before --layers-too, which times twice as many forwards), e2e_t0 136 s,
+# e2e_t1 175 s; on an H200 the same day pytest 62 s, passes 22 s,
 # e2e_t0 139 s, e2e_t1 171 s (the four default steps: 394 s; split them over two calls, as a device call's
 # command is limited to 600 s and the set-up comes first). After the set-up of ../shared/tools/gpu (its
 # /tmp/site, /tmp/ash and /tmp/stage), a later call on the same warm machine runs this script alone, e.g.
