@@ -19,6 +19,9 @@
 #   compile_tests.xml  the `gpu` tests of compiled forwards (left out of the pytest step: they compile)
 #   compile.json   bench passes --compile: each size's pass and head level captured from torch.compile's code
 #                  beside the eager-captured ones, with the seconds each bucket took to compile (up to 5 min)
+#   hostprof.json, hostprof.txt  tools/hostprof.py: per plan (plain decoding, chain:3/block, lookup:8/block, the
+#                  48-node tree; 3 prompts x 64 tokens at T=0, after a warm-up), the Python functions by their own host
+#                  time a step (cProfile) and the aten ops a step by name (about 60 s)
 #   capacity_512.json, capacity_2048.json  bench passes (1, 4 and 16 rows; the head at 1 and 4) with static caches
 #                  of 512 and 2048 rows: what rows beyond a request cost a captured pass, which attends over all
 #                  of them (about 40 s)
@@ -109,6 +112,10 @@ done
 step phases 120 $PY -m adaptive_spec bench e2e --target smollm2 --device "$DEVICE" --prompts "$PROMPTS" \
   --limit 3 --max-new-tokens "$TOKENS" --temperatures 0 --no-hf --no-lookup --no-hf-generate --phase-sync \
   --plans "chain:2/block,lookup:8/block,eagle:6:48:6:4:wor/traversal" --no-progress --json "$OUT/phases.json"
+# Where the host's time goes in a step (cProfile's functions and aten ops per step; about 60 s): a drafting step is
+# bound by the host on a GPU (2.7 ms of host time for three captured head levels of about 0.2 ms each).
+if [ "$DEVICE" = cpu ]; then HOSTPROF="--prompts 1 --tokens 8 --plans autoregressive,chain:3/block"; else HOSTPROF=""; fi
+step hostprof 150 $PY tools/hostprof.py --device "$DEVICE" --out "$OUT" $HOSTPROF
 # What the rows a static cache holds cost a captured pass, which attends over all of them (an eager one attends
 # over the context only): the same passes with caches of 512 and 2048 rows.
 if [ "$DEVICE" = cpu ]; then CAP="--rows 1 --draft-rows 1 --repeats 1 --context 32"; else CAP="--rows 1,4,16 --draft-rows 1,4 --repeats 20"; fi
