@@ -249,6 +249,16 @@ def test_bench_passes_writes_a_row_per_model_and_size(tiny_pair, tmp_path, capsy
     assert "replay ms" in capsys.readouterr().out
 
 
+def test_bench_passes_times_the_layers_own_modules_too(tiny_pair, tmp_path, capsys):
+    out = tmp_path / "passes.json"
+    args = ["bench", "passes", "--device", "cpu", "--repeats", "1", "--rows", "2", "--draft-rows", "1", "--layers-too"]
+    assert main([*args, "--context", "16", "--no-progress", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["model"], r["rows"]) for r in rows] == [("target", 2), ("draft", 1)]
+    assert all(r["layers_eager_ms"] > 0 and "layers_graph_ms" not in r for r in rows)  # a CPU captures nothing
+    assert "layers eager ms" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(
     "plan, max_syncs", [("chain:4/block", 2.0), ("conf-chain:6:0.3/block", 3.0), ("lookup:8/block", 2.0)]
 )
