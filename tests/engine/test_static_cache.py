@@ -255,3 +255,76 @@ def test_compiling_raises_dynamos_recompile_limit(monkeypatch) -> None:
     monkeypatch.setattr(dynamo_config, "recompile_limit", 8)  # the default: 3 buckets x 2 models x 2 sizes pass it
     compiled = _compiled(lambda x: x + 1)
     assert dynamo_config.recompile_limit == 64 and callable(compiled)
+
+
+class _StandInGraph:
+    """A CUDA graph's stand-in on a CPU: each replay runs the captured core again on the graph's static inputs
+    and writes its outputs in place, as a replay of the recorded kernels does."""
+
+    def __init__(self, run) -> None:
+        self.replay = run
+
+
+def _capture_eagerly(self, b, core, extra):
+    """ModelSlot._capture's static inputs, rows and outputs, with a stand-in for the graph (see above)."""
+    from adaptive_spec.engine.graphs import _Graph
+
+    kv = self.kv
+    ids, pos = torch.zeros(b, dtype=torch.long), torch.zeros(b, dtype=torch.long)
+    mask = torch.zeros(1, 1, b, kv.total_rows, dtype=kv.keys[0].dtype)
+    more = [torch.zeros(b, *e.shape[1:], dtype=e.dtype) for e in extra]
+    scratch = kv.capacity + torch.arange(b)
+    rows, inputs = scratch.clone(), [ids, pos, mask, *more]
+
+    def run():
+        kv.rows, kv.width = rows, None  # as captured: the whole buffer, the mask hiding what is not attended to
+        for out, new in zip(outputs, core(*inputs), strict=True):
+            out.copy_(new)
+
+    kv.rows, kv.width = rows, None
+    outputs = tuple(o.clone() for o in core(*inputs))
+    return _Graph(_StandInGraph(run), inputs, rows, scratch, outputs)
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_replays_give_the_eager_logits_and_padding_rows_write_only_scratch_rows(monkeypatch, lean) -> None:
+    """The captured path's inputs on a CPU (ModelSlot.replay: inputs copied in, the mask over the whole buffer, rows
+    and padding), with the graph replaced by a stand-in that runs the same core: logits equal the eager path's,
+    committed rows and rows past the block are untouched, padding rows write scratch rows. Grouped keys (4 query
+    heads, 2 key heads), the lean layers of engine.decoder and the modules' own."""
+    monkeypatch.setattr(ModelSlot, "_capture", _capture_eagerly)
+    monkeypatch.setattr(ModelSlot, "_time", lambda self, g: float(g.rows.numel()))  # smaller buckets are faster
+    monkeypatch.setattr(ModelRunner, "lean_layers", lean)
+    model = tiny_model("llama", vocab=48)
+    slot = ModelSlot(model, 64)
+    slot.graphs_on = True
+    runner, eager = ModelRunner(model, slot=slot), ModelRunner(model, slot=ModelSlot(model, 64))
+    assert (runner.lean is not None) == lean
+    anc = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    with torch.inference_mode():
+        for r in (runner, eager):  # 5 rows: bucket 8, three padding rows
+            r.chain_forward(torch.tensor([0, 5, 9, 3, 7]), logits_to_keep=5)
+        got = runner.chain_forward(torch.tensor([4]), logits_to_keep=1)  # one row, no mask: bucket 1
+        want = eager.chain_forward(torch.tensor([4]), logits_to_keep=1)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        # a 4-row block first (bucket 4, no padding), rolled back: the graph's 4th input row now holds a real token,
+        # which the 3-row block's padding row reads
+        four = torch.ones(4, 4, dtype=torch.bool).tril_()
+        runner.block_forward(torch.tensor([11, 12, 13, 14]), torch.arange(6, 10), four, 4)
+        runner.rollback(6)
+        keys = slot.kv.keys[0]
+        before = keys.clone()
+        ids, pos = torch.tensor([7, 8, 9]), torch.tensor([6, 7, 7])
+        got = runner.block_forward(ids, pos, anc, logits_to_keep=3)  # 3 rows: bucket 4, one padding row
+        want = eager.block_forward(ids, pos, anc, logits_to_keep=3)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        cap = slot.kv.capacity
+        torch.testing.assert_close(keys[:, :, :6], before[:, :, :6])  # committed rows untouched
+        torch.testing.assert_close(keys[:, :, 9:cap], before[:, :, 9:cap])  # nothing past the block's rows
+        assert not torch.equal(keys[:, :, cap:], before[:, :, cap:])  # the padding row wrote a scratch row
+        for r in (runner, eager):
+            r.commit(6, torch.tensor([6, 8]))
+        got = runner.chain_forward(torch.tensor([11]), logits_to_keep=1)
+        want = eager.chain_forward(torch.tensor([11]), logits_to_keep=1)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert {1, 4, 8} <= set(slot.captured) and slot.failed is None
