@@ -306,7 +306,8 @@ class ModelSlot:
         g_mask[:, :, :n, width:].fill_(torch.finfo(g_mask.dtype).min)
         for dst, src in zip(g_more, extra, strict=True):
             dst[:n].copy_(src)
-        g.rows.copy_(g.scratch)
-        g.rows[:n].copy_(torch.arange(start, start + n, device=g.rows.device))
+        if n < g.rows.numel():  # padding rows write scratch rows
+            g.rows.copy_(g.scratch)
+        torch.arange(start, start + n, out=g.rows[:n])  # written in place: one kernel
         g.graph.replay()
         return tuple(o[:n].clone() for o in g.outputs)
