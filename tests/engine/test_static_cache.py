@@ -328,3 +328,35 @@ def test_replays_give_the_eager_logits_and_padding_rows_write_only_scratch_rows(
         want = eager.chain_forward(torch.tensor([11]), logits_to_keep=1)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert {1, 4, 8} <= set(slot.captured) and slot.failed is None
+
+
+def test_an_eagle_heads_replays_give_its_eager_logits(monkeypatch) -> None:
+    """The EAGLE head's captured path on a CPU (its features an extra input), with the stand-in graph above."""
+    from adaptive_spec.engine.eagle import EagleConfig, EagleHead, EagleRunner
+
+    monkeypatch.setattr(ModelSlot, "_capture", _capture_eagerly)
+    monkeypatch.setattr(ModelSlot, "_time", lambda self, g: float(g.rows.numel()))
+    target = tiny_model("llama", vocab=48, eos=None)
+    head = EagleHead(EagleConfig.for_target(target.config, draft_vocab_size=40)).eval()
+    head.set_vocabulary(torch.arange(40))
+    head.bind(target)
+    slot = ModelSlot(head, 64)
+    slot.graphs_on = True
+    runners = EagleRunner(head, slot=slot), EagleRunner(head, slot=ModelSlot(head, 64))
+    feats = torch.randn(6, 32, generator=torch.Generator().manual_seed(0))
+    # rows over the step's block: the lone row, then three new ones (a child of it, its child, a second child)
+    anc = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 0], [1, 0, 0, 1]], dtype=torch.bool)
+    out = []
+    with torch.inference_mode():
+        for r in runners:
+            r.set_target_features(0, feats[:4])
+            first = r.chain_forward(torch.tensor([0, 5, 9, 3]), logits_to_keep=2)  # bucket 4
+            lone = r.block_forward(torch.tensor([4]), torch.tensor([4]), None, logits_to_keep=1)  # bucket 1, no mask
+            block = r.block_forward(torch.tensor([6, 7, 8]), torch.tensor([5, 6, 5]), anc, logits_to_keep=3)
+            r.commit(4, None)
+            r.set_target_features(4, feats[4:6])
+            again = r.chain_forward(torch.tensor([4, 6]), logits_to_keep=1)  # bucket 2
+            out.append((first, lone, block, again))
+    for a, b in zip(*out, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert {1, 2, 4} <= set(slot.captured) and slot.failed is None
