@@ -1,4 +1,5 @@
-"""Static KV caches and the engine's lending of them (the CUDA graphs themselves: tests/engine/test_cuda.py)."""
+"""Static KV caches and the engine's lending of them; the captured path on a CPU with a stand-in for the graph (the
+CUDA graphs themselves: tests/engine/test_cuda.py)."""
 
 from __future__ import annotations
 
@@ -360,3 +361,40 @@ def test_an_eagle_heads_replays_give_its_eager_logits(monkeypatch) -> None:
     for a, b in zip(*out, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert {1, 2, 4} <= set(slot.captured) and slot.failed is None
+
+
+@pytest.mark.parametrize("draft_kind", ["model", "eagle"])
+def test_the_engines_captured_path_decodes_greedily_as_transformers_on_a_cpu(monkeypatch, draft_kind) -> None:
+    """The engine's whole step through its captured forwards (the stand-in graph above, every slot as on CUDA):
+    greedy tokens equal transformers' for plans whose blocks fall in buckets 1 to 32 and a tree past them, with a
+    draft model or an EAGLE head (chains, EAGLE trees decided on the device with and without replacement)."""
+    from adaptive_spec.engine.eagle import EagleConfig, EagleHead
+
+    monkeypatch.setattr(ModelSlot, "_capture", _capture_eagerly)
+    monkeypatch.setattr(ModelSlot, "_time", lambda self, g: float(g.rows.numel()))
+    made = ModelSlot.__init__
+
+    def as_on_cuda(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        self.graphs_on = True
+
+    monkeypatch.setattr(ModelSlot, "__init__", as_on_cuda)
+    target = tiny_model("llama", vocab=48, eos=None, max_positions=512)
+    if draft_kind == "eagle":
+        draft = EagleHead(EagleConfig.for_target(target.config, draft_vocab_size=40)).eval()
+        draft.set_vocabulary(torch.arange(40))
+        draft.bind(target)
+        plans = ("chain:4/block", "eagle:4:8:3:2:wor/traversal", "eagle:4:12:3:2/specinfer")
+    else:
+        draft = perturbed(target, scale=0.3)
+        plans = ("autoregressive", "chain:1/block", "chain:7/block", "chain:31/block", "wor:6x5/traversal")
+    engine = SpecEngine(target, draft)
+    for prompt in ([0, 5, 6], [0, 9, 3, 4, 11, 12, 13]):
+        ids = torch.tensor([prompt])
+        expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24)
+        for plan in plans:
+            out = engine.generate(prompt, max_new_tokens=24, temperature=0, plan=plan)
+            assert out.token_ids == expected[0, len(prompt) :].tolist(), plan
+    for role in ("target", "draft"):
+        slot = engine._idle_slots[role][0]
+        assert slot.failed is None and slot.captured, role
