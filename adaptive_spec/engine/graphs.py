@@ -114,6 +114,8 @@ class _Graph:
     rows: torch.Tensor  # [b] cache rows written (padding rows: scratch rows)
     scratch: torch.Tensor  # [b] the scratch rows, copied over ``rows`` before the real ones
     outputs: tuple[torch.Tensor, ...]  # logits [b, V'], hidden [b, H]
+    # a mask-less replay's first mask row: its first ``open`` columns 0, the rest the lowest value (None: not known)
+    open: int | None = None
 
 
 class ModelSlot:
@@ -299,11 +301,19 @@ class ModelSlot:
         g_ids[:n].copy_(ids)
         g_pos[:n].copy_(pos)
         width = start + n
-        if mask is None:
-            g_mask[:, :, :n, :width].zero_()
+        lowest = torch.finfo(g_mask.dtype).min
+        if mask is None and g.open is not None:  # one row again: only the columns that changed since (one kernel)
+            if width > g.open:
+                g_mask[:, :, :1, g.open : width].zero_()
+            elif width < g.open:
+                g_mask[:, :, :1, width : g.open].fill_(lowest)
         else:
-            g_mask[:, :, :n, :width].copy_(mask)
-        g_mask[:, :, :n, width:].fill_(torch.finfo(g_mask.dtype).min)
+            if mask is None:
+                g_mask[:, :, :n, :width].zero_()
+            else:
+                g_mask[:, :, :n, :width].copy_(mask)
+            g_mask[:, :, :n, width:].fill_(lowest)
+        g.open = width if mask is None else None
         for dst, src in zip(g_more, extra, strict=True):
             dst[:n].copy_(src)
         if n < g.rows.numel():  # padding rows write scratch rows
