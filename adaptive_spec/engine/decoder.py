@@ -22,9 +22,10 @@ the modules' weights, with fewer kernels a layer:
 
 Same values as the modules' own forward on this CPU (tested: logits equal to the layers' within float
 rounding, greedy tokens equal to transformers'); a GPU's fused norm rounds its sums in another order.
-:func:`lean_parts` says whether a model's layers qualify: ``nn.Linear`` projections, RMSNorms with a
-``weight`` and a ``variance_epsilon``, no hooks on any part (the modules' own forward would run them); else
-the runner calls the layers themselves.
+:func:`lean_parts` says whether a model's layers qualify: loaded with ``attn_implementation="sdpa"`` (the
+default; they attend as it does), ``nn.Linear`` projections, RMSNorms with a ``weight`` and a
+``variance_epsilon``, no hooks on any part (the modules' own forward would run them); else the runner calls the
+layers themselves.
 """
 
 from __future__ import annotations
@@ -40,11 +41,14 @@ __all__ = ["decoder_layers", "lean_parts", "rms"]
 _PROJECTIONS = (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")), ("mlp", ("gate_proj", "up_proj", "down_proj")))
 
 
-def lean_parts(layers: Sequence[torch.nn.Module], norm: torch.nn.Module | None = None) -> tuple[int, int, int] | None:
+def lean_parts(
+    layers: Sequence[torch.nn.Module], norm: torch.nn.Module | None = None, attention: str | None = "sdpa"
+) -> tuple[int, int, int] | None:
     """``(query heads, key heads, head size)`` when :func:`decoder_layers` can run ``layers`` (and :func:`rms`
-    the final ``norm``, if given), else None.
+    the final ``norm``, if given), else None. ``attention``: the model's ``attn_implementation``; the layers
+    attend as ``sdpa`` does, so a model loaded with another keeps its own layers.
     """
-    if norm is not None and not _plain_rms(norm):
+    if attention != "sdpa" or (norm is not None and not _plain_rms(norm)):
         return None
     shape = None
     for layer in layers:

@@ -214,7 +214,8 @@ class EagleRunner(ModelRunner):
             raise ValueError("this EAGLE head is not bound to its target: call head.bind(target)")
         super().__init__(model, keep_hidden=keep_hidden, input_limit=None, slot=slot)
         self.fast_parts = ()  # explicit masks for chains (the head has no causal mask of its own)
-        self.lean = lean_parts([model.midlayer]) if self.lean_layers else None
+        impl = getattr(model.config, "_attn_implementation", None) or "eager"
+        self.lean = lean_parts([model.midlayer], attention=impl) if self.lean_layers else None
         self.vocab_ids = model.token_ids  # [N] target id of each logit column
         H = model.config.hidden_size
         self._buf = torch.zeros(256, H, dtype=model.dtype, device=model.device)  # target features by position

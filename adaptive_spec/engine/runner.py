@@ -103,7 +103,8 @@ class ModelRunner:
         self.input_limit = input_limit
         self.fast_parts = fast_path_parts(model)
         # the fast path's layers in fewer kernels (engine.decoder), where they qualify; else the layers' own forward
-        self.lean = lean_parts(self.fast_parts[1], self.fast_parts[3]) if self.fast_parts and self.lean_layers else None
+        lean = self.fast_parts and self.lean_layers
+        self.lean = lean_parts(self.fast_parts[1], self.fast_parts[3], impl) if lean else None
         # The static cache (and captured forwards) of the fast path; None: the DynamicCache above.
         self.slot: ModelSlot | None = None
         if slot is not None or self._static_capable():

@@ -148,3 +148,9 @@ def test_lean_eagle_head_gives_the_layers_own_logits() -> None:
             out[flag] = (first, block)
     for a, b in zip(out[True], out[False], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_a_model_loaded_with_eager_attention_keeps_its_own_layers() -> None:
+    """The lean layers attend as sdpa does: a model loaded with attn_implementation="eager" runs its own modules."""
+    assert ModelRunner(tiny_model("llama", vocab=48, attn="eager")).lean is None
+    assert ModelRunner(tiny_model("llama", vocab=48, attn="sdpa")).lean == (4, 2, 8)
