@@ -214,14 +214,15 @@ class EagleRunner(ModelRunner):
             raise ValueError("this EAGLE head is not bound to its target: call head.bind(target)")
         super().__init__(model, keep_hidden=keep_hidden, input_limit=None, slot=slot)
         self.fast_parts = ()  # explicit masks for chains (the head has no causal mask of its own)
-        impl = getattr(model.config, "_attn_implementation", None) or "eager"
-        self.lean = lean_parts([model.midlayer], attention=impl) if self.lean_layers else None
         self.vocab_ids = model.token_ids  # [N] target id of each logit column
         H = model.config.hidden_size
         self._buf = torch.zeros(256, H, dtype=model.dtype, device=model.device)  # target features by position
         self._known = 0
         self._block_pos: list[torch.Tensor] = []  # per forward this step: positions [n]
         self._block_feat: list[torch.Tensor] = []  # per forward this step: the feature each row passes on [n, H]
+
+    def _lean_parts(self, attention: str) -> tuple[int, int, int] | None:
+        return lean_parts([self.model.midlayer], attention=attention)  # its one decoder layer
 
     def _static_capable(self) -> bool:
         return True  # the head's one decoder layer only calls the cache's ``update``

@@ -103,8 +103,7 @@ class ModelRunner:
         self.input_limit = input_limit
         self.fast_parts = fast_path_parts(model)
         # the fast path's layers in fewer kernels (engine.decoder), where they qualify; else the layers' own forward
-        lean = self.fast_parts and self.lean_layers
-        self.lean = lean_parts(self.fast_parts[1], self.fast_parts[3], impl) if lean else None
+        self.lean = self._lean_parts(impl) if self.lean_layers else None
         # The static cache (and captured forwards) of the fast path; None: the DynamicCache above.
         self.slot: ModelSlot | None = None
         if slot is not None or self._static_capable():
@@ -115,6 +114,10 @@ class ModelRunner:
         self.length = 0  # static cache: rows written (committed plus fed this step)
         # EAGLE-style policy trees decided on the device (engine.drafting); off once a step redid its tree on the host
         self.device_policy = True
+
+    def _lean_parts(self, attention: str) -> tuple[int, int, int] | None:
+        """:func:`~adaptive_spec.engine.decoder.lean_parts` of the fast path's layers and final norm (None: none)."""
+        return lean_parts(self.fast_parts[1], self.fast_parts[3], attention) if self.fast_parts else None
 
     def _static_capable(self) -> bool:
         """Whether this runner can keep a static cache (the fast path's decoder layers only call ``update``)."""
@@ -259,14 +262,13 @@ class ModelRunner:
         pe = rotary(h, pos)
         if self.lean is not None:
             h = decoder_layers(layers, self.lean, h, mask, pe, self.slot.kv)
+            norm = functools.partial(rms, norm=norm)  # the final norm too (one op where torch fuses it)
         else:
             cache = {_cache_kw(type(layers[0])): self.slot.kv}
             for layer in layers:
                 h = layer(h, attention_mask=mask, position_ids=pos, use_cache=True, position_embeddings=pe, **cache)
                 if isinstance(h, tuple):
                     h = h[0]
-        if self.lean is not None:  # the final norm too (one op where torch fuses it)
-            norm = functools.partial(rms, norm=norm)
         if keep is None or self.keep_features:
             h = norm(h)
             kept = h if keep is None else h[:, -keep:]
