@@ -31,14 +31,12 @@ def _runner(
     model = engine.target if role == "target" else engine.draft
     static = fast_path_parts(model) is not None or is_eagle_head(model)
     slot = ModelSlot(model, max(capacity, context + 256), graphs=graphs, compiled=compiled) if static else None
-    old, ModelRunner.lean_layers = ModelRunner.lean_layers, lean  # read when a runner is made
-    try:
-        if role == "target":
-            runner = ModelRunner(model, keep_features=is_eagle_head(engine.draft), slot=slot)
-        else:
-            runner = draft_runner(model, input_limit=engine.draft_input_limit, slot=slot)
-    finally:
-        ModelRunner.lean_layers = old
+    if role == "target":
+        runner = ModelRunner(model, keep_features=is_eagle_head(engine.draft), slot=slot)
+    else:
+        runner = draft_runner(model, input_limit=engine.draft_input_limit, slot=slot)
+    if not lean:  # the decoder layers' own modules
+        runner.lean = None
     if isinstance(runner, EagleRunner):  # the target's features of the context, as the engine hands them over
         runner.set_target_features(0, torch.zeros(context, engine.hidden_sizes[1], device=engine.device))
     return runner

@@ -60,27 +60,17 @@ def test_hooks_on_the_model_keep_its_own_forward() -> None:
     assert fast_path_parts(model) is not None
 
 
-def _lean(flag: bool):
-    class _Switch:
-        def __enter__(self):
-            self.old, ModelRunner.lean_layers = ModelRunner.lean_layers, flag
-
-        def __exit__(self, *exc):
-            ModelRunner.lean_layers = self.old
-
-    return _Switch()
-
-
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_lean_layers_give_the_layers_own_logits(kind: str, dtype: torch.dtype) -> None:
+def test_lean_layers_give_the_layers_own_logits(kind: str, dtype: torch.dtype, monkeypatch) -> None:
     """engine.decoder's layers against the modules' forward on the same fast path: grouped keys (4 query heads,
     2 key heads), Qwen2's biases, half precision's casts; chains, a tree block, a commit."""
     model = tiny_model(kind, vocab=48).to(dtype)
-    with torch.inference_mode(), _lean(True):
+    with torch.inference_mode():
         assert ModelRunner(model).lean == (4, 2, 8)
         lean = _run(model, True, keep_hidden=True)
-    with torch.inference_mode(), _lean(False):
+    monkeypatch.setattr(ModelRunner, "lean_layers", False)
+    with torch.inference_mode():
         assert ModelRunner(model).lean is None
         layers = _run(model, True, keep_hidden=True)
     tol = 1e-5 if dtype == torch.float32 else 1e-2  # float rounding: the stacked heads attend in other blocks
@@ -88,7 +78,7 @@ def test_lean_layers_give_the_layers_own_logits(kind: str, dtype: torch.dtype) -
         torch.testing.assert_close(a, b, rtol=tol, atol=tol)
 
 
-def test_lean_layers_dispatch_fewer_ops() -> None:
+def test_lean_layers_dispatch_fewer_ops(monkeypatch) -> None:
     """Fewer kernels a layer (the point of engine.decoder): counted as aten ops dispatched by a tree block."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -103,7 +93,8 @@ def test_lean_layers_dispatch_fewer_ops() -> None:
     model = tiny_model("llama", vocab=48, layers=4)
     counts = {}
     for flag in (True, False):
-        with torch.inference_mode(), _lean(flag):
+        monkeypatch.setattr(ModelRunner, "lean_layers", flag)
+        with torch.inference_mode():
             runner = ModelRunner(model)
             runner.chain_forward(torch.tensor([0, 5, 9, 3, 7]), logits_to_keep=1)
             anc = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
@@ -129,7 +120,7 @@ def test_a_hook_on_a_layer_part_keeps_the_layers_own_forward() -> None:
     assert ModelRunner(model).lean is not None
 
 
-def test_lean_eagle_head_gives_the_layers_own_logits() -> None:
+def test_lean_eagle_head_gives_the_layers_own_logits(monkeypatch) -> None:
     from adaptive_spec.engine.eagle import EagleConfig, EagleHead, EagleRunner
 
     target = tiny_model("llama", vocab=48, eos=None)
@@ -138,7 +129,8 @@ def test_lean_eagle_head_gives_the_layers_own_logits() -> None:
     head.bind(target)
     out = {}
     for flag in (True, False):
-        with torch.inference_mode(), _lean(flag):
+        monkeypatch.setattr(ModelRunner, "lean_layers", flag)
+        with torch.inference_mode():
             runner = EagleRunner(head)
             assert (runner.lean is not None) == flag
             runner.set_target_features(0, torch.randn(4, 32, generator=torch.Generator().manual_seed(0)))
