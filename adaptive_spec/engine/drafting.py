@@ -41,6 +41,7 @@ its last row is the draft's root distribution) and :func:`draft_tree` continues 
 
 from __future__ import annotations
 
+import collections
 import functools
 import time
 from collections.abc import Mapping
@@ -51,15 +52,19 @@ import torch
 from adaptive_spec.engine.eagle import EagleRunner
 from adaptive_spec.engine.logits import ProbsFn
 from adaptive_spec.engine.runner import ModelRunner
+from adaptive_spec.formats.nodes import PROB_FLOOR
 from adaptive_spec.rng import TorchSampler, accelerator_path
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.trees.draw import draw_children, draw_tokens
 from adaptive_spec.trees.lookup import hybrid_tree, lookup_trie, ngram_candidates, ngram_lookup, within_vocab
 from adaptive_spec.trees.policy import (
     ChainRule,
+    ConfidenceChain,
     ConfidenceDelayed,
+    CumulativeChain,
     DraftPolicy,
     EagleTree,
+    LearnedChain,
     NodeView,
     PolicyContext,
     clip_widths,
@@ -316,11 +321,13 @@ def _chain_outcome(
     drawn: list[torch.Tensor],
     device: torch.device,
     decisions: int = 0,
+    depth: int | None = None,
 ) -> DraftOutcome:
     """The outcome of a chain drafted on the device: ``drawn`` its D tokens (each LongTensor[1]), ``rows`` the D
-    fed rows (the root's first), all on the device; nothing read.
+    fed rows (the root's first), all on the device; nothing read. ``depth``: D when it is not ``shape.depth`` (a
+    policy chain's, whose shape is the policy's).
     """
-    D, p = shape.depth, root.pending
+    D, p = shape.depth if depth is None else depth, root.pending
     no_token, parents, depths, children, ancestors = _chain_tensors(D, device)
     tokens = torch.cat([no_token, *drawn])  # [D + 1], on the device
     probs = torch.cat([*rows, rows[0].new_zeros(1, rows[0].shape[1])])  # [D + 1, V]; the leaf is never fed
@@ -482,7 +489,9 @@ def draft_policy_tree(
 ) -> DraftOutcome:
     """Grow a tree with a drafting ``policy``: one draft forward per level.
 
-    An EAGLE-style policy is decided on the device, with one host read for the whole tree without
+    A chain whose stop rule is device arithmetic (``conf-chain``, ``cum-chain``, ``learned-chain``) is decided on
+    the device with at most one host read, on an accelerator (:func:`draft_chain_on_device`; ``on_device=True``
+    takes that path on a CPU too, ``False`` the host path). An EAGLE-style policy is decided on the device, with one host read for the whole tree without
     replacement (:func:`draft_eagle_on_device`) and usually with i.i.d. children too, on an accelerator
     (:func:`draft_eagle_iid_on_device`; ``on_device=False`` forces the host path below, and
     the runner's ``device_policy`` turns it off for a run after a step had to redo its tree). A
@@ -505,6 +514,9 @@ def draft_policy_tree(
     lossless for any tree.
     """
     root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
+    if chain_on_device(policy) and runner.device_policy:
+        if on_device or (on_device is None and accelerator_path(runner.device)):
+            return draft_chain_on_device(runner, root, policy, probs_fn, generator, deterministic, temperature)
     if on_device is not False and delayed_on_slots(policy):
         return draft_conf_delayed(runner, root, policy, probs_fn, generator, deterministic)
     if on_device is None:
@@ -557,6 +569,122 @@ def draft_policy_tree(
         ok = finite_flag(logits, R)
         rows.append(R)
     return g.outcome(rows, p)
+
+
+def chain_on_device(policy: DraftPolicy) -> bool:
+    """Whether ``policy`` is a chain whose stop rule the device decides (:func:`draft_chain_on_device`): ``conf-chain``,
+    ``cum-chain``, and ``learned-chain`` with an acceptance model that gives its layers (the installed one does).
+    """
+    if isinstance(policy, LearnedChain):
+        return hasattr(policy.predictor, "device_layers")
+    return type(policy) in (ConfidenceChain, CumulativeChain)
+
+
+#: The look level of a policy chain drafted on the device before its runner has seen it stop, and how many past
+#: stops choose it after that (:func:`draft_chain_on_device`).
+FIRST_LOOK, LOOK_HISTORY = 2, 8
+
+
+def draft_chain_on_device(
+    runner: ModelRunner,
+    root: DraftRoot,
+    policy: ChainRule,
+    probs_fn: ProbsFn,
+    generator: torch.Generator,
+    deterministic: bool,
+    temperature: float = 1.0,
+) -> DraftOutcome:
+    """A policy chain (``conf-chain``, ``cum-chain``, ``learned-chain``) with its stop rule decided on the device: one
+    host read at most.
+
+    Each level draws the next token from the last row (the host path's lone candidate: the same draw from the same
+    generator state) and decides on the device whether the policy feeds it, with the host path's arithmetic on the
+    same values (:class:`_ChainRuleOnDevice`: the top-1 of the row it was drawn from against ``threshold``, its
+    path's draft probability against ``min_path_prob``, or the acceptance model's network and rule). It is fed
+    whatever the decision, so no level waits for the host. The host reads once, after node ``l``, the *look*:
+
+    * a chain that stopped by then is cut at its stop: the host path's tree, node for node (the nodes fed after the
+      stop cost forwards, not law);
+    * a chain that has not is drafted to the policy's depth, without another read: every node of it was drawn from
+      the draft's rows, so it is verified whole.
+
+    That is the tree the host path grows with the policy :class:`~adaptive_spec.trees.policy.LookedChain` ``(policy,
+    l)``, whose law the exact tests check for every verifier of policy chains. The look comes from the past steps of
+    the same policy (``runner.chain_look``): the deepest of the last :data:`LOOK_HISTORY` stops, a chain that went
+    past its look counting as a stop one deeper (a look past the stop costs the forwards in between; a look before
+    it, the forwards to the depth, whose nodes may be accepted).
+    """
+    G, p, base, device = policy.depth, root.pending, root.base, runner.device
+    stops = runner.chain_look.setdefault(str(policy), collections.deque(maxlen=LOOK_HISTORY))
+    look = min(max(stops, default=FIRST_LOOK), G - 1)
+    positions = torch.arange(base + p - 1, base + p + G - 1, device=device)  # node d's position, d = 1 .. G
+    rows, drawn, fed = [root.probs[-1:]], [], []  # fed[d]: BoolTensor[1], whether the policy feeds node d + 1
+    rule = _ChainRuleOnDevice(policy, device, temperature)
+    for d in range(G):
+        token = draw_tokens(rows[-1], 1, generator, greedy=deterministic)[:, 0]  # [1]
+        drawn.append(token)
+        if d + 1 == G:  # node G is a leaf whatever the rule
+            break
+        if d < look:  # nodes 1 .. look: the policy's decisions (past the look every node is fed)
+            feeds = rule(d + 1, rows[-1], token)
+            fed.append(feeds if d == 0 else fed[-1] & feeds)  # fed once every node before it was
+        if d + 1 == look:  # the one read: how many of nodes 1 .. look the policy fed (a stop: fewer than all)
+            n_fed = torch.cat(fed).sum().tolist()
+            if n_fed < look:  # stopped at node n_fed + 1: the host path's chain
+                s = n_fed + 1
+                stops.append(s)
+                return _chain_outcome(root, policy.shape, rows[:s], drawn[:s], device, s, depth=s)
+        logits = runner.block_forward(token, positions[d + 1 : d + 2], None, logits_to_keep=1)
+        rows.append(probs_fn(logits))
+    if G > 1:
+        stops.append(look + 1)  # the stop is deeper than the look (unknown: not read)
+    return _chain_outcome(root, policy.shape, rows, drawn, device, G, depth=G)
+
+
+class _ChainRuleOnDevice:
+    """A policy chain's feed rule on the device, node after node: the host path's arithmetic on the same values
+    (float64 from the rows' float32, as its read brings them; :class:`~adaptive_spec.trees.policy.NodeView`).
+    """
+
+    def __init__(self, policy: DraftPolicy, device: torch.device, temperature: float) -> None:
+        self.policy, self.temperature = policy, float(temperature)
+        self.path = None  # the path's draft probability (float64 [1])
+        if isinstance(policy, LearnedChain):
+            self.layers = policy.predictor.device_layers(device)
+            # the features' constant columns: the depths 0 .. D and the temperature (float64 [1, D + 1], [1, 1])
+            self.depths = torch.arange(policy.depth + 1, dtype=torch.float64, device=device)[None]
+            self.temp = torch.full((1, 1), self.temperature, dtype=torch.float64, device=device)
+            self.accept, self.expected = None, None  # the path's predicted acceptance, the expected tokens so far
+
+    def __call__(self, depth: int, row: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+        """BoolTensor[1]: whether the policy feeds the node at ``depth`` (its ``token`` drawn from ``row`` [1, V])."""
+        policy = self.policy
+        if isinstance(policy, ConfidenceChain):
+            return row.amax(-1).double() >= policy.threshold
+        if isinstance(policy, CumulativeChain):
+            q = row.gather(-1, token[:, None])[:, 0].double()
+            self.path = q if self.path is None else self.path * q
+            return self.path >= policy.min_path_prob
+        return self._learned(depth, row, token)
+
+    def _learned(self, depth: int, row: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+        """``learned-chain``: acceptance_row's features, the acceptance model's network, LearnedChain.feed's rule."""
+        ent = torch.special.entr(row).sum(-1, keepdim=True)
+        stats = torch.cat([row.gather(-1, token[:, None]), row.amax(-1, keepdim=True), ent], dim=1).double()  # q, top-1
+        q = stats[:, :1]
+        self.path = q if self.path is None else self.path * q  # [1, 1]
+        logs = torch.cat([q, self.path], dim=1).clamp_min(PROB_FLOOR).log()
+        d = self.depths[:, depth : depth + 1]
+        h = torch.cat([d, logs[:, :1], stats[:, 1:], logs[:, 1:], self.temp], dim=1)  # [1, F], ACCEPTANCE_FEATURES order
+        for i, (W, b) in enumerate(self.layers):
+            h = torch.addmm(b, h, W.t())
+            if i + 1 < len(self.layers):
+                h = h.clamp_min(0.0)
+        a, b = torch.sigmoid(h)[0].unbind()
+        self.accept = a if self.accept is None else self.accept * a
+        self.expected = 1.0 + self.accept if self.expected is None else self.expected + self.accept
+        rho = float(self.policy.cost_ratio)
+        return (self.accept * b * (1.0 + rho * depth) > self.expected * rho).view(1)
 
 
 def delayed_on_slots(policy: DraftPolicy) -> bool:

@@ -21,6 +21,8 @@ of tokens to remove).
 
 from __future__ import annotations
 
+import collections
+
 import functools
 import inspect
 
@@ -114,6 +116,8 @@ class ModelRunner:
         self.length = 0  # static cache: rows written (committed plus fed this step)
         # EAGLE-style policy trees decided on the device (engine.drafting); off once a step redid its tree on the host
         self.device_policy = True
+        # policy chains decided on the device: each policy's last stop depths, which choose where it reads (drafting)
+        self.chain_look: dict[str, collections.deque] = {}
 
     def _lean_parts(self, attention: str) -> tuple[int, int, int] | None:
         """:func:`~adaptive_spec.engine.decoder.lean_parts` of the fast path's layers and final norm (None: none)."""

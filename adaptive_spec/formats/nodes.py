@@ -36,7 +36,8 @@ __all__ = ["ACCEPTANCE_FEATURES", "NODE_COLUMNS", "NodeLogger", "acceptance_row"
 #: draft row, the log of the path's cumulative draft probability, and the temperature.
 ACCEPTANCE_FEATURES = ("depth", "log_token_prob", "parent_top1", "parent_entropy", "log_path_prob", "temperature")
 NODE_COLUMNS = ("generation", "step", "node", *ACCEPTANCE_FEATURES, "fed", "label_accept", "label_next")
-_FLOOR = 1e-12  # probabilities below it are logged as it (no -inf)
+#: Probabilities below it are logged as it (no -inf) in the acceptance features.
+PROB_FLOOR = 1e-12
 
 
 def acceptance_row(
@@ -50,10 +51,10 @@ def acceptance_row(
     """
     return (
         float(depth),
-        math.log(max(token_prob, _FLOOR)),
+        math.log(max(token_prob, PROB_FLOOR)),
         float(parent_top1),
         float(parent_entropy),
-        math.log(max(path_prob, _FLOOR)),
+        math.log(max(path_prob, PROB_FLOOR)),
         float(temperature),
     )
 

@@ -89,6 +89,7 @@ class AcceptanceModel:
             self._py_layers = [(list(map(tuple, W0)), b0)] + [(list(map(tuple, W)), b) for W, b in layers[1:]]
         except (KeyError, ValueError, TypeError) as err:
             raise ValueError(f"{self.path}: missing or malformed layer weights in the metadata; {HINT}") from err
+        self._on_device: dict[str, list] = {}
         probe = np.random.default_rng(0).normal(size=(64, len(ACCEPTANCE_FEATURES))).astype(np.float32) * 3
         reference = self.run_onnx(probe)
         if reference.shape != (64, 2) or not np.isfinite(reference).all():
@@ -123,6 +124,23 @@ class AcceptanceModel:
                     h = [v if v > 0.0 else 0.0 for v in h]
             out.append(tuple(1.0 / (1.0 + math.exp(-v)) for v in h))
         return out
+
+    def device_layers(self, device: Any) -> list[tuple[Any, Any]]:
+        """The network's layers as float64 tensors ``(W [out, in], b [out])`` on ``device``, the standardisation
+        folded into the first (the arithmetic of :meth:`run_rows`, for a policy decided on the device), made once.
+        """
+        import torch
+
+        key = str(device)
+        if key not in self._on_device:  # every layer's values in one copy
+            flat = [v for W, b in self._py_layers for v in (*(x for r in W for x in r), *b)]
+            parts = torch.tensor(flat, dtype=torch.float64, device=device).split(
+                [n for W, b in self._py_layers for n in (len(W) * len(W[0]), len(b))]
+            )
+            self._on_device[key] = [
+                (parts[2 * i].view(len(W), len(W[0])), parts[2 * i + 1]) for i, (W, _) in enumerate(self._py_layers)
+            ]
+        return self._on_device[key]
 
     def __call__(self, features: np.ndarray | Sequence[Sequence[float]]) -> np.ndarray | list[tuple[float, float]]:
         """Probabilities (accept given parent accepted, child accepted given node accepted) per row.
@@ -179,6 +197,10 @@ class LazyAcceptanceModel:
 
     def __call__(self, features: Any) -> Any:
         return (self._model or self.load())(features)
+
+    def device_layers(self, device: Any) -> list[tuple[Any, Any]]:
+        """:meth:`AcceptanceModel.device_layers` of the model (loaded now if needed)."""
+        return (self._model or self.load()).device_layers(device)
 
 
 def default_acceptance_paths() -> list[Path]:

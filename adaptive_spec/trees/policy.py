@@ -72,6 +72,7 @@ __all__ = [
     "EagleTree",
     "FixedShapePolicy",
     "LearnedChain",
+    "LookedChain",
     "NodeView",
     "PolicyContext",
     "acceptance_features",
@@ -479,6 +480,36 @@ class LearnedChain(ChainRule):
 
     def __str__(self) -> str:
         return f"learned-chain:{self.depth}:{self.cost_ratio:g}"
+
+
+@dataclass(frozen=True)
+class LookedChain(ChainRule):
+    """``inner``'s chain where it stops within its first ``look`` nodes, else the chain to the depth.
+
+    The law a policy chain decided on the device draws (:func:`adaptive_spec.engine.drafting.draft_chain_on_device`:
+    its levels run without waiting for the host, which reads once, after node ``look``): nodes up to the look are
+    fed as ``inner`` decides, and once ``inner`` has fed every one of them, every node after them is fed too (the
+    chain runs to ``depth``). A draft-side rule like any other: the dynamic chain's verifiers stay lossless for it
+    (exact test: ``tests/verifiers/test_dynamic_exact.py``).
+    """
+
+    inner: ChainRule | None = None
+    look: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.inner, ChainRule):
+            raise ValueError(f"LookedChain: inner must be a chain policy, got {self.inner!r}")
+        if not isinstance(self.look, int) or isinstance(self.look, bool) or self.look < 1:
+            raise ValueError(f"LookedChain: look must be an integer >= 1, got {self.look!r}")
+        super().__post_init__()
+
+    def feed(self, views: Sequence[NodeView], ctx: PolicyContext, sampler: Sampler) -> list[bool]:
+        asked = [v.depth <= self.look for v in views]  # nodes past the look are fed without asking
+        inner = iter(self.inner.feed([v for v, a in zip(views, asked) if a], ctx, sampler) if any(asked) else ())
+        return [next(inner) if a else True for a in asked]
+
+    def __str__(self) -> str:
+        return f"looked({self.inner},{self.look})"
 
 
 def _check_prob(name: str, value: float) -> None:

@@ -161,6 +161,15 @@ def test_train_export_and_runtime(tmp_path) -> None:
     x = data["x"][:200]
     assert np.abs(model.run_numpy(x) - model.run_onnx(x)).max() < 1e-4
     assert np.abs(np.array(model(x[:3].tolist())) - model.run_onnx(x[:3])).max() < 1e-4  # the row path
+    import torch
+
+    h = torch.tensor(x[:50], dtype=torch.float64)  # the layers a policy decided on the device runs (float64)
+    layers = model.device_layers(torch.device("cpu"))
+    for i, (W, b) in enumerate(layers):
+        h = torch.addmm(b, h, W.t())
+        h = h.clamp_min(0.0) if i + 1 < len(layers) else torch.sigmoid(h)
+    assert np.abs(h.numpy() - np.array(model.run_rows(x[:50].tolist()))).max() < 1e-12  # the row path's arithmetic
+    assert model.device_layers(torch.device("cpu")) is layers  # made once
     pred = model(x)
     assert pred.shape == (200, 2)
     assert np.corrcoef(pred[:, 0], data["a"][:200])[0, 1] > 0.9  # it learned the signal

@@ -129,6 +129,36 @@ def test_lossless_end_to_end_eagle_iid_on_the_device(engine: SpecEngine, monkeyp
     assert len(grown) >= 2000
 
 
+@pytest.mark.parametrize("plan", ["cum-chain:3:0.35/block", "cum-chain:3:0.35/traversal", "learned"])
+def test_lossless_end_to_end_policy_chain_on_the_device(engine: SpecEngine, plan: str, monkeypatch) -> None:
+    """A policy chain decided on the device (one read at its look: cut at its stop by then, else drafted to the
+    depth): the accelerator's path, through the engine, both cases met."""
+    from adaptive_spec.engine import Plan, drafting
+    from adaptive_spec.rng import accelerator_path_on_cpu
+    from adaptive_spec.trees.policy import LearnedChain
+    from tests.helpers.dynamic_cases import TinyAcceptanceNet
+
+    if plan == "learned":
+        plan = Plan(LearnedChain(depth=3, cost_ratio=0.01, predictor=TinyAcceptanceNet(1)), "block")
+    past = []
+    real = drafting.draft_chain_on_device
+
+    def counted(*a):
+        out = real(*a)
+        if a[2].depth > 1:  # a cut chain stops by its look, before the depth
+            past.append(out.tree.num_nodes == a[2].depth + 1)
+        return out
+
+    monkeypatch.setattr(drafting, "draft_chain_on_device", counted)
+    counts = torch.zeros(V, V, V, dtype=torch.long)
+    with accelerator_path_on_cpu():
+        for seed in range(2000):
+            out = engine.generate(PROMPT, max_new_tokens=3, temperature=0.9, top_k=6, plan=plan, seed=seed)
+            counts[tuple(out.token_ids)] += 1
+    assert 0 < sum(past) < len(past) >= 1000
+    assert chi_square_pvalue(counts, exact_law(engine.target, SAMPLING)) > 1e-3
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("verifier", "law"), SLOW_CASES, ids=[f"{v}-{law.value}" for v, law in SLOW_CASES])
 def test_lossless_end_to_end_all_verifiers(engine: SpecEngine, verifier: str, law: DraftLaw) -> None:

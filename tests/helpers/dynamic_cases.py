@@ -17,6 +17,7 @@ from adaptive_spec.trees.policy import (
     EagleTree,
     FixedShapePolicy,
     LearnedChain,
+    LookedChain,
     NodeView,
     PolicyContext,
 )
@@ -84,8 +85,14 @@ class TinyAcceptanceNet:
     def __call__(self, rows):
         import numpy as np
 
-        x = np.asarray(rows, dtype=np.float32).reshape(len(rows), 6)
-        return (1.0 / (1.0 + np.exp(-(x @ self.w + self.bias)))).tolist()
+        x = np.asarray(rows, dtype=np.float64).reshape(len(rows), 6)  # in float64, as the device's layers below
+        return (1.0 / (1.0 + np.exp(-(x @ self.w.astype(np.float64) + self.bias)))).tolist()
+
+    def device_layers(self, device):
+        """The one layer as float64 tensors ``(W [2, 6], b [2])``: the policy decided on the device."""
+        import torch
+
+        return [(torch.tensor(self.w.T, dtype=torch.float64, device=device), torch.tensor(self.bias, dtype=torch.float64, device=device))]
 
 
 def policies_for(law: DraftLaw) -> list[DraftPolicy]:
@@ -100,6 +107,10 @@ def policies_for(law: DraftLaw) -> list[DraftPolicy]:
             FixedShapePolicy(TreeShape.chain(2)),
             LearnedChain(depth=3, cost_ratio=0.2, predictor=TinyAcceptanceNet(0)),
             LearnedChain(depth=3, cost_ratio=0.08, predictor=TinyAcceptanceNet(1)),
+            # a policy chain decided on the device, its look after node 1 (engine.drafting.draft_chain_on_device)
+            LookedChain(3, inner=ConfidenceChain(depth=3, threshold=0.6), look=1),
+            LookedChain(3, inner=CumulativeChain(depth=3, min_path_prob=0.3), look=2),
+            LookedChain(3, inner=LearnedChain(depth=3, cost_ratio=0.08, predictor=TinyAcceptanceNet(1)), look=1),
         ]
     if law is DraftLaw.DYNAMIC_IID:
         return [
