@@ -518,7 +518,8 @@ def draft_policy_tree(
         if on_device or (on_device is None and accelerator_path(runner.device)):
             return draft_chain_on_device(runner, root, policy, probs_fn, generator, deterministic, temperature)
     if on_device is not False and delayed_on_slots(policy):
-        return draft_conf_delayed(runner, root, policy, probs_fn, generator, deterministic)
+        looked = runner.device_policy and (on_device or accelerator_path(runner.device))
+        return draft_conf_delayed(runner, root, policy, probs_fn, generator, deterministic, looked)
     if on_device is None:
         on_device = runner.device_policy and eagle_on_device(policy, probs_fn.vocab_size)
         # i.i.d. children: the device pads its levels and writes every candidate; a CPU, where a read costs nothing,
@@ -619,6 +620,7 @@ def draft_chain_on_device(
     look = min(max(stops, default=FIRST_LOOK), G - 1)
     positions = torch.arange(base + p - 1, base + p + G - 1, device=device)  # node d's position, d = 1 .. G
     rows, drawn, fed = [root.probs[-1:]], [], []  # fed[d]: BoolTensor[1], whether the policy feeds node d + 1
+    marks = []  # the draft cache before each level's forward
     rule = _ChainRuleOnDevice(policy, device, temperature)
     for d in range(G):
         token = draw_tokens(rows[-1], 1, generator, greedy=deterministic)[:, 0]  # [1]
@@ -633,7 +635,10 @@ def draft_chain_on_device(
             if n_fed < look:  # stopped at node n_fed + 1: the host path's chain
                 s = n_fed + 1
                 stops.append(s)
+                if s - 1 < len(marks):  # nodes fed from the stop on: their rows go
+                    runner.undo_block(marks[s - 1])
                 return _chain_outcome(root, policy.shape, rows[:s], drawn[:s], device, s, depth=s)
+        marks.append(runner.block_mark())
         logits = runner.block_forward(token, positions[d + 1 : d + 2], None, logits_to_keep=1)
         rows.append(probs_fn(logits))
     if G > 1:
@@ -706,6 +711,7 @@ def draft_conf_delayed(
     probs_fn: ProbsFn,
     generator: torch.Generator,
     deterministic: bool,
+    looked: bool = False,
 ) -> DraftOutcome:
     """A confident trunk read level by level, then the paths drafted into slots with no read.
 
@@ -716,12 +722,43 @@ def draft_conf_delayed(
     there on is the static ``delayed(t, paths, D − t)`` shape's (``iid`` at ``t = 0``), drafted into its slots
     (:func:`_draft_slots`, the trunk as its first levels) with no host read. A trunk that stays confident to
     depth ``D`` is a chain. One read per trunk node instead of one read and one copy per level.
+
+    ``looked`` (an accelerator: :func:`draft_policy_tree`): the trunk is decided on the device, its nodes drawn and
+    fed without waiting, and read once, after ``l`` decisions (the *look*, from the past steps of the policy as a
+    policy chain's, :func:`draft_chain_on_device`): a trunk that stopped by then branches where it stopped, one that
+    did not branches at depth ``l``. That is the tree of
+    :class:`~adaptive_spec.trees.policy.LookedDelayed` ``(policy, l)``, whose law the exact tests check.
     """
     D, K, device = policy.depth, policy.paths, runner.device
     p, base = root.pending, root.base
     R, ok = root.probs[-1:], root.ok
     tokens, valid, rows = [], [], []
     _delayed_layouts(D, K, probs_fn.vocab_size, device)  # every trunk length's slots on the device, in one copy
+    if looked:
+        stops = runner.chain_look.setdefault(str(policy), collections.deque(maxlen=LOOK_HISTORY))
+        look = max(1, min(max(stops, default=FIRST_LOOK), D - 1))
+        going, marks = [], []  # per trunk decision: every decision so far confident (BoolTensor[1]); before each feed
+        for j in range(look):  # decision j: trunk node j's row confident -> its one child, node j + 1
+            confident = R.amax(-1).double() >= policy.threshold
+            going.append(confident if j == 0 else going[-1] & confident)
+            drawn, drawn_ok = draw_children(R, 1, generator, replace=False, greedy=deterministic)  # [1, 1]
+            tokens.append(drawn[0])
+            valid.append(drawn_ok[0])
+            if j + 1 < D:  # fed, to be decided next (a node at depth D is a leaf)
+                marks.append(runner.block_mark())
+                pos = torch.full((1,), base + p + j, dtype=torch.long, device=device)
+                logits = runner.block_forward(drawn[0], pos, None, logits_to_keep=1)
+                R = probs_fn(logits)
+                ok = ok & finite_flag(logits, R)
+                rows.append(R)
+        t, good = torch.stack([torch.cat(going).sum().double(), ok.double()]).tolist()  # the trunk's one read
+        check_finite(good, "draft")
+        t = int(t)  # the trunk branches at depth t: where it stopped, or at the look
+        stops.append(t if t < look else look + 1)
+        if t < len(marks):  # trunk nodes fed after the branch node: their rows go
+            runner.undo_block(marks[t])
+        tokens, valid, rows = tokens[:t], valid[:t], rows[:t]
+        return _delayed_tree(runner, root, policy, probs_fn, generator, deterministic, (tokens, valid, rows))
     while len(tokens) < D:
         top1, good = torch.stack([R.max().double(), ok.double()]).tolist()  # the trunk node's one read
         check_finite(good, "draft")
@@ -736,12 +773,27 @@ def draft_conf_delayed(
             R = probs_fn(logits)
             ok = finite_flag(logits, R)
             rows.append(R)
-    t = len(tokens)
-    shape = TreeShape.delayed(t, K, D - t)
+    return _delayed_tree(runner, root, policy, probs_fn, generator, deterministic, (tokens, valid, rows))
+
+
+def _delayed_tree(
+    runner: ModelRunner,
+    root: DraftRoot,
+    policy: ConfidenceDelayed,
+    probs_fn: ProbsFn,
+    generator: torch.Generator,
+    deterministic: bool,
+    trunk: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]],
+) -> DraftOutcome:
+    """:func:`draft_conf_delayed`'s tree after its trunk of ``t`` nodes (their tokens, validity flags and rows): a
+    chain at ``t = D``, else the paths drafted into the slots of ``delayed(t, paths, D − t)``.
+    """
+    D, t, device = policy.depth, len(trunk[0]), runner.device
+    shape = TreeShape.delayed(t, policy.paths, D - t)
     if t == D:  # confident to the end: a chain
-        return _chain_outcome(root, shape, [root.probs[-1:], *rows], tokens, device, decisions=t)
+        return _chain_outcome(root, shape, [root.probs[-1:], *trunk[2]], trunk[0], device, decisions=t)
     layout = slot_layout(shape, probs_fn.vocab_size)
-    out = _draft_slots(runner, root, layout, probs_fn, generator, deterministic, trunk=(tokens, valid, rows))
+    out = _draft_slots(runner, root, layout, probs_fn, generator, deterministic, trunk=trunk)
     out.policy_levels = t + 1  # the trunk's decisions: the rest is the static shape's
     return out
 

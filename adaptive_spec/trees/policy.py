@@ -73,6 +73,7 @@ __all__ = [
     "FixedShapePolicy",
     "LearnedChain",
     "LookedChain",
+    "LookedDelayed",
     "NodeView",
     "PolicyContext",
     "acceptance_features",
@@ -507,6 +508,47 @@ class LookedChain(ChainRule):
         asked = [v.depth <= self.look for v in views]  # nodes past the look are fed without asking
         inner = iter(self.inner.feed([v for v, a in zip(views, asked) if a], ctx, sampler) if any(asked) else ())
         return [next(inner) if a else True for a in asked]
+
+    def __str__(self) -> str:
+        return f"looked({self.inner},{self.look})"
+
+
+@dataclass(frozen=True)
+class LookedDelayed(DraftPolicy):
+    """``inner``'s tree where its trunk branches within its first ``look`` nodes, else branched at depth ``look``.
+
+    The law a ``conf-delayed`` tree decided on the device draws (:func:`adaptive_spec.engine.drafting.
+    draft_conf_delayed` with ``looked``: the trunk's levels run without waiting for the host, which reads once,
+    after ``look`` decisions): along the trunk, ``inner`` decides up to depth ``look - 1``, and a trunk node at depth
+    ``look`` gets ``inner.paths`` draws whatever its row. A draft-side rule like any other (exact test:
+    ``tests/verifiers/test_dynamic_exact.py``).
+    """
+
+    inner: ConfidenceDelayed | None = None
+    look: int = 1
+
+    law: DraftLaw = dataclasses.field(default=DraftLaw.DYNAMIC_IID, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.inner, ConfidenceDelayed):
+            raise ValueError(f"LookedDelayed: inner must be a ConfidenceDelayed policy, got {self.inner!r}")
+        if not isinstance(self.look, int) or isinstance(self.look, bool) or self.look < 0:
+            raise ValueError(f"LookedDelayed: look must be an integer >= 0, got {self.look!r}")
+        if self.budget == 0:
+            object.__setattr__(self, "budget", self.inner.budget)
+        super().__post_init__()
+
+    @property
+    def max_width(self) -> int:
+        return self.inner.max_width
+
+    def feed(self, views: Sequence[NodeView], ctx: PolicyContext, sampler: Sampler) -> list[bool]:
+        return self.inner.feed(views, ctx, sampler)
+
+    def widths(self, views: Sequence[NodeView], ctx: PolicyContext, sampler: Sampler) -> list[int]:
+        out = self.inner.widths(views, ctx, sampler)
+        trunk = [not v.branched and v.parent_draws <= 1 and v.depth >= self.look for v in views]
+        return [self.inner.paths if at_look else w for w, at_look in zip(out, trunk, strict=True)]
 
     def __str__(self) -> str:
         return f"looked({self.inner},{self.look})"

@@ -91,7 +91,7 @@ def test_the_device_drafts_the_host_chain_of_the_looked_policy(model, policy, te
                 past += 1
                 assert dt.num_nodes == G + 1 == dev.fed_nodes + 1 and dev.policy_levels == G
                 assert list(r_dev.chain_look[str(policy)]) == [look, look + 1]
-                assert r_dev.cache_length() == r_host.cache_length()
+            assert r_dev.cache_length() == r_host.cache_length()  # nodes fed after a stop: their rows undone
     assert past and (cut or greedy), (cut, past)  # both cases met (at T = 0 these chains often run to the depth)
 
 

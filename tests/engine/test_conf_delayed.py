@@ -11,6 +11,8 @@ path is checked by tests/engine/test_lossless.py (``conf-delayed`` is its dynami
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 import torch
 from transformers import LogitsProcessorList
@@ -27,8 +29,10 @@ V = 12
 CONTEXT = [0, 2, 1, 5, 7]
 
 
-def _grow(model, policy, seed: int, deterministic: bool, on_device=None):
+def _grow(model, policy, seed: int, deterministic: bool, on_device=None, look=None):
     runner = ModelRunner(model)
+    if look is not None:
+        runner.chain_look[str(policy)] = collections.deque([look])
     probs_fn = ProbsFn(LogitsProcessorList(), V, one_hot=False)
     g = torch.Generator().manual_seed(seed)
     with torch.inference_mode():
@@ -112,3 +116,31 @@ def test_the_trunk_continues_at_the_threshold_and_branches_just_above_it(model) 
         assert on.tree.shape != off.tree.shape
         checked += 1
     assert checked >= 1  # the root's row at least
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_on_an_accelerator_the_trunk_is_read_once_at_its_look(model, temperature) -> None:
+    """The trunk decided on the device (``on_device=True``: the accelerator's path), read once after ``look``
+    decisions: it branches where the host-read trunk does when that is before the look, else at the look (the tree
+    of ``LookedDelayed(policy, look)``); at T = 0, where the trunk draws nothing at random, the very same tree."""
+    depth, paths = 4, 3
+    before = set()
+    for threshold in (0.6, 0.7, 0.72, 0.99):  # trunks of 4, 3, 0 and 0 nodes with this model
+        policy = parse_policy(f"conf-delayed:{depth}:{threshold}:{paths}")
+        for seed in range(3):
+            host, _ = _grow(model, policy, seed, deterministic=temperature == 0)
+            top1 = host.tree.draft_probs.max(dim=-1).values.tolist()  # slot d <= t is trunk node d
+            t_host = next((d for d in range(depth) if top1[d] < threshold), depth)
+            for look in range(1, depth):
+                dev, reads = _grow(model, policy, seed, deterministic=temperature == 0, on_device=True, look=look)
+                t = min(t_host, look)
+                before.add(t_host < look)
+                assert len(reads) == 1  # the trunk's one read; none for the paths
+                assert dev.tree.shape == TreeShape.delayed(t, paths, depth - t) and dev.policy_levels == t + 1
+                assert dev.tree.num_nodes == 1 + t + paths * (depth - t)
+                if t_host < look:  # branched before the look: the host-read trunk, its later nodes' rows undone
+                    assert dev.tree.tokens[1 : t + 1] == host.tree.tokens[1 : t + 1]
+                    if temperature == 0:
+                        assert dev.tree.tokens == host.tree.tokens
+                        assert torch.equal(dev.tree.draft_probs, host.tree.draft_probs)
+    assert before == {True, False}  # both cases met

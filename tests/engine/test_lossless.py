@@ -159,6 +159,21 @@ def test_lossless_end_to_end_policy_chain_on_the_device(engine: SpecEngine, plan
     assert chi_square_pvalue(counts, exact_law(engine.target, SAMPLING)) > 1e-3
 
 
+def test_lossless_end_to_end_conf_delayed_trunk_on_the_device(engine: SpecEngine, monkeypatch) -> None:
+    """A ``conf-delayed`` trunk decided on the device, read once at its look, then the paths in slots: the
+    accelerator's path, through the engine."""
+    from adaptive_spec.engine import drafting
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    looked = []
+    real = drafting.draft_conf_delayed
+    monkeypatch.setattr(drafting, "draft_conf_delayed", lambda *a: looked.append(a[-1]) or real(*a))
+    with accelerator_path_on_cpu():
+        # the root's row has a top-1 of 0.39: a trunk at 0.35, which branches a node or two later
+        assert run_case(engine, "traversal", DraftLaw.DYNAMIC_IID, runs=2000, shape="conf-delayed:3:0.35:2") > 1e-3
+    assert len(looked) >= 2000 and all(looked)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("verifier", "law"), SLOW_CASES, ids=[f"{v}-{law.value}" for v, law in SLOW_CASES])
 def test_lossless_end_to_end_all_verifiers(engine: SpecEngine, verifier: str, law: DraftLaw) -> None:

@@ -18,6 +18,7 @@ from adaptive_spec.trees.policy import (
     FixedShapePolicy,
     LearnedChain,
     LookedChain,
+    LookedDelayed,
     NodeView,
     PolicyContext,
 )
@@ -120,6 +121,8 @@ def policies_for(law: DraftLaw) -> list[DraftPolicy]:
             RandomPolicy(depth=2, budget=3, kind=law),
             RandomPolicy(depth=2, budget=4, kind=law, use_path=True),
             FixedShapePolicy(TreeShape.delayed(1, 2, 1)),
+            # conf-delayed decided on the device, its trunk read once after 1 decision (draft_conf_delayed's looked)
+            LookedDelayed(2, inner=ConfidenceDelayed(depth=2, budget=4, threshold=0.5, paths=2), look=1),
         ]
     return [
         EagleTree(depth=2, budget=4, top_k=1, width=2, without_replacement=True),
