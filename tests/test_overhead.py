@@ -341,3 +341,24 @@ def test_a_static_plan_reads_the_host_once_a_step_to_the_last_token(plan, temper
         r = engine.generate(prompt, max_new_tokens=12, temperature=temperature, plan=plan, seed=0)
     assert 1 in r.stats.tree_sizes and len(r.token_ids) == 12  # a lone root was verified, and the budget spent
     assert counter.by_kind(stage="step") == {"tolist": r.stats.steps}
+
+
+@pytest.mark.parametrize("plan", ["iid:3x4/specinfer", "conf-delayed:4:0.3:2/traversal"])
+def test_an_eagle_head_on_a_slot_tree_reads_the_host_once_a_step(plan):
+    """Through an EAGLE head, which feeds its last accepted node again, a path off a slot tree's first slots
+    (its nodes gathered on the device for the next step's pending tokens) copies nothing over: the verifier's
+    read, and a ``conf-delayed`` trunk's one read at its look (the commit before copied the pending tokens after
+    such paths: 0.1–0.2 a step with SmolLM2)."""
+    from tests.engine.test_eagle import make_head
+
+    target = tiny_model("llama", vocab=8, hidden=16, eos=None, init_range=0.5, seed=11, layers=1)
+    head = make_head(target, 6, [0, 1, 2, 3, 5, 6], seed=2, init=0.5)  # accepts often: paths of 2 and more
+    engine = SpecEngine(target, head)
+    with HostSyncCounter(roles={"target": target, "draft": head}):  # the shapes laid out, on the counted path
+        engine.generate([5, 6, 7, 2, 3], max_new_tokens=64, temperature=1.0, plan=plan, seed=1)
+    with HostSyncCounter(roles={"target": target, "draft": head}) as counter:
+        r = engine.generate([5, 6, 7, 2, 3], max_new_tokens=64, temperature=1.0, plan=plan, seed=0)
+    off_prefix = sum(1 for k in r.stats.accept_lengths if k >= 2)  # paths long enough to leave the first slots
+    assert off_prefix >= 2, r.stats.accept_lengths
+    reads = counter.by_kind(stage="step")
+    assert set(reads) == {"tolist"} and reads["tolist"] <= (2 if plan.startswith("conf") else 1) * r.stats.steps

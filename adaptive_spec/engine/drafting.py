@@ -17,12 +17,14 @@ level are then drawn with a few torch ops from the caller's generator:
 
 Static shapes are drafted into fixed slots (:mod:`adaptive_spec.trees.slots`): no level reads the host,
 and the tree's structure is merged from the tokens after the engine's one read. Policies decide on the
-host, one read per level, except EAGLE-style trees: without replacement their counts per level are known in
-advance, and they are decided on the device with one read per tree (:func:`draft_eagle_on_device`); with
+host, one read per level, except: EAGLE-style trees without replacement, whose counts per level are known in
+advance, decided on the device with one read per tree (:func:`draft_eagle_on_device`); with
 i.i.d. children, on an accelerator, each level has its most frontier rows, padding after the fed ones
-(:func:`draft_eagle_iid_on_device`, one read per tree where the merges do not take it deeper); and
-``conf-delayed`` trees read their trunk level by level, then draft the paths into a static shape's slots
-(:func:`draft_conf_delayed`). This is the
+(:func:`draft_eagle_iid_on_device`, one read per tree where the merges do not take it deeper); policy chains
+(``conf-chain``, ``cum-chain``, ``learned-chain``), on an accelerator, decided on the device and read once, at a
+*look* level chosen from the past stops (:func:`draft_chain_on_device`); and ``conf-delayed`` trees, whose trunk
+is read level by level on a CPU and once at its look on an accelerator, then the paths drafted into a static
+shape's slots (:func:`draft_conf_delayed`). This is the
 law of :func:`adaptive_spec.trees.sample_tree` (which draws rollout
 by rollout, depth first): rows are a function of the prefix only, draws are independent given the rows,
 and walkers are processed in rollout order at each level, so each node's ``child_draws`` has the same
@@ -497,7 +499,8 @@ def draft_policy_tree(
     the runner's ``device_policy`` turns it off for a run after a step had to redo its tree). A
     ``conf-delayed`` policy whose paths go on once branched reads its trunk, then drafts the paths into
     slots (:func:`draft_conf_delayed`; ``on_device=False`` forces the host path here too). Any other
-    policy decides on the host, one read per level, as follows.
+    policy decides on the host, one read per level, as follows (so does every policy on a CPU, where a read costs
+    nothing and the device paths' forwards past a stop would).
 
     The law is that of :func:`adaptive_spec.trees.sample_policy_tree`. Per level, one sync
     brings the fed frontier's row statistics (entropy, top-1) together with ``max_width``

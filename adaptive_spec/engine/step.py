@@ -166,11 +166,12 @@ class StepMixin:
         # 3) verify (the models' finite checks ride the verifier's one host read)
         with timer.phase("verify"):
             result = self._verify(run, plan, verifier, outcome, logits, target_probs)
-            state.tail = _emitted_tail(tree, result, n_ctx)  # the next step's pending tokens, on the device
 
         # 4) commit the accepted path to both KV caches
         accepted = tree.path(result.node)[1:]  # accepted nodes, root excluded
-        self._commit(state, outcome, accepted, base)
+        nodes = _path_nodes(outcome, accepted)
+        state.tail = _emitted_tail(tree, result, n_ctx, nodes)  # the next step's pending tokens, on the device
+        self._commit(state, outcome, accepted, base, nodes)
         if self.draft_data is not None:
             log_committed(self.draft_data, state, tree.tokens, accepted, base, logits)
         self._record(run, outcome, result, logits, target_probs)
@@ -232,14 +233,17 @@ class StepMixin:
             return draft_policy_tree(draft, pending, plan.policy, *law, **kw)
         return draft_tree(draft, pending, plan.shape if plan.policy is None else TreeShape.chain(0), *law)
 
-    def _commit(self, state: EngineState, outcome: DraftOutcome, accepted: list[int], base: int) -> None:
+    def _commit(
+        self, state: EngineState, outcome: DraftOutcome, accepted: list[int], base: int, nodes: list[int] | torch.Tensor
+    ) -> None:
         """Keep the accepted nodes' KV rows in both caches (and the target's features for an EAGLE head).
 
         ``base``: the target's cache length before the step; the block's first ``p`` rows are the
-        pending tokens (root last), then one row per drafted node.
+        pending tokens (root last), then one row per drafted node. ``nodes``: :func:`_path_nodes`.
         """
         n_ctx, p, device = len(state.context), len(state.context) - base, self.device
-        rows = _path_rows(outcome, accepted, n_ctx - 1)
+        offset = n_ctx - 1
+        rows = [offset + a for a in nodes] if isinstance(nodes, list) else nodes + offset  # the block rows
         state.target.commit(n_ctx, rows)
         if isinstance(state.draft, EagleRunner):  # the target's features of the newly committed positions
             keep = [*range(p - 1), *(p - 1 + a for a in [0, *accepted])]
@@ -296,20 +300,19 @@ class StepMixin:
         return root, features
 
 
-def _path_rows(outcome: DraftOutcome, accepted: list[int], offset: int) -> list[int] | torch.Tensor:
-    """The accepted nodes' block rows (``offset + node``, root excluded): a chain's prefix ``1 .. k`` as a list (its
-    rows are in place and move nothing); any other path as a LongTensor on the device, read off the ancestor
-    matrix's row of the last accepted node (parents precede children, so a stable sort puts the path first, in
-    order): no copy.
+def _path_nodes(outcome: DraftOutcome, accepted: list[int]) -> list[int] | torch.Tensor:
+    """The accepted nodes (root excluded): a chain's prefix ``1 .. k`` as the list (its rows are in place and move
+    nothing); any other path as a LongTensor on the device, read off the ancestor matrix's row of the last accepted
+    node (parents precede children, so a stable sort puts the path first, in order): no copy.
 
     A slot tree's matrix is its slots' (:mod:`adaptive_spec.trees.slots`): the path may run through a duplicate
     slot of an accepted node, whose rows hold the same prefix.
     """
     k = len(accepted)
     if k == 0 or accepted == list(range(1, k + 1)):
-        return [offset + a for a in accepted]
+        return accepted
     on_path = outcome.ancestors[accepted[-1]]  # BoolTensor[N]: the root, the path, the node itself
-    return torch.argsort((~on_path).to(torch.uint8), stable=True)[1 : k + 1] + offset
+    return torch.argsort((~on_path).to(torch.uint8), stable=True)[1 : k + 1]
 
 
 def _check_finite(ok: int, draft_ok: torch.Tensor | None, target_ok: torch.Tensor) -> None:
@@ -322,19 +325,20 @@ def _check_finite(ok: int, draft_ok: torch.Tensor | None, target_ok: torch.Tenso
         check_finite(target_ok, "target")
 
 
-def _emitted_tail(tree: DraftTree, result: VerifyResult, n_ctx: int) -> DeviceTail | None:
+def _emitted_tail(
+    tree: DraftTree, result: VerifyResult, n_ctx: int, nodes: list[int] | torch.Tensor
+) -> DeviceTail | None:
     """The step's emitted tokens that are on the device already, for the next step's pending tokens.
 
-    The next token when the verifier drew it there, after the accepted tokens when they are a prefix of a tree
-    whose tokens are on the device (a chain: a view) or after the accepted node's token (the draft may need it).
+    The next token when the verifier drew it there, after the accepted tokens when the tree's tokens are on the
+    device (``nodes``: :func:`_path_nodes`; a chain's prefix is a view, any other path one gather).
     """
     nxt = result.next_on_device
     if nxt is None:
         return None
-    k, node = result.num_accepted, result.node
+    k = result.num_accepted
     tokens = tree.tokens_tensor(nxt.device) if tree.has_tensors(nxt.device, "tokens") else None
     if tokens is None or k == 0:
         return DeviceTail(n_ctx + k, [result.tokens[-1]], nxt)
-    if node == k:  # the accepted path is nodes 1 .. k: a view
-        return DeviceTail(n_ctx, list(result.tokens), torch.cat([tokens[1 : k + 1], nxt]))
-    return DeviceTail(n_ctx + k - 1, list(result.tokens[-2:]), torch.cat([tokens[node : node + 1], nxt]))
+    path = tokens[1 : k + 1] if isinstance(nodes, list) else tokens.index_select(0, nodes)
+    return DeviceTail(n_ctx, list(result.tokens), torch.cat([path, nxt]))

@@ -176,7 +176,7 @@ def test_a_read_planted_in_a_level_is_seen(monkeypatch):
 
 def test_the_commit_reads_an_accepted_path_off_the_ancestor_matrix_on_the_device(monkeypatch):
     from adaptive_spec.engine.drafting import DraftOutcome
-    from adaptive_spec.engine.step import _path_rows
+    from adaptive_spec.engine.step import _path_nodes
 
     layout = slot_layout(TreeShape.iid(3, 2), 50)
     ancestors, _ = layout.tensors(torch.device("cpu"))
@@ -187,7 +187,7 @@ def test_the_commit_reads_an_accepted_path_off_the_ancestor_matrix_on_the_device
     copies = []
     real = torch.tensor
     monkeypatch.setattr(torch, "tensor", lambda *a, **k: copies.append(a) or real(*a, **k))
-    assert _path_rows(outcome, [2, 5], 10).tolist() == [12, 15] and copies == []  # on the device, no copy
+    assert _path_nodes(outcome, [2, 5]).tolist() == [2, 5] and copies == []  # on the device, no copy
     # node 6 hangs under node 1 once merged; its slot path runs through slot 3, which holds the same prefix (5,)
-    assert tree.parents[6] == 1 and _path_rows(outcome, [1, 6], 0).tolist() == [3, 6]
-    assert _path_rows(outcome, [1], 10) == [11] and _path_rows(outcome, [], 10) == []  # a chain's prefix: in place
+    assert tree.parents[6] == 1 and _path_nodes(outcome, [1, 6]).tolist() == [3, 6]
+    assert _path_nodes(outcome, [1]) == [1] and _path_nodes(outcome, []) == []  # a chain's prefix: in place
