@@ -493,8 +493,9 @@ def draft_policy_tree(
 
     A chain whose stop rule is device arithmetic (``conf-chain``, ``cum-chain``, ``learned-chain``) is decided on
     the device with at most one host read, on an accelerator (:func:`draft_chain_on_device`; ``on_device=True``
-    takes that path on a CPU too, ``False`` the host path). An EAGLE-style policy is decided on the device, with one host read for the whole tree without
-    replacement (:func:`draft_eagle_on_device`) and usually with i.i.d. children too, on an accelerator
+    takes that path on a CPU too, ``False`` the host path). An EAGLE-style policy is decided on the device, with
+    one host read for the whole tree without replacement (:func:`draft_eagle_on_device`) and usually with i.i.d.
+    children too, on an accelerator
     (:func:`draft_eagle_iid_on_device`; ``on_device=False`` forces the host path below, and
     the runner's ``device_policy`` turns it off for a run after a step had to redo its tree). A
     ``conf-delayed`` policy whose paths go on once branched reads its trunk, then drafts the paths into
@@ -517,12 +518,11 @@ def draft_policy_tree(
     lossless for any tree.
     """
     root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
-    if chain_on_device(policy) and runner.device_policy:
-        if on_device or (on_device is None and accelerator_path(runner.device)):
-            return draft_chain_on_device(runner, root, policy, probs_fn, generator, deterministic, temperature)
+    device_path = runner.device_policy and (on_device or (on_device is None and accelerator_path(runner.device)))
+    if device_path and chain_on_device(policy):
+        return draft_chain_on_device(runner, root, policy, probs_fn, generator, deterministic, temperature)
     if on_device is not False and delayed_on_slots(policy):
-        looked = runner.device_policy and (on_device or accelerator_path(runner.device))
-        return draft_conf_delayed(runner, root, policy, probs_fn, generator, deterministic, looked)
+        return draft_conf_delayed(runner, root, policy, probs_fn, generator, deterministic, bool(device_path))
     if on_device is None:
         on_device = runner.device_policy and eagle_on_device(policy, probs_fn.vocab_size)
         # i.i.d. children: the device pads its levels and writes every candidate; a CPU, where a read costs nothing,
@@ -683,7 +683,9 @@ class _ChainRuleOnDevice:
         self.path = q if self.path is None else self.path * q  # [1, 1]
         logs = torch.cat([q, self.path], dim=1).clamp_min(PROB_FLOOR).log()
         d = self.depths[:, depth : depth + 1]
-        h = torch.cat([d, logs[:, :1], stats[:, 1:], logs[:, 1:], self.temp], dim=1)  # [1, F], ACCEPTANCE_FEATURES order
+        h = torch.cat(
+            [d, logs[:, :1], stats[:, 1:], logs[:, 1:], self.temp], dim=1
+        )  # [1, F], ACCEPTANCE_FEATURES order
         for i, (W, b) in enumerate(self.layers):
             h = torch.addmm(b, h, W.t())
             if i + 1 < len(self.layers):

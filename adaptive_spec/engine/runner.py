@@ -22,7 +22,6 @@ of tokens to remove).
 from __future__ import annotations
 
 import collections
-
 import functools
 import inspect
 

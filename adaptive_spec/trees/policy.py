@@ -506,7 +506,9 @@ class LookedChain(ChainRule):
 
     def feed(self, views: Sequence[NodeView], ctx: PolicyContext, sampler: Sampler) -> list[bool]:
         asked = [v.depth <= self.look for v in views]  # nodes past the look are fed without asking
-        inner = iter(self.inner.feed([v for v, a in zip(views, asked) if a], ctx, sampler) if any(asked) else ())
+        inner = iter(
+            self.inner.feed([v for v, a in zip(views, asked, strict=True) if a], ctx, sampler) if any(asked) else ()
+        )
         return [next(inner) if a else True for a in asked]
 
     def __str__(self) -> str:

@@ -93,7 +93,12 @@ class TinyAcceptanceNet:
         """The one layer as float64 tensors ``(W [2, 6], b [2])``: the policy decided on the device."""
         import torch
 
-        return [(torch.tensor(self.w.T, dtype=torch.float64, device=device), torch.tensor(self.bias, dtype=torch.float64, device=device))]
+        return [
+            (
+                torch.tensor(self.w.T, dtype=torch.float64, device=device),
+                torch.tensor(self.bias, dtype=torch.float64, device=device),
+            )
+        ]
 
 
 def policies_for(law: DraftLaw) -> list[DraftPolicy]:
