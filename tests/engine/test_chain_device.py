@@ -120,3 +120,30 @@ def test_the_look_follows_the_deepest_recent_stop(model) -> None:
             assert stop == (out.tree.num_nodes - 1 if out.tree.num_nodes <= looks[-1] + 1 else looks[-1] + 1)
             runner.undo_block(mark)
     assert looks[0] == 2 and len(set(looks)) > 1
+
+
+@pytest.mark.parametrize("plan", ["conf-chain:5:0.3/block", "cum-chain:4:0.2/block", "conf-delayed:4:0.3:2/traversal"])
+def test_device_policies_through_an_eagle_head_keep_greedy_equality(plan, monkeypatch) -> None:
+    """Through an EAGLE head (whose rows ride on the target's features, undone with the block rows after a stop),
+    on the accelerator's path: greedy tokens equal transformers', and a sampled run goes to its end."""
+    from adaptive_spec.engine import SpecEngine, drafting
+    from adaptive_spec.rng import accelerator_path_on_cpu
+    from tests.engine.test_eagle import make_head
+
+    calls = []
+    for name in ("draft_chain_on_device", "draft_conf_delayed"):
+        real = getattr(drafting, name)
+        monkeypatch.setattr(drafting, name, lambda *a, real=real: calls.append(a[-1]) or real(*a))
+
+    target = tiny_model("llama", vocab=8, hidden=16, eos=None, init_range=0.5, seed=11, layers=1)
+    head = make_head(target, 6, [0, 1, 2, 3, 5, 6], seed=2, init=0.5)
+    engine = SpecEngine(target, head)
+    prompt = [5, 6, 7, 2, 3]
+    ref = target.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)[0, len(prompt) :].tolist()
+    with accelerator_path_on_cpu():
+        assert engine.generate(prompt, max_new_tokens=40, temperature=0.0, plan=plan).token_ids == ref
+        r = engine.generate(prompt, max_new_tokens=40, temperature=1.0, plan=plan, seed=0)
+    assert len(r.token_ids) == 40 and max(r.stats.tree_sizes) > 2
+    assert calls  # drafted by the device path
+    if plan.startswith("conf-delayed"):
+        assert all(calls)  # its trunk looked once, on the device (``looked``, the last argument)
