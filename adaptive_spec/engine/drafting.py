@@ -763,8 +763,7 @@ def draft_conf_delayed(
         if t < len(marks):  # trunk nodes fed after the branch node: their rows go
             runner.undo_block(marks[t])
         tokens, valid, rows = tokens[:t], valid[:t], rows[:t]
-        return _delayed_tree(runner, root, policy, probs_fn, generator, deterministic, (tokens, valid, rows))
-    while len(tokens) < D:
+    while not looked and len(tokens) < D:
         top1, good = torch.stack([R.max().double(), ok.double()]).tolist()  # the trunk node's one read
         check_finite(good, "draft")
         if top1 < policy.threshold:
@@ -778,27 +777,12 @@ def draft_conf_delayed(
             R = probs_fn(logits)
             ok = finite_flag(logits, R)
             rows.append(R)
-    return _delayed_tree(runner, root, policy, probs_fn, generator, deterministic, (tokens, valid, rows))
-
-
-def _delayed_tree(
-    runner: ModelRunner,
-    root: DraftRoot,
-    policy: ConfidenceDelayed,
-    probs_fn: ProbsFn,
-    generator: torch.Generator,
-    deterministic: bool,
-    trunk: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]],
-) -> DraftOutcome:
-    """:func:`draft_conf_delayed`'s tree after its trunk of ``t`` nodes (their tokens, validity flags and rows): a
-    chain at ``t = D``, else the paths drafted into the slots of ``delayed(t, paths, D − t)``.
-    """
-    D, t, device = policy.depth, len(trunk[0]), runner.device
-    shape = TreeShape.delayed(t, policy.paths, D - t)
+    t = len(tokens)
+    shape = TreeShape.delayed(t, K, D - t)
     if t == D:  # confident to the end: a chain
-        return _chain_outcome(root, shape, [root.probs[-1:], *trunk[2]], trunk[0], device, decisions=t)
+        return _chain_outcome(root, shape, [root.probs[-1:], *rows], tokens, device, decisions=t)
     layout = slot_layout(shape, probs_fn.vocab_size)
-    out = _draft_slots(runner, root, layout, probs_fn, generator, deterministic, trunk=trunk)
+    out = _draft_slots(runner, root, layout, probs_fn, generator, deterministic, trunk=(tokens, valid, rows))
     out.policy_levels = t + 1  # the trunk's decisions: the rest is the static shape's
     return out
 
