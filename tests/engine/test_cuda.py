@@ -66,7 +66,8 @@ def test_greedy_equals_target_generate_on_cuda():
         expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
         expected = expected[0, len(prompt) :].tolist()
         plans = ("chain:4/block", "delayed:1x3x2/traversal", "wor:2x2x1/rrsw", "conf-chain:6:0.3/block")
-        for plan in (*plans, "eagle:4:12:3:2/traversal"):  # an EAGLE tree with i.i.d. children: on the device
+        # an EAGLE tree with i.i.d. children and a conf-delayed trunk: decided on the device, as the chain above
+        for plan in (*plans, "eagle:4:12:3:2/traversal", "conf-delayed:4:0.3:2/traversal"):
             out = engine.generate(prompt, max_new_tokens=16, temperature=0, plan=plan)
             assert out.token_ids == expected, plan
 
@@ -226,7 +227,8 @@ def test_eagle_head_forwards_are_captured():
     prompt = [0, 5, 6, 7]
     ids = torch.tensor([prompt], device=CUDA)
     expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24)
-    for plan in ("chain:4/block", "eagle:4:8:3:2:wor/traversal", "eagle:4:12:3:2/specinfer"):
+    plans = ("chain:4/block", "eagle:4:8:3:2:wor/traversal", "eagle:4:12:3:2/specinfer")
+    for plan in (*plans, "conf-chain:5:0.2/block", "conf-delayed:4:0.3:2/traversal"):  # rows undone after a stop
         out = engine.generate(prompt, max_new_tokens=24, temperature=0, plan=plan)
         assert out.token_ids == expected[0, len(prompt) :].tolist(), plan
     slot = engine._idle_slots["draft"][0]
