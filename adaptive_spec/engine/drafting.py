@@ -614,9 +614,10 @@ def draft_chain_on_device(
 
     That is the tree the host path grows with the policy :class:`~adaptive_spec.trees.policy.LookedChain` ``(policy,
     l)``, whose law the exact tests check for every verifier of policy chains. The look comes from the past steps of
-    the same policy (``runner.chain_look``): the deepest of the last :data:`LOOK_HISTORY` stops, a chain that went
-    past its look counting as a stop one deeper (a look past the stop costs the forwards in between; a look before
-    it, the forwards to the depth, whose nodes may be accepted).
+    the same policy in the request (``runner.chain_look``; a request's runner starts without, so a seed gives the
+    same tokens): the deepest of the last :data:`LOOK_HISTORY` stops, a chain that went past its look counting as
+    a stop one deeper (a look past the stop costs the forwards in between; a look before it, the forwards to the
+    depth, whose nodes may be accepted).
     """
     G, p, base, device = policy.depth, root.pending, root.base, runner.device
     stops = runner.chain_look.setdefault(str(policy), collections.deque(maxlen=LOOK_HISTORY))

@@ -125,7 +125,8 @@ def test_the_look_follows_the_deepest_recent_stop(model) -> None:
 @pytest.mark.parametrize("plan", ["conf-chain:5:0.3/block", "cum-chain:4:0.2/block", "conf-delayed:4:0.3:2/traversal"])
 def test_device_policies_through_an_eagle_head_keep_greedy_equality(plan, monkeypatch) -> None:
     """Through an EAGLE head (whose rows ride on the target's features, undone with the block rows after a stop),
-    on the accelerator's path: greedy tokens equal transformers', and a sampled run goes to its end."""
+    on the accelerator's path: greedy tokens equal transformers', and a sampled run goes to its end, the same for
+    the same seed."""
     from adaptive_spec.engine import SpecEngine, drafting
     from adaptive_spec.rng import accelerator_path_on_cpu
     from tests.engine.test_eagle import make_head
@@ -143,7 +144,9 @@ def test_device_policies_through_an_eagle_head_keep_greedy_equality(plan, monkey
     with accelerator_path_on_cpu():
         assert engine.generate(prompt, max_new_tokens=40, temperature=0.0, plan=plan).token_ids == ref
         r = engine.generate(prompt, max_new_tokens=40, temperature=1.0, plan=plan, seed=0)
+        again = engine.generate(prompt, max_new_tokens=40, temperature=1.0, plan=plan, seed=0)
     assert len(r.token_ids) == 40 and max(r.stats.tree_sizes) > 2
+    assert again.token_ids == r.token_ids  # the looks start afresh with each request: a seed gives its tokens
     assert calls  # drafted by the device path
     if plan.startswith("conf-delayed"):
         assert all(calls)  # its trunk looked once, on the device (``looked``, the last argument)
