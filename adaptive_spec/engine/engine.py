@@ -176,6 +176,10 @@ class SpecEngine(StepMixin):
         # A DraftDataLogger (adaptive_spec.engine.draft_data.log_draft_data): the token, target feature and
         # target top-k law of every committed position of speculative generations, for online distillation.
         self.draft_data: Any = None
+        # Drafting policies decided on the device where they can be, with one host read a tree on an accelerator
+        # (engine.drafting: EAGLE-style trees, and the chains and conf-delayed trunks as their looked laws); False:
+        # every policy tree grown on the host, a read a level, as on a CPU.
+        self.device_policies = True
         if feature_log is not None:
             from adaptive_spec.formats.feature_log import FeatureLogger
 
@@ -530,6 +534,8 @@ class SpecEngine(StepMixin):
             generator=generator,
             stats=GenerationStats(),
         )
+        if state.draft is not None:
+            state.draft.device_policy = self.device_policies
         if want_features:
             state.root = RootTracker(
                 sampling.temperature, sampling.top_p, self.latency_model, want_hidden, self.hidden_sizes

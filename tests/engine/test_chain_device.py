@@ -150,3 +150,19 @@ def test_device_policies_through_an_eagle_head_keep_greedy_equality(plan, monkey
     assert calls  # drafted by the device path
     if plan.startswith("conf-delayed"):
         assert all(calls)  # its trunk looked once, on the device (``looked``, the last argument)
+
+
+def test_the_engine_can_keep_policies_on_the_host(model) -> None:
+    """``engine.device_policies = False``: policy trees grown on the host (a read a level) on an accelerator too."""
+    from adaptive_spec.engine import SpecEngine
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    engine = SpecEngine(model, model)
+    with accelerator_path_on_cpu():
+        with counted_reads() as device_reads:
+            on = engine.generate([0, 2, 1], max_new_tokens=12, temperature=1.0, plan="conf-chain:5:0.05/block", seed=0)
+        engine.device_policies = False
+        with counted_reads() as host_reads:
+            off = engine.generate([0, 2, 1], max_new_tokens=12, temperature=1.0, plan="conf-chain:5:0.05/block", seed=0)
+    assert len(device_reads) <= 2 * on.stats.steps < len(host_reads)  # a read a level on the host: more
+    assert len(host_reads) > 2 * off.stats.steps
