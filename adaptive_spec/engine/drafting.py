@@ -620,8 +620,7 @@ def draft_chain_on_device(
     depth, whose nodes may be accepted).
     """
     G, p, base, device = policy.depth, root.pending, root.base, runner.device
-    stops = runner.chain_look.setdefault(str(policy), collections.deque(maxlen=LOOK_HISTORY))
-    look = min(max(stops, default=FIRST_LOOK), G - 1)
+    stops, look = _look(runner, policy, G - 1)
     positions = torch.arange(base + p - 1, base + p + G - 1, device=device)  # node d's position, d = 1 .. G
     rows, drawn, fed = [root.probs[-1:]], [], []  # fed[d]: BoolTensor[1], whether the policy feeds node d + 1
     marks = []  # the draft cache before each level's forward
@@ -642,12 +641,21 @@ def draft_chain_on_device(
                 if s - 1 < len(marks):  # nodes fed from the stop on: their rows go
                     runner.undo_block(marks[s - 1])
                 return _chain_outcome(root, policy.shape, rows[:s], drawn[:s], device, s, depth=s)
-        marks.append(runner.block_mark())
+        if d < look:  # past the look nothing is undone
+            marks.append(runner.block_mark())
         logits = runner.block_forward(token, positions[d + 1 : d + 2], None, logits_to_keep=1)
         rows.append(probs_fn(logits))
     if G > 1:
         stops.append(look + 1)  # the stop is deeper than the look (unknown: not read)
     return _chain_outcome(root, policy.shape, rows, drawn, device, G, depth=G)
+
+
+def _look(runner: ModelRunner, policy: DraftPolicy, deepest: int) -> tuple[collections.deque, int]:
+    """The policy's last stops in this request (``runner.chain_look``, appended to by the caller) and the look they
+    choose: the deepest of them, :data:`FIRST_LOOK` before any, within ``1 .. deepest`` (at least 1).
+    """
+    stops = runner.chain_look.setdefault(str(policy), collections.deque(maxlen=LOOK_HISTORY))
+    return stops, max(1, min(max(stops, default=FIRST_LOOK), deepest))
 
 
 class _ChainRuleOnDevice:
@@ -741,8 +749,7 @@ def draft_conf_delayed(
     tokens, valid, rows = [], [], []
     _delayed_layouts(D, K, probs_fn.vocab_size, device)  # every trunk length's slots on the device, in one copy
     if looked:
-        stops = runner.chain_look.setdefault(str(policy), collections.deque(maxlen=LOOK_HISTORY))
-        look = max(1, min(max(stops, default=FIRST_LOOK), D - 1))
+        stops, look = _look(runner, policy, D - 1)
         going, marks = [], []  # per trunk decision: every decision so far confident (BoolTensor[1]); before each feed
         for j in range(look):  # decision j: trunk node j's row confident -> its one child, node j + 1
             confident = R.amax(-1).double() >= policy.threshold
