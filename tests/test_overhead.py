@@ -343,12 +343,15 @@ def test_a_static_plan_reads_the_host_once_a_step_to_the_last_token(plan, temper
     assert counter.by_kind(stage="step") == {"tolist": r.stats.steps}
 
 
-@pytest.mark.parametrize("plan", ["iid:3x4/specinfer", "conf-delayed:4:0.3:2/traversal"])
+@pytest.mark.parametrize(
+    "plan", ["iid:3x4/specinfer", "conf-delayed:4:0.3:2/traversal", "conf-delayed:4:0.99:2:0.9/traversal"]
+)
 def test_an_eagle_head_on_a_slot_tree_reads_the_host_once_a_step(plan):
     """Through an EAGLE head, which feeds its last accepted node again, a path off a slot tree's first slots
     (its nodes gathered on the device for the next step's pending tokens) copies nothing over: the verifier's
     read, and a ``conf-delayed`` trunk's one read at its look (the commit before copied the pending tokens after
-    such paths: 0.1–0.2 a step with SmolLM2)."""
+    such paths: 0.1–0.2 a step with SmolLM2), its paths that may stop (a branch threshold) flagged on the device
+    with no read (the commit before grew those on the host: 4.3 reads a step with the built-in pair)."""
     from tests.engine.test_eagle import make_head
 
     target = tiny_model("llama", vocab=8, hidden=16, eos=None, init_range=0.5, seed=11, layers=1)

@@ -248,6 +248,7 @@ def _draft_slots(
     generator: torch.Generator,
     deterministic: bool,
     trunk: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None = None,
+    branch_threshold: float = 0.0,
 ) -> DraftOutcome:
     """A static tree drafted on the device into its slots (:mod:`adaptive_spec.trees.slots`): no host read.
 
@@ -258,6 +259,10 @@ def _draft_slots(
 
     ``trunk``: the first levels of a ``delayed`` layout, already drawn and fed (one slot each, in slot order), as
     ``(tokens, valid, rows)`` after the root's (:func:`draft_conf_delayed`); the levels after them are drafted.
+    ``branch_threshold`` (walker laws, ``conf-delayed``'s paths that may stop): a node below the branching point
+    has children only if the row its own token was drawn from has a top-1 of at least it (its parent's row, as
+    the policy's ``feed``); the draws of a walker whose node has none are flagged invalid (with everything under
+    them, :meth:`SlotLayout.merge`), so the tree is the policy's, though every slot is still fed.
     """
     p, base, device, D = root.pending, root.base, runner.device, layout.shape.depth
     ancestors, depths = layout.tensors(device)
@@ -266,6 +271,7 @@ def _draft_slots(
     valid = [torch.ones(1, dtype=torch.bool, device=device)]
     if trunk is not None:
         tokens, valid, rows = tokens + trunk[0], valid + trunk[1], rows + trunk[2]
+    fed_ok = None  # paths that may stop: whether each walker's node is fed (the branch node always is)
     for d, (first, end) in enumerate(layout.levels):
         if d < len(tokens) - 1:  # a trunk level, drawn and fed already
             continue
@@ -274,8 +280,12 @@ def _draft_slots(
         # without replacement every frontier slot draws k distinct children; a lone walker takes the argmax at T = 0
         greedy = deterministic and (not layout.walkers or end - first == 1)
         drawn, ok = draw_children(frontier, k, generator, replace=False, greedy=greedy)
+        ok = ok.reshape(-1)
+        if branch_threshold:  # a node below the branching point has children if it is fed
+            ok = ok if fed_ok is None else ok & fed_ok
+            fed_ok = frontier.amax(-1).double() >= branch_threshold  # the new nodes' parents' rows: their feed
         tokens.append(drawn.reshape(-1))
-        valid.append(ok.reshape(-1))
+        valid.append(ok)
         if d + 1 < D:  # feed the new level so that it can be expanded
             mask = torch.cat([pending_cols[first:end], ancestors[first:end, :end]], dim=1)
             pos = depths[first:end] + (base + p - 1)
@@ -521,7 +531,7 @@ def draft_policy_tree(
     device_path = runner.device_policy and (on_device or (on_device is None and accelerator_path(runner.device)))
     if device_path and chain_on_device(policy):
         return draft_chain_on_device(runner, root, policy, probs_fn, generator, deterministic, temperature)
-    if on_device is not False and delayed_on_slots(policy):
+    if on_device is not False and delayed_on_slots(policy, bool(device_path)):
         return draft_conf_delayed(runner, root, policy, probs_fn, generator, deterministic, bool(device_path))
     if on_device is None:
         on_device = runner.device_policy and eagle_on_device(policy, probs_fn.vocab_size)
@@ -706,13 +716,16 @@ class _ChainRuleOnDevice:
         return (self.accept * b * (1.0 + rho * depth) > self.expected * rho).view(1)
 
 
-def delayed_on_slots(policy: DraftPolicy) -> bool:
-    """Whether :func:`draft_conf_delayed` grows ``policy``'s trees: a :class:`ConfidenceDelayed` whose paths, once
-    branched, go on unconditionally (``branch_threshold`` 0) within a budget that never cuts them.
+def delayed_on_slots(policy: DraftPolicy, device_path: bool = False) -> bool:
+    """Whether :func:`draft_conf_delayed` grows ``policy``'s trees: a :class:`ConfidenceDelayed` with a budget that
+    never cuts its paths, whose paths, once branched, go on unconditionally (``branch_threshold`` 0), or may stop
+    (a ``branch_threshold``) on the device's path (``device_path``: an accelerator's, where the paths' stops are
+    flags instead of reads; a CPU grows those on the host, where a read costs nothing and a slot past a stop
+    costs its forward).
     """
     return (
         isinstance(policy, ConfidenceDelayed)
-        and policy.branch_threshold == 0.0
+        and (policy.branch_threshold == 0.0 or device_path)
         and policy.paths > 1
         and policy.budget >= policy.depth * policy.paths
     )
@@ -742,6 +755,11 @@ def draft_conf_delayed(
     policy chain's, :func:`draft_chain_on_device`): a trunk that stopped by then branches where it stopped, one that
     did not branches at depth ``l``. That is the tree of
     :class:`~adaptive_spec.trees.policy.LookedDelayed` ``(policy, l)``, whose law the exact tests check.
+
+    Paths that may stop (a ``branch_threshold``, the device's path only: :func:`delayed_on_slots`): a path node
+    is fed only if the row its token was drawn from has a top-1 of at least the threshold, decided on the device
+    level by level in the same slots (:func:`_draft_slots`), a stopped path's later draws flagged invalid: the
+    policy's tree, with no read for the paths.
     """
     D, K, device = policy.depth, policy.paths, runner.device
     p, base = root.pending, root.base
@@ -790,7 +808,8 @@ def draft_conf_delayed(
     if t == D:  # confident to the end: a chain
         return _chain_outcome(root, shape, [root.probs[-1:], *rows], tokens, device, decisions=t)
     layout = slot_layout(shape, probs_fn.vocab_size)
-    out = _draft_slots(runner, root, layout, probs_fn, generator, deterministic, trunk=(tokens, valid, rows))
+    trunk = tokens, valid, rows
+    out = _draft_slots(runner, root, layout, probs_fn, generator, deterministic, trunk, policy.branch_threshold)
     out.policy_levels = t + 1  # the trunk's decisions: the rest is the static shape's
     return out
 

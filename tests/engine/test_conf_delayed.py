@@ -21,7 +21,7 @@ from adaptive_spec.engine.drafting import delayed_on_slots, draft_policy_tree, d
 from adaptive_spec.engine.logits import ProbsFn
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.trees import TreeShape
-from adaptive_spec.trees.policy import parse_policy
+from adaptive_spec.trees.policy import ConfidenceDelayed, parse_policy
 from tests.helpers.reads import counted_reads
 from tests.helpers.tiny import tiny_model
 
@@ -50,7 +50,10 @@ def model():
 
 def test_which_policies_take_the_slots() -> None:
     assert delayed_on_slots(parse_policy("conf-delayed:4:0.5:3"))
-    assert not delayed_on_slots(parse_policy("conf-delayed:4:0.5:3:0.2"))  # paths that may stop: the host's
+    assert not delayed_on_slots(parse_policy("conf-delayed:4:0.5:3:0.2"))  # paths that may stop: the host's on a CPU
+    assert delayed_on_slots(parse_policy("conf-delayed:4:0.5:3:0.2"), device_path=True)  # flags on the device's path
+    cut = ConfidenceDelayed(depth=4, budget=5, threshold=0.5, paths=3, branch_threshold=0.2)
+    assert not delayed_on_slots(cut, device_path=True)  # a budget that cuts the paths: the host's
     assert not delayed_on_slots(parse_policy("conf-delayed:4:0.5:1"))  # one path: a chain
     assert not delayed_on_slots(parse_policy("conf-chain:4:0.5"))
 
@@ -144,3 +147,56 @@ def test_on_an_accelerator_the_trunk_is_read_once_at_its_look(model, temperature
                         assert dev.tree.tokens == host.tree.tokens
                         assert torch.equal(dev.tree.draft_probs, host.tree.draft_probs)
     assert before == {True, False}  # both cases met
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_on_an_accelerator_paths_that_may_stop_are_the_policys_with_one_read(model, temperature) -> None:
+    """``conf-delayed`` with a ``branch_threshold`` on the device's path: the paths drafted into the slots, each path
+    node fed (given children) exactly when the row its token was drawn from has a top-1 of at least the threshold
+    (the policy's ``feed``), with as many draws as paths stand on it, and no read for the paths."""
+    depth, paths = 4, 3
+    fed_seen, cut_seen = 0, 0
+    for branch in (0.7, 0.85, 0.95):
+        policy = parse_policy(f"conf-delayed:{depth}:0.7:{paths}:{branch}")
+        for seed in range(4):
+            for look in (1, 2):
+                out, reads = _grow(model, policy, seed, temperature == 0, on_device=True, look=look)
+                tree = out.tree
+                assert len(reads) == 1  # the trunk's one read; none for the paths
+                t = out.policy_levels - 1
+                assert tree.shape == TreeShape.delayed(t, paths, depth - t)
+                top1 = tree.draft_probs.max(dim=-1).values.double().tolist()
+                assert all(len(tree.child_draws[d]) == 1 for d in range(t)) and len(tree.child_draws[t]) == paths
+                for v in range(t + 1, tree.num_nodes):
+                    if not tree.used[v]:
+                        continue
+                    par = tree.parents[v]
+                    fed = tree.depths[v] < depth and top1[par] >= branch
+                    assert bool(tree.child_draws[v]) == fed, (branch, seed, look, v)
+                    if fed:  # one draw per path standing on it
+                        assert len(tree.child_draws[v]) == tree.child_draws[par].count(v)
+                    fed_seen += fed
+                    cut_seen += tree.depths[v] < depth and not fed
+    assert fed_seen and cut_seen, (fed_seen, cut_seen)  # paths that went on and paths that stopped
+
+
+def test_on_an_accelerator_a_path_goes_on_at_the_branch_threshold_and_stops_just_above_it(model) -> None:
+    """The rule is ``top-1 >= branch_threshold``: the draws do not depend on it (the same seed and look draw the same
+    slots), so a path node fed at a threshold equal to its parent row's top-1 has no children one float above."""
+    checked = 0
+    for seed in range(4):
+        probe, _ = _grow(model, parse_policy("conf-delayed:4:0.7:3:1e-9"), seed, False, on_device=True, look=1)
+        tree, t = probe.tree, probe.policy_levels - 1
+        top1 = tree.draft_probs.max(dim=-1).values.double()
+        for v in range(t + 2, tree.num_nodes):  # a path node below the branch node's children, not a leaf
+            if not tree.used[v] or tree.depths[v] >= 4:
+                continue
+            at = top1[tree.parents[v]]
+            above = torch.nextafter(at, torch.tensor(2.0, dtype=torch.float64))
+            on, _ = _grow(model, parse_policy(f"conf-delayed:4:0.7:3:{float(at)!r}"), seed, False, True, look=1)
+            off, _ = _grow(model, parse_policy(f"conf-delayed:4:0.7:3:{float(above)!r}"), seed, False, True, look=1)
+            assert on.tree.tokens == off.tree.tokens == tree.tokens  # the same draws
+            assert on.tree.used[v] and on.tree.child_draws[v] and off.tree.used[v] and not off.tree.child_draws[v]
+            checked += 1
+            break
+    assert checked >= 2

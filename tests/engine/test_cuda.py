@@ -66,8 +66,14 @@ def test_greedy_equals_target_generate_on_cuda():
         expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
         expected = expected[0, len(prompt) :].tolist()
         plans = ("chain:4/block", "delayed:1x3x2/traversal", "wor:2x2x1/rrsw", "conf-chain:6:0.3/block")
-        # an EAGLE tree with i.i.d. children and a conf-delayed trunk: decided on the device, as the chain above
-        for plan in (*plans, "eagle:4:12:3:2/traversal", "conf-delayed:4:0.3:2/traversal"):
+        # an EAGLE tree with i.i.d. children and a conf-delayed trunk (and paths that may stop): decided on the
+        # device, as the chain above
+        for plan in (
+            *plans,
+            "eagle:4:12:3:2/traversal",
+            "conf-delayed:4:0.3:2/traversal",
+            "conf-delayed:4:0.9:2:0.5/specinfer",
+        ):
             out = engine.generate(prompt, max_new_tokens=16, temperature=0, plan=plan)
             assert out.token_ids == expected, plan
 

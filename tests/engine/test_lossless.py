@@ -159,19 +159,33 @@ def test_lossless_end_to_end_policy_chain_on_the_device(engine: SpecEngine, plan
     assert chi_square_pvalue(counts, exact_law(engine.target, SAMPLING)) > 1e-3
 
 
-def test_lossless_end_to_end_conf_delayed_trunk_on_the_device(engine: SpecEngine, monkeypatch) -> None:
-    """A ``conf-delayed`` trunk decided on the device, read once at its look, then the paths in slots: the
-    accelerator's path, through the engine."""
+@pytest.mark.parametrize(
+    ("verifier", "shape"), [("traversal", "conf-delayed:3:0.35:2"), ("specinfer", "conf-delayed:3:0.5:2:0.45")]
+)
+def test_lossless_end_to_end_conf_delayed_trunk_on_the_device(engine: SpecEngine, monkeypatch, verifier, shape) -> None:
+    """A ``conf-delayed`` trunk decided on the device, read once at its look, then the paths in slots (with a
+    branch threshold: paths that stop, flagged on the device): the accelerator's path, through the engine."""
     from adaptive_spec.engine import drafting
     from adaptive_spec.rng import accelerator_path_on_cpu
 
-    looked = []
+    looked, stopped = [], []
     real = drafting.draft_conf_delayed
-    monkeypatch.setattr(drafting, "draft_conf_delayed", lambda *a: looked.append(a[-1]) or real(*a))
+
+    def counted(*a):
+        out = real(*a)
+        looked.append(a[-1])
+        if out.tree.slots is not None:  # a path that stopped: a flagged slot
+            stopped.append(not bool(out.tree.slots[1].all()))
+        return out
+
+    monkeypatch.setattr(drafting, "draft_conf_delayed", counted)
     with accelerator_path_on_cpu():
-        # the root's row has a top-1 of 0.39: a trunk at 0.35, which branches a node or two later
-        assert run_case(engine, "traversal", DraftLaw.DYNAMIC_IID, runs=2000, shape="conf-delayed:3:0.35:2") > 1e-3
+        # the root's row has a top-1 of 0.39: a trunk at 0.35, which branches a node or two later; at 0.5 the paths
+        # branch at the root (its top-1 is 0.42 at T = 0.9) and stop there at a branch threshold of 0.45 (a first
+        # step's tree, of depth 2, has flagged slots; a request's later steps draft one level, cut at its end)
+        assert run_case(engine, verifier, DraftLaw.DYNAMIC_IID, runs=2000, shape=shape) > 1e-3
     assert len(looked) >= 2000 and all(looked)
+    assert any(stopped) == (shape.count(":") == 4)
 
 
 @pytest.mark.slow

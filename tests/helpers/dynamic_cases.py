@@ -128,6 +128,10 @@ def policies_for(law: DraftLaw) -> list[DraftPolicy]:
             FixedShapePolicy(TreeShape.delayed(1, 2, 1)),
             # conf-delayed decided on the device, its trunk read once after 1 decision (draft_conf_delayed's looked)
             LookedDelayed(2, inner=ConfidenceDelayed(depth=2, budget=4, threshold=0.5, paths=2), look=1),
+            # and with paths that may stop (a branch threshold: flagged slots on the device)
+            LookedDelayed(
+                3, inner=ConfidenceDelayed(depth=3, budget=6, threshold=0.6, paths=2, branch_threshold=0.5), look=1
+            ),
         ]
     return [
         EagleTree(depth=2, budget=4, top_k=1, width=2, without_replacement=True),
