@@ -734,10 +734,13 @@ def summarize_counts(counter: HostSyncCounter, steps: int, generations: int) -> 
 
 def count_host_syncs(engine, prompts: list[str], plans: list, temperature: float, max_new_tokens: int) -> list[dict]:
     """Per plan: host synchronisations and aten ops per speculative step (see :func:`summarize_counts`)."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
     rows = []
     roles = {"target": engine.target, "draft": engine.draft}
     for plan in plans:
-        engine.generate(prompts[0], max_new_tokens=8, temperature=temperature, plan=plan, seed=0)  # warm-up
+        with accelerator_path_on_cpu():  # warm-up, on the path the counter takes (its device tensors made once)
+            engine.generate(prompts[0], max_new_tokens=8, temperature=temperature, plan=plan, seed=0)
         steps = 0
         with HostSyncCounter(roles=roles, device=engine.device) as counter:
             for i, prompt in enumerate(prompts):

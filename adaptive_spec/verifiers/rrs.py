@@ -233,15 +233,17 @@ def verify_rrs(
     """
     if isinstance(sampler, TorchSampler) and tree.slots is not None:
         return rrs_on_slots(tree, target_probs, sampler.generator, without_replacement=without_replacement, ride=ride)
-    table = "children" if without_replacement else "draws"  # a node's candidates, on the device
-    laws = (DraftLaw.DYNAMIC_WOR, DraftLaw.DYNAMIC_CHAIN) if without_replacement else (DraftLaw.DYNAMIC_IID,)
+    # a chain draws once a node, with or without replacement alike: its children table is its draws
+    distinct = without_replacement or tree.shape.law in (DraftLaw.CHAIN, DraftLaw.DYNAMIC_CHAIN)
+    table = "children" if distinct else "draws"  # a node's candidates, on the device
+    laws = (DraftLaw.DYNAMIC_WOR, DraftLaw.DYNAMIC_CHAIN, DraftLaw.CHAIN) if distinct else (DraftLaw.DYNAMIC_IID,)
     if (
         isinstance(sampler, TorchSampler)
         and tree.shape.law in laws
         and tree.has_tensors(target_probs.device, table, "tokens")
         and run_ahead(target_probs.device)  # every node's rows at once: an accelerator's work, not a CPU's
     ):
-        return rrs_on_children(tree, target_probs, sampler.generator, ride, without_replacement=without_replacement)
+        return rrs_on_children(tree, target_probs, sampler.generator, ride, without_replacement=distinct)
 
     def solver(p, q, candidates, s):
         return rrs_solve(p, q, candidates, s, without_replacement=without_replacement)

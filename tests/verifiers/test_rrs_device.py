@@ -102,7 +102,7 @@ def _policy_tree(seed: int, tokens, parents, child_draws, law: DraftLaw, **table
     depths = [0] * len(parents)
     for i in range(1, len(parents)):
         depths[i] = depths[parents[i]] + 1
-    shape = TreeShape.dynamic(law, 2, sum(map(len, child_draws)))
+    shape = TreeShape.dynamic(law, max(depths), sum(map(len, child_draws)))
     ref = DraftTree(tokens, parents, depths, torch.zeros(len(tokens), V), child_draws, shape)
     draft = torch.stack([inst.draft_fn(c) for c in ref.prefixes]).float()
     target = torch.stack([inst.target_fn(c) for c in ref.prefixes]).float()
@@ -132,8 +132,17 @@ def _iid_policy_case():
     return _policy_tree(2, [-1, 1, 3, 0, 2], [-1, 0, 0, 1, 2], draws, DraftLaw.DYNAMIC_IID, draws=table)
 
 
+def _chain_case():
+    """A policy chain (node 0 drew 1, node 1 drew 0, node 2 drew 2): its children table on the device, as
+    ``draft_chain_on_device`` hands it over; one draw a node, so SpecInfer takes it as its draws."""
+    children = [[1], [2], [3], [4]]
+    return _policy_tree(3, [-1, 1, 0, 2], [-1, 0, 1, 2], [[1], [2], [3], []], DraftLaw.DYNAMIC_CHAIN, children=children)
+
+
 @pytest.mark.parametrize(
-    ("case", "verifier"), [(_policy_case, verify_rrsw), (_iid_policy_case, verify_specinfer)], ids=["rrsw", "specinfer"]
+    ("case", "verifier"),
+    [(_policy_case, verify_rrsw), (_iid_policy_case, verify_specinfer), (_chain_case, verify_specinfer)],
+    ids=["rrsw", "specinfer", "specinfer-chain"],
 )
 def test_a_policy_tree_runs_its_verifier_on_the_device(monkeypatch, case, verifier) -> None:
     """RRSw on a tree drawn without replacement (its children table), SpecInfer on a tree drawn i.i.d. (its draws
@@ -157,7 +166,8 @@ def test_a_policy_tree_runs_its_verifier_on_the_device(monkeypatch, case, verifi
         return {k: v / RUNS for k, v in counts.items()}
 
     assert _tv(frequencies(), exact) < 0.035 and len(called) == RUNS
-    assert all(k == {"without_replacement": verifier is verify_rrsw} for k in called)
+    distinct = verifier is verify_rrsw or case is _chain_case  # a chain's one draw a node: its children table
+    assert all(k == {"without_replacement": distinct} for k in called)
     with counted_reads() as reads:
         verifier(tree(), target, TorchSampler(torch.Generator().manual_seed(1)))
     assert len(reads) == 1
