@@ -306,10 +306,11 @@ def test_an_eagle_tree_decided_on_the_device_keeps_within_its_level_goal():
 @pytest.mark.parametrize("plan", ["eagle:5:12:3:2/specinfer", "eagle:4:16:4:4/traversal"])
 def test_an_eagle_tree_with_iid_children_reads_the_host_once_for_the_tree(plan):
     """An EAGLE-style tree with i.i.d. children is decided on the device (the accelerator's path, which the counter
-    takes): one read for the tree where the same policy without replacement would stop feeding, one more per level
-    after it that its merges reach, and the verifier's one read (SpecInfer on the draws table, on the device). The
-    commit before: 16.2 syncs a step for ``eagle:5:12:3:2/specinfer`` (a read a level, copies of each level's
-    inputs, and the host walk's reads)."""
+    takes): one read for the tree at its look (the deepest of the past trees, at least where the same policy without
+    replacement would stop feeding), one more per level past it that its merges reach, and the verifier's one read
+    (SpecInfer on the draws table, on the device). The commits before: 16.2 syncs a step for
+    ``eagle:5:12:3:2/specinfer`` (a read a level, copies of each level's inputs, and the host walk's reads), then
+    2.15 (a read at every level past the certain ones that fed)."""
     target = tiny_model("llama", vocab=48, seed=3, eos=None)
     draft = perturbed(target, 0.2, 4)
     engine = SpecEngine(target, draft)
@@ -321,8 +322,8 @@ def test_an_eagle_tree_with_iid_children_reads_the_host_once_for_the_tree(plan):
     assert r.stats.steps >= 4 and row["draft_levels_per_step"] > 1
     sites = {s["site"].split(" ")[-1]: s["per_step"] for s in row["sync_sites"]}
     assert set(sites) == {"_read_iid", "host_read"} and counter.by_kind(stage="step").keys() == {"tolist"}
-    assert 0.5 < sites["_read_iid"] <= 1.5 and sites["host_read"] <= 1
-    assert row["syncs_per_step"] <= 2.5
+    assert 0.5 < sites["_read_iid"] <= 1 and sites["host_read"] <= 1
+    assert row["syncs_per_step"] <= 2.0
 
 
 @pytest.mark.parametrize("plan", ["iid:3x4/specinfer", "chain:3/block", "delayed:1x2x3/traversal"])

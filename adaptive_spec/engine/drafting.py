@@ -20,11 +20,12 @@ and the tree's structure is merged from the tokens after the engine's one read. 
 host, one read per level, except: EAGLE-style trees without replacement, whose counts per level are known in
 advance, decided on the device with one read per tree (:func:`draft_eagle_on_device`); with
 i.i.d. children, on an accelerator, each level has its most frontier rows, padding after the fed ones
-(:func:`draft_eagle_iid_on_device`, one read per tree where the merges do not take it deeper); policy chains
+(:func:`draft_eagle_iid_on_device`, one read per tree at a *look* level chosen from the past trees, one more per
+level that the merges take a tree past it); policy chains
 (``conf-chain``, ``cum-chain``, ``learned-chain``), on an accelerator, decided on the device and read once, at a
 *look* level chosen from the past stops (:func:`draft_chain_on_device`); and ``conf-delayed`` trees, whose trunk
 is read level by level on a CPU and once at its look on an accelerator, then the paths drafted into a static
-shape's slots (:func:`draft_conf_delayed`). This is the
+shape's slots (:func:`draft_conf_delayed`; paths that may stop are flagged on the device). This is the
 law of :func:`adaptive_spec.trees.sample_tree` (which draws rollout
 by rollout, depth first): rows are a function of the prefix only, draws are independent given the rows,
 and walkers are processed in rollout order at each level, so each node's ``child_draws`` has the same
@@ -1138,14 +1139,21 @@ def draft_eagle_iid_on_device(
     on as many rows (it pads its rows likewise), so from one generator state both grow the same tree.
 
     The levels whose nodes the same policy without replacement feeds are fed here for sure (duplicates only save
-    budget); from the first level after them, whether any node is fed depends on the merges: the tree is read
-    there, and only if nodes are fed does the growth go on, with a read per level. Returns None when a drawn
-    child had probability 0 (a row of zeros): the caller grows the host path's tree from the saved state.
+    budget); after them, whether any node is fed depends on the merges. The tree is read once, after level ``l``,
+    the *look*, and only if nodes are fed there does the growth go on, with a read per level. The look comes from
+    the past trees of the same policy in the request (``runner.chain_look``, as a policy chain's, :func:`_look`):
+    the deepest of the last :data:`LOOK_HISTORY` trees, at least the first level that is not certain (before any
+    tree: that level). Levels between a tree's end and its look are drafted blind: no node is made there (the
+    tree is the host path's), but their forwards are spent and their draws taken from the generator. Returns None
+    when a drawn child had probability 0 (a row of zeros): the caller grows the host path's tree from the saved
+    state.
     """
     device = runner.device
     p, base = root.pending, root.base
     plan = _iid_plan(policy, device)
     m, w = plan.m, policy.width
+    stops = runner.chain_look.setdefault(str(policy), collections.deque(maxlen=LOOK_HISTORY))
+    look = max(max(stops, default=0), plan.certain + 1)  # the level after which the tree is read
     R, ok = root.probs[-1:], root.ok
     nxt, left = plan.counters.clone().split(1)  # the next node id less one, the budget left
     ancestors = plan.ancestors.clone()
@@ -1176,7 +1184,7 @@ def draft_eagle_iid_on_device(
         fed = torch.where(left > 0, count.clamp_max(policy.top_k), 0)  # nothing is fed once the budget is spent
         order = torch.where(plan.rank[d] < fed, order, f * w).sort().values  # in the order made, padding last
         fr = torch.cat([ids, plan.pad])[order]  # m for padding
-        if d > plan.certain:  # whether anything is fed now depends on the merges: the tree so far, read
+        if d >= look:  # whether anything is fed now depends on the merges: the tree so far, read
             host = _read_iid(plan, levels, nxt, fed_ids, ok, level_logits, rows, fed)
             if not host[-1]:
                 break
@@ -1203,6 +1211,7 @@ def draft_eagle_iid_on_device(
     depths = [0] * n
     for j in range(1, n):
         depths[j] = depths[parents[j]] + 1
+    stops.append(max(depths))  # the levels with nodes
     nodes_d, tables = host.nodes, host.tables
     fed_d, fed_rows = torch.cat(fed_ids), torch.cat(rows)
     probs = torch.zeros(m + 1, probs_fn.vocab_size, dtype=fed_rows.dtype, device=device)

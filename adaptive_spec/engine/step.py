@@ -261,6 +261,8 @@ class StepMixin:
                 state.draft.commit(n_ctx, rows[: len(fed)])
             elif outcome.cache_rows_tensor is not None and isinstance(rows, torch.Tensor):  # gathered on the device
                 state.draft.commit(n_ctx, outcome.cache_rows_tensor[rows[: len(fed)] - (n_ctx - 1)] + (n_ctx - 1))
+            elif outcome.cache_rows_tensor is not None and fed != list(range(1, len(fed) + 1)):  # nodes 1 .. k: a slice
+                state.draft.commit(n_ctx, outcome.cache_rows_tensor[1 : len(fed) + 1] + (n_ctx - 1))
             else:
                 state.draft.commit(n_ctx, [n_ctx - 1 + r for r in fed])
 

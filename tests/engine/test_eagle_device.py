@@ -12,11 +12,13 @@ elsewhere (tests/verifiers/test_dynamic_exact.py, through sample_policy_tree and
 
 from __future__ import annotations
 
+import collections
 import contextlib
 
 import pytest
 import torch
 
+from adaptive_spec.bench.overhead import HostSyncCounter
 from adaptive_spec.engine import SpecEngine, drafting
 from adaptive_spec.engine.drafting import (
     draft_policy_tree,
@@ -46,8 +48,10 @@ POLICIES = [
 IID_POLICIES = [p.removesuffix(":wor") for p in POLICIES] + ["eagle:6:30:3:5", "eagle:5:40:2:6"]
 
 
-def _grow(model, policy, probs_fn, seed, deterministic, on_device):
+def _grow(model, policy, probs_fn, seed, deterministic, on_device, look=None):
     runner = ModelRunner(model)
+    if look is not None:  # the policy's past trees in the request, as if one had reached depth ``look``
+        runner.chain_look[str(policy)] = collections.deque([look])
     g = torch.Generator().manual_seed(seed)
     with torch.inference_mode():
         runner.chain_forward(torch.tensor(CONTEXT[:-1]), logits_to_keep=1)
@@ -131,7 +135,12 @@ GENERATION_PLANS = {
 @pytest.mark.parametrize("head", [False, True], ids=["draft-model", "eagle-head"])
 def test_generations_are_the_same_on_the_device_and_on_the_host(monkeypatch, law, temperature, head) -> None:
     """Without replacement a CPU grows the tree on the device too; with i.i.d. children only an accelerator does (a
-    CPU run grows none there), so those runs take the accelerator's paths, verifiers included, on both sides."""
+    CPU run grows none there), so those runs take the accelerator's paths, verifiers included, on both sides. With
+    i.i.d. children the device reads the tree at a look chosen by the past trees; the levels it drafts blind past a
+    tree's end make no node but take draws from the generator, so here the look is kept at the first level that is
+    not certain (no history), where the host path draws alike (the looks: the next test)."""
+    if law == "iid":
+        monkeypatch.setattr(drafting, "LOOK_HISTORY", 0)
     target = tiny_model("llama", vocab=48, hidden=32, seed=3, eos=None)
     draft = make_head(target, 40, range(8, 48)) if head else perturbed(target, 0.2, 4)
     engine = SpecEngine(target, draft)
@@ -274,3 +283,77 @@ def test_an_iid_policys_depth_cuts_get_their_plans_in_the_same_transfer(monkeypa
             assert torch.equal(getattr(cut, name), getattr(alone, name)), name
         for name in ("limit", "row", "depth", "rank"):
             assert all(torch.equal(a, b) for a, b in zip(getattr(cut, name), getattr(alone, name), strict=True))
+
+
+@pytest.mark.parametrize("text", IID_POLICIES)
+def test_an_iid_tree_is_read_at_its_look_and_is_the_host_drafters(model, text) -> None:
+    """Read once after the look level (the deepest of the policy's past trees, at least the first level that is not
+    certain), then once a level while nodes are fed: the host path's tree from the same generator state whatever the
+    look; a look past the tree's end costs blind levels (forwards, draws), no node; the tree's depth is recorded."""
+    policy = parse_policy(text)
+    probs_fn = ProbsFn(build_logits_processor(SamplingConfig(temperature=1.0).generation_config()), V, one_hot=False)
+    certain = 0
+    while certain < len(eagle_levels(policy)) and eagle_levels(policy)[certain][1]:
+        certain += 1
+    reads, real = [], drafting._read_iid
+
+    def counted(*a):
+        reads.append(1)
+        return real(*a)
+
+    blind = past = 0
+    for seed in range(6):
+        host, _, _ = _grow(model, policy, probs_fn, seed, False, False)
+        depth = max(host.tree.depths)
+        for look in range(certain + 1, policy.depth + 2):
+            reads.clear()
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(drafting, "_read_iid", counted)
+                dev, runner, _ = _grow(model, policy, probs_fn, seed, False, True, look=look)
+            ta, tb = dev.tree, host.tree
+            assert (ta.tokens, ta.parents, ta.depths, ta.child_draws) == (
+                tb.tokens,
+                tb.parents,
+                tb.depths,
+                tb.child_draws,
+            )
+            assert torch.allclose(ta.draft_probs, tb.draft_probs, atol=1e-6) and sorted(dev.cache_rows) == sorted(
+                host.cache_rows
+            )
+            assert len(reads) == max(1, depth - look + 1)
+            assert dev.policy_levels == max(depth, min(look, policy.depth))  # levels drafted, blind ones included
+            assert runner.chain_look[str(policy)][-1] == depth
+            blind += look > depth and depth < policy.depth
+            past += look < depth
+    if text in ("eagle:3:6:2:2", "eagle:4:12:3:2"):  # where merges take some trees deeper than others
+        assert blind and past  # looks past a tree's end and before it, both met
+
+
+def test_a_path_through_nodes_one_to_k_keeps_its_draft_rows(monkeypatch) -> None:
+    """A path 1 .. k (the root's draws all merged into node 1) of a tree grown on the device, whose fed padding rows
+    sit between its nodes' draft rows: the draft cache keeps the path's own rows (a slice of the device's row table,
+    no copy), so the next steps draft what the host path's do."""
+    monkeypatch.setattr(drafting, "LOOK_HISTORY", 0)  # the host path's draws (see the generations test above)
+    target = tiny_model("llama", vocab=48, seed=3, eos=None)
+    engine = SpecEngine(target, perturbed(target, 0.2, 4))
+    runs, roles = {}, {"target": engine.target, "draft": engine.draft}
+    with accelerator_path_on_cpu():  # the policy's plans, made once
+        engine.generate([5, 6, 7, 9], max_new_tokens=4, plan="eagle:3:6:2:2/specinfer", seed=0)
+    for where in ("device", "host"):
+        if where == "host":
+            monkeypatch.setattr(drafting, "eagle_on_device", lambda *a: False)
+        with HostSyncCounter(roles=roles) as counter:  # the accelerator's path
+            runs[where] = [
+                engine.generate(
+                    [5, 6, 7, 9], max_new_tokens=24, temperature=1.0, plan="eagle:3:6:2:2/specinfer", seed=s
+                )
+                for s in (2, 3)
+            ]
+        if where == "device":  # the tree's read and the verifier's: the rows kept are not copied over
+            assert counter.by_kind(stage="step").keys() == {"tolist"}
+    for a, b in zip(runs["device"], runs["host"], strict=True):
+        assert (a.token_ids, a.stats.accept_lengths, a.stats.tree_sizes) == (
+            b.token_ids,
+            b.stats.accept_lengths,
+            b.stats.tree_sizes,
+        )
