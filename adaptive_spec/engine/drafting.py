@@ -293,7 +293,7 @@ def _draft_slots(
             logits = runner.block_forward(tokens[-1], pos, mask, logits_to_keep=end - first)
             rows.append(probs_fn(logits))
     fed, n = layout.fed, layout.num_slots  # every slot above the last level is fed
-    probs = torch.cat([*rows, rows[0].new_zeros(n - fed, rows[0].shape[1])])  # [N, V]; leaves are never fed
+    probs = torch.cat([*rows, _zero_rows(n - fed, rows[0].shape[1], rows[0].dtype, device)])  # [N, V]; leaves: none
     # The rows are softmaxes: any NaN or +inf in a level's logits makes its row NaN (the root's is checked as fed).
     ok = root.ok & rows_ok(probs)
     tree = DraftTree.from_slots(layout, torch.cat(tokens), torch.cat(valid), probs)
@@ -343,13 +343,21 @@ def _chain_outcome(
     D, p = shape.depth if depth is None else depth, root.pending
     no_token, parents, depths, children, ancestors = _chain_tensors(D, device)
     tokens = torch.cat([no_token, *drawn])  # [D + 1], on the device
-    probs = torch.cat([*rows, rows[0].new_zeros(1, rows[0].shape[1])])  # [D + 1, V]; the leaf is never fed
+    probs = torch.cat([*rows, _zero_rows(1, rows[0].shape[1], rows[0].dtype, device)])  # [D + 1, V]; the leaf: none
     # The rows are softmaxes: any NaN or +inf in a level's logits makes its row NaN (the root's is checked as fed).
     ok = root.ok & rows_ok(probs)
     nodes = range(D + 1)
     tree = DraftTree(tokens, [n - 1 for n in nodes], list(nodes), probs, [[n + 1] for n in range(D)] + [[]], shape)
     tree.keep_tensors(parents=parents, depths=depths, children=children)
     return DraftOutcome(tree, ancestors, p, D, policy_levels=decisions, ok=ok)
+
+
+@functools.lru_cache(maxsize=64)
+def _zero_rows(n: int, vocab: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A read-only block of ``n`` zero rows (the never-fed leaves' draft rows, concatenated after the fed ones), made
+    once: no fill a step.
+    """
+    return torch.zeros(n, vocab, dtype=dtype, device=device)
 
 
 @functools.lru_cache(maxsize=64)
@@ -637,12 +645,13 @@ def draft_chain_on_device(
     marks = []  # the draft cache before each level's forward
     rule = _ChainRuleOnDevice(policy, device, temperature)
     for d in range(G):
-        token = draw_tokens(rows[-1], 1, generator, greedy=deterministic)[:, 0]  # [1]
+        drawn2d = draw_tokens(rows[-1], 1, generator, greedy=deterministic)  # [1, 1]
+        token = drawn2d[:, 0]  # [1]
         drawn.append(token)
         if d + 1 == G:  # node G is a leaf whatever the rule
             break
         if d < look:  # nodes 1 .. look: the policy's decisions (past the look every node is fed)
-            feeds = rule(d + 1, rows[-1], token)
+            feeds = rule(d + 1, rows[-1], drawn2d)
             fed.append(feeds if d == 0 else fed[-1] & feeds)  # fed once every node before it was
         if d + 1 == look:  # the one read: how many of nodes 1 .. look the policy fed (a stop: fewer than all)
             n_fed = torch.cat(fed).sum().tolist()
@@ -678,43 +687,80 @@ class _ChainRuleOnDevice:
         self.policy, self.temperature = policy, float(temperature)
         self.path = None  # the path's draft probability (float64 [1])
         if isinstance(policy, LearnedChain):
-            self.layers = policy.predictor.device_layers(device)
-            # the features' constant columns: the depths 0 .. D and the temperature (float64 [1, D + 1], [1, 1])
-            self.depths = torch.arange(policy.depth + 1, dtype=torch.float64, device=device)[None]
-            self.temp = torch.full((1, 1), self.temperature, dtype=torch.float64, device=device)
+            self.net = _learned_net(policy.predictor.device_layers(device), policy.depth, self.temperature)
             self.accept, self.expected = None, None  # the path's predicted acceptance, the expected tokens so far
 
     def __call__(self, depth: int, row: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-        """BoolTensor[1]: whether the policy feeds the node at ``depth`` (its ``token`` drawn from ``row`` [1, V])."""
+        """BoolTensor[1]: whether the policy feeds the node at ``depth`` (its ``token`` [1, 1] drawn from ``row``
+        [1, V]).
+        """
         policy = self.policy
         if isinstance(policy, ConfidenceChain):
             return row.amax(-1).double() >= policy.threshold
         if isinstance(policy, CumulativeChain):
-            q = row.gather(-1, token[:, None])[:, 0].double()
+            q = row.gather(-1, token)[:, 0].double()
             self.path = q if self.path is None else self.path * q
             return self.path >= policy.min_path_prob
         return self._learned(depth, row, token)
 
     def _learned(self, depth: int, row: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-        """``learned-chain``: acceptance_row's features, the acceptance model's network, LearnedChain.feed's rule."""
+        """``learned-chain``: acceptance_row's features, the acceptance model's network, LearnedChain.feed's rule.
+
+        The features' constant columns (the depth, the temperature) are folded into the first layer's bias, one
+        row per depth (:func:`_learned_net`); the others go in as ``[q, top-1, entropy, path]`` with the logs taken
+        where the features are logs.
+        """
+        net = self.net
         ent = torch.special.entr(row).sum(-1, keepdim=True)
-        stats = torch.cat([row.gather(-1, token[:, None]), row.amax(-1, keepdim=True), ent], dim=1).double()  # q, top-1
-        q = stats[:, :1]
-        self.path = q if self.path is None else self.path * q  # [1, 1]
-        logs = torch.cat([q, self.path], dim=1).clamp_min(PROB_FLOOR).log()
-        d = self.depths[:, depth : depth + 1]
-        h = torch.cat(
-            [d, logs[:, :1], stats[:, 1:], logs[:, 1:], self.temp], dim=1
-        )  # [1, F], ACCEPTANCE_FEATURES order
-        for i, (W, b) in enumerate(self.layers):
-            h = torch.addmm(b, h, W.t())
-            if i + 1 < len(self.layers):
-                h = h.clamp_min(0.0)
-        a, b = torch.sigmoid(h)[0].unbind()
+        x = torch.cat([row.gather(-1, token), row.amax(-1, keepdim=True), ent], dim=1).double()  # q, top-1
+        self.path = x[:, :1] if self.path is None else self.path * x[:, :1]  # [1, 1]
+        x = torch.cat([x, self.path], dim=1)
+        h = torch.where(net.logs, x.clamp_min(PROB_FLOOR).log(), x)  # [1, 4]: log q, top-1, entropy, log path
+        h = torch.addmm(net.first[depth], h, net.weights[0])
+        for W, b in zip(net.weights[1:], net.biases, strict=True):
+            h = torch.addmm(b, h.clamp_min_(0.0), W)
+        a, b = torch.sigmoid(h).unbind(1)  # [1] each
         self.accept = a if self.accept is None else self.accept * a
         self.expected = 1.0 + self.accept if self.expected is None else self.expected + self.accept
-        rho = float(self.policy.cost_ratio)
-        return (self.accept * b * (1.0 + rho * depth) > self.expected * rho).view(1)
+        rho = float(self.policy.cost_ratio)  # feed: accept · b · (1 + ρ · depth) > expected · ρ
+        return self.accept * b > self.expected * (rho / (1.0 + rho * depth))
+
+
+@dataclass(frozen=True)
+class _LearnedNet:
+    """An acceptance model's layers for :meth:`_ChainRuleOnDevice._learned` (float64, on the device)."""
+
+    first: list[torch.Tensor]  # per depth 0 .. D: the first layer's bias with the depth and temperature columns in
+    weights: list[torch.Tensor]  # per layer, W transposed ([in, out]); the first's rows for the 4 other features
+    biases: list[torch.Tensor]  # the other layers' biases
+    logs: torch.Tensor  # bool [1, 4]: which of q, top-1, entropy, path go in as logs
+    layers: list  # the model's device layers, kept alive with their id as the cache's key
+
+
+_LEARNED_NETS: dict[tuple[int, float], _LearnedNet] = {}
+
+
+def _learned_net(layers: list[tuple[torch.Tensor, torch.Tensor]], depth: int, temperature: float) -> _LearnedNet:
+    """The acceptance model's ``layers`` (:meth:`AcceptanceModel.device_layers`) arranged for chains of ``depth`` or
+    less at ``temperature``, made once (a deeper chain makes them again): the columns of the features ``depth`` and
+    ``temperature`` (ACCEPTANCE_FEATURES' first and last) times their values, added to the first layer's bias.
+    """
+    key = id(layers), temperature
+    if key not in _LEARNED_NETS or len(_LEARNED_NETS[key].first) <= depth:
+        if len(_LEARNED_NETS) > 64:
+            _LEARNED_NETS.clear()
+        (W0, b0), rest = layers[0], layers[1:]
+        depths = torch.arange(depth + 1, dtype=W0.dtype, device=W0.device)
+        first = (b0 + temperature * W0[:, -1]) + depths[:, None] * W0[:, 0]  # [D + 1, H]
+        logs = (torch.arange(4, device=W0.device) % 3 == 0)[None]  # [[True, False, False, True]], no copy
+        _LEARNED_NETS[key] = _LearnedNet(
+            list(first[:, None].unbind()),
+            [W0[:, 1:-1].t().contiguous(), *(W.t().contiguous() for W, _ in rest)],
+            [b for _, b in rest],
+            logs,
+            layers,
+        )
+    return _LEARNED_NETS[key]
 
 
 def delayed_on_slots(policy: DraftPolicy, device_path: bool = False) -> bool:
