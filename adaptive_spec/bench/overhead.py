@@ -35,7 +35,7 @@ FAMILY_PLANS = (
     "chain:4/block,iid:3x5/specinfer,delayed:1x3x2/traversal,wor:2x2x1/rrsw,iid:4x12/specinfer,"
     "conf-chain:6:0.3/block,cum-chain:6:0.2/block,conf-delayed:6:0.5:3/traversal,eagle:5:12:3:2:wor/traversal,"
     "eagle:5:12:3:2/specinfer,"
-    "learned-chain:6:0.15/block,lookup:8/block,lookup:3x8/nss,hybrid:2:2/block"
+    "learned-chain:6:0.15/block,lookup:8/block,lookup:3x8/nss,hybrid:2:2/block,conf-delayed:6:0.5:3:0.3/specinfer"
 )
 PLAN_PRESETS = {"families": FAMILY_PLANS, "sixteen": SIXTEEN_NODE_PLANS}
 

@@ -863,10 +863,11 @@ def draft_conf_delayed(
 
 @functools.lru_cache(maxsize=64)
 def _delayed_layouts(depth: int, paths: int, vocab: int, device: torch.device) -> None:
-    """The slots of ``delayed(t, paths, depth − t)`` for every trunk length ``t < depth``, put on ``device`` in one
-    copy the first time a ``conf-delayed`` policy of that depth and width drafts there.
+    """The slots of ``delayed(t, paths, d − t)`` for every trunk length ``t < d`` and every depth ``d <= depth`` (the
+    policy's cuts near a request's end), put on ``device`` in one copy the first time a ``conf-delayed`` policy of
+    that depth and width drafts there (the deepest first: a cut's slots are then slices of its, no copy).
     """
-    shapes = [TreeShape.delayed(t, paths, depth - t) for t in range(depth)]
+    shapes = [TreeShape.delayed(t, paths, d - t) for d in range(depth, 0, -1) for t in range(d)]
     layouts_to_device([slot_layout(shape, vocab) for shape in shapes], device)
 
 
