@@ -654,7 +654,7 @@ def draft_chain_on_device(
             feeds = rule(d + 1, rows[-1], drawn2d)
             fed.append(feeds if d == 0 else fed[-1] & feeds)  # fed once every node before it was
         if d + 1 == look:  # the one read: how many of nodes 1 .. look the policy fed (a stop: fewer than all)
-            n_fed = torch.cat(fed).sum().tolist()
+            n_fed = int(torch.cat(fed).sum().item())  # item: one op where tolist dispatches two
             if n_fed < look:  # stopped at node n_fed + 1: the host path's chain
                 s = n_fed + 1
                 stops.append(s)
@@ -722,8 +722,8 @@ class _ChainRuleOnDevice:
         a, b = torch.sigmoid(h).unbind(1)  # [1] each
         self.accept = a if self.accept is None else self.accept * a
         self.expected = 1.0 + self.accept if self.expected is None else self.expected + self.accept
-        rho = float(self.policy.cost_ratio)  # feed: accept · b · (1 + ρ · depth) > expected · ρ
-        return self.accept * b > self.expected * (rho / (1.0 + rho * depth))
+        rho = float(self.policy.cost_ratio)  # feed: accept · b · (1 + ρ · depth) > expected · ρ, i.e.
+        return torch.addcmul(self.expected, self.accept, b, value=-(1.0 + rho * depth) / rho) < 0.0  # E − a·b·k/ρ < 0
 
 
 @dataclass(frozen=True)

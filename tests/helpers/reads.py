@@ -1,4 +1,4 @@
-"""Counting host reads (``Tensor.tolist``) in a block of code."""
+"""Counting host reads (``Tensor.tolist``, ``Tensor.item``) in a block of code."""
 
 from __future__ import annotations
 
@@ -10,16 +10,21 @@ import torch
 
 @contextmanager
 def counted_reads() -> Iterator[list[int]]:
-    """Within the block, every ``Tensor.tolist`` appends its tensor's size to the yielded list (then restored)."""
+    """Within the block, every ``Tensor.tolist`` and ``Tensor.item`` appends its tensor's size to the yielded list
+    (then restored)."""
     reads: list[int] = []
-    real = torch.Tensor.tolist
+    real_tolist, real_item = torch.Tensor.tolist, torch.Tensor.item
 
-    def counted(t: torch.Tensor):
+    def counted_tolist(t: torch.Tensor):
         reads.append(t.numel())
-        return real(t)
+        return real_tolist(t)
 
-    torch.Tensor.tolist = counted
+    def counted_item(t: torch.Tensor):
+        reads.append(t.numel())
+        return real_item(t)
+
+    torch.Tensor.tolist, torch.Tensor.item = counted_tolist, counted_item
     try:
         yield reads
     finally:
-        torch.Tensor.tolist = real
+        torch.Tensor.tolist, torch.Tensor.item = real_tolist, real_item
