@@ -670,12 +670,14 @@ def draft_chain_on_device(
     return _chain_outcome(root, policy.shape, rows, drawn, device, G, depth=G)
 
 
-def _look(runner: ModelRunner, policy: DraftPolicy, deepest: int) -> tuple[collections.deque, int]:
+def _look(
+    runner: ModelRunner, policy: DraftPolicy, deepest: int, least: int = 1, first: int = FIRST_LOOK
+) -> tuple[collections.deque, int]:
     """The policy's last stops in this request (``runner.chain_look``, appended to by the caller) and the look they
-    choose: the deepest of them, :data:`FIRST_LOOK` before any, within ``1 .. deepest`` (at least 1).
+    choose: the deepest of them, ``first`` before any, within ``least .. deepest`` (at least ``least``).
     """
     stops = runner.chain_look.setdefault(str(policy), collections.deque(maxlen=LOOK_HISTORY))
-    return stops, max(1, min(max(stops, default=FIRST_LOOK), deepest))
+    return stops, max(least, min(max(stops, default=first), deepest))
 
 
 class _ChainRuleOnDevice:
@@ -1199,8 +1201,9 @@ def draft_eagle_iid_on_device(
     p, base = root.pending, root.base
     plan = _iid_plan(policy, device)
     m, w = plan.m, policy.width
-    stops = runner.chain_look.setdefault(str(policy), collections.deque(maxlen=LOOK_HISTORY))
-    look = max(max(stops, default=0), plan.certain + 1)  # the level after which the tree is read
+    # the level after which the tree is read: the deepest past tree, at least the first uncertain level (the
+    # policy's depth or beyond: once, at the end)
+    stops, look = _look(runner, policy, policy.depth, least=plan.certain + 1, first=plan.certain + 1)
     R, ok = root.probs[-1:], root.ok
     nxt, left = plan.counters.clone().split(1)  # the next node id less one, the budget left
     ancestors = plan.ancestors.clone()

@@ -115,7 +115,8 @@ class ModelRunner:
         self.length = 0  # static cache: rows written (committed plus fed this step)
         # EAGLE-style policy trees decided on the device (engine.drafting); off once a step redid its tree on the host
         self.device_policy = True
-        # policy chains decided on the device: each policy's last stop depths, which choose where it reads (drafting)
+        # policy trees decided on the device (chains, conf-delayed trunks, EAGLE trees with i.i.d. children): each
+        # policy's last stop depths in the request, which choose the level where it reads the host (drafting._look)
         self.chain_look: dict[str, collections.deque] = {}
 
     def _lean_parts(self, attention: str) -> tuple[int, int, int] | None:
