@@ -110,7 +110,7 @@ class SlotLayout:
 
         Without replacement: a slot's own child slots, in draw order. Walker laws: every slot of the next level
         (K = the number of walkers), in walker order; the draws of a slot are those of the walkers standing on
-        the same prefix (:meth:`groups`), and before branching, of the one walker. Padding points at slot 0.
+        the same prefix (:meth:`drawn`), and before branching, of the one walker. Padding points at slot 0.
         Copied once per device.
         """
         cand, _ = self._candidate_rows
@@ -140,22 +140,24 @@ class SlotLayout:
         """:meth:`candidates`' slots as host lists."""
         return self._candidate_rows[0]
 
-    def groups(self, tokens: torch.Tensor) -> torch.Tensor:
-        """BoolTensor[fed, K]: walker laws, whether candidate j of each fed slot is a draw at that slot's prefix.
+    def drawn(self, tokens: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """BoolTensor[fed, K]: whether candidate j of each fed slot (:meth:`candidates`) is a valid draw at that slot's
+        prefix, from the slots' tokens and validity on the device.
 
-        For a walker's slot below the branching point, candidate j (walker j's next slot) is drawn at the same
-        prefix when the two walkers' tokens agree at every depth since branching: a few ops over all levels at
-        once, on the device. Above it (the root, the trunk) every candidate is. Without replacement: all True.
+        Without replacement, every real candidate (a slot's own children). Walker laws: above the branching point
+        (the root, the trunk) every candidate is drawn there; below it, candidate j (walker j's next slot) is drawn at
+        a walker's slot's prefix when the two walkers' tokens agree at every depth since branching: a few ops over
+        all levels at once.
         """
-        cand, _ = self.candidates(tokens.device)
-        if not self.walkers:
-            return torch.ones_like(cand, dtype=torch.bool)
-        b, w = self.shape.branch_depth, self.shape.paths
-        first = self.levels[b][0]  # the first walker slot below the branching point
-        walk = tokens[first:].view(-1, w)  # [depth levels, W]
-        same = (walk[:, :, None] == walk[:, None, :]).int().cumprod(dim=0).bool()  # [levels, W, W]
-        head = torch.ones(first, w, dtype=torch.bool, device=tokens.device)
-        return torch.cat([head, same[:-1].reshape(-1, w)])
+        cand, real = self.candidates(tokens.device)
+        out = real & valid[cand]
+        if self.walkers:
+            w = self.shape.paths
+            first = self.levels[self.shape.branch_depth][0]  # the first walker slot below the branching point
+            walk = tokens[first : self.fed].view(-1, w)  # [fed levels below it, W]
+            apart = (walk[:, :, None] != walk[:, None, :]).cumsum(dim=0)  # [levels, W, W]: disagreements so far
+            out[first:].bitwise_and_((apart == 0).view(-1, w))  # in place: no write back
+        return out
 
     def merge(self, tokens: list[int], valid: list[int] | list[bool]) -> tuple[list[int], list[list[int]]]:
         """The drafted tree over the slots: ``(parents, child_draws)`` from the slots' tokens and validity.

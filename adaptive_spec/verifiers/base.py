@@ -20,6 +20,7 @@ after ``tree.prefixes[i]``; the draft's rows are on the tree.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -75,6 +76,14 @@ def run_ahead(device: torch.device) -> bool:
     the accelerator's strategy (``bench overhead --syncs`` counts that path, and tests check its law on a CPU).
     """
     return accelerator_path(device)
+
+
+@functools.lru_cache(maxsize=128)
+def scalars(m: int, value: float, device: torch.device) -> torch.Tensor:
+    """float64 [m, 1] of ``value``: a verifier's per-row scalars before any rejection, made once per size, value and
+    device (no fill a step). Read only: every update makes a new tensor.
+    """
+    return torch.full((m, 1), value, dtype=torch.float64, device=device)
 
 
 def positive_part(x: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,8 @@ candidates drawn one after another without replacement. Mixing the two contracts
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from adaptive_spec.rng import Sampler, TorchSampler
@@ -31,6 +33,7 @@ from adaptive_spec.verifiers.base import (
     result_for,
     ride_first,
     run_ahead,
+    scalars,
 )
 from adaptive_spec.verifiers.walk import top_down_walk
 
@@ -64,7 +67,7 @@ def rrs_on_slots(
     """Recursive rejection sampling of a slot tree (:mod:`adaptive_spec.trees.slots`) on the rows' device.
 
     Every fed slot runs :func:`rrs_solve` at once (:func:`rrs_states`, one pass over the vocabulary per candidate
-    column): its candidates are the draws at its prefix (:meth:`SlotLayout.groups`), each accepted with probability
+    column): its candidates are the draws at its prefix (:meth:`SlotLayout.drawn`), each accepted with probability
     ``min(1, p'(x) / q'(x))``, the residual ``p' = norm((p' − q')_+)`` after each rejection (and ``q'(x) = 0``
     renormalised without replacement). A node's outcome depends only on its own rows and draws, and the walk
     visits a node at most once, so running all of them ahead leaves the law unchanged. The walk runs on the
@@ -76,15 +79,15 @@ def rrs_on_slots(
     layout, valid = tree.slots
     device, fed = target_probs.device, layout.fed
     tokens = tree.tokens_tensor(device)
-    cand, real = layout.candidates(device)
-    active = real & layout.groups(tokens) & valid[cand]  # [fed, K]
+    cand, _ = layout.candidates(device)
+    active = layout.drawn(tokens, valid)  # [fed, K]
     x = tokens[cand].clamp_min(0)  # [fed, K] candidate tokens (padding: slot 0, the root, -1)
-    accepted, residual = _solve_rows(
-        target_probs[:fed], tree.draft_probs[:fed], x, active, generator, without_replacement
+    step, residual = _solve_rows(
+        target_probs[:fed], tree.draft_probs[:fed], cand, x, active, generator, without_replacement
     )
     # The walk, on the device: from the root to each accepted candidate's slot (a walker on a duplicate slot has
     # the rows and the law of the node it stands for), then Y from where it stops.
-    node = follow_accepted(cand, accepted, target_probs.shape[0], layout.shape.depth)
+    node = follow_accepted(step, target_probs.shape[0], layout.shape.depth)
     inner = (node < fed)[:, None]
     row = torch.where(inner, residual[node.clamp_max(fed - 1)], target_probs[node])
     y = draw_tokens(row, 1, generator)[:, 0]  # LongTensor[1]
@@ -94,21 +97,25 @@ def rrs_on_slots(
     return result_for(tree, at, token, not tree.child_draws[at], rest[0] if rest else (), y)
 
 
-def follow_accepted(cand: torch.Tensor, accepted: torch.Tensor, n: int, depth: int) -> torch.Tensor:
+def follow_accepted(step: torch.Tensor, n: int, depth: int) -> torch.Tensor:
     """The node where the walk from the root stops (LongTensor[1]), on the device, in ``⌈log2 depth⌉ + 1`` indexings.
 
-    ``cand`` [M, K]: the candidates' nodes of the first M nodes; ``accepted`` [M]: the accepted column of each
-    (-1: none); ``n``: the number of nodes (those from M on are leaves). Each node's next node (its accepted
-    child, or itself) is one table; squaring it ``⌈log2 depth⌉`` times gives where ``depth`` steps lead, and the
-    walk takes at most ``depth`` steps.
+    ``step`` [M, 1]: the next node of each of the first M nodes (its accepted candidate, or itself:
+    :func:`_solve_rows`); ``n``: the number of nodes (those from M on are leaves, their own next node). The next
+    nodes are one table; squaring it ``⌈log2 depth⌉`` times gives where ``depth`` steps lead, and the walk takes at
+    most ``depth`` steps.
     """
-    m = accepted.shape[0]
-    step = cand.gather(1, accepted.clamp_min(0)[:, None])[:, 0]
-    nxt = torch.arange(n, device=cand.device)
-    nxt[:m] = torch.where(accepted >= 0, step, nxt[:m])
+    m = step.shape[0]
+    nxt = step.view(-1) if m == n else torch.cat([step, _steps(n, step.device)[m:]]).view(-1)
     for _ in range(max(depth - 1, 0).bit_length()):
         nxt = nxt[nxt]
     return nxt[:1]
+
+
+@functools.lru_cache(maxsize=64)
+def _steps(n: int, device: torch.device) -> torch.Tensor:
+    """LongTensor[n, 1] of ``0 .. n - 1`` (each node its own next node), made once: read only."""
+    return torch.arange(n, device=device)[:, None]
 
 
 def rrs_states(
@@ -135,8 +142,7 @@ def rrs_states(
     q = rows_dtype(q)
     px, qx = p.gather(1, x).double(), q.gather(1, x).double()
     on = active.double()
-    cn = torch.zeros(2, m, 1, dtype=torch.float64, device=p.device)
-    c, n = cn[0], cn[1].fill_(1.0)  # p' = p: c = 0, N = 1
+    c, n = scalars(m, 0.0, p.device), scalars(m, 1.0, p.device)  # p' = p: c = 0, N = 1
     if without_replacement:
         gone = qx * on  # the draft mass each rejection removes
         # L when each candidate is tried: q's total less the mass of the rejected candidates before it
@@ -172,20 +178,23 @@ def rrs_states(
 def _solve_rows(
     p: torch.Tensor,
     q: torch.Tensor,
+    cand: torch.Tensor,
     x: torch.Tensor,
     active: torch.Tensor,
     generator: torch.Generator,
     without_replacement: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """:func:`rrs_solve` at every row at once: each row's candidates ``x`` [M, K] (where ``active``) tried in
-    order with one uniform each; returns the accepted column per row (-1: none) and the rows' final residuals
-    [M, V] (unnormalised, :func:`rrs_states`).
+    """:func:`rrs_solve` at every row at once: each row's candidates ``x`` [M, K] (where ``active``; their nodes
+    ``cand``) tried in order with one uniform each; returns each row's next node [M, 1] (its first accepted
+    candidate's, else the row itself: :func:`follow_accepted`'s table) and the rows' final residuals [M, V]
+    (unnormalised, :func:`rrs_states`).
     """
     accept, residual = rrs_states(p, q, x, active, without_replacement)
     u = torch.rand(x.shape, generator=generator, device=p.device, dtype=torch.float64)
     hit = u < accept  # an inactive column accepts with probability 0
-    first = hit.byte().argmax(dim=1)
-    return torch.where(hit.any(dim=1), first, -1), residual
+    first = hit.byte().argmax(dim=1, keepdim=True)
+    step = torch.where(hit.any(dim=1, keepdim=True), cand.gather(1, first), _steps(cand.shape[0], p.device))
+    return step, residual
 
 
 def rrs_on_children(
@@ -211,8 +220,8 @@ def rrs_on_children(
     cand = tree.children_tensor(device) if without_replacement else tree.draws_tensor(device)  # [N, W], padded with N
     active = cand < n
     x = tree.tokens_tensor(device)[cand.clamp_max(n - 1)].clamp_min(0)
-    accepted, p = _solve_rows(target_probs[:n], tree.draft_probs[:n], x, active, generator, without_replacement)
-    node = follow_accepted(cand, accepted, n, tree.shape.depth)
+    step, p = _solve_rows(target_probs[:n], tree.draft_probs[:n], cand, x, active, generator, without_replacement)
+    node = follow_accepted(step, n, tree.shape.depth)
     y = draw_tokens(p[node], 1, generator)[:, 0]  # LongTensor[1]: the final residual (a leaf's: its row)
     parts = [node, y] + ([] if ride is None else [ride])
     (at,), (token,), *rest = host_read(tree, *parts)  # the one host read

@@ -42,7 +42,7 @@ import torch
 from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftTree
 from adaptive_spec.trees.draw import draw_tokens
-from adaptive_spec.verifiers.base import VerifyResult, edge_values, host_read, result_for, run_ahead
+from adaptive_spec.verifiers.base import VerifyResult, edge_values, host_read, result_for, run_ahead, scalars
 
 
 def verify_traversal(
@@ -278,8 +278,7 @@ def traversal_states(
     n = tree.num_nodes
     levels = _device_levels(tree, device) if levels is None else levels
     w_all = torch.ones(n + 1, 1, dtype=torch.float64, device=device)  # each node's weight; row n is a dummy
-    pos = torch.full((n + 1,), -1, dtype=torch.long, device=device)
-    residuals, done = [], 0
+    residuals, order = [], []
     for parents, cand, tok, act in levels:
         w = w_all[parents]  # [P, 1]
         rb = target_probs[parents]
@@ -288,7 +287,8 @@ def traversal_states(
         qz, left = q, q.sum(dim=-1, keepdim=True, dtype=torch.float64)
         q_t = q.gather(1, tok).double()  # [P, K] the draft's mass at each child's token
         gone = q_t * act  # the draft mass each rejection zeroes
-        cb, cs, k = torch.ones_like(w), torch.ones_like(w), cand.shape[1]
+        cb = cs = scalars(len(parents), 1.0, device)
+        k = cand.shape[1]
         ratios, at_child = [], []  # per column: w · cb / cs and rb at the child's token, when the child is reached
         for j, (t, on, g) in enumerate(zip(tok.split(1, 1), act.split(1, 1), gone.split(1, 1), strict=True)):
             scale = w * cb  # w · cb: Mb = cb · rb
@@ -312,10 +312,13 @@ def traversal_states(
         w_all[cand] = torch.where(q_t > 0, w_child.clamp_max_(1.0), 0.0)[..., None]
         w_all[parents] = w  # its weight when tested as a leaf
         residuals.append(rb)  # and the row its token is drawn from if accepted
-        pos[parents] = torch.arange(done, done + len(parents), device=device)
-        done += len(parents)
-    empty = target_probs[:0]
-    return w_all[:, 0], (torch.cat(residuals) if residuals else empty), pos
+        order.append(parents)
+    pos = torch.full((n + 1,), -1, dtype=torch.long, device=device)
+    if not residuals:
+        return w_all[:, 0], target_probs[:0], pos
+    order = torch.cat(order)
+    pos[order] = torch.arange(len(order), device=device)
+    return w_all[:, 0], torch.cat(residuals), pos
 
 
 def _device_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
@@ -381,17 +384,17 @@ def _slot_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Tens
     """:func:`_device_levels` of a slot tree whose tokens are on the device: nothing read, nothing copied.
 
     The parents of level d are its slots; a slot's children are its candidate slots (:meth:`SlotLayout.candidates`)
-    that were drawn at its prefix (:meth:`SlotLayout.groups`), happened, and are the first with their token
+    that were validly drawn at its prefix (:meth:`SlotLayout.drawn`) and are the first with their token
     there (the merge: walkers that drew the same token stand on one node), under a slot that is itself a node.
     """
     layout, valid = tree.slots
     n = tree.num_nodes
     tokens = tree.tokens_tensor(device)
-    cand_all, real_all = layout.candidates(device)
+    cand_all, _ = layout.candidates(device)
     widths = layout.candidate_widths
     # every fed slot's candidates at once: drawn at its prefix, happened, and the first with their token there
     tok_all = tokens[cand_all].clamp_min(0)
-    act_all = real_all & layout.groups(tokens) & valid[cand_all]
+    act_all = layout.drawn(tokens, valid)
     k_all = tok_all.shape[1]
     earlier = torch.ones(k_all, k_all, dtype=torch.bool, device=device).tril_(-1)
     dup = ((tok_all[:, :, None] == tok_all[:, None, :]) & act_all[:, None, :] & earlier).any(dim=-1)  # j' < j
