@@ -15,6 +15,11 @@ os.environ["ADAPTIVE_SPEC_HOME"] = tempfile.mkdtemp(prefix="adaptive-spec-home-"
 # every run alike); tests/engine/test_weight_order.py sets "auto" itself.
 os.environ.setdefault("ADAPTIVE_SPEC_WEIGHT_ORDER", "column")
 
+# Without a CUDA device, Triton (where installed) runs its kernels in its interpreter: the fused verifier kernels'
+# tests run them there (tests/verifiers/test_kernels.py). Read when triton is first imported, so set here.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # Two threads is what these machines have; more only adds contention under xdist.
 torch.set_num_threads(int(os.environ.get("ADAPTIVE_SPEC_TEST_THREADS", "1")))
 

@@ -262,6 +262,7 @@ class HostSyncCounter:
         ops: Counter over ``(stage, phase)`` of aten ops outside the forwards.
         model_ops: Counter over ``(stage, where)`` of aten ops inside the forwards.
         forwards: Counter over ``(stage, role)`` of forwards (roles from ``roles``, else ``model``).
+        launches: Counter over ``(stage, phase)`` of fused kernel launches (each also one of ``ops``).
     """
 
     def __init__(self, modules=(), roles: dict | None = None, device=None) -> None:
@@ -272,6 +273,7 @@ class HostSyncCounter:
         self.ops: Counter = Counter()
         self.model_ops: Counter = Counter()
         self.forwards: Counter = Counter()
+        self.launches: Counter = Counter()
         self._modules = modules
         self._roles = {id(m): role for role, m in (roles or {}).items() if m is not None}
         self._device_host = torch.device(device if device is not None else "cpu").type == "cpu"
@@ -312,6 +314,7 @@ class HostSyncCounter:
         from adaptive_spec.engine.engine import SpecEngine
         from adaptive_spec.engine.metrics import PhaseTimer
         from adaptive_spec.rng import accelerator_path_on_cpu
+        from adaptive_spec.verifiers import kernels
 
         counter = self
 
@@ -333,6 +336,7 @@ class HostSyncCounter:
         self._patch(torch, "tensor", self._construct(torch.tensor, has_device_positional=False))
         self._patch(torch, "as_tensor", self._construct(torch.as_tensor, has_device_positional=True))
         self._patch(PhaseTimer, "switch", self._switch)
+        self._patch(kernels, "traversal_level", self._launch)
         for name in PER_GENERATION:
             if name in vars(SpecEngine):
                 self._patch(SpecEngine, name, self._per_generation)
@@ -401,6 +405,25 @@ class HostSyncCounter:
 
         return switch
 
+    def _launch(self, original):
+        """A fused kernel (:mod:`adaptive_spec.verifiers.kernels`) counts as one op, a launch, whatever runs it (on a
+        CPU, Triton's interpreter, whose own work is not counted).
+        """
+        counter = self
+
+        @functools.wraps(original)
+        def launch(*args, **kwargs):
+            if not counter._paused:
+                counter.ops[counter._stage, counter._phase] += 1
+                counter.launches[counter._stage, counter._phase] += 1
+            counter._paused += 1
+            try:
+                return original(*args, **kwargs)
+            finally:
+                counter._paused -= 1
+
+        return launch
+
     def _per_generation(self, original):
         counter = self
 
@@ -429,7 +452,7 @@ class HostSyncCounter:
         return ("engine" if not self._depth else "other"), "?"
 
     def _count(self, kind: str, n: int = 1) -> None:
-        if n <= 0:
+        if n <= 0 or self._paused:
             return
         where, site = self._where()
         self.syncs[self._stage, where, kind] += n
@@ -713,6 +736,7 @@ def summarize_counts(counter: HostSyncCounter, steps: int, generations: int) -> 
         "draft_ops_per_level": _per(ops.get("draft", 0), levels),
         "target_ops_per_step": _per(ops.get("target", 0), steps),
         "verify_commit_ops_per_step": _per(verify_commit, steps),
+        "fused_launches_per_step": _per(sum(n for (stage, _), n in counter.launches.items() if stage == "step"), steps),
         "model_ops_per_step_by_where": {
             where: n / steps for (stage, where), n in sorted(counter.model_ops.items()) if stage == "step"
         }

@@ -42,6 +42,7 @@ import torch
 from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftTree
 from adaptive_spec.trees.draw import draw_tokens
+from adaptive_spec.verifiers import kernels
 from adaptive_spec.verifiers.base import VerifyResult, edge_values, host_read, result_for, run_ahead, scalars
 
 
@@ -277,6 +278,11 @@ def traversal_states(
     device, dtype = target_probs.device, target_probs.dtype
     n = tree.num_nodes
     levels = _device_levels(tree, device) if levels is None else levels
+    if kernels.fused_on(device):  # a level a launch (adaptive_spec.verifiers.kernels)
+        try:
+            return _fused_states(tree, target_probs, levels, zero_rejected)
+        except Exception as exc:  # noqa: BLE001 - any failure of the kernel: the torch code below
+            kernels.failed("traversal", exc)
     w_all = torch.ones(n + 1, 1, dtype=torch.float64, device=device)  # each node's weight; row n is a dummy
     residuals, order = [], []
     for parents, cand, tok, act in levels:
@@ -319,6 +325,28 @@ def traversal_states(
     order = torch.cat(order)
     pos[order] = torch.arange(len(order), device=device)
     return w_all[:, 0], torch.cat(residuals), pos
+
+
+def _fused_states(
+    tree: DraftTree, target_probs: torch.Tensor, levels: list, zero_rejected: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`traversal_states` with a level a launch (:func:`adaptive_spec.verifiers.kernels.traversal_level`)."""
+    device, dtype, n = target_probs.device, target_probs.dtype, tree.num_nodes
+    p = target_probs.contiguous()
+    q = tree.draft_probs if tree.draft_probs.dtype == dtype else tree.draft_probs.to(dtype)
+    q = q.contiguous()
+    w_all = torch.ones(n + 1, 1, dtype=torch.float64, device=device)
+    sizes = [len(level[0]) for level in levels]
+    residuals = torch.empty(sum(sizes), p.shape[1], dtype=dtype, device=device)
+    row0 = 0
+    for (parents, cand, tok, act), size in zip(levels, sizes, strict=True):
+        kernels.traversal_level(p, q, parents, cand, tok, act, w_all, residuals, row0, zero_rejected)
+        row0 += size
+    pos = torch.full((n + 1,), -1, dtype=torch.long, device=device)
+    if levels:
+        order = torch.cat([level[0] for level in levels])
+        pos[order] = torch.arange(len(order), device=device)
+    return w_all[:, 0], residuals, pos
 
 
 def _device_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Tensor, ...]]:

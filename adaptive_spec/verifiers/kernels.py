@@ -1,0 +1,104 @@
+"""Fused kernels (Triton) for the verifiers' device paths: one launch where the torch code takes an op per step.
+
+:func:`~adaptive_spec.verifiers.traversal.traversal_states` rejects a node's children one column after another,
+about 25 small ops a column over all the level's rows: some 600 launches a step for a 48-node tree, a few
+milliseconds of a GPU's time spent launching. :func:`traversal_level` does a level in one launch: a program per
+row, its columns in a loop, each rejection's two passes over the vocabulary in blocks, the same arithmetic as the
+torch code (rows in their dtype, every sum and scalar in float64), and writes the children's weights, the row's
+weight as a leaf and its final residual row in place.
+
+Taken where Triton runs: on CUDA when ``triton`` imports, or anywhere under ``TRITON_INTERPRET=1`` (Triton's
+interpreter runs the kernel with NumPy: how the tests check it on a CPU against the torch code, which the exact
+tests hold to the reference's law). A kernel that fails logs one line and is not tried again in the process; the
+torch code runs instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import os
+
+import torch
+
+_log = logging.getLogger("adaptive_spec.verifiers")
+
+#: ``FUSED[0]``: whether the fused kernels may run (set False after a failure, or by a caller that wants the
+#: torch code). ``ON_CPU[0]``: whether they run on a CPU too, in Triton's interpreter (the tests' switch; from the
+#: environment, ``ADAPTIVE_SPEC_FUSED_ON_CPU=1`` with ``TRITON_INTERPRET=1``: how ``bench overhead --syncs`` counts
+#: the fused path on a CPU).
+FUSED = [True]
+ON_CPU = [os.environ.get("ADAPTIVE_SPEC_FUSED_ON_CPU", "0") == "1"]
+
+
+def interpreting() -> bool:
+    """Whether Triton runs its kernels in its interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def fused_on(device: torch.device) -> bool:
+    """Whether :func:`traversal_level` runs on ``device``: the kernels not turned off, Triton installed, and a CUDA
+    device (or a CPU with :data:`ON_CPU` set, in Triton's interpreter).
+    """
+    if not FUSED[0]:
+        return False
+    if device.type == "cuda" or (device.type == "cpu" and ON_CPU[0] and interpreting()):
+        return _has_triton()
+    return False
+
+
+@functools.cache
+def _has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def failed(what: str, exc: BaseException) -> None:
+    """Turn the fused kernels off for the process, with one log line saying why."""
+    FUSED[0] = False
+    _log.warning("fused %s kernel failed (%s: %s); the torch code runs instead", what, type(exc).__name__, exc)
+
+
+def traversal_level(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    parents: torch.Tensor,
+    cand: torch.Tensor,
+    tok: torch.Tensor,
+    act: torch.Tensor,
+    w_all: torch.Tensor,
+    out: torch.Tensor,
+    row0: int,
+    zero_rejected: bool,
+) -> None:
+    """One level of :func:`~adaptive_spec.verifiers.traversal.traversal_states` in one launch, in place.
+
+    ``target_probs`` and ``draft_probs`` [N, V] (one dtype, contiguous); ``parents`` [P] and ``cand``, ``tok``,
+    ``act`` [P, K] as :func:`~adaptive_spec.verifiers.traversal._device_levels` gives them; ``w_all`` float64
+    [N + 1, 1], read at the parents, written at their children (each child's weight when reached) and at the
+    parents (each one's weight when tested as a leaf); ``out`` [R, V]: rows ``row0 .. row0 + P - 1`` take the
+    parents' final ``Mb`` rows.
+    """
+    from adaptive_spec.verifiers import _triton
+
+    p, k = cand.shape
+    v = target_probs.shape[1]
+    block = min(1024, _triton.triton.next_power_of_2(v))
+    _triton.traversal_level_kernel[(p,)](
+        target_probs,
+        draft_probs,
+        parents,
+        cand,
+        tok,
+        act,
+        w_all,
+        out,
+        row0,
+        cand.stride(0),
+        tok.stride(0),
+        act.stride(0),
+        V=v,
+        K=k,
+        ZERO=zero_rejected,
+        BLOCK=block,
+    )

@@ -1,0 +1,140 @@
+"""The fused traversal kernel (``adaptive_spec.verifiers.kernels``) against the torch code, and its law.
+
+The torch code of ``traversal_states`` is held to the reference's exact law (``test_traversal_device.py``). The
+kernel does a level in one launch with the same arithmetic: on every tree here it gives the torch code's weights,
+rows and positions (float64 rows: to 1e-12; float32: to float32's rounding), with and without the rejected
+tokens zeroed. Its states, run through the exact harness, have the exact law, and the lossy control (the
+rejected token kept in ``Ms``) run through the kernel is caught. A kernel that fails leaves the torch code's
+result and one log line. On a CPU it runs in Triton's interpreter; the ``gpu`` cases run it compiled on CUDA.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from adaptive_spec.analysis.exact import completed_tv, output_law
+from adaptive_spec.analysis.instances import random_instance
+from adaptive_spec.rng import TorchSampler
+from adaptive_spec.trees import DraftTree, TreeShape
+from adaptive_spec.trees.draw import sample_tree
+from adaptive_spec.verifiers import REGISTRY, kernels, traversal
+from tests.helpers.verifier_cases import cases_for
+from tests.verifiers.test_traversal_device import SLOT_TREES, _slot_case, _states_program
+
+pytest.importorskip("triton")
+pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # the interpreter's 0/0, where-masked
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    """The fused kernels on (on a CPU in Triton's interpreter: tests/conftest.py sets it), restored after the test."""
+    monkeypatch.setattr(kernels, "FUSED", [True])
+    monkeypatch.setattr(kernels, "ON_CPU", [True])
+    return kernels
+
+
+def _both(tree: DraftTree, target: torch.Tensor, zero_rejected: bool = True):
+    """``traversal_states`` by the torch code, then by the kernel (which must not have failed)."""
+    kernels.FUSED[0] = False
+    torch_states = traversal.traversal_states(tree, target, zero_rejected=zero_rejected)
+    kernels.FUSED[0] = True
+    fused_states = traversal.traversal_states(tree, target, zero_rejected=zero_rejected)
+    assert kernels.FUSED[0], "the kernel failed: the torch code ran"
+    return torch_states, fused_states
+
+
+def _host_trees(device: str):
+    """Trees of every static law traversal verifies, on random float64 rows, built on the host."""
+    out = []
+    for law in sorted(law for law in REGISTRY["traversal"].laws if not law.dynamic):
+        for inst, shape in cases_for(law, n_random=2)[:3]:
+            tree = sample_tree(shape, inst.draft_fn, TorchSampler(torch.Generator().manual_seed(7)))
+            target = torch.stack([inst.target_fn(c) for c in tree.prefixes]).to(device)
+            tree.draft_probs = tree.draft_probs.to(device)
+            out.append((f"{law.value}:{inst.name}", tree, target))
+    # a first child accepted surely (p/q = 1.5) whose residual stays positive at its token: the second child's
+    # rejection then depends on that token's draft mass being zeroed
+    q = torch.tensor([[0.4, 0.4, 0.2], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    tree = DraftTree(
+        [-1, 0, 1], [-1, 0, 0], [0, 1, 1], q.to(device), [[1, 2], [], []], TreeShape.without_replacement((2,))
+    )
+    target = torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.5, 0.3], [0.1, 0.1, 0.8]], dtype=torch.float64)
+    out.append(("zeroed token matters", tree, target.to(device)))
+    return out
+
+
+def _check(torch_states, fused_states, n: int, used: torch.Tensor, atol: float, name: str = "") -> None:
+    (w_t, rows_t, pos_t), (w_f, rows_f, pos_f) = torch_states, fused_states
+    assert torch.equal(pos_t, pos_f), name
+    assert torch.allclose(w_t[:n][used], w_f[:n][used], rtol=0, atol=atol), (name, w_t[:n][used], w_f[:n][used])
+    inner = pos_t[:n][used]
+    inner = inner[inner >= 0]
+    assert torch.allclose(rows_t[inner], rows_f[inner], rtol=0, atol=atol), name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("zero_rejected", [True, False], ids=["zeroed", "control"])
+def test_the_fused_levels_give_the_torch_states_on_host_trees(fused, device, zero_rejected) -> None:
+    trees = _host_trees(device)
+    assert len(trees) >= 6
+    moved = 0
+    for name, tree, target in trees:
+        a, b = _both(tree, target, zero_rejected)
+        n = tree.num_nodes
+        _check(a, b, n, torch.arange(n, device=device), 1e-12, name)
+        moved += int((a[0][:n] < 1).sum())
+    assert moved > 0  # some weight moved below 1: the rejections were exercised
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", range(len(SLOT_TREES)))
+def test_the_fused_levels_give_the_torch_states_on_slot_trees(fused, device, case) -> None:
+    make, target = _slot_case(*SLOT_TREES[case])  # float32 rows, the engine's; inactive columns between active ones
+    tree = make()
+    tree.draft_probs = tree.draft_probs.to(device)
+    a, b = _both(tree, target.to(device))
+    used = torch.tensor(make().used, device=device)
+    _check(a, b, tree.num_nodes, used, 1e-6)
+
+
+# (shape, vocabulary, instance seed): small enough for the interpreter, and an instance where the control is caught
+EXACT_CASES = [(TreeShape.iid(2, 2), 2, 0), (TreeShape.without_replacement((2, 1)), 3, 2)]
+
+
+@pytest.mark.parametrize(("shape", "vocab", "seed"), EXACT_CASES, ids=lambda x: str(x))
+def test_the_fused_states_have_the_exact_law_and_the_lossy_control_is_caught(fused, shape, vocab, seed) -> None:
+    inst = random_instance(seed, vocab, zero_frac=0.0)
+    depth = shape.depth + 1
+    tv, mass = completed_tv(
+        output_law(_states_program(), shape, inst.draft_fn, inst.target_fn), inst.target_fn, vocab, depth
+    )
+    assert abs(mass - 1.0) < 1e-12 and tv < 1e-9, tv
+    lossy = output_law(_states_program(zero_rejected=False), shape, inst.draft_fn, inst.target_fn)
+    assert completed_tv(lossy, inst.target_fn, vocab, depth)[0] > 1e-3
+    assert kernels.FUSED[0]  # the kernel ran throughout
+
+
+def test_a_failing_kernel_leaves_the_torch_states_and_one_log_line(fused, monkeypatch, caplog) -> None:
+    make, target = _slot_case(*SLOT_TREES[1])
+    kernels.FUSED[0] = False
+    expected = traversal.traversal_states(make(), target)
+    kernels.FUSED[0] = True
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no kernel image for this device")
+
+    monkeypatch.setattr(kernels, "traversal_level", broken)
+    with caplog.at_level(logging.WARNING, logger="adaptive_spec.verifiers"):
+        got = traversal.traversal_states(make(), target)
+        traversal.traversal_states(make(), target)  # off now: not tried again, no second line
+    assert not kernels.FUSED[0]
+    assert [r.getMessage() for r in caplog.records] == [
+        "fused traversal kernel failed (RuntimeError: no kernel image for this device); the torch code runs instead"
+    ]
+    for e, g in zip(expected, got, strict=True):
+        assert torch.equal(e, g)
