@@ -336,7 +336,8 @@ class HostSyncCounter:
         self._patch(torch, "tensor", self._construct(torch.tensor, has_device_positional=False))
         self._patch(torch, "as_tensor", self._construct(torch.as_tensor, has_device_positional=True))
         self._patch(PhaseTimer, "switch", self._switch)
-        self._patch(kernels, "traversal_level", self._launch)
+        for name in kernels.LAUNCHES:
+            self._patch(kernels, name, self._launch)
         for name in PER_GENERATION:
             if name in vars(SpecEngine):
                 self._patch(SpecEngine, name, self._per_generation)

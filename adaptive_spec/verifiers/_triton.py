@@ -92,3 +92,77 @@ def traversal_level_kernel(
         w_child = tl.where(q_t > 0, tl.minimum(ratio * at / q_t, 1.0), 0.0)
         tl.store(w_ptr + child, w_child)
     tl.store(w_ptr + node, w)
+
+
+@triton.jit
+def rrs_rows_kernel(
+    p_ptr,
+    q_ptr,
+    x_ptr,
+    act_ptr,
+    accept_ptr,
+    frozen_ptr,
+    out_ptr,
+    x_stride,
+    act_stride,
+    V: tl.constexpr,
+    K: tl.constexpr,
+    WOR: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """A program per row: its candidates tried in order (rrs_states' column loop), the residual in one form."""
+    row = tl.program_id(0)
+    p_row = p_ptr + row.to(tl.int64) * V
+    q_row = q_ptr + row.to(tl.int64) * V
+    o_row = out_ptr + row.to(tl.int64) * V
+    dtype = p_ptr.dtype.element_ty
+    c = tl.zeros((), dtype=tl.float64)  # p' ∝ (p − c q)_+, N its mass: p' = p
+    n = tl.full((), 1.0, tl.float64)
+    ell = tl.full((), 1.0, tl.float64)  # L: the draft mass left (1 with replacement)
+    if WOR:
+        ell = tl.zeros((), dtype=tl.float64)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            ell += tl.sum(tl.load(q_row + offs, mask=offs < V, other=0.0).to(tl.float64))
+    for j in tl.static_range(K):
+        x = tl.load(x_ptr + row * x_stride + j)
+        on = tl.load(act_ptr + row * act_stride + j) != 0
+        px = tl.load(p_row + x).to(tl.float64)
+        qx = tl.load(q_row + x).to(tl.float64)
+        inc = tl.where(on, 1.0 / tl.maximum(ell, tl.full((), F64_TINY, tl.float64)), 0.0)
+        # accepted with probability min(1, p'(x) / q'(x)) when tried: (p − c q)_+(x) / (N q(x) / L)
+        num = tl.maximum(px - c * qx, 0.0)
+        den = n * qx * inc
+        tl.store(accept_ptr + row * K + j, tl.where(den > 0, tl.minimum(num / den, 1.0), 0.0))
+        c2 = c + n * inc
+        c2r = c2.to(dtype)
+        n2 = tl.zeros((), dtype=tl.float64)
+        for start in range(0, V, BLOCK):
+            offs = start + tl.arange(0, BLOCK)
+            m = offs < V
+            r = tl.maximum(
+                tl.load(p_row + offs, mask=m, other=0.0) - c2r * tl.load(q_row + offs, mask=m, other=0.0), 0.0
+            )
+            if WOR:  # the rejected candidates before this one: frozen at p'(x) then, q'(x) = 0
+                for jj in tl.static_range(j):
+                    xz = tl.load(x_ptr + row * x_stride + jj)
+                    az = tl.load(act_ptr + row * act_stride + jj) != 0
+                    r = tl.where((offs == xz) & az, tl.load(frozen_ptr + row * K + jj).to(dtype), r)
+            n2 += tl.sum(r.to(tl.float64))
+        keep = n2 > 0  # else the residual is all zero: keep p'
+        c = tl.where(keep, c2, c)
+        n = tl.where(keep, n2, n)
+        if WOR:
+            tl.store(frozen_ptr + row * K + j, tl.maximum(px - c * qx, 0.0))
+            ell = ell - tl.where(on, qx, 0.0)
+    cr = c.to(dtype)
+    for start in range(0, V, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        m = offs < V
+        r = tl.maximum(tl.load(p_row + offs, mask=m, other=0.0) - cr * tl.load(q_row + offs, mask=m, other=0.0), 0.0)
+        if WOR:  # the last candidate's entry is (p − c q)_+ as it is
+            for jj in tl.static_range(K - 1):
+                xz = tl.load(x_ptr + row * x_stride + jj)
+                az = tl.load(act_ptr + row * act_stride + jj) != 0
+                r = tl.where((offs == xz) & az, tl.load(frozen_ptr + row * K + jj).to(dtype), r)
+        tl.store(o_row + offs, r, mask=m)

@@ -1,16 +1,16 @@
 """Fused kernels (Triton) for the verifiers' device paths: one launch where the torch code takes an op per step.
 
-:func:`~adaptive_spec.verifiers.traversal.traversal_states` rejects a node's children one column after another,
-about 25 small ops a column over all the level's rows: some 600 launches a step for a 48-node tree, a few
-milliseconds of a GPU's time spent launching. :func:`traversal_level` does a level in one launch: a program per
-row, its columns in a loop, each rejection's two passes over the vocabulary in blocks, the same arithmetic as the
-torch code (rows in their dtype, every sum and scalar in float64), and writes the children's weights, the row's
-weight as a leaf and its final residual row in place.
+The torch code of :func:`~adaptive_spec.verifiers.traversal.traversal_states` rejects a node's children one column
+after another, about 25 small ops a column over all the level's rows (some 600 launches a step for a 48-node tree,
+milliseconds of a GPU's time spent launching), and :func:`~adaptive_spec.verifiers.rrs.rrs_states` 8 a candidate
+column. Here a launch does a level (:func:`traversal_level`) or every row (:func:`rrs_rows`): a program per row, its
+columns in a loop, each pass over the vocabulary in blocks, with the torch code's arithmetic (rows in their dtype,
+sums and scalars in float64).
 
-Taken where Triton runs: on CUDA when ``triton`` imports, or anywhere under ``TRITON_INTERPRET=1`` (Triton's
-interpreter runs the kernel with NumPy: how the tests check it on a CPU against the torch code, which the exact
-tests hold to the reference's law). A kernel that fails logs one line and is not tried again in the process; the
-torch code runs instead.
+Taken where Triton runs: on CUDA when ``triton`` imports, or on a CPU in Triton's interpreter (``TRITON_INTERPRET=1``
+and :data:`ON_CPU`: how the tests check the kernels against the torch code, which the exact tests hold to the
+reference's law, and how ``bench overhead --syncs`` counts their path). A kernel that fails logs one line and none
+is tried again in the process: the torch code runs. ``ADAPTIVE_SPEC_FUSED=0`` turns them off (the comparison).
 """
 
 from __future__ import annotations
@@ -24,11 +24,13 @@ import torch
 
 _log = logging.getLogger("adaptive_spec.verifiers")
 
+#: The fused kernels' entry points (``bench overhead --syncs`` counts a call to one as one op, a launch).
+LAUNCHES = ("traversal_level", "rrs_rows")
 #: ``FUSED[0]``: whether the fused kernels may run (set False after a failure, or by a caller that wants the
 #: torch code). ``ON_CPU[0]``: whether they run on a CPU too, in Triton's interpreter (the tests' switch; from the
 #: environment, ``ADAPTIVE_SPEC_FUSED_ON_CPU=1`` with ``TRITON_INTERPRET=1``: how ``bench overhead --syncs`` counts
 #: the fused path on a CPU).
-FUSED = [True]
+FUSED = [os.environ.get("ADAPTIVE_SPEC_FUSED", "1") != "0"]
 ON_CPU = [os.environ.get("ADAPTIVE_SPEC_FUSED_ON_CPU", "0") == "1"]
 
 
@@ -83,7 +85,7 @@ def traversal_level(
 
     p, k = cand.shape
     v = target_probs.shape[1]
-    block = min(1024, _triton.triton.next_power_of_2(v))
+    block = min(4096, _triton.triton.next_power_of_2(v))
     _triton.traversal_level_kernel[(p,)](
         target_probs,
         draft_probs,
@@ -101,4 +103,45 @@ def traversal_level(
         K=k,
         ZERO=zero_rejected,
         BLOCK=block,
+        num_warps=_warps(block),
     )
+
+
+def rrs_rows(
+    p: torch.Tensor, q: torch.Tensor, x: torch.Tensor, active: torch.Tensor, without_replacement: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`~adaptive_spec.verifiers.rrs.rrs_states` in one launch: ``(accept float64 [M, K], residual [M, V])``.
+
+    ``p`` and ``q`` [M, V] (one dtype), ``x`` and ``active`` [M, K]: a program per row, its candidates in a loop.
+    """
+    from adaptive_spec.verifiers import _triton
+
+    m, k = x.shape
+    v = p.shape[1]
+    p, q = p.contiguous(), q.contiguous()
+    accept = torch.empty(m, k, dtype=torch.float64, device=p.device)
+    frozen = torch.empty(m, k, dtype=torch.float64, device=p.device) if without_replacement else accept
+    residual = torch.empty_like(p)
+    block = min(4096, _triton.triton.next_power_of_2(v))
+    _triton.rrs_rows_kernel[(m,)](
+        p,
+        q,
+        x,
+        active,
+        accept,
+        frozen,
+        residual,
+        x.stride(0),
+        active.stride(0),
+        V=v,
+        K=k,
+        WOR=without_replacement,
+        BLOCK=block,
+        num_warps=_warps(block),
+    )
+    return accept, residual
+
+
+def _warps(block: int) -> int:
+    """Warps of a program over ``block`` entries a pass."""
+    return 8 if block >= 2048 else 4

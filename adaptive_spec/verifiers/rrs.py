@@ -24,6 +24,7 @@ import torch
 from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftLaw, DraftTree
 from adaptive_spec.trees.draw import draw_tokens
+from adaptive_spec.verifiers import kernels
 from adaptive_spec.verifiers.base import (
     VerifyResult,
     accept_prob,
@@ -135,6 +136,11 @@ def rrs_states(
     in ``q``'s. With replacement ``L = 1``. Inactive columns change nothing.
     """
     dtype, (m, k), v = p.dtype, x.shape, p.shape[1]
+    if kernels.fused_on(p.device):  # a row a program, one launch (adaptive_spec.verifiers.kernels)
+        try:
+            return kernels.rrs_rows(p, q if q.dtype == dtype else q.to(dtype), x, active, without_replacement)
+        except Exception as exc:  # noqa: BLE001 - any failure of the kernel: the torch code below
+            kernels.failed("RRS", exc)
 
     def rows_dtype(t: torch.Tensor) -> torch.Tensor:  # a no-op cast is an op (a launch) too
         return t if t.dtype == dtype else t.to(dtype)

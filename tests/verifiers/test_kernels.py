@@ -1,11 +1,14 @@
-"""The fused traversal kernel (``adaptive_spec.verifiers.kernels``) against the torch code, and its law.
+"""The fused kernels (``adaptive_spec.verifiers.kernels``) against the torch code, and their law.
 
 The torch code of ``traversal_states`` is held to the reference's exact law (``test_traversal_device.py``). The
 kernel does a level in one launch with the same arithmetic: on every tree here it gives the torch code's weights,
 rows and positions (float64 rows: to 1e-12; float32: to float32's rounding), with and without the rejected
 tokens zeroed. Its states, run through the exact harness, have the exact law, and the lossy control (the
 rejected token kept in ``Ms``) run through the kernel is caught. A kernel that fails leaves the torch code's
-result and one log line. On a CPU it runs in Triton's interpreter; the ``gpu`` cases run it compiled on CUDA.
+result and one log line. The RRS kernel likewise gives ``rrs_states``' acceptance probabilities and residuals
+(with and without replacement, inactive and zero-probability candidates, an all-zero residual), and through the
+exact harness SpecInfer's and RRSw's laws, with the control (RRSw's trees solved with replacement) caught. On a CPU
+they run in Triton's interpreter; the ``gpu`` cases run them compiled on CUDA.
 """
 
 from __future__ import annotations
@@ -20,12 +23,13 @@ from adaptive_spec.analysis.instances import random_instance
 from adaptive_spec.rng import TorchSampler
 from adaptive_spec.trees import DraftTree, TreeShape
 from adaptive_spec.trees.draw import sample_tree
-from adaptive_spec.verifiers import REGISTRY, kernels, traversal
+from adaptive_spec.verifiers import REGISTRY, kernels, rrs, traversal
 from tests.helpers.verifier_cases import cases_for
+from tests.verifiers.test_rrs_device import _states_verifier
 from tests.verifiers.test_traversal_device import SLOT_TREES, _slot_case, _states_program
 
 pytest.importorskip("triton")
-pytestmark = pytest.mark.filterwarnings("ignore:divide by zero:RuntimeWarning")  # the interpreter's 0/0, where-masked
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton")  # the interpreter's x/0, where-masked
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
@@ -138,3 +142,55 @@ def test_a_failing_kernel_leaves_the_torch_states_and_one_log_line(fused, monkey
     ]
     for e, g in zip(expected, got, strict=True):
         assert torch.equal(e, g)
+
+
+def _rrs_rows(device: str, dtype: torch.dtype):
+    """Rows and candidates for ``rrs_states``: random rows with zeros, a candidate of probability 0, an inactive
+    column between active ones, a duplicate (with replacement), and a row whose residual empties (p = q).
+    """
+    g = torch.Generator().manual_seed(5)
+    m, v, k = 6, 7, 4
+    p = torch.rand(m, v, generator=g, dtype=torch.float64) * (torch.rand(m, v, generator=g) > 0.2)
+    q = torch.rand(m, v, generator=g, dtype=torch.float64) * (torch.rand(m, v, generator=g) > 0.2)
+    p[:, 0], q[:, 1] = 1.0, 1.0
+    q[5] = p[5]  # p = q: the first rejection empties the residual
+    p, q = p / p.sum(1, keepdim=True), q / q.sum(1, keepdim=True)
+    x = torch.stack([torch.randperm(v, generator=g)[:k] for _ in range(m)])
+    x[1, 2] = x[1, 0]  # a duplicate draw (with replacement only: taken out below for RRSw)
+    active = torch.ones(m, k, dtype=torch.bool)
+    active[2, 1] = False  # an inactive column between active ones
+    active[3, 3] = False
+    return p.to(device, dtype), q.to(device, dtype), x.to(device), active.to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("wor", [False, True], ids=["specinfer", "rrsw"])
+def test_the_fused_rrs_rows_give_the_torch_states(fused, device, dtype, wor) -> None:
+    p, q, x, active = _rrs_rows(device, dtype)
+    if wor:
+        x[1, 2] = (x[1, 0] + 1) % p.shape[1] if (x[1] != (x[1, 0] + 1) % p.shape[1]).all() else x[1, 2]
+    kernels.FUSED[0] = False
+    a_t, r_t = rrs.rrs_states(p, q, x, active, wor)
+    kernels.FUSED[0] = True
+    a_f, r_f = rrs.rrs_states(p, q, x, active, wor)
+    assert kernels.FUSED[0], "the kernel failed: the torch code ran"
+    tol = 1e-12 if dtype is torch.float64 else 1e-6
+    assert torch.allclose(a_t, a_f, rtol=0, atol=tol), (a_t, a_f)
+    assert torch.allclose(r_t, r_f, rtol=0, atol=tol)
+    assert ((a_t > 0) & (a_t < 1)).any() and (a_t == 0).any()  # the cases test something
+
+
+@pytest.mark.parametrize(("name", "wor"), [("specinfer", False), ("rrsw", True)])
+def test_the_fused_rrs_rows_have_the_exact_law_and_the_control_is_caught(fused, name, wor) -> None:
+    shape = TreeShape.iid(2, 2) if not wor else TreeShape.without_replacement((2, 1))
+    vocab = 3
+    inst = random_instance(2, vocab, zero_frac=0.0)
+    law = output_law(_states_verifier(wor), shape, inst.draft_fn, inst.target_fn)
+    tv, mass = completed_tv(law, inst.target_fn, vocab, shape.depth + 1)
+    assert abs(mass - 1.0) < 1e-12 and tv < 1e-9, (name, tv)
+    if wor:  # RRSw's trees solved with replacement: the rejected token stays in q'
+        wrong = _states_verifier(True, lambda p, q, x, a, _: rrs.rrs_states(p, q, x, a, False))
+        lossy = output_law(wrong, shape, inst.draft_fn, inst.target_fn)
+        assert completed_tv(lossy, inst.target_fn, vocab, shape.depth + 1)[0] > 1e-3
+    assert kernels.FUSED[0]  # the kernel ran throughout
