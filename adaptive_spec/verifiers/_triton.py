@@ -16,6 +16,7 @@ def traversal_level_kernel(
     cand_ptr,
     tok_ptr,
     act_ptr,
+    node_ptr,
     w_ptr,
     out_ptr,
     row0,
@@ -25,72 +26,81 @@ def traversal_level_kernel(
     V: tl.constexpr,
     K: tl.constexpr,
     ZERO: tl.constexpr,
+    PARENTS: tl.constexpr,
+    NODES: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    """A program per parent row: its children rejected in order (traversal_states' column loop)."""
-    row = tl.program_id(0)
-    node = tl.load(par_ptr + row)
-    p_row = p_ptr + node * V
+    """A program per parent row: its children rejected in order (traversal_states' column loop).
+
+    The parent: ``par_ptr[pid]`` (PARENTS), else slot ``row0 + pid``; its candidates: row ``row0 + pid`` of the
+    tables. NODES: ``node_ptr`` flags the slots that are nodes (a slot tree's merge): a parent that is not one has
+    no active child, and an active child is flagged. ``out_ptr``: every node's row, the target's to start with;
+    a parent's is rewritten in place, to its final Mb.
+    """
+    trow = row0 + tl.program_id(0)
+    if PARENTS:  # noqa: SIM108 - a static branch, as Triton compiles it
+        node = tl.load(par_ptr + tl.program_id(0))
+    else:
+        node = trow.to(tl.int64)
+    is_node = True
+    if NODES:
+        is_node = tl.load(node_ptr + node) != 0
     q_row = q_ptr + node * V
-    o_row = out_ptr + (row0 + row).to(tl.int64) * V
+    o_row = out_ptr + node * V
     dtype = p_ptr.dtype.element_ty
     w = tl.load(w_ptr + node)
-    # Mb starts as the target's row (kept in the output row, rewritten at each move); L: the draft's total
-    left = tl.zeros((), dtype=tl.float64)
+    left = tl.zeros((), dtype=tl.float64)  # L: the draft's total
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
-        m = offs < V
-        tl.store(o_row + offs, tl.load(p_row + offs, mask=m, other=0.0), mask=m)
-        left += tl.sum(tl.load(q_row + offs, mask=m, other=0.0).to(tl.float64))
+        left += tl.sum(tl.load(q_row + offs, mask=offs < V, other=0.0).to(tl.float64))
     cb = tl.full((), 1.0, tl.float64)
     cs = tl.full((), 1.0, tl.float64)
     for j in tl.static_range(K):
-        t = tl.load(tok_ptr + row * tok_stride + j)
-        on = tl.load(act_ptr + row * act_stride + j) != 0
-        child = tl.load(cand_ptr + row * cand_stride + j)
-        scale = w * cb
-        ratio = scale / cs
-        at = tl.load(o_row + t).to(tl.float64)  # Mb's entry at the child's token when it is reached
-        q_t = tl.load(q_row + t).to(tl.float64)
-        alpha = tl.minimum(cs / scale, 3e38).to(dtype)  # w = 0: r is rb where Ms is 0, and S = 0
-        r_sum = tl.zeros((), dtype=tl.float64)
-        for start in range(0, V, BLOCK):
-            offs = start + tl.arange(0, BLOCK)
-            m = offs < V
-            rb = tl.load(o_row + offs, mask=m, other=0.0)
-            qz = tl.load(q_row + offs, mask=m, other=0.0)
-            if ZERO:  # the earlier children's tokens, rejected: Ms = 0 there
-                for jj in tl.static_range(j):
-                    tz = tl.load(tok_ptr + row * tok_stride + jj)
-                    az = tl.load(act_ptr + row * act_stride + jj) != 0
-                    qz = tl.where((offs == tz) & az, 0.0, qz)
-            r = tl.maximum(rb - alpha * qz, 0.0)
-            r_sum += tl.sum(r.to(tl.float64))
-        s = scale * r_sum
-        moved = on & (s > 0)
-        w = tl.where(on, s / tl.maximum(s + (1.0 - w), tl.full((), F64_TINY, tl.float64)), w)
-        if moved:  # Mb ← r / Σ r: the row rewritten
+        on = (tl.load(act_ptr + trow * act_stride + j) != 0) & is_node
+        if on:  # an inactive column changes nothing
+            t = tl.load(tok_ptr + trow * tok_stride + j)
+            child = tl.load(cand_ptr + trow * cand_stride + j)
+            scale = w * cb
+            ratio = scale / cs
+            at = tl.load(o_row + t).to(tl.float64)  # Mb's entry at the child's token when it is reached
+            q_t = tl.load(q_row + t).to(tl.float64)
+            alpha = tl.minimum(cs / scale, 3e38).to(dtype)  # w = 0: r is rb where Ms is 0, and S = 0
+            r_sum = tl.zeros((), dtype=tl.float64)
             for start in range(0, V, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
                 m = offs < V
                 rb = tl.load(o_row + offs, mask=m, other=0.0)
                 qz = tl.load(q_row + offs, mask=m, other=0.0)
-                if ZERO:
+                if ZERO:  # the earlier children's tokens, rejected: Ms = 0 there
                     for jj in tl.static_range(j):
-                        tz = tl.load(tok_ptr + row * tok_stride + jj)
-                        az = tl.load(act_ptr + row * act_stride + jj) != 0
+                        tz = tl.load(tok_ptr + trow * tok_stride + jj)
+                        az = (tl.load(act_ptr + trow * act_stride + jj) != 0) & is_node
                         qz = tl.where((offs == tz) & az, 0.0, qz)
-                tl.store(o_row + offs, tl.maximum(rb - alpha * qz, 0.0), mask=m)
-            tl.debug_barrier()
-            cb = 1.0 / r_sum
-        if ZERO and j + 1 < K:  # noqa: SIM102 - a static condition around a runtime one: Ms loses the token's mass
-            if on:
+                r_sum += tl.sum(tl.maximum(rb - alpha * qz, 0.0).to(tl.float64))
+            s = scale * r_sum
+            w = s / tl.maximum(s + (1.0 - w), tl.full((), F64_TINY, tl.float64))
+            if s > 0:  # Mb ← r / Σ r: the row rewritten (else an all-zero residual: Mb stays)
+                for start in range(0, V, BLOCK):
+                    offs = start + tl.arange(0, BLOCK)
+                    m = offs < V
+                    rb = tl.load(o_row + offs, mask=m, other=0.0)
+                    qz = tl.load(q_row + offs, mask=m, other=0.0)
+                    if ZERO:
+                        for jj in tl.static_range(j):
+                            tz = tl.load(tok_ptr + trow * tok_stride + jj)
+                            az = (tl.load(act_ptr + trow * act_stride + jj) != 0) & is_node
+                            qz = tl.where((offs == tz) & az, 0.0, qz)
+                    tl.store(o_row + offs, tl.maximum(rb - alpha * qz, 0.0), mask=m)
+                tl.debug_barrier()  # the row rewritten, seen by every thread of the program
+                cb = 1.0 / r_sum
+            if ZERO and j + 1 < K:  # Ms loses the rejected token's mass
                 left = left - q_t
                 if left > 0:
                     cs = 1.0 / left
-        # the child's weight when reached: min(1, w · Mb(t) / Ms(t)); a q = 0 edge cannot have been drafted
-        w_child = tl.where(q_t > 0, tl.minimum(ratio * at / q_t, 1.0), 0.0)
-        tl.store(w_ptr + child, w_child)
+            # the child's weight when reached: min(1, w · Mb(t) / Ms(t)); a q = 0 edge cannot have been drafted
+            tl.store(w_ptr + child, tl.where(q_t > 0, tl.minimum(ratio * at / q_t, 1.0), 0.0))
+            if NODES:
+                tl.store(node_ptr + child, on)
     tl.store(w_ptr + node, w)
 
 
@@ -166,3 +176,35 @@ def rrs_rows_kernel(
                 az = tl.load(act_ptr + row * act_stride + jj) != 0
                 r = tl.where((offs == xz) & az, tl.load(frozen_ptr + row * K + jj).to(dtype), r)
         tl.store(o_row + offs, r, mask=m)
+
+
+@triton.jit
+def traversal_search_kernel(
+    par_ptr,
+    cand_ptr,
+    act_ptr,
+    found_ptr,
+    first_ptr,
+    row0,
+    cand_stride,
+    act_stride,
+    K: tl.constexpr,
+    PARENTS: tl.constexpr,
+):
+    """A program per parent row of a level (deepest level first): the first flagged node in post-order under it
+    (parents and tables as in traversal_level_kernel; a parent that is not a node gets values never read).
+    """
+    trow = row0 + tl.program_id(0)
+    if PARENTS:  # noqa: SIM108 - a static branch, as Triton compiles it
+        node = tl.load(par_ptr + tl.program_id(0))
+    else:
+        node = trow.to(tl.int64)
+    hit = tl.full((), 0, tl.int1)
+    best = node
+    for j in tl.static_range(K):
+        c = tl.load(cand_ptr + trow * cand_stride + j)
+        f = (tl.load(act_ptr + trow * act_stride + j) != 0) & (tl.load(found_ptr + c) != 0)
+        best = tl.where(f & (hit == 0), tl.load(first_ptr + c), best)
+        hit = hit | f
+    tl.store(first_ptr + node, best)
+    tl.store(found_ptr + node, (tl.load(found_ptr + node) != 0) | hit)

@@ -25,7 +25,7 @@ import torch
 _log = logging.getLogger("adaptive_spec.verifiers")
 
 #: The fused kernels' entry points (``bench overhead --syncs`` counts a call to one as one op, a launch).
-LAUNCHES = ("traversal_level", "rrs_rows")
+LAUNCHES = ("traversal_level", "traversal_search_level", "rrs_rows")
 #: ``FUSED[0]``: whether the fused kernels may run (set False after a failure, or by a caller that wants the
 #: torch code). ``ON_CPU[0]``: whether they run on a CPU too, in Triton's interpreter (the tests' switch; from the
 #: environment, ``ADAPTIVE_SPEC_FUSED_ON_CPU=1`` with ``TRITON_INTERPRET=1``: how ``bench overhead --syncs`` counts
@@ -64,35 +64,40 @@ def failed(what: str, exc: BaseException) -> None:
 def traversal_level(
     target_probs: torch.Tensor,
     draft_probs: torch.Tensor,
-    parents: torch.Tensor,
+    parents: torch.Tensor | None,
     cand: torch.Tensor,
     tok: torch.Tensor,
     act: torch.Tensor,
+    nodes: torch.Tensor | None,
     w_all: torch.Tensor,
     out: torch.Tensor,
     row0: int,
+    rows: int,
     zero_rejected: bool,
 ) -> None:
     """One level of :func:`~adaptive_spec.verifiers.traversal.traversal_states` in one launch, in place.
 
-    ``target_probs`` and ``draft_probs`` [N, V] (one dtype, contiguous); ``parents`` [P] and ``cand``, ``tok``,
-    ``act`` [P, K] as :func:`~adaptive_spec.verifiers.traversal._device_levels` gives them; ``w_all`` float64
-    [N + 1, 1], read at the parents, written at their children (each child's weight when reached) and at the
-    parents (each one's weight when tested as a leaf); ``out`` [R, V]: rows ``row0 .. row0 + P - 1`` take the
-    parents' final ``Mb`` rows.
+    ``target_probs`` and ``draft_probs`` [N, V] (one dtype, contiguous); ``rows`` parents: ``parents`` [rows], or
+    the slots ``row0 .. row0 + rows - 1`` when None; their children, tokens and activity: rows ``row0 ..`` of
+    ``cand``, ``tok``, ``act`` [*, K] (:func:`~adaptive_spec.verifiers.traversal._device_levels`' or a slot tree's
+    whole tables). ``nodes`` (BoolTensor[N + 1], a slot tree's): which slots are nodes, the root's set; a parent
+    that is not one has no active child, and an active child is set. ``w_all`` float64 [N + 1, 1], read at the
+    parents, written at their active children (each one's weight when reached) and at the parents (each one's
+    weight when tested as a leaf); ``out`` [N, V], the target's rows to start with: a parent's is rewritten, to
+    its final ``Mb``.
     """
     from adaptive_spec.verifiers import _triton
 
-    p, k = cand.shape
     v = target_probs.shape[1]
     block = min(4096, _triton.triton.next_power_of_2(v))
-    _triton.traversal_level_kernel[(p,)](
+    _triton.traversal_level_kernel[(rows,)](
         target_probs,
         draft_probs,
-        parents,
+        parents if parents is not None else cand,
         cand,
         tok,
         act,
+        nodes if nodes is not None else act,
         w_all,
         out,
         row0,
@@ -100,10 +105,43 @@ def traversal_level(
         tok.stride(0),
         act.stride(0),
         V=v,
-        K=k,
+        K=cand.shape[1],
         ZERO=zero_rejected,
+        PARENTS=parents is not None,
+        NODES=nodes is not None,
         BLOCK=block,
         num_warps=_warps(block),
+    )
+
+
+def traversal_search_level(
+    parents: torch.Tensor | None,
+    cand: torch.Tensor,
+    act: torch.Tensor,
+    found: torch.Tensor,
+    first: torch.Tensor,
+    row0: int,
+    rows: int,
+) -> None:
+    """One level of :func:`~adaptive_spec.verifiers.traversal.traversal_on_device`'s bottom-up search in one launch,
+    in place (parents and tables as in :func:`traversal_level`): each parent's first flagged node in post-order
+    (``first``, LongTensor[N + 1]: the first active child, in drafting order, with a flagged node under it gives it,
+    else the parent itself) and whether it has one (``found``, BoolTensor[N + 1], each node's own flip to start
+    with). Called for the deepest level first.
+    """
+    from adaptive_spec.verifiers import _triton
+
+    _triton.traversal_search_kernel[(rows,)](
+        parents if parents is not None else cand,
+        cand,
+        act,
+        found,
+        first,
+        row0,
+        cand.stride(0),
+        act.stride(0),
+        K=cand.shape[1],
+        PARENTS=parents is not None,
     )
 
 

@@ -37,6 +37,8 @@ ahead on the device, with no read, and one host read for the outcome (docs/algor
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from adaptive_spec.rng import Sampler, TorchSampler
@@ -241,9 +243,29 @@ def traversal_on_device(
     tiny weight is a clamp of ``α`` at 3e38 here: it differs only for weights below about 1e-38).
     ``zero_rejected=False`` is the reference's lossy negative control (the rejected token stays in ``Ms``).
     """
+    node = None
+    if kernels.fused_on(target_probs.device):  # a level a launch (adaptive_spec.verifiers.kernels)
+        try:
+            node, row = _fused_outcome(tree, target_probs, generator, zero_rejected)
+        except Exception as exc:  # noqa: BLE001 - any failure of a kernel: the torch code below
+            kernels.failed("traversal", exc)
+    if node is None:
+        node, row = _outcome(tree, target_probs, generator, zero_rejected)
+    y = draw_tokens(row, 1, generator)[:, 0]  # LongTensor[1]
+    parts = [node, y] + ([] if ride is None else [ride])
+    (accepted,), (token,), *rest = host_read(tree, *parts)  # the one host read
+    return result_for(tree, accepted, token, not tree.children[accepted], rest[0] if rest else (), y)
+
+
+def _outcome(
+    tree: DraftTree, target_probs: torch.Tensor, generator: torch.Generator, zero_rejected: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`traversal_on_device`'s accepted node (LongTensor[1]) and the row its token is drawn from, by the torch
+    code: the states, each node's flip, the first flagged node in post-order found bottom-up, level by level.
+    """
     n, device = tree.num_nodes, target_probs.device
     levels = _device_levels(tree, device)
-    w, residuals, pos = traversal_states(tree, target_probs, levels, zero_rejected=zero_rejected)
+    w, residuals, pos = traversal_states(tree, target_probs, levels, zero_rejected=zero_rejected, fused=False)
     found = torch.rand(n + 1, dtype=torch.float64, device=device, generator=generator) < w  # each node's flip
     found[0], found[n] = True, False  # the root is accepted when everything below is rejected; the dummy never
     first = torch.arange(n + 1, device=device)  # the first flagged node in post-order under each node
@@ -258,14 +280,32 @@ def traversal_on_device(
     if levels:  # a node with children emits from its residual
         at = pos[node]
         row = torch.where(at[:, None] >= 0, residuals[at.clamp_min(0)], row)
-    y = draw_tokens(row, 1, generator)[:, 0]  # LongTensor[1]
-    parts = [node, y] + ([] if ride is None else [ride])
-    (accepted,), (token,), *rest = host_read(tree, *parts)  # the one host read
-    return result_for(tree, accepted, token, not tree.children[accepted], rest[0] if rest else (), y)
+    return node, row
+
+
+def _fused_outcome(
+    tree: DraftTree, target_probs: torch.Tensor, generator: torch.Generator, zero_rejected: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_outcome` with the fused kernels: a launch a level for the states, then one a level for the search
+    (the generator's draws in the same order: every node's flip, then the token).
+    """
+    n, device = tree.num_nodes, target_probs.device
+    w, rows, levels = _fused_states(tree, target_probs, zero_rejected)
+    found = torch.rand(n + 1, dtype=torch.float64, device=device, generator=generator) < w  # each node's flip
+    first = torch.arange(n + 1, device=device)  # the root's and the dummy's flags are never read
+    for parents, cand, act, row0, rows_ in reversed(levels):
+        kernels.traversal_search_level(parents, cand, act, found, first, row0, rows_)
+    node = first[:1]
+    return node, rows[node]
 
 
 def traversal_states(
-    tree: DraftTree, target_probs: torch.Tensor, levels: list | None = None, *, zero_rejected: bool = True
+    tree: DraftTree,
+    target_probs: torch.Tensor,
+    levels: list | None = None,
+    *,
+    zero_rejected: bool = True,
+    fused: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every node's weight when traversal tests it as a leaf and the row it emits from if accepted, computed on
     the rows' device with no host read (see :func:`traversal_on_device`).
@@ -277,12 +317,13 @@ def traversal_states(
     """
     device, dtype = target_probs.device, target_probs.dtype
     n = tree.num_nodes
-    levels = _device_levels(tree, device) if levels is None else levels
-    if kernels.fused_on(device):  # a level a launch (adaptive_spec.verifiers.kernels)
+    if fused and kernels.fused_on(device):  # a level a launch (adaptive_spec.verifiers.kernels): every node's row
         try:
-            return _fused_states(tree, target_probs, levels, zero_rejected)
+            w, rows, _ = _fused_states(tree, target_probs, zero_rejected)
+            return w, rows, torch.arange(n + 1, device=device)
         except Exception as exc:  # noqa: BLE001 - any failure of the kernel: the torch code below
             kernels.failed("traversal", exc)
+    levels = _device_levels(tree, device) if levels is None else levels
     w_all = torch.ones(n + 1, 1, dtype=torch.float64, device=device)  # each node's weight; row n is a dummy
     residuals, order = [], []
     for parents, cand, tok, act in levels:
@@ -328,25 +369,40 @@ def traversal_states(
 
 
 def _fused_states(
-    tree: DraftTree, target_probs: torch.Tensor, levels: list, zero_rejected: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """:func:`traversal_states` with a level a launch (:func:`adaptive_spec.verifiers.kernels.traversal_level`)."""
+    tree: DraftTree, target_probs: torch.Tensor, zero_rejected: bool
+) -> tuple[torch.Tensor, torch.Tensor, list[tuple]]:
+    """:func:`traversal_states` with a level a launch (:func:`adaptive_spec.verifiers.kernels.traversal_level`):
+    ``(w float64 [N + 1], every node's row [N, V] (a leaf's: its target row), the levels for the search)``, each
+    level ``(parents or None, children, active, first table row, parents)``. A slot tree's levels are its whole
+    tables (:func:`_slot_tables`), its parents the slots of each depth, which nodes they are decided level by level
+    in the launches; any other tree's, :func:`_device_levels`'.
+    """
     device, dtype, n = target_probs.device, target_probs.dtype, tree.num_nodes
     p = target_probs.contiguous()
     q = tree.draft_probs if tree.draft_probs.dtype == dtype else tree.draft_probs.to(dtype)
     q = q.contiguous()
     w_all = torch.ones(n + 1, 1, dtype=torch.float64, device=device)
-    sizes = [len(level[0]) for level in levels]
-    residuals = torch.empty(sum(sizes), p.shape[1], dtype=dtype, device=device)
-    row0 = 0
-    for (parents, cand, tok, act), size in zip(levels, sizes, strict=True):
-        kernels.traversal_level(p, q, parents, cand, tok, act, w_all, residuals, row0, zero_rejected)
-        row0 += size
-    pos = torch.full((n + 1,), -1, dtype=torch.long, device=device)
-    if levels:
-        order = torch.cat([level[0] for level in levels])
-        pos[order] = torch.arange(len(order), device=device)
-    return w_all[:, 0], residuals, pos
+    rows = p.clone()  # a parent's is rewritten to its final Mb
+    if tree.slots is not None and not tree.tokens_on_host:
+        cand, tok, act, bounds = _slot_tables(tree, device)
+        nodes = _root_flag(n + 1, device).clone()  # which slots are nodes: decided level by level
+        levels = [(None, cand, tok, act, first, end - first) for first, end in bounds]
+    else:
+        nodes = None
+        levels = [
+            (parents, cand, tok, act, 0, len(parents)) for parents, cand, tok, act in _device_levels(tree, device)
+        ]
+    for parents, cand, tok, act, row0, count in levels:
+        kernels.traversal_level(p, q, parents, cand, tok, act, nodes, w_all, rows, row0, count, zero_rejected)
+    return w_all[:, 0], rows, [(parents, cand, act, row0, count) for parents, cand, _, act, row0, count in levels]
+
+
+@functools.lru_cache(maxsize=64)
+def _root_flag(n: int, device: torch.device) -> torch.Tensor:
+    """BoolTensor[n]: True at 0 only (the root), made once: read only (callers clone it)."""
+    flag = torch.zeros(n, dtype=torch.bool, device=device)
+    flag[0] = True
+    return flag
 
 
 def _device_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
@@ -408,33 +464,39 @@ def _range_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Ten
     return out
 
 
-def _slot_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
-    """:func:`_device_levels` of a slot tree whose tokens are on the device: nothing read, nothing copied.
-
-    The parents of level d are its slots; a slot's children are its candidate slots (:meth:`SlotLayout.candidates`)
-    that were validly drawn at its prefix (:meth:`SlotLayout.drawn`) and are the first with their token
-    there (the merge: walkers that drew the same token stand on one node), under a slot that is itself a node.
+def _slot_tables(tree: DraftTree, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list]:
+    """A slot tree's candidate tables on the device, its tokens unread: ``(children [F, K], their tokens [F, K],
+    active [F, K], each depth's fed slots (first, end))``. A candidate slot is active when validly drawn at its
+    slot's prefix (:meth:`SlotLayout.drawn`) and the first with its token there (the merge: walkers that drew the
+    same token stand on one node); it is a child when its slot is itself a node (decided level by level).
     """
     layout, valid = tree.slots
-    n = tree.num_nodes
     tokens = tree.tokens_tensor(device)
     cand_all, _ = layout.candidates(device)
-    widths = layout.candidate_widths
-    # every fed slot's candidates at once: drawn at its prefix, happened, and the first with their token there
     tok_all = tokens[cand_all].clamp_min(0)
     act_all = layout.drawn(tokens, valid)
     k_all = tok_all.shape[1]
     earlier = torch.ones(k_all, k_all, dtype=torch.bool, device=device).tril_(-1)
     dup = ((tok_all[:, :, None] == tok_all[:, None, :]) & act_all[:, None, :] & earlier).any(dim=-1)  # j' < j
-    act_all = act_all & ~dup
+    bounds = [(0, 1), *layout.levels[:-1]]
+    return cand_all, tok_all, act_all & ~dup, bounds
+
+
+def _slot_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
+    """:func:`_device_levels` of a slot tree whose tokens are on the device: nothing read, nothing copied.
+
+    The parents of level d are its slots; a slot's children are its active candidate slots (:func:`_slot_tables`)
+    under a slot that is itself a node.
+    """
+    n = tree.num_nodes
+    cand_all, tok_all, act_all, bounds = _slot_tables(tree, device)
+    widths = tree.slots[0].candidate_widths
     node = torch.zeros(n + 1, dtype=torch.bool, device=device)  # whether each slot is a node of the merged tree
     node[0].fill_(True)
-    out, (first, end) = [], (0, 1)  # the slots of depth d, whose children level d draws
-    for d, level in enumerate(layout.levels):
-        k = widths[d]
+    out = []
+    for k, (first, end) in zip(widths, bounds, strict=True):
         act = act_all[first:end, :k] & node[first:end, None]  # under a slot that is itself a node
         cand = torch.where(act, cand_all[first:end, :k], n)
         node[cand] = act
         out.append((torch.arange(first, end, device=device), cand, tok_all[first:end, :k], act))
-        first, end = level
     return out

@@ -72,13 +72,21 @@ def _host_trees(device: str):
     return out
 
 
-def _check(torch_states, fused_states, n: int, used: torch.Tensor, atol: float, name: str = "") -> None:
-    (w_t, rows_t, pos_t), (w_f, rows_f, pos_f) = torch_states, fused_states
-    assert torch.equal(pos_t, pos_f), name
-    assert torch.allclose(w_t[:n][used], w_f[:n][used], rtol=0, atol=atol), (name, w_t[:n][used], w_f[:n][used])
-    inner = pos_t[:n][used]
-    inner = inner[inner >= 0]
-    assert torch.allclose(rows_t[inner], rows_f[inner], rtol=0, atol=atol), name
+def _emitted(states, target: torch.Tensor, n: int) -> torch.Tensor:
+    """Each node's row it emits from if accepted, from ``traversal_states``' ``(w, residuals, pos)``."""
+    _, residuals, pos = states
+    rows = target.clone()
+    inner = pos[:n] >= 0
+    rows[inner] = residuals[pos[:n][inner]]
+    return rows
+
+
+def _check(torch_states, fused_states, target, used: torch.Tensor, atol: float, name: str = "") -> None:
+    n = target.shape[0]
+    w_t, w_f = torch_states[0][:n][used], fused_states[0][:n][used]
+    assert torch.allclose(w_t, w_f, rtol=0, atol=atol), (name, w_t, w_f)
+    rows_t, rows_f = _emitted(torch_states, target, n)[used], _emitted(fused_states, target, n)[used]
+    assert torch.allclose(rows_t, rows_f, rtol=0, atol=atol), name
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -90,7 +98,7 @@ def test_the_fused_levels_give_the_torch_states_on_host_trees(fused, device, zer
     for name, tree, target in trees:
         a, b = _both(tree, target, zero_rejected)
         n = tree.num_nodes
-        _check(a, b, n, torch.arange(n, device=device), 1e-12, name)
+        _check(a, b, target, torch.arange(n, device=device), 1e-12, name)
         moved += int((a[0][:n] < 1).sum())
     assert moved > 0  # some weight moved below 1: the rejections were exercised
 
@@ -103,7 +111,7 @@ def test_the_fused_levels_give_the_torch_states_on_slot_trees(fused, device, cas
     tree.draft_probs = tree.draft_probs.to(device)
     a, b = _both(tree, target.to(device))
     used = torch.tensor(make().used, device=device)
-    _check(a, b, tree.num_nodes, used, 1e-6)
+    _check(a, b, target.to(device), used, 1e-6)
 
 
 # (shape, vocabulary, instance seed): small enough for the interpreter, and an instance where the control is caught
@@ -194,3 +202,31 @@ def test_the_fused_rrs_rows_have_the_exact_law_and_the_control_is_caught(fused, 
         lossy = output_law(wrong, shape, inst.draft_fn, inst.target_fn)
         assert completed_tv(lossy, inst.target_fn, vocab, shape.depth + 1)[0] > 1e-3
     assert kernels.FUSED[0]  # the kernel ran throughout
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_the_fused_search_accepts_the_torch_codes_node_and_token(fused, device) -> None:
+    """traversal_on_device with the kernels (states and the bottom-up search) and without, from one generator
+    state: the same accepted node and token on every tree (float64 rows), over many seeds, rejections included.
+    """
+    from adaptive_spec.verifiers.traversal import traversal_on_device
+
+    trees = _host_trees(device)
+    for case in range(len(SLOT_TREES)):  # slot trees: which slots are nodes decided in the launches
+        make, target = _slot_case(*SLOT_TREES[case])
+        tree = make()
+        tree.draft_probs = tree.draft_probs.double().to(device)
+        trees.append((f"slot tree {case}", tree, target.double().to(device)))
+    depths = set()
+    for _name, tree, target in trees:
+        for seed in range(12):
+            out = []
+            for on in (False, True):
+                kernels.FUSED[0] = on
+                g = torch.Generator(device).manual_seed(seed)
+                r = traversal_on_device(tree, target, g)
+                out.append((r.node, r.tokens))
+            assert kernels.FUSED[0], "a kernel failed: the torch code ran"
+            assert out[0] == out[1], (_name, seed, out)
+            depths.add(tree.depths[out[0][0]])
+    assert len(depths) > 1  # stops at different depths: the search was exercised
