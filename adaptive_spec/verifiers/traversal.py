@@ -387,6 +387,10 @@ def _fused_states(
         cand, tok, act, bounds = _slot_tables(tree, device)
         nodes = _root_flag(n + 1, device).clone()  # which slots are nodes: decided level by level
         levels = [(None, cand, tok, act, first, end - first) for first, end in bounds]
+    elif _numbered_by_depth(tree, device):  # each depth's nodes a range, the parents of its rows of the tables
+        cand, tok, act, bounds = _range_tables(tree, device)
+        nodes = None
+        levels = [(None, cand, tok, act, first, end - first) for first, end in bounds]
     else:
         nodes = None
         levels = [
@@ -416,7 +420,7 @@ def _device_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Te
     if tree.slots is not None and not tree.tokens_on_host:
         return _slot_levels(tree, device)
     n, children, depths = tree.num_nodes, tree.children, tree.depths
-    if depths == sorted(depths) and (not tree.tokens_on_host or tree.has_tensors(device, "tokens", "children")):
+    if _numbered_by_depth(tree, device):
         return _range_levels(tree, device)
     tokens = tree.tokens
     by_depth: dict[int, list[int]] = {}
@@ -439,6 +443,40 @@ def _device_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Te
         out.append((parents, cand.view(p, k), tok.view(p, k), cand.view(p, k) < n))
         i += p + 2 * p * k
     return out
+
+
+def _numbered_by_depth(tree: DraftTree, device: torch.device) -> bool:
+    """Whether ``tree`` is numbered depth by depth with its tokens or children table on ``device`` (a chain, a
+    policy-grown tree): its levels are ranges of its children table (:func:`_range_levels`, :func:`_range_tables`).
+    """
+    depths = tree.depths
+    return depths == sorted(depths) and (not tree.tokens_on_host or tree.has_tensors(device, "tokens", "children"))
+
+
+def _range_tables(tree: DraftTree, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list]:
+    """:func:`_range_levels` as whole tables: ``(children [N, K], their tokens, active, each depth's parents
+    (first, end))``, the depths with children only; K the widest node's children, a column past a node's own
+    inactive (it points at the dummy ``num_nodes``).
+    """
+    n, children, depths = tree.num_nodes, tree.children, tree.depths
+    k = max(1, max(map(len, children)))
+    cand = tree.children_tensor(device)[:, :k]
+    tokens = torch.cat([tree.tokens_tensor(device), _dummy_token(device)])  # the dummy child n: token 0
+    bounds, first = [], 0
+    while first < n:
+        end = first
+        while end < n and depths[end] == depths[first]:
+            end += 1
+        if any(children[i] for i in range(first, end)):
+            bounds.append((first, end))
+        first = end
+    return cand, tokens[cand], cand < n, bounds
+
+
+@functools.lru_cache(maxsize=8)
+def _dummy_token(device: torch.device) -> torch.Tensor:
+    """LongTensor[1] 0: the dummy node's token, made once: read only."""
+    return torch.zeros(1, dtype=torch.long, device=device)
 
 
 def _range_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Tensor, ...]]:

@@ -69,6 +69,19 @@ def _host_trees(device: str):
     )
     target = torch.tensor([[0.6, 0.3, 0.1], [0.2, 0.5, 0.3], [0.1, 0.1, 0.8]], dtype=torch.float64)
     out.append(("zeroed token matters", tree, target.to(device)))
+    # a policy-grown tree: numbered depth by depth, its tokens and children table kept (levels: ranges of it)
+    inst = random_instance(7, 4, zero_frac=0.0)
+    parents, tokens, depths = [-1, 0, 0, 1, 1, 2, 3], [-1, 1, 3, 0, 2, 1, 3], [0, 1, 1, 2, 2, 2, 3]
+    prefixes = [()]
+    for i in range(1, 7):
+        prefixes.append(prefixes[parents[i]] + (tokens[i],))
+    draws = [[c for c in range(7) if parents[c] == i] for i in range(7)]
+    draft = torch.stack([inst.draft_fn(c) for c in prefixes]).to(device)
+    tree = DraftTree(tokens, parents, depths, draft, draws, TreeShape.without_replacement((2, 2, 1)))
+    tree.keep_tensors(
+        tokens=torch.tensor(tokens, device=device), children=torch.tensor(tree.children_rows(), device=device)
+    )
+    out.append(("kept tables", tree, torch.stack([inst.target_fn(c) for c in prefixes]).to(device)))
     return out
 
 
