@@ -473,6 +473,12 @@ def _range_tables(tree: DraftTree, device: torch.device) -> tuple[torch.Tensor, 
     return cand, tokens[cand], cand < n, bounds
 
 
+@functools.lru_cache(maxsize=64)
+def _earlier(k: int, device: torch.device) -> torch.Tensor:
+    """BoolTensor[k, k]: column j' before column j, made once: read only."""
+    return torch.ones(k, k, dtype=torch.bool, device=device).tril_(-1)
+
+
 @functools.lru_cache(maxsize=8)
 def _dummy_token(device: torch.device) -> torch.Tensor:
     """LongTensor[1] 0: the dummy node's token, made once: read only."""
@@ -514,7 +520,7 @@ def _slot_tables(tree: DraftTree, device: torch.device) -> tuple[torch.Tensor, t
     tok_all = tokens[cand_all].clamp_min(0)
     act_all = layout.drawn(tokens, valid)
     k_all = tok_all.shape[1]
-    earlier = torch.ones(k_all, k_all, dtype=torch.bool, device=device).tril_(-1)
+    earlier = _earlier(k_all, device)
     dup = ((tok_all[:, :, None] == tok_all[:, None, :]) & act_all[:, None, :] & earlier).any(dim=-1)  # j' < j
     bounds = [(0, 1), *layout.levels[:-1]]
     return cand_all, tok_all, act_all & ~dup, bounds
