@@ -23,8 +23,8 @@ def traversal_level_kernel(
     cand_stride,
     tok_stride,
     act_stride,
-    V: tl.constexpr,
-    K: tl.constexpr,
+    V,
+    K,
     ZERO: tl.constexpr,
     PARENTS: tl.constexpr,
     NODES: tl.constexpr,
@@ -55,7 +55,7 @@ def traversal_level_kernel(
         left += tl.sum(tl.load(q_row + offs, mask=offs < V, other=0.0).to(tl.float64))
     cb = tl.full((), 1.0, tl.float64)
     cs = tl.full((), 1.0, tl.float64)
-    for j in tl.static_range(K):
+    for j in range(K):
         on = (tl.load(act_ptr + trow * act_stride + j) != 0) & is_node
         if on:  # an inactive column changes nothing
             t = tl.load(tok_ptr + trow * tok_stride + j)
@@ -72,7 +72,7 @@ def traversal_level_kernel(
                 rb = tl.load(o_row + offs, mask=m, other=0.0)
                 qz = tl.load(q_row + offs, mask=m, other=0.0)
                 if ZERO:  # the earlier children's tokens, rejected: Ms = 0 there
-                    for jj in tl.static_range(j):
+                    for jj in range(j):
                         tz = tl.load(tok_ptr + trow * tok_stride + jj)
                         az = (tl.load(act_ptr + trow * act_stride + jj) != 0) & is_node
                         qz = tl.where((offs == tz) & az, 0.0, qz)
@@ -86,16 +86,16 @@ def traversal_level_kernel(
                     rb = tl.load(o_row + offs, mask=m, other=0.0)
                     qz = tl.load(q_row + offs, mask=m, other=0.0)
                     if ZERO:
-                        for jj in tl.static_range(j):
+                        for jj in range(j):
                             tz = tl.load(tok_ptr + trow * tok_stride + jj)
                             az = (tl.load(act_ptr + trow * act_stride + jj) != 0) & is_node
                             qz = tl.where((offs == tz) & az, 0.0, qz)
                     tl.store(o_row + offs, tl.maximum(rb - alpha * qz, 0.0), mask=m)
                 tl.debug_barrier()  # the row rewritten, seen by every thread of the program
                 cb = 1.0 / r_sum
-            if ZERO and j + 1 < K:  # Ms loses the rejected token's mass
+            if ZERO:  # Ms loses the rejected token's mass (read again only if a child is left)
                 left = left - q_t
-                if left > 0:
+                if (j + 1 < K) & (left > 0):
                     cs = 1.0 / left
             # the child's weight when reached: min(1, w · Mb(t) / Ms(t)); a q = 0 edge cannot have been drafted
             tl.store(w_ptr + child, tl.where(q_t > 0, tl.minimum(ratio * at / q_t, 1.0), 0.0))
@@ -115,8 +115,8 @@ def rrs_rows_kernel(
     out_ptr,
     x_stride,
     act_stride,
-    V: tl.constexpr,
-    K: tl.constexpr,
+    V,
+    K,
     WOR: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -134,7 +134,7 @@ def rrs_rows_kernel(
         for start in range(0, V, BLOCK):
             offs = start + tl.arange(0, BLOCK)
             ell += tl.sum(tl.load(q_row + offs, mask=offs < V, other=0.0).to(tl.float64))
-    for j in tl.static_range(K):
+    for j in range(K):
         x = tl.load(x_ptr + row * x_stride + j)
         on = tl.load(act_ptr + row * act_stride + j) != 0
         px = tl.load(p_row + x).to(tl.float64)
@@ -154,7 +154,7 @@ def rrs_rows_kernel(
                 tl.load(p_row + offs, mask=m, other=0.0) - c2r * tl.load(q_row + offs, mask=m, other=0.0), 0.0
             )
             if WOR:  # the rejected candidates before this one: frozen at p'(x) then, q'(x) = 0
-                for jj in tl.static_range(j):
+                for jj in range(j):
                     xz = tl.load(x_ptr + row * x_stride + jj)
                     az = tl.load(act_ptr + row * act_stride + jj) != 0
                     r = tl.where((offs == xz) & az, tl.load(frozen_ptr + row * K + jj).to(dtype), r)
@@ -171,7 +171,7 @@ def rrs_rows_kernel(
         m = offs < V
         r = tl.maximum(tl.load(p_row + offs, mask=m, other=0.0) - cr * tl.load(q_row + offs, mask=m, other=0.0), 0.0)
         if WOR:  # the last candidate's entry is (p − c q)_+ as it is
-            for jj in tl.static_range(K - 1):
+            for jj in range(K - 1):
                 xz = tl.load(x_ptr + row * x_stride + jj)
                 az = tl.load(act_ptr + row * act_stride + jj) != 0
                 r = tl.where((offs == xz) & az, tl.load(frozen_ptr + row * K + jj).to(dtype), r)
@@ -188,7 +188,7 @@ def traversal_search_kernel(
     row0,
     cand_stride,
     act_stride,
-    K: tl.constexpr,
+    K,
     PARENTS: tl.constexpr,
 ):
     """A program per parent row of a level (deepest level first): the first flagged node in post-order under it
@@ -201,7 +201,7 @@ def traversal_search_kernel(
         node = trow.to(tl.int64)
     hit = tl.full((), 0, tl.int1)
     best = node
-    for j in tl.static_range(K):
+    for j in range(K):
         c = tl.load(cand_ptr + trow * cand_stride + j)
         f = (tl.load(act_ptr + trow * act_stride + j) != 0) & (tl.load(found_ptr + c) != 0)
         best = tl.where(f & (hit == 0), tl.load(first_ptr + c), best)

@@ -14,6 +14,9 @@ they run in Triton's interpreter; the ``gpu`` cases run them compiled on CUDA.
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -243,3 +246,46 @@ def test_the_fused_search_accepts_the_torch_codes_node_and_token(fused, device) 
             assert out[0] == out[1], (_name, seed, out)
             depths.add(tree.depths[out[0][0]])
     assert len(depths) > 1  # stops at different depths: the search was exercised
+
+
+_COMPILE = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from adaptive_spec.verifiers import _triton as k
+
+
+def ptx(fn, signature, constexprs):  # compute capability 9.0: an H100 or H200
+    sig = {**signature, **dict.fromkeys(constexprs, "constexpr")}
+    source = ASTSource(fn=fn, signature=sig, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+
+
+ints = dict.fromkeys(("row0", "cand_stride", "tok_stride", "act_stride", "V", "K"), "i32")
+rows = {"p_ptr": "*fp32", "q_ptr": "*fp32", "out_ptr": "*fp32", "w_ptr": "*fp64"}
+tables = {"par_ptr": "*i64", "cand_ptr": "*i64", "tok_ptr": "*i64", "act_ptr": "*i1", "node_ptr": "*i1"}
+search = {"par_ptr": "*i64", "cand_ptr": "*i64", "act_ptr": "*i1", "found_ptr": "*i1", "first_ptr": "*i64"}
+search |= dict.fromkeys(("row0", "cand_stride", "act_stride", "K"), "i32")
+rrs = {"p_ptr": "*fp32", "q_ptr": "*fp32", "x_ptr": "*i64", "act_ptr": "*i1", "accept_ptr": "*fp64"}
+rrs |= {"frozen_ptr": "*fp64", "out_ptr": "*fp32", **dict.fromkeys(("x_stride", "act_stride", "V", "K"), "i32")}
+for parents in (True, False):
+    flags = {"ZERO": True, "PARENTS": parents, "NODES": not parents, "BLOCK": 4096}
+    assert ".entry traversal_level_kernel" in ptx(k.traversal_level_kernel, {**rows, **tables, **ints}, flags)
+    assert ".entry traversal_search_kernel" in ptx(k.traversal_search_kernel, search, {"PARENTS": parents})
+for wor in (True, False):
+    assert ".entry rrs_rows_kernel" in ptx(k.rrs_rows_kernel, rrs, {"WOR": wor, "BLOCK": 4096})
+print("compiled")
+"""
+
+
+def test_the_kernels_compile_for_a_hopper_gpu_without_one(tmp_path) -> None:
+    """What the GPU machine will compile (float32 rows, the engine's variants), compiled here to PTX by Triton's own
+    compiler and ptxas, in a process of its own (not in the interpreter): a kernel that Triton cannot compile fails
+    here, not on the first GPU lease.
+    """
+    pytest.importorskip("triton.backends.nvidia")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)  # compiled now, not read from an earlier compile
+    done = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
