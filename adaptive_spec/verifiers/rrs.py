@@ -133,7 +133,8 @@ def rrs_states(
     ``N = Σ (p − c q)_+``. An all-zero residual (a rejection of probability 0) keeps ``p'``, as :func:`rrs_solve`
     does. Without replacement, ``q'(x) = 0`` after ``x`` is rejected and ``q'`` is renormalised (``L`` falls
     by ``q(x)``), and ``p'(x)`` stays at its value then: ``x`` is frozen, written into ``p``'s copy and zeroed
-    in ``q``'s. With replacement ``L = 1``. Inactive columns change nothing.
+    in ``q``'s. With replacement ``L = 1``. Inactive columns change nothing. On CUDA, one launch of a fused kernel
+    with the same arithmetic (:func:`adaptive_spec.verifiers.kernels.rrs_rows`), else the torch code below.
     """
     dtype, (m, k), v = p.dtype, x.shape, p.shape[1]
     if kernels.fused_on(p.device):  # a row a program, one launch (adaptive_spec.verifiers.kernels)

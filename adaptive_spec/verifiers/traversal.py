@@ -32,7 +32,8 @@ with its values at every node's token, so that the remaining children's weights 
 their draft masses are the edges' q, read first), and one for the emitted token, drawn on the device.
 
 On an accelerator the engine runs :func:`traversal_on_device` instead: every node's weights and rows computed
-ahead on the device, with no read, and one host read for the outcome (docs/algorithms.md §4).
+ahead on the device, with no read, and one host read for the outcome (docs/algorithms.md §4); on CUDA by fused
+kernels, two launches a level (:mod:`adaptive_spec.verifiers.kernels`), else by the torch code.
 """
 
 from __future__ import annotations
@@ -458,19 +459,26 @@ def _range_tables(tree: DraftTree, device: torch.device) -> tuple[torch.Tensor, 
     (first, end))``, the depths with children only; K the widest node's children, a column past a node's own
     inactive (it points at the dummy ``num_nodes``).
     """
-    n, children, depths = tree.num_nodes, tree.children, tree.depths
-    k = max(1, max(map(len, children)))
-    cand = tree.children_tensor(device)[:, :k]
+    n = tree.num_nodes
+    bounds = _depth_ranges(tree)
+    cand = tree.children_tensor(device)[:, : max(k for _, _, k in bounds)]
     tokens = torch.cat([tree.tokens_tensor(device), _dummy_token(device)])  # the dummy child n: token 0
-    bounds, first = [], 0
+    return cand, tokens[cand], cand < n, [(first, end) for first, end, _ in bounds]
+
+
+def _depth_ranges(tree: DraftTree) -> list[tuple[int, int, int]]:
+    """A tree numbered depth by depth: ``(first, end, widest)`` of each depth whose nodes have children."""
+    n, children, depths = tree.num_nodes, tree.children, tree.depths
+    out, first = [], 0
     while first < n:
         end = first
         while end < n and depths[end] == depths[first]:
             end += 1
-        if any(children[i] for i in range(first, end)):
-            bounds.append((first, end))
+        k = max(len(children[i]) for i in range(first, end))
+        if k:
+            out.append((first, end, k))
         first = end
-    return cand, tokens[cand], cand < n, bounds
+    return out
 
 
 @functools.lru_cache(maxsize=64)
@@ -491,20 +499,14 @@ def _range_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Ten
     other tensors), its tokens gathered on the device. Nothing is copied when the tree holds both; a leaf in the
     range is a row with no active column.
     """
-    n, children, depths = tree.num_nodes, tree.children, tree.depths
+    n = tree.num_nodes
     steps = torch.arange(n, device=device)
     kids = tree.children_tensor(device)
     tokens = torch.cat([tree.tokens_tensor(device), steps[:1]])  # the dummy child n: token 0
-    out, first = [], 0
-    while first < n:
-        end = first
-        while end < n and depths[end] == depths[first]:
-            end += 1
-        k = max(len(children[i]) for i in range(first, end))
-        if k:
-            cand = kids[first:end, :k]
-            out.append((steps[first:end], cand, tokens[cand], cand < n))
-        first = end
+    out = []
+    for first, end, k in _depth_ranges(tree):
+        cand = kids[first:end, :k]
+        out.append((steps[first:end], cand, tokens[cand], cand < n))
     return out
 
 
