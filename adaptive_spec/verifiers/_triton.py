@@ -28,6 +28,7 @@ def traversal_level_kernel(
     ZERO: tl.constexpr,
     PARENTS: tl.constexpr,
     NODES: tl.constexpr,
+    MERGE: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """A program per parent row: its children rejected in order (traversal_states' column loop).
@@ -56,9 +57,13 @@ def traversal_level_kernel(
     cb = tl.full((), 1.0, tl.float64)
     cs = tl.full((), 1.0, tl.float64)
     for j in range(K):
+        t = tl.load(tok_ptr + trow * tok_stride + j)
         on = (tl.load(act_ptr + trow * act_stride + j) != 0) & is_node
+        if MERGE:
+            for jj in range(j):
+                same = tl.load(tok_ptr + trow * tok_stride + jj) == t
+                on = on & ~(same & (tl.load(act_ptr + trow * act_stride + jj) != 0))
         if on:  # an inactive column changes nothing
-            t = tl.load(tok_ptr + trow * tok_stride + j)
             child = tl.load(cand_ptr + trow * cand_stride + j)
             scale = w * cb
             ratio = scale / cs
@@ -182,14 +187,17 @@ def rrs_rows_kernel(
 def traversal_search_kernel(
     par_ptr,
     cand_ptr,
+    tok_ptr,
     act_ptr,
     found_ptr,
     first_ptr,
     row0,
     cand_stride,
+    tok_stride,
     act_stride,
     K,
     PARENTS: tl.constexpr,
+    MERGE: tl.constexpr,
 ):
     """A program per parent row of a level (deepest level first): the first flagged node in post-order under it
     (parents and tables as in traversal_level_kernel; a parent that is not a node gets values never read).
@@ -203,7 +211,13 @@ def traversal_search_kernel(
     best = node
     for j in range(K):
         c = tl.load(cand_ptr + trow * cand_stride + j)
-        f = (tl.load(act_ptr + trow * act_stride + j) != 0) & (tl.load(found_ptr + c) != 0)
+        on = tl.load(act_ptr + trow * act_stride + j) != 0
+        if MERGE:  # a token's first active column only
+            t = tl.load(tok_ptr + trow * tok_stride + j)
+            for jj in range(j):
+                same = tl.load(tok_ptr + trow * tok_stride + jj) == t
+                on = on & ~(same & (tl.load(act_ptr + trow * act_stride + jj) != 0))
+        f = on & (tl.load(found_ptr + c) != 0)
         best = tl.where(f & (hit == 0), tl.load(first_ptr + c), best)
         hit = hit | f
     tl.store(first_ptr + node, best)

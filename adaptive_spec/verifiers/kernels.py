@@ -74,6 +74,7 @@ def traversal_level(
     row0: int,
     rows: int,
     zero_rejected: bool,
+    merge: bool = False,
 ) -> None:
     """One level of :func:`~adaptive_spec.verifiers.traversal.traversal_states` in one launch, in place.
 
@@ -81,7 +82,9 @@ def traversal_level(
     the slots ``row0 .. row0 + rows - 1`` when None; their children, tokens and activity: rows ``row0 ..`` of
     ``cand``, ``tok``, ``act`` [*, K] (:func:`~adaptive_spec.verifiers.traversal._device_levels`' or a slot tree's
     whole tables). ``nodes`` (BoolTensor[N + 1], a slot tree's): which slots are nodes, the root's set; a parent
-    that is not one has no active child, and an active child is set. ``w_all`` float64 [N + 1, 1], read at the
+    that is not one has no active child, and an active child is set; ``merge``: a column is active only if no
+    earlier active column of its row drew its token (a slot tree's walkers that drew one token stand on one node).
+    ``w_all`` float64 [N + 1, 1], read at the
     parents, written at their active children (each one's weight when reached) and at the parents (each one's
     weight when tested as a leaf); ``out`` [N, V], the target's rows to start with: a parent's is rewritten, to
     its final ``Mb``.
@@ -109,6 +112,7 @@ def traversal_level(
         ZERO=zero_rejected,
         PARENTS=parents is not None,
         NODES=nodes is not None,
+        MERGE=merge,
         BLOCK=block,
         num_warps=_warps(block),
     )
@@ -117,11 +121,13 @@ def traversal_level(
 def traversal_search_level(
     parents: torch.Tensor | None,
     cand: torch.Tensor,
+    tok: torch.Tensor,
     act: torch.Tensor,
     found: torch.Tensor,
     first: torch.Tensor,
     row0: int,
     rows: int,
+    merge: bool = False,
 ) -> None:
     """One level of :func:`~adaptive_spec.verifiers.traversal.traversal_on_device`'s bottom-up search in one launch,
     in place (parents and tables as in :func:`traversal_level`): each parent's first flagged node in post-order
@@ -134,14 +140,17 @@ def traversal_search_level(
     _triton.traversal_search_kernel[(rows,)](
         parents if parents is not None else cand,
         cand,
+        tok,
         act,
         found,
         first,
         row0,
         cand.stride(0),
+        tok.stride(0),
         act.stride(0),
         cand.shape[1],
         PARENTS=parents is not None,
+        MERGE=merge,
     )
 
 

@@ -294,8 +294,8 @@ def _fused_outcome(
     w, rows, levels = _fused_states(tree, target_probs, zero_rejected)
     found = torch.rand(n + 1, dtype=torch.float64, device=device, generator=generator) < w  # each node's flip
     first = torch.arange(n + 1, device=device)  # the root's and the dummy's flags are never read
-    for parents, cand, act, row0, rows_ in reversed(levels):
-        kernels.traversal_search_level(parents, cand, act, found, first, row0, rows_)
+    for parents, cand, tok, act, row0, count, merge in reversed(levels):
+        kernels.traversal_search_level(parents, cand, tok, act, found, first, row0, count, merge)
     node = first[:1]
     return node, rows[node]
 
@@ -384,22 +384,21 @@ def _fused_states(
     q = q.contiguous()
     w_all = torch.ones(n + 1, 1, dtype=torch.float64, device=device)
     rows = p.clone()  # a parent's is rewritten to its final Mb
-    if tree.slots is not None and not tree.tokens_on_host:
-        cand, tok, act, bounds = _slot_tables(tree, device)
-        nodes = _root_flag(n + 1, device).clone()  # which slots are nodes: decided level by level
+    nodes, merge = None, False
+    if tree.slots is not None and not tree.tokens_on_host:  # the merge and which slots are nodes: in the launches
+        cand, tok, act, bounds = _slot_tables(tree, device, merged=False)
+        nodes, merge = _root_flag(n + 1, device).clone(), True
         levels = [(None, cand, tok, act, first, end - first) for first, end in bounds]
     elif _numbered_by_depth(tree, device):  # each depth's nodes a range, the parents of its rows of the tables
         cand, tok, act, bounds = _range_tables(tree, device)
-        nodes = None
         levels = [(None, cand, tok, act, first, end - first) for first, end in bounds]
     else:
-        nodes = None
         levels = [
             (parents, cand, tok, act, 0, len(parents)) for parents, cand, tok, act in _device_levels(tree, device)
         ]
     for parents, cand, tok, act, row0, count in levels:
-        kernels.traversal_level(p, q, parents, cand, tok, act, nodes, w_all, rows, row0, count, zero_rejected)
-    return w_all[:, 0], rows, [(parents, cand, act, row0, count) for parents, cand, _, act, row0, count in levels]
+        kernels.traversal_level(p, q, parents, cand, tok, act, nodes, w_all, rows, row0, count, zero_rejected, merge)
+    return w_all[:, 0], rows, [(*level, merge) for level in levels]
 
 
 @functools.lru_cache(maxsize=64)
@@ -510,22 +509,26 @@ def _range_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Ten
     return out
 
 
-def _slot_tables(tree: DraftTree, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list]:
+def _slot_tables(
+    tree: DraftTree, device: torch.device, merged: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, list]:
     """A slot tree's candidate tables on the device, its tokens unread: ``(children [F, K], their tokens [F, K],
     active [F, K], each depth's fed slots (first, end))``. A candidate slot is active when validly drawn at its
-    slot's prefix (:meth:`SlotLayout.drawn`) and the first with its token there (the merge: walkers that drew the
-    same token stand on one node); it is a child when its slot is itself a node (decided level by level).
+    slot's prefix (:meth:`SlotLayout.drawn`) and (``merged``; else the caller's) the first with its token there
+    (the merge: walkers that drew the same token stand on one node); it is a child when its slot is itself a node
+    (decided level by level).
     """
     layout, valid = tree.slots
     tokens = tree.tokens_tensor(device)
     cand_all, _ = layout.candidates(device)
     tok_all = tokens[cand_all].clamp_min(0)
     act_all = layout.drawn(tokens, valid)
-    k_all = tok_all.shape[1]
-    earlier = _earlier(k_all, device)
-    dup = ((tok_all[:, :, None] == tok_all[:, None, :]) & act_all[:, None, :] & earlier).any(dim=-1)  # j' < j
     bounds = [(0, 1), *layout.levels[:-1]]
-    return cand_all, tok_all, act_all & ~dup, bounds
+    if merged:
+        earlier = _earlier(tok_all.shape[1], device)
+        dup = ((tok_all[:, :, None] == tok_all[:, None, :]) & act_all[:, None, :] & earlier).any(dim=-1)  # j' < j
+        act_all = act_all & ~dup
+    return cand_all, tok_all, act_all, bounds
 
 
 def _slot_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Tensor, ...]]:

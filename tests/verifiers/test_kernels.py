@@ -227,23 +227,29 @@ def test_the_fused_search_accepts_the_torch_codes_node_and_token(fused, device) 
     """
     from adaptive_spec.verifiers.traversal import traversal_on_device
 
-    trees = _host_trees(device)
-    for case in range(len(SLOT_TREES)):  # slot trees: which slots are nodes decided in the launches
-        make, target = _slot_case(*SLOT_TREES[case])
-        tree = make()
-        tree.draft_probs = tree.draft_probs.double().to(device)
-        trees.append((f"slot tree {case}", tree, target.double().to(device)))
+    trees = [(name, lambda tree=tree: tree, target) for name, tree, target in _host_trees(device)]
+    for case in range(len(SLOT_TREES)):  # slot trees: which slots are nodes, and the merge, decided in the launches
+        for instance in (3, 4, 5):
+            make, target = _slot_case(*SLOT_TREES[case], seed=instance)
+
+            def fresh(make=make):  # tokens on the device, as the engine's (a verification reads them)
+                tree = make()
+                tree.draft_probs = tree.draft_probs.double().to(device)
+                return tree
+
+            trees.append((f"slot tree {case}, instance {instance}", fresh, target.double().to(device)))
     depths = set()
-    for _name, tree, target in trees:
+    for name, make, target in trees:
         for seed in range(12):
             out = []
             for on in (False, True):
                 kernels.FUSED[0] = on
                 g = torch.Generator(device).manual_seed(seed)
+                tree = make()
                 r = traversal_on_device(tree, target, g)
                 out.append((r.node, r.tokens))
             assert kernels.FUSED[0], "a kernel failed: the torch code ran"
-            assert out[0] == out[1], (_name, seed, out)
+            assert out[0] == out[1], (name, seed, out)
             depths.add(tree.depths[out[0][0]])
     assert len(depths) > 1  # stops at different depths: the search was exercised
 
@@ -265,14 +271,15 @@ def ptx(fn, signature, constexprs):  # compute capability 9.0: an H100 or H200
 ints = dict.fromkeys(("row0", "cand_stride", "tok_stride", "act_stride", "V", "K"), "i32")
 rows = {"p_ptr": "*fp32", "q_ptr": "*fp32", "out_ptr": "*fp32", "w_ptr": "*fp64"}
 tables = {"par_ptr": "*i64", "cand_ptr": "*i64", "tok_ptr": "*i64", "act_ptr": "*i1", "node_ptr": "*i1"}
-search = {"par_ptr": "*i64", "cand_ptr": "*i64", "act_ptr": "*i1", "found_ptr": "*i1", "first_ptr": "*i64"}
-search |= dict.fromkeys(("row0", "cand_stride", "act_stride", "K"), "i32")
+search = {"par_ptr": "*i64", "cand_ptr": "*i64", "tok_ptr": "*i64", "act_ptr": "*i1", "found_ptr": "*i1"}
+search |= {"first_ptr": "*i64", **dict.fromkeys(("row0", "cand_stride", "tok_stride", "act_stride", "K"), "i32")}
 rrs = {"p_ptr": "*fp32", "q_ptr": "*fp32", "x_ptr": "*i64", "act_ptr": "*i1", "accept_ptr": "*fp64"}
 rrs |= {"frozen_ptr": "*fp64", "out_ptr": "*fp32", **dict.fromkeys(("x_stride", "act_stride", "V", "K"), "i32")}
-for parents in (True, False):
-    flags = {"ZERO": True, "PARENTS": parents, "NODES": not parents, "BLOCK": 4096}
+for parents in (True, False):  # a policy tree's levels; a slot tree's (its nodes and merge in the kernels)
+    flags = {"ZERO": True, "PARENTS": parents, "NODES": not parents, "MERGE": not parents, "BLOCK": 4096}
     assert ".entry traversal_level_kernel" in ptx(k.traversal_level_kernel, {**rows, **tables, **ints}, flags)
-    assert ".entry traversal_search_kernel" in ptx(k.traversal_search_kernel, search, {"PARENTS": parents})
+    flags = {"PARENTS": parents, "MERGE": not parents}
+    assert ".entry traversal_search_kernel" in ptx(k.traversal_search_kernel, search, flags)
 for wor in (True, False):
     assert ".entry rrs_rows_kernel" in ptx(k.rrs_rows_kernel, rrs, {"WOR": wor, "BLOCK": 4096})
 print("compiled")
