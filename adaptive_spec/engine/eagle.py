@@ -248,7 +248,7 @@ class EagleRunner(ModelRunner):
             grown = self._buf.new_zeros(max(end, 2 * self._buf.shape[0]), self._buf.shape[1])
             grown[: self._known] = self._buf[: self._known]
             self._buf = grown
-        self._buf[start:end] = features.to(self._buf.dtype)
+        self._buf[start:end] = features  # the copy casts to the buffer's dtype (a `to` first is one more op)
         self._known = end
 
     @property
