@@ -1,4 +1,4 @@
-"""Fused kernels (Triton) for the verifiers' device paths: one launch where the torch code takes an op per step.
+"""Fused kernels (Triton) for the verifiers' device paths: a launch where the torch code takes a few ops a column.
 
 The torch code of :func:`~adaptive_spec.verifiers.traversal.traversal_states` rejects a node's children one column
 after another, about 25 small ops a column over all the level's rows (some 600 launches a step for a 48-node tree,
@@ -40,8 +40,8 @@ def interpreting() -> bool:
 
 
 def fused_on(device: torch.device) -> bool:
-    """Whether :func:`traversal_level` runs on ``device``: the kernels not turned off, Triton installed, and a CUDA
-    device (or a CPU with :data:`ON_CPU` set, in Triton's interpreter).
+    """Whether the fused kernels run on ``device``: not turned off, Triton installed, and a CUDA device (or a CPU with
+    :data:`ON_CPU` set, in Triton's interpreter).
     """
     if not FUSED[0]:
         return False
