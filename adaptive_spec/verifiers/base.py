@@ -86,6 +86,12 @@ def scalars(m: int, value: float, device: torch.device) -> torch.Tensor:
     return torch.full((m, 1), value, dtype=torch.float64, device=device)
 
 
+@functools.lru_cache(maxsize=128)
+def positions(n: int, device: torch.device) -> torch.Tensor:
+    """``arange(n)`` on ``device``, made once per size and device (no op a step). Read only."""
+    return torch.arange(n, device=device)
+
+
 def positive_part(x: torch.Tensor) -> torch.Tensor:
     """``(x)_+`` elementwise."""
     return x.clamp_min(0.0)

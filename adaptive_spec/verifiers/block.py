@@ -18,7 +18,6 @@ closed form of the recursion), the backward scan becomes "the largest ``i`` whos
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
@@ -26,7 +25,15 @@ from torch.nn.functional import pad
 
 from adaptive_spec.rng import Sampler, TorchSampler, search_cdf
 from adaptive_spec.trees import DraftTree
-from adaptive_spec.verifiers.base import VerifyResult, edge_probs, host_read, positive_part, result_for, ride_first
+from adaptive_spec.verifiers.base import (
+    VerifyResult,
+    edge_probs,
+    host_read,
+    positions,
+    positive_part,
+    result_for,
+    ride_first,
+)
 
 
 def block_verify_path(
@@ -125,19 +132,13 @@ def chain_block_draw(h: torch.Tensor, rows: torch.Tensor, generator: torch.Gener
     if u.device != h.device:  # a generator on another device than the rows (the engine keeps them together)
         u = u.to(h.device)
     # τ, LongTensor[1]: the backward scan's stop, the largest i with η_i < h_i, else 0
-    tau = ((u < h) * _positions(g + 1, h.device)).max(0, keepdim=True).values
+    tau = ((u < h) * positions(g + 1, h.device)).max(0, keepdim=True).values
     row = rows.index_select(0, tau)  # [1, V]
     token = search_cdf(row.cumsum(-1), u[:1, None])  # [1, 1]: η_0 draws the emitted token too
     return torch.cat([tau, token[0]])
 
 
 _TINY = torch.finfo(torch.float64).tiny
-
-
-@functools.lru_cache(maxsize=64)
-def _positions(n: int, device: torch.device) -> torch.Tensor:
-    """``arange(n)`` on ``device``, made once (read only)."""
-    return torch.arange(n, device=device)
 
 
 def _is_chain(tree: DraftTree) -> bool:

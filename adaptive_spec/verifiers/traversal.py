@@ -46,7 +46,15 @@ from adaptive_spec.rng import Sampler, TorchSampler
 from adaptive_spec.trees import DraftTree
 from adaptive_spec.trees.draw import draw_tokens
 from adaptive_spec.verifiers import kernels
-from adaptive_spec.verifiers.base import VerifyResult, edge_values, host_read, result_for, run_ahead, scalars
+from adaptive_spec.verifiers.base import (
+    VerifyResult,
+    edge_values,
+    host_read,
+    positions,
+    result_for,
+    run_ahead,
+    scalars,
+)
 
 
 def verify_traversal(
@@ -321,7 +329,7 @@ def traversal_states(
     if fused and kernels.fused_on(device):  # a level a launch (adaptive_spec.verifiers.kernels): every node's row
         try:
             w, rows, _ = _fused_states(tree, target_probs, zero_rejected)
-            return w, rows, torch.arange(n + 1, device=device)
+            return w, rows, positions(n + 1, device)
         except Exception as exc:  # noqa: BLE001 - any failure of the kernel: the torch code below
             kernels.failed("traversal", exc)
     levels = _device_levels(tree, device) if levels is None else levels
@@ -461,7 +469,7 @@ def _range_tables(tree: DraftTree, device: torch.device) -> tuple[torch.Tensor, 
     n = tree.num_nodes
     bounds = _depth_ranges(tree)
     cand = tree.children_tensor(device)[:, : max(k for _, _, k in bounds)]
-    tokens = torch.cat([tree.tokens_tensor(device), _dummy_token(device)])  # the dummy child n: token 0
+    tokens = torch.cat([tree.tokens_tensor(device), positions(1, device)])  # the dummy child n: token 0
     return cand, tokens[cand], cand < n, [(first, end) for first, end, _ in bounds]
 
 
@@ -486,12 +494,6 @@ def _earlier(k: int, device: torch.device) -> torch.Tensor:
     return torch.ones(k, k, dtype=torch.bool, device=device).tril_(-1)
 
 
-@functools.lru_cache(maxsize=8)
-def _dummy_token(device: torch.device) -> torch.Tensor:
-    """LongTensor[1] 0: the dummy node's token, made once: read only."""
-    return torch.zeros(1, dtype=torch.long, device=device)
-
-
 def _range_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
     """:func:`_device_levels` of a tree numbered depth by depth (a chain, a policy-grown tree): each depth's nodes are
     one range, its children a slice of :meth:`DraftTree.children_tensor` (a drafter hands it over with the tree's
@@ -499,7 +501,7 @@ def _range_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Ten
     range is a row with no active column.
     """
     n = tree.num_nodes
-    steps = torch.arange(n, device=device)
+    steps = positions(n, device)
     kids = tree.children_tensor(device)
     tokens = torch.cat([tree.tokens_tensor(device), steps[:1]])  # the dummy child n: token 0
     out = []
@@ -540,8 +542,7 @@ def _slot_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Tens
     n = tree.num_nodes
     cand_all, tok_all, act_all, bounds = _slot_tables(tree, device)
     widths = tree.slots[0].candidate_widths
-    node = torch.zeros(n + 1, dtype=torch.bool, device=device)  # whether each slot is a node of the merged tree
-    node[0].fill_(True)
+    node = _root_flag(n + 1, device).clone()  # whether each slot is a node of the merged tree
     out = []
     for k, (first, end) in zip(widths, bounds, strict=True):
         act = act_all[first:end, :k] & node[first:end, None]  # under a slot that is itself a node
