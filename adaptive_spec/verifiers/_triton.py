@@ -39,6 +39,7 @@ def traversal_level_kernel(
     a parent's is rewritten in place, to its final Mb.
     """
     trow = row0 + tl.program_id(0)
+    tok_row, act_row = tok_ptr + trow * tok_stride, act_ptr + trow * act_stride  # the row's candidates
     if PARENTS:  # noqa: SIM108 - a static branch, as Triton compiles it
         node = tl.load(par_ptr + tl.program_id(0))
     else:
@@ -57,12 +58,10 @@ def traversal_level_kernel(
     cb = tl.full((), 1.0, tl.float64)
     cs = tl.full((), 1.0, tl.float64)
     for j in range(K):
-        t = tl.load(tok_ptr + trow * tok_stride + j)
-        on = (tl.load(act_ptr + trow * act_stride + j) != 0) & is_node
+        t = tl.load(tok_row + j)
+        on = (tl.load(act_row + j) != 0) & is_node
         if MERGE:
-            for jj in range(j):
-                same = tl.load(tok_ptr + trow * tok_stride + jj) == t
-                on = on & ~(same & (tl.load(act_ptr + trow * act_stride + jj) != 0))
+            on = _first_with_token(on, t, tok_row, act_row, j)
         if on:  # an inactive column changes nothing
             child = tl.load(cand_ptr + trow * cand_stride + j)
             scale = w * cb
@@ -73,29 +72,15 @@ def traversal_level_kernel(
             r_sum = tl.zeros((), dtype=tl.float64)
             for start in range(0, V, BLOCK):
                 offs = start + tl.arange(0, BLOCK)
-                m = offs < V
-                rb = tl.load(o_row + offs, mask=m, other=0.0)
-                qz = tl.load(q_row + offs, mask=m, other=0.0)
-                if ZERO:  # the earlier children's tokens, rejected: Ms = 0 there
-                    for jj in range(j):
-                        tz = tl.load(tok_ptr + trow * tok_stride + jj)
-                        az = (tl.load(act_ptr + trow * act_stride + jj) != 0) & is_node
-                        qz = tl.where((offs == tz) & az, 0.0, qz)
-                r_sum += tl.sum(tl.maximum(rb - alpha * qz, 0.0).to(tl.float64))
+                r = _rejected(o_row, q_row, offs, offs < V, alpha, tok_row, act_row, j, ZERO)
+                r_sum += tl.sum(r.to(tl.float64))
             s = scale * r_sum
             w = s / tl.maximum(s + (1.0 - w), tl.full((), F64_TINY, tl.float64))
             if s > 0:  # Mb ← r / Σ r: the row rewritten (else an all-zero residual: Mb stays)
                 for start in range(0, V, BLOCK):
                     offs = start + tl.arange(0, BLOCK)
                     m = offs < V
-                    rb = tl.load(o_row + offs, mask=m, other=0.0)
-                    qz = tl.load(q_row + offs, mask=m, other=0.0)
-                    if ZERO:
-                        for jj in range(j):
-                            tz = tl.load(tok_ptr + trow * tok_stride + jj)
-                            az = (tl.load(act_ptr + trow * act_stride + jj) != 0) & is_node
-                            qz = tl.where((offs == tz) & az, 0.0, qz)
-                    tl.store(o_row + offs, tl.maximum(rb - alpha * qz, 0.0), mask=m)
+                    tl.store(o_row + offs, _rejected(o_row, q_row, offs, m, alpha, tok_row, act_row, j, ZERO), mask=m)
                 tl.debug_barrier()  # the row rewritten, seen by every thread of the program
                 cb = 1.0 / r_sum
             if ZERO:  # Ms loses the rejected token's mass (read again only if a child is left)
@@ -130,6 +115,7 @@ def rrs_rows_kernel(
     p_row = p_ptr + row.to(tl.int64) * V
     q_row = q_ptr + row.to(tl.int64) * V
     o_row = out_ptr + row.to(tl.int64) * V
+    x_row, act_row, frozen_row = x_ptr + row * x_stride, act_ptr + row * act_stride, frozen_ptr + row * K
     dtype = p_ptr.dtype.element_ty
     c = tl.zeros((), dtype=tl.float64)  # p' ∝ (p − c q)_+, N its mass: p' = p
     n = tl.full((), 1.0, tl.float64)
@@ -140,8 +126,8 @@ def rrs_rows_kernel(
             offs = start + tl.arange(0, BLOCK)
             ell += tl.sum(tl.load(q_row + offs, mask=offs < V, other=0.0).to(tl.float64))
     for j in range(K):
-        x = tl.load(x_ptr + row * x_stride + j)
-        on = tl.load(act_ptr + row * act_stride + j) != 0
+        x = tl.load(x_row + j)
+        on = tl.load(act_row + j) != 0
         px = tl.load(p_row + x).to(tl.float64)
         qx = tl.load(q_row + x).to(tl.float64)
         inc = tl.where(on, 1.0 / tl.maximum(ell, tl.full((), F64_TINY, tl.float64)), 0.0)
@@ -159,16 +145,13 @@ def rrs_rows_kernel(
                 tl.load(p_row + offs, mask=m, other=0.0) - c2r * tl.load(q_row + offs, mask=m, other=0.0), 0.0
             )
             if WOR:  # the rejected candidates before this one: frozen at p'(x) then, q'(x) = 0
-                for jj in range(j):
-                    xz = tl.load(x_ptr + row * x_stride + jj)
-                    az = tl.load(act_ptr + row * act_stride + jj) != 0
-                    r = tl.where((offs == xz) & az, tl.load(frozen_ptr + row * K + jj).to(dtype), r)
+                r = _frozen(r, offs, x_row, act_row, frozen_row, j)
             n2 += tl.sum(r.to(tl.float64))
         keep = n2 > 0  # else the residual is all zero: keep p'
         c = tl.where(keep, c2, c)
         n = tl.where(keep, n2, n)
         if WOR:
-            tl.store(frozen_ptr + row * K + j, tl.maximum(px - c * qx, 0.0))
+            tl.store(frozen_row + j, tl.maximum(px - c * qx, 0.0))
             ell = ell - tl.where(on, qx, 0.0)
     cr = c.to(dtype)
     for start in range(0, V, BLOCK):
@@ -176,10 +159,7 @@ def rrs_rows_kernel(
         m = offs < V
         r = tl.maximum(tl.load(p_row + offs, mask=m, other=0.0) - cr * tl.load(q_row + offs, mask=m, other=0.0), 0.0)
         if WOR:  # the last candidate's entry is (p − c q)_+ as it is
-            for jj in range(K - 1):
-                xz = tl.load(x_ptr + row * x_stride + jj)
-                az = tl.load(act_ptr + row * act_stride + jj) != 0
-                r = tl.where((offs == xz) & az, tl.load(frozen_ptr + row * K + jj).to(dtype), r)
+            r = _frozen(r, offs, x_row, act_row, frozen_row, K - 1)
         tl.store(o_row + offs, r, mask=m)
 
 
@@ -207,18 +187,45 @@ def traversal_search_kernel(
         node = tl.load(par_ptr + tl.program_id(0))
     else:
         node = trow.to(tl.int64)
+    tok_row, act_row = tok_ptr + trow * tok_stride, act_ptr + trow * act_stride
     hit = tl.full((), 0, tl.int1)
     best = node
     for j in range(K):
         c = tl.load(cand_ptr + trow * cand_stride + j)
-        on = tl.load(act_ptr + trow * act_stride + j) != 0
+        on = tl.load(act_row + j) != 0
         if MERGE:  # a token's first active column only
-            t = tl.load(tok_ptr + trow * tok_stride + j)
-            for jj in range(j):
-                same = tl.load(tok_ptr + trow * tok_stride + jj) == t
-                on = on & ~(same & (tl.load(act_ptr + trow * act_stride + jj) != 0))
+            on = _first_with_token(on, tl.load(tok_row + j), tok_row, act_row, j)
         f = on & (tl.load(found_ptr + c) != 0)
         best = tl.where(f & (hit == 0), tl.load(first_ptr + c), best)
         hit = hit | f
     tl.store(first_ptr + node, best)
     tl.store(found_ptr + node, (tl.load(found_ptr + node) != 0) | hit)
+
+
+@triton.jit
+def _first_with_token(on, t, tok_row, act_row, j):
+    """``on``, unless an active column of the row before ``j`` drew token ``t`` (the merge: one node a token)."""
+    for jj in range(j):
+        on = on & ~((tl.load(tok_row + jj) == t) & (tl.load(act_row + jj) != 0))
+    return on
+
+
+@triton.jit
+def _rejected(o_row, q_row, offs, m, alpha, tok_row, act_row, j, ZERO: tl.constexpr):
+    """A block of ``(Mb − α · Ms)_+`` (unnormalised), Ms zero at the tokens of the row's active children before
+    ``j`` (ZERO: the rejected tokens leave Ms).
+    """
+    qz = tl.load(q_row + offs, mask=m, other=0.0)
+    if ZERO:
+        for jj in range(j):
+            qz = tl.where((offs == tl.load(tok_row + jj)) & (tl.load(act_row + jj) != 0), 0.0, qz)
+    return tl.maximum(tl.load(o_row + offs, mask=m, other=0.0) - alpha * qz, 0.0)
+
+
+@triton.jit
+def _frozen(r, offs, x_row, act_row, frozen_row, count):
+    """The block ``r`` with the row's first ``count`` active candidates' tokens at their frozen values."""
+    for jj in range(count):
+        hit = (offs == tl.load(x_row + jj)) & (tl.load(act_row + jj) != 0)
+        r = tl.where(hit, tl.load(frozen_row + jj).to(r.dtype), r)
+    return r
