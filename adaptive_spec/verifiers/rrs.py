@@ -137,16 +137,16 @@ def rrs_states(
     with the same arithmetic (:func:`adaptive_spec.verifiers.kernels.rrs_rows`), else the torch code below.
     """
     dtype, (m, k), v = p.dtype, x.shape, p.shape[1]
-    if kernels.fused_on(p.device):  # a row a program, one launch (adaptive_spec.verifiers.kernels)
-        try:
-            return kernels.rrs_rows(p, q if q.dtype == dtype else q.to(dtype), x, active, without_replacement)
-        except Exception as exc:  # noqa: BLE001 - any failure of the kernel: the torch code below
-            kernels.failed("RRS", exc)
 
     def rows_dtype(t: torch.Tensor) -> torch.Tensor:  # a no-op cast is an op (a launch) too
         return t if t.dtype == dtype else t.to(dtype)
 
     q = rows_dtype(q)
+    if kernels.fused_on(p.device):  # a row a program, one launch (adaptive_spec.verifiers.kernels)
+        try:
+            return kernels.rrs_rows(p, q, x, active, without_replacement)
+        except Exception as exc:  # noqa: BLE001 - any failure of the kernel: the torch code below
+            kernels.failed("RRS", exc)
     px, qx = p.gather(1, x).double(), q.gather(1, x).double()
     on = active.double()
     c, n = scalars(m, 0.0, p.device), scalars(m, 1.0, p.device)  # p' = p: c = 0, N = 1
