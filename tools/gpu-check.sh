@@ -5,8 +5,8 @@
 #
 # Runs, each step under its own timeout, writing everything to DIR (default data/gpu-check):
 #   env.txt        the machine, torch, transformers, the GPU
-#   pytest.xml     the `gpu` tests (tests/engine/test_cuda.py, tests/verifiers/test_kernels.py; skipped without
-#                  CUDA), JUnit XML
+#   pytest.xml     the `gpu` tests (tests/engine/test_cuda.py, the fused kernels' tests/verifiers/test_kernels.py and
+#                  tests/engine/test_draft_kernels.py; skipped without CUDA), JUnit XML
 #   passes.json    one SmolLM2 pass and one EAGLE-head level per row count, eager vs captured, each also with the
 #                  decoder layers' own modules (--layers-too: the engine runs them in fewer kernels, engine.decoder)
 #   e2e_t0.json    bench e2e at T=0: transformers' generate, assisted and prompt lookup, the
@@ -24,7 +24,8 @@
 #                  48-node tree; 3 prompts x 64 tokens at T=0, after a warm-up), the Python functions by their own host
 #                  time a step (cProfile) and the aten ops a step by name (about 60 s)
 #   fused_{0,1}_{1,2}.json  bench e2e at T = 1 on 4 prompts (the 48-node trees with traversal and SpecInfer,
-#                  iid:3x4/specinfer) with the fused verifier kernels off (ADAPTIVE_SPEC_FUSED=0) and on, alternated
+#                  iid:3x4/specinfer) with the fused kernels (verifiers; the i.i.d. EAGLE tree's draft levels) off
+#                  (ADAPTIVE_SPEC_FUSED=0) and on, alternated
 #                  over two rounds (about 3 minutes: not measured yet)
 #   capacity_512.json, capacity_2048.json  bench passes (1, 4 and 16 rows; the head at 1 and 4) with static caches
 #                  of 512 and 2048 rows: what rows beyond a request cost a captured pass, which attends over all
@@ -102,6 +103,7 @@ step() {  # step NAME SECONDS COMMAND...: runs when NAME is one of --steps
   lscpu | grep -m1 'Model name'
 } > "$OUT/env.txt" 2>&1
 step pytest 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_cuda.py tests/verifiers/test_kernels.py \
+  tests/engine/test_draft_kernels.py \
   -o addopts="-ra" -k "not compiled" --junitxml="$OUT/pytest.xml"
 if [ "$DEVICE" = cpu ]; then PASSES="--repeats 1 --rows 1,2 --draft-rows 1 --context 32"; else PASSES="--repeats 20"; fi
 step passes 150 $PY -m adaptive_spec bench passes --target smollm2 --device "$DEVICE" $PASSES --layers-too \
@@ -116,8 +118,8 @@ done
 step phases 120 $PY -m adaptive_spec bench e2e --target smollm2 --device "$DEVICE" --prompts "$PROMPTS" \
   --limit 3 --max-new-tokens "$TOKENS" --temperatures 0 --no-hf --no-lookup --no-hf-generate --phase-sync \
   --plans "chain:2/block,lookup:8/block,eagle:6:48:6:4:wor/traversal" --no-progress --json "$OUT/phases.json"
-# The fused verifier kernels (adaptive_spec.verifiers.kernels) against the torch code, at T = 1 on the trees they
-# verify: ADAPTIVE_SPEC_FUSED=0 and =1 alternated, two rounds (4 prompts each, no transformers baselines).
+# The fused kernels (adaptive_spec.verifiers.kernels; engine.draft_kernels: eagle:6:48:6:4's draft levels) against
+# the torch code, at T = 1 on the trees they verify: ADAPTIVE_SPEC_FUSED=0 and =1 alternated, two rounds (4 prompts each, no transformers baselines).
 FUSED_PLANS="eagle:6:48:6:4:wor/traversal,eagle:6:48:6:4/specinfer,iid:3x4/specinfer"
 step fused 300 bash -c 'for r in 1 2; do for f in 0 1; do ADAPTIVE_SPEC_FUSED=$f '"$PY"' -m adaptive_spec bench e2e \
   --target smollm2 --device '"$DEVICE"' --prompts '"$PROMPTS"' --limit 4 --max-new-tokens '"$TOKENS"' \

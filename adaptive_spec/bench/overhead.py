@@ -311,6 +311,7 @@ class HostSyncCounter:
         import torch
         from torch.utils._python_dispatch import TorchDispatchMode
 
+        from adaptive_spec.engine import draft_kernels
         from adaptive_spec.engine.engine import SpecEngine
         from adaptive_spec.engine.metrics import PhaseTimer
         from adaptive_spec.rng import accelerator_path_on_cpu
@@ -336,8 +337,9 @@ class HostSyncCounter:
         self._patch(torch, "tensor", self._construct(torch.tensor, has_device_positional=False))
         self._patch(torch, "as_tensor", self._construct(torch.as_tensor, has_device_positional=True))
         self._patch(PhaseTimer, "switch", self._switch)
-        for name in kernels.LAUNCHES:
-            self._patch(kernels, name, self._launch)
+        for module in (kernels, draft_kernels):
+            for name in module.LAUNCHES:
+                self._patch(module, name, self._launch)
         for name in PER_GENERATION:
             if name in vars(SpecEngine):
                 self._patch(SpecEngine, name, self._per_generation)
@@ -407,8 +409,8 @@ class HostSyncCounter:
         return switch
 
     def _launch(self, original):
-        """A fused kernel (:mod:`adaptive_spec.verifiers.kernels`) counts as one op, a launch, whatever runs it (on a
-        CPU, Triton's interpreter, whose own work is not counted).
+        """A fused kernel (:mod:`adaptive_spec.verifiers.kernels`, :mod:`adaptive_spec.engine.draft_kernels`) counts
+        as one op, a launch, whatever runs it (on a CPU, Triton's interpreter, whose own work is not counted).
         """
         counter = self
 

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from adaptive_spec.engine import draft_kernels
 from adaptive_spec.engine.eagle import EagleRunner
 from adaptive_spec.engine.logits import ProbsFn
 from adaptive_spec.engine.runner import ModelRunner
@@ -73,6 +74,7 @@ from adaptive_spec.trees.policy import (
     clip_widths,
 )
 from adaptive_spec.trees.slots import SlotLayout, layouts_to_device, slot_layout
+from adaptive_spec.verifiers import kernels
 
 
 @dataclass
@@ -550,7 +552,12 @@ def draft_policy_tree(
     if on_device:
         state, mark = generator.get_state(), runner.block_mark()
         grow = draft_eagle_on_device if policy.without_replacement else draft_eagle_iid_on_device
-        outcome = grow(runner, root, policy, probs_fn, generator, deterministic)
+        try:
+            outcome = grow(runner, root, policy, probs_fn, generator, deterministic)
+        except draft_kernels.KernelFailedError:  # logged, the kernels off: the torch code drafts it again
+            generator.set_state(state)
+            runner.undo_block(mark)
+            outcome = grow(runner, root, policy, probs_fn, generator, deterministic)
         if outcome is not None:
             return outcome
         # A drawn child had probability 0: the tree the host path grows differs from the one drafted. Draw it again
@@ -1113,6 +1120,8 @@ class _IidPlan:
     root: torch.Tensor  # long [1]: node 0
     one: torch.Tensor  # float64 [1]: its path probability
     pad: torch.Tensor  # long [1]: m, the padding entries' node
+    layout: torch.Tensor  # long: :class:`_IidFused`'s tensor before a tree (:func:`_iid_layout`)
+    offsets: dict[str, int]  # its regions' offsets
 
 
 def _iid_plan(policy: EagleTree, device: torch.device) -> _IidPlan:
@@ -1124,7 +1133,7 @@ _IID_PLANS: dict[tuple[EagleTree, str], _IidPlan] = {}
 
 
 def _iid_host(policy: EagleTree) -> tuple:
-    """:func:`_iid_plan`'s host part: ``(slots, certain, m, flat values)``."""
+    """:func:`_iid_plan`'s host part: ``(slots, certain, m, the layout's offsets, flat values)``."""
     w, slots = policy.width, eagle_iid_slots(policy)
     certain = 0
     for _, fed in eagle_levels(policy):
@@ -1135,19 +1144,47 @@ def _iid_host(policy: EagleTree) -> tuple:
     flat = [-1] * (2 * (m + 1)) + [0] * (m + 1) + [m] * (2 * (m + 1) * w) + [0, policy.budget, m]
     for d, f in enumerate(slots, start=1):
         flat += [*range(f * w), *(i // w for i in range(f * w)), *[d] * (f * w)]
-    return slots, certain, m, flat
+    offsets, layout = _iid_layout(policy, slots, m)
+    return slots, certain, m, offsets, flat + layout
 
 
-def _iid_device(policy: EagleTree, slots: list[int], certain: int, m: int, flat: torch.Tensor, device) -> _IidPlan:
+def _iid_layout(policy: EagleTree, slots: list[int], m: int) -> tuple[dict[str, int], list[int]]:
+    """:class:`_IidFused`'s long tensor before a tree: its regions' offsets and values (tokens and parents -1; the
+    fed nodes, the root then m; the counters; draws and children m; depths 0; the next level's tokens).
+    """
+    w = policy.width
+    sizes = {
+        "tok": m + 1,
+        "par": m + 1,
+        "fed": sum(slots),
+        "state": 5,  # the next node id less one, the budget left, the next level's fed rows, bad, finite
+        "draw": (m + 1) * w,  # the draws and the children tables are adjacent: [2, m + 1, W]
+        "child": (m + 1) * w,
+        "depth": m + 1,
+        "feed": max(slots),
+    }
+    fill = {"tok": -1, "par": -1, "fed": m, "draw": m, "child": m, "depth": 0, "feed": 0}
+    values, offsets = [], {}
+    for name, size in sizes.items():
+        offsets[name] = len(values)
+        values += [0, policy.budget, 1, 0, 1] if name == "state" else [fill[name]] * size
+    values[offsets["fed"]] = 0  # the root
+    return offsets, values
+
+
+def _iid_device(
+    policy: EagleTree, slots: list[int], certain: int, m: int, offsets: dict, flat: torch.Tensor, device
+) -> _IidPlan:
     """:func:`_iid_plan`'s device part, from :func:`_iid_host`'s values copied (``flat``)."""
     w = policy.width
-    parts = flat.split([3 * (m + 1), 2 * (m + 1) * w, 3, *(f * w for f in slots for _ in range(3))])
+    sizes = [3 * (m + 1), 2 * (m + 1) * w, 3, *(f * w for f in slots for _ in range(3))]
+    parts = flat.split([*sizes, len(flat) - sum(sizes)])  # the last: the layout
     ancestors = torch.zeros(m + 1, m + 1, dtype=torch.bool, device=device)
     ancestors[:, 0] = True  # the root is every node's ancestor (and the dummy's: a padding row attends to it)
     ancestors[0].fill_(False)
     ancestors[0, 0] = True
     ranks = torch.arange(max(slots), device=device)
-    levels = parts[3:]
+    levels = parts[3:-1]
     return _IidPlan(
         slots,
         certain,
@@ -1164,6 +1201,8 @@ def _iid_device(policy: EagleTree, slots: list[int], certain: int, m: int, flat:
         ranks[:1],
         torch.ones(1, dtype=torch.float64, device=device),
         parts[2][2:],
+        parts[-1],
+        offsets,
     )
 
 
@@ -1184,8 +1223,9 @@ def draft_eagle_iid_on_device(
     (:func:`eagle_iid_slots`): the first are the fed nodes, the others padding rows that are fed to the draft too
     (attending to the root; their rows are never read) and whose draws are invalid. Node numbers, budget, merges
     and the choice of the fed nodes are computed on the device with the host path's arithmetic (float64 path
-    probabilities, a stable sort); the tree's tables are written once, after the last level. The host path draws
-    on as many rows (it pads its rows likewise), so from one generator state both grow the same tree.
+    probabilities, a stable sort), by the torch code (:class:`_IidTorch`) or, where the fused kernels run, a launch
+    a level (:class:`_IidFused`); the host path draws on as many rows (it pads its rows likewise), so from one
+    generator state both grow the same tree.
 
     The levels whose nodes the same policy without replacement feeds are fed here for sure (duplicates only save
     budget); after them, whether any node is fed depends on the merges. The tree is read once, after level ``l``,
@@ -1195,7 +1235,7 @@ def draft_eagle_iid_on_device(
     tree: that level). Levels between a tree's end and its look are drafted blind: no node is made there (the
     tree is the host path's), but their forwards are spent and their draws taken from the generator. Returns None
     when a drawn child had probability 0 (a row of zeros): the caller grows the host path's tree from the saved
-    state.
+    state (and again with the torch code when a fused kernel failed: :class:`~.draft_kernels.KernelFailedError`).
     """
     device = runner.device
     p, base = root.pending, root.base
@@ -1205,53 +1245,27 @@ def draft_eagle_iid_on_device(
     # policy's depth or beyond: once, at the end)
     stops, look = _look(runner, policy, policy.depth, least=plan.certain + 1, first=plan.certain + 1)
     R, ok = root.probs[-1:], root.ok
-    nxt, left = plan.counters.clone().split(1)  # the next node id less one, the budget left
-    ancestors = plan.ancestors.clone()
-    fr, fr_pp, fed = plan.root, plan.one, plan.one.long()  # the frontier: node ids (m: padding), path probs, count
-    fed_ids, rows, level_logits, levels = [fr], [R], [], []
-    pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device) if p > 1 else None
-    host = None
+    grow = (_IidFused if kernels.fused_on(device) else _IidTorch)(plan, policy, device, p - 1)
+    rows, level_logits, host = [R], [], None
     for d in range(1, policy.depth + 1):
-        f, i = plan.slots[d - 1], d - 1
         cand = draw_tokens(R, w, generator, replace=True, greedy=deterministic)  # [f, W], as the host path
-        q = R.gather(1, cand)
-        drawn = torch.minimum(left, fed * w)  # the fed rows' draws, within the budget (spent in frontier order)
-        valid = plan.limit[i] < drawn
-        same = cand[:, :, None] == cand[:, None, :]  # [f, W, W]
-        new = (valid > (same & plan.earlier).any(dim=-1)).view(-1)  # a token's first valid draw at its row
-        ids = torch.where(new, new.cumsum(0) + nxt, m)  # new nodes numbered in the order made
-        count = new.sum()
-        nxt, left = nxt + count, left - drawn
-        par = fr[plan.row[i]]
-        ancestors[ids] = ancestors[par]
-        ancestors[ids, ids] = True  # each node its own ancestor (padding: the dummy's)
-        levels.append((cand, q, valid, same, ids, fr, par))
+        grow.level(d, R, cand, last=d == policy.depth)
         if d == policy.depth:
             break
-        pp = (fr_pp[:, None] * q).view(-1)  # float64: the host path's products
-        g = plan.slots[d]
-        order = torch.where(new, pp, -1.0).argsort(descending=True, stable=True)[:g]  # the top k, ties: first made
-        fed = torch.where(left > 0, count.clamp_max(policy.top_k), 0)  # nothing is fed once the budget is spent
-        order = torch.where(plan.rank[d] < fed, order, f * w).sort().values  # in the order made, padding last
-        fr = torch.cat([ids, plan.pad])[order]  # m for padding
         if d >= look:  # whether anything is fed now depends on the merges: the tree so far, read
-            host = _read_iid(plan, levels, nxt, fed_ids, ok, level_logits, rows, fed)
+            host = _read_iid(grow, ok, level_logits, rows, True)
             if not host[-1]:
                 break
             host = None
-        order = order.clamp_max(f * w - 1)
-        fr_pp = pp[order]
-        fed_ids.append(fr)
-        allowed = ancestors[fr][:, torch.cat(fed_ids)]
-        if pending_pos is not None:
-            allowed = torch.cat([pending_pos.expand(g, -1), allowed], dim=1)
+        g = plan.slots[d]
+        tokens, allowed = grow.feed()
         pos = torch.full((g,), base + p - 1 + d, dtype=torch.long, device=device)
-        logits = runner.block_forward(cand.view(-1)[order], pos, allowed, logits_to_keep=g)
+        logits = runner.block_forward(tokens, pos, allowed, logits_to_keep=g)
         R = probs_fn(logits)
         level_logits.append(logits)
         rows.append(R)
     if host is None:
-        host = _read_iid(plan, levels, nxt, fed_ids, ok, level_logits, rows)
+        host = _read_iid(grow, ok, level_logits, rows, False)
     tokens, parents, draws, fed_order, n, flag, bad, _ = host
     check_finite(bool(flag), "draft")
     if bad:
@@ -1262,64 +1276,178 @@ def draft_eagle_iid_on_device(
     for j in range(1, n):
         depths[j] = depths[parents[j]] + 1
     stops.append(max(depths))  # the levels with nodes
-    nodes_d, tables = host.nodes, host.tables
-    fed_d, fed_rows = torch.cat(fed_ids), torch.cat(rows)
+    fed_d, fed_rows = host.fed, torch.cat(rows)
     probs = torch.zeros(m + 1, probs_fn.vocab_size, dtype=fed_rows.dtype, device=device)
     probs[fed_d] = fed_rows  # padding rows land on the dummy's
     tree = DraftTree(tokens, parents, depths, probs[:n], child_draws, policy.shape)
     widest = max(1, max(len(set(c)) for c in child_draws))
     most = max(1, max(map(len, child_draws)))
-    tables = tables[:, :n].clamp_max(n)  # padding: the node count
+    nodes, tables = host.nodes, host.tables[:, :n].clamp_max(n)  # padding: the node count
     tree.keep_tensors(
-        tokens=nodes_d[0, :n],
-        parents=nodes_d[1, :n],
-        depths=nodes_d[2, :n],
-        ancestors=ancestors[:n, :n],
+        tokens=nodes[0][:n],
+        parents=nodes[1][:n],
+        depths=nodes[2][:n],
+        ancestors=grow.ancestors[:n, :n],
         children=tables[1, :, :widest],
         draws=tables[0, :, :most],
     )
     cache_rows = {node: j for j, node in enumerate(fed_order) if node < m}
     rows_d = torch.full((m + 1,), -1, dtype=torch.long, device=device)
     rows_d[fed_d] = torch.arange(len(fed_order), device=device)
-    outcome = DraftOutcome(tree, ancestors[:n, :n], p, len(cache_rows), cache_rows, len(levels), 0.0)
+    outcome = DraftOutcome(tree, grow.ancestors[:n, :n], p, len(cache_rows), cache_rows, grow.levels, 0.0)
     outcome.cache_rows_tensor = rows_d[:n]
     return outcome
 
 
 class _IidRead(tuple):
-    """:func:`_read_iid`'s values, with the tree's device tensors as attributes (``nodes``: tokens, parents,
-    depths; ``tables``: draws and children).
+    """:func:`_read_iid`'s values ``(tokens, parents, draws, fed slots, nodes, finite, bad, fed next)`` (``fed
+    next``: how many nodes the next level feeds), with the tree's device tensors as attributes (``nodes``:
+    tokens, parents, depths, [3, M + 1] or their three rows; ``tables``: draws and children [2, M + 1, W]; ``fed``:
+    the fed slots' nodes).
     """
 
-    nodes: torch.Tensor
+    nodes: torch.Tensor | tuple[torch.Tensor, ...]
     tables: torch.Tensor
+    fed: torch.Tensor
 
 
-def _read_iid(plan: _IidPlan, levels: list, nxt, fed_ids, ok, level_logits, rows, fed=None) -> _IidRead:
-    """:func:`draft_eagle_iid_on_device`'s tree so far, written into its tables, and its one read: ``(tokens,
-    parents, draws, fed slots, nodes, finite, bad, fed next)`` (``fed``: how many nodes the next level feeds).
-    """
-    m, w = plan.m, plan.tables.shape[-1]
-    cand, q, valid, same, ids, fr, par = (
-        torch.cat(t) for t in zip(*levels, strict=True)
-    )  # every level's draws at once
-    ids2 = ids.view(-1, w)
-    nodes = plan.start.clone()
-    depth = torch.cat([plan.depth[i] for i in range(len(levels))])
-    nodes[:, ids] = torch.stack([cand.view(-1), par, depth])
-    child = torch.where(valid, ids2.gather(1, same.byte().argmax(dim=-1)), m)  # each draw's node: its token's first
-    tables = plan.tables.clone()
-    tables[:, fr] = torch.stack([child, ids2.sort(dim=1).values])  # draws in order; distinct children, padding last
+def _read_iid(grow: _IidTorch | _IidFused, ok, level_logits, rows, mid) -> _IidRead:
+    """:func:`draft_eagle_iid_on_device`'s one read of the tree so far (``mid``: before its last level)."""
     if level_logits:  # every fed level's logits and rows, checked once (the root's row rides along)
         ok = ok & finite_flag(torch.cat(level_logits), torch.cat(rows))
-    bad = ((q <= 0) & valid).any()  # a drawn child of probability 0 (a row of zeros)
-    fed_d = torch.cat(fed_ids)
-    tail = [nxt + 1, ok.long()[None], bad.long()[None], nxt.new_zeros(1) if fed is None else fed.reshape(1)]
-    flat = torch.cat([nodes[:2, :m].flatten(), tables[0, :m].flatten(), fed_d, *tail]).tolist()  # the one read
-    a, b, c, k = m, 2 * m, 2 * m + m * w, len(fed_d)
-    out = _IidRead((flat[:a], flat[a:b], flat[b:c], flat[c : c + k], *flat[c + k :]))
-    out.nodes, out.tables = nodes, tables
-    return out
+    return grow.read(ok, mid)
+
+
+class _IidTorch:
+    """:func:`draft_eagle_iid_on_device`'s bookkeeping in torch ops, a few dozen a level (a CPU's path)."""
+
+    def __init__(self, plan: _IidPlan, policy: EagleTree, device: torch.device, pending: int) -> None:
+        self.plan, self.top_k, self.levels = plan, policy.top_k, 0
+        self.nxt, self.left = plan.counters.clone().split(1)  # the next node id less one, the budget left
+        self.ancestors = plan.ancestors.clone()
+        self.fr, self.fr_pp, self.fed = plan.root, plan.one, plan.one.long()  # the frontier: ids (m: padding)...
+        self.fed_ids, self.drawn = [plan.root], []
+        self.pending = torch.ones(1, pending, dtype=torch.bool, device=device) if pending else None
+
+    def level(self, d: int, R: torch.Tensor, cand: torch.Tensor, last: bool) -> None:
+        """Level ``d``'s draws ``cand`` from the frontier's rows ``R``: its nodes, and the next frontier."""
+        plan, i, w = self.plan, d - 1, cand.shape[1]
+        f, self.levels = plan.slots[i], d
+        q = R.gather(1, cand)
+        drawn = torch.minimum(self.left, self.fed * w)  # the fed rows' draws, within the budget (frontier order)
+        valid = plan.limit[i] < drawn
+        same = cand[:, :, None] == cand[:, None, :]  # [f, W, W]
+        new = (valid > (same & plan.earlier).any(dim=-1)).view(-1)  # a token's first valid draw at its row
+        ids = torch.where(new, new.cumsum(0) + self.nxt, plan.m)  # new nodes numbered in the order made
+        count = new.sum()
+        self.nxt, self.left = self.nxt + count, self.left - drawn
+        par = self.fr[plan.row[i]]
+        self.ancestors[ids] = self.ancestors[par]
+        self.ancestors[ids, ids] = True  # each node its own ancestor (padding: the dummy's)
+        self.drawn.append((cand, q, valid, same, ids, self.fr, par))
+        if last:
+            return
+        pp = (self.fr_pp[:, None] * q).view(-1)  # float64: the host path's products
+        g = plan.slots[d]
+        order = torch.where(new, pp, -1.0).argsort(descending=True, stable=True)[:g]  # the top k, ties: first made
+        self.fed = torch.where(self.left > 0, count.clamp_max(self.top_k), 0)  # none once the budget is spent
+        order = torch.where(plan.rank[d] < self.fed, order, f * w).sort().values  # in the order made, padding last
+        self.fr = torch.cat([ids, plan.pad])[order]  # m for padding
+        self._next = order.clamp_max(f * w - 1), pp, cand
+
+    def feed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next frontier's tokens and its mask over the pending rows and every fed node."""
+        order, pp, cand = self._next
+        self.fr_pp = pp[order]
+        self.fed_ids.append(self.fr)
+        allowed = self.ancestors[self.fr][:, torch.cat(self.fed_ids)]
+        if self.pending is not None:
+            allowed = torch.cat([self.pending.expand(len(order), -1), allowed], dim=1)
+        return cand.view(-1)[order], allowed
+
+    def read(self, ok: torch.Tensor, mid: bool) -> _IidRead:
+        """The tree so far, written into its tables, and its one read."""
+        plan, m = self.plan, self.plan.m
+        w = plan.tables.shape[-1]
+        cand, q, valid, same, ids, fr, par = (torch.cat(t) for t in zip(*self.drawn, strict=True))  # every level's
+        ids2 = ids.view(-1, w)
+        nodes = plan.start.clone()
+        depth = torch.cat([plan.depth[i] for i in range(len(self.drawn))])
+        nodes[:, ids] = torch.stack([cand.view(-1), par, depth])
+        child = torch.where(valid, ids2.gather(1, same.byte().argmax(dim=-1)), m)  # each draw's node: its token's 1st
+        tables = plan.tables.clone()
+        tables[:, fr] = torch.stack([child, ids2.sort(dim=1).values])  # draws in order; distinct children, padding last
+        bad = ((q <= 0) & valid).any()  # a drawn child of probability 0 (a row of zeros)
+        fed_d = torch.cat(self.fed_ids)
+        tail = [self.nxt + 1, ok.long()[None], bad.long()[None], self.fed.reshape(1) if mid else self.nxt.new_zeros(1)]
+        flat = torch.cat([nodes[:2, :m].flatten(), tables[0, :m].flatten(), fed_d, *tail]).tolist()  # the one read
+        a, b, c, k = m, 2 * m, 2 * m + m * w, len(fed_d)
+        out = _IidRead((flat[:a], flat[a:b], flat[b:c], flat[c : c + k], *flat[c + k :]))
+        out.nodes, out.tables, out.fed = nodes, tables, fed_d
+        return out
+
+
+class _IidFused:
+    """:func:`draft_eagle_iid_on_device`'s bookkeeping in one launch a level
+    (:func:`~adaptive_spec.engine.draft_kernels.eagle_iid_level`): the tree's tables, fed nodes and counters in one
+    long tensor (:func:`_iid_layout`), read in one slice.
+    """
+
+    def __init__(self, plan: _IidPlan, policy: EagleTree, device: torch.device, pending: int) -> None:
+        self.plan, self.policy, self.pending, self.levels, self.fed = plan, policy, pending, 0, 1  # fed: levels
+        self.work = plan.layout.clone()
+        self.pp = torch.empty(2 * max(plan.slots), dtype=torch.float64, device=device)
+        self.ancestors = plan.ancestors.clone()
+        self.allowed = None
+
+    def level(self, d: int, R: torch.Tensor, cand: torch.Tensor, last: bool) -> None:
+        """Level ``d``'s draws ``cand`` from the frontier's rows ``R``: its nodes, and the next frontier."""
+        plan, at, w = self.plan, self.plan.offsets, cand.shape[1]
+        self.levels = d
+        f, g = plan.slots[d - 1], 0 if last else plan.slots[d]
+        before = sum(plan.slots[: d - 1])  # fed slots before this level's frontier
+        fr, nxt = at["fed"] + before, at["fed"] + before + f
+        self.allowed = (
+            None if last else torch.empty(g, self.pending + before + f + g, dtype=torch.bool, device=R.device)
+        )
+        half = len(self.pp) // 2
+        offsets = (at["tok"], at["par"], at["depth"], at["draw"], at["child"], at["state"], at["fed"], fr, nxt)
+        offsets += (at["feed"], half * (d % 2 == 0), half * (d % 2))  # path probabilities in, out
+        shape = (f, w, g, d, plan.m, self.policy.top_k)
+        draft_kernels.eagle_iid_level(
+            R, cand.contiguous(), self.work, self.pp, self.ancestors, self.allowed, shape, offsets, self.pending
+        )
+
+    def feed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The next frontier's tokens and its mask (written by the level's launch)."""
+        at, g = self.plan.offsets["feed"], self.plan.slots[self.fed]
+        self.fed += 1
+        return self.work[at : at + g], self.allowed
+
+    def read(self, ok: torch.Tensor, mid: bool) -> _IidRead:
+        """The tree so far (its tables written at every level) and its one read."""
+        m, at, work = self.plan.m, self.plan.offsets, self.work
+        work[at["state"] + 4 : at["state"] + 5].copy_(ok)
+        flat = work[: at["child"]].tolist()  # tokens, parents, fed nodes, counters and draws
+        fed = sum(self.plan.slots[: self.fed])
+        state = flat[at["state"] : at["state"] + 5]
+        out = _IidRead(
+            (
+                flat[at["tok"] : at["tok"] + m],
+                flat[at["par"] : at["par"] + m],
+                flat[at["draw"] : at["draw"] + (m + 1) * self.policy.width],
+                flat[at["fed"] : at["fed"] + fed],
+                state[0] + 1,
+                state[4],
+                state[3],
+                state[2] if mid else 0,
+            )
+        )
+        w, n1 = self.policy.width, m + 1
+        out.nodes = (work[:n1], work[n1 : 2 * n1], work[at["depth"] : at["depth"] + n1])
+        out.tables = work[at["draw"] : at["draw"] + 2 * n1 * w].view(2, n1, w)
+        out.fed = work[at["fed"] : at["fed"] + fed]
+        return out
 
 
 def _level_candidates(

@@ -259,6 +259,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from adaptive_spec.engine import _triton_draft as d
 from adaptive_spec.verifiers import _triton as k
 
 
@@ -282,6 +283,13 @@ for parents in (True, False):  # a policy tree's levels; a slot tree's (its node
     assert ".entry traversal_search_kernel" in ptx(k.traversal_search_kernel, search, flags)
 for wor in (True, False):
     assert ".entry rrs_rows_kernel" in ptx(k.rrs_rows_kernel, rrs, {"WOR": wor, "BLOCK": 4096})
+draft = {"r_ptr": "*fp32", "r_stride": "i32", "cand_ptr": "*i64", "work_ptr": "*i64", "pp_ptr": "*fp64"}
+draft |= {"anc_ptr": "*i1", "allowed_ptr": "*i1"}
+draft |= dict.fromkeys("F W G depth M top_k tok_off par_off depth_off draw_off child_off".split(), "i32")
+draft |= dict.fromkeys("state_off fed_off fr_off next_off feed_off pp_in pp_out P".split(), "i32")
+for last in (True, False):  # the drafting kernel (adaptive_spec.engine.draft_kernels)
+    flags = {"LAST": last, "BE": 32, "BG": 16, "BC": 64}
+    assert ".entry eagle_iid_level_kernel" in ptx(d.eagle_iid_level_kernel, draft, flags)
 print("compiled")
 """
 
