@@ -239,8 +239,11 @@ class EagleRunner(ModelRunner):
         logits, h = self.model(input_ids[None], features[None], position_ids[None], mask, self.slot.kv, self.lean)
         return logits[0] if keep is None else logits[0, -keep:], h[0]
 
-    def set_target_features(self, start: int, features: torch.Tensor) -> None:
-        """The target's hidden states of committed positions ``start .. start + k - 1`` (Tensor[k, H])."""
+    def set_target_features(self, start: int, features: torch.Tensor, known: int | None = None) -> None:
+        """The target's hidden states of committed positions ``start .. start + k - 1`` (Tensor[k, H]); ``known``:
+        only the first ``known`` rows are committed ones (the rest are copied too, where no later read reaches them
+        before they are written again: no slice of ``features``, one op less a step).
+        """
         if start > self._known:
             raise RuntimeError(f"target features from position {start}, but only {self._known} are known")
         end = start + features.shape[0]
@@ -249,7 +252,7 @@ class EagleRunner(ModelRunner):
             grown[: self._known] = self._buf[: self._known]
             self._buf = grown
         self._buf[start:end] = features  # the copy casts to the buffer's dtype (a `to` first is one more op)
-        self._known = end
+        self._known = end if known is None else start + known
 
     @property
     def _target(self) -> torch.Tensor:
