@@ -1325,7 +1325,8 @@ class _IidTorch:
         self.plan, self.top_k, self.levels = plan, policy.top_k, 0
         self.nxt, self.left = plan.counters.clone().split(1)  # the next node id less one, the budget left
         self.ancestors = plan.ancestors.clone()
-        self.fr, self.fr_pp, self.fed = plan.root, plan.one, plan.one.long()  # the frontier: ids (m: padding)...
+        # the frontier: node ids (m: padding), path probabilities, how many of its rows are fed
+        self.fr, self.fr_pp, self.fed = plan.root, plan.one, plan.one.long()
         self.fed_ids, self.drawn = [plan.root], []
         self.pending = torch.ones(1, pending, dtype=torch.bool, device=device) if pending else None
 
@@ -1394,7 +1395,8 @@ class _IidFused:
     """
 
     def __init__(self, plan: _IidPlan, policy: EagleTree, device: torch.device, pending: int) -> None:
-        self.plan, self.policy, self.pending, self.levels, self.fed = plan, policy, pending, 0, 1  # fed: levels
+        self.plan, self.policy, self.pending, self.levels = plan, policy, pending, 0
+        self.fed = 1  # the levels fed so far (the root's first)
         self.work = plan.layout.clone()
         self.pp = torch.empty(2 * max(plan.slots), dtype=torch.float64, device=device)
         self.ancestors = plan.ancestors.clone()
@@ -1444,7 +1446,7 @@ class _IidFused:
             )
         )
         w, n1 = self.policy.width, m + 1
-        out.nodes = (work[:n1], work[n1 : 2 * n1], work[at["depth"] : at["depth"] + n1])
+        out.nodes = tuple(work[at[k] : at[k] + n1] for k in ("tok", "par", "depth"))
         out.tables = work[at["draw"] : at["draw"] + 2 * n1 * w].view(2, n1, w)
         out.fed = work[at["fed"] : at["fed"] + fed]
         return out
