@@ -24,20 +24,17 @@ from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.rng import accelerator_path_on_cpu
 from adaptive_spec.trees.policy import parse_policy
 from adaptive_spec.verifiers import kernels
-from tests.engine.test_eagle_device import CONTEXT, IID_POLICIES, V, _same_iid
+from tests.engine.test_eagle_device import CONTEXT, IID_POLICIES, V, _same_iid, draws_at_the_top
 from tests.helpers.tiny import tiny_model
 
 pytest.importorskip("triton")
-pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton")  # the interpreter's x/0, where-masked
-
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+from tests.verifiers.test_kernels import DEVICES, kernels_on, pytestmark  # noqa: F401 - pytestmark: its marks too
 
 
 @pytest.fixture
 def fused(monkeypatch):
     """The fused kernels on (on a CPU in Triton's interpreter), restored after the test; the launches counted."""
-    monkeypatch.setattr(kernels, "FUSED", [True])
-    monkeypatch.setattr(kernels, "ON_CPU", [True])
+    kernels_on(monkeypatch)
     launches = []
     real = draft_kernels.eagle_iid_level
     monkeypatch.setattr(draft_kernels, "eagle_iid_level", lambda *a: launches.append(1) or real(*a))
@@ -118,13 +115,7 @@ def test_a_drawn_child_of_probability_zero_still_sends_the_tree_to_the_host(fuse
     """The kernel's flag of a drawn child of probability 0 (draws forced to a row's top 3 of 2 positive entries)."""
     policy, model = parse_policy("eagle:4:12:3:3"), _model("cpu")
     probs_fn = _probs_fn(top_k=2)
-    real = drafting.draw_tokens
-
-    def topk_draws(rows, k, generator, **kw):
-        real(rows, k, generator, **kw)  # the same uniforms consumed
-        return rows.topk(k, dim=-1).indices
-
-    monkeypatch.setattr(drafting, "draw_tokens", topk_draws)
+    draws_at_the_top(monkeypatch)
     got, r_got, g_got = _grow(model, policy, probs_fn, 0, False, True)
     assert fused and kernels.FUSED[0]
     ref, r_ref, g_ref = _grow(model, policy, probs_fn, 0, False, False)

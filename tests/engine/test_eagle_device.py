@@ -253,19 +253,25 @@ def test_iid_frontier_rows_per_level() -> None:
     assert eagle_iid_slots(parse_policy("eagle:3:30:2:1")) == [1, 1, 1]
 
 
+def draws_at_the_top(monkeypatch) -> None:
+    """The drafter's draws forced to each row's top k (the same uniforms consumed): with a top-k processor narrower
+    than k, drawn children of probability 0."""
+    real = drafting.draw_tokens
+
+    def topk_draws(rows, k, generator, **kw):
+        real(rows, k, generator, **kw)
+        return rows.topk(k, dim=-1).indices
+
+    monkeypatch.setattr(drafting, "draw_tokens", topk_draws)
+
+
 def test_iid_draws_of_probability_zero_are_drafted_again_on_the_host(model, monkeypatch) -> None:
     """A drawn child of probability 0 (here: draws forced to a row's top k, wider than its two positive entries)
     sends the tree back to the host path, which grows the same tree from the saved generator state."""
     policy = parse_policy("eagle:4:12:3:3")
     narrow = SamplingConfig(temperature=1.0, top_k=2)
     probs_fn = ProbsFn(build_logits_processor(narrow.generation_config()), V, one_hot=False)
-    real = drafting.draw_tokens
-
-    def topk_draws(rows, k, generator, **kw):
-        real(rows, k, generator, **kw)  # the same uniforms consumed
-        return rows.topk(k, dim=-1).indices
-
-    monkeypatch.setattr(drafting, "draw_tokens", topk_draws)
+    draws_at_the_top(monkeypatch)
     dev, r_dev, g_dev = _grow(model, policy, probs_fn, 0, False, True)
     host, r_host, g_host = _grow(model, policy, probs_fn, 0, False, False)
     assert (dev.tree.tokens, dev.tree.child_draws) == (host.tree.tokens, host.tree.child_draws)

@@ -37,11 +37,16 @@ pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning:triton")  # the 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
-@pytest.fixture
-def fused(monkeypatch):
+def kernels_on(monkeypatch) -> None:
     """The fused kernels on (on a CPU in Triton's interpreter: tests/conftest.py sets it), restored after the test."""
     monkeypatch.setattr(kernels, "FUSED", [True])
     monkeypatch.setattr(kernels, "ON_CPU", [True])
+
+
+@pytest.fixture
+def fused(monkeypatch):
+    """:func:`kernels_on` for a test."""
+    kernels_on(monkeypatch)
     return kernels
 
 
