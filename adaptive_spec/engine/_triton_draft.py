@@ -51,6 +51,7 @@ def eagle_iid_level_kernel(
     nxt = tl.load(work_ptr + state_off)  # the next node id less one
     left = tl.load(work_ptr + state_off + 1)  # the budget left
     fed = tl.load(work_ptr + state_off + 2)  # the fed rows of this level's frontier
+    bad = tl.load(work_ptr + state_off + 3)  # a drawn child of probability 0 so far
     c = tl.load(cand_ptr + e, mask=inr, other=-1)
     q = tl.load(r_ptr + row * r_stride + tl.maximum(c, 0), mask=inr, other=0.0).to(tl.float64)
     drawn = tl.minimum(left, fed * W)  # the fed rows' draws, within the budget (spent in frontier order)
@@ -80,8 +81,10 @@ def eagle_iid_level_kernel(
         on = new[:, None] & (cols < M + 1)[None, :]
         a = tl.load(anc_ptr + par[:, None] * (M + 1) + cols[None, :], mask=on, other=0) != 0
         tl.store(anc_ptr + ids[:, None] * (M + 1) + cols[None, :], a | (cols[None, :] == ids[:, None]), mask=on)
-    bad = tl.sum((valid & (q <= 0)).to(tl.int64), axis=0)  # a drawn child of probability 0 (a row of zeros)
-    tl.store(work_ptr + state_off + 3, tl.maximum(tl.load(work_ptr + state_off + 3), tl.minimum(bad, 1)))
+    bad = tl.maximum(bad, tl.minimum(tl.sum((valid & (q <= 0)).to(tl.int64), axis=0), 1))  # a row of zeros drawn
+    # every warp has read the counters before any writes them (the program's warps are not in lockstep)
+    tl.debug_barrier()
+    tl.store(work_ptr + state_off + 3, bad)
     tl.store(work_ptr + state_off, nxt + count)
     tl.store(work_ptr + state_off + 1, left)
     if not LAST:

@@ -152,6 +152,7 @@ def rrs_rows_kernel(
         n = tl.where(keep, n2, n)
         if WOR:
             tl.store(frozen_row + j, tl.maximum(px - c * qx, 0.0))
+            tl.debug_barrier()  # stored (by one thread) before any warp reads it back in _frozen
             ell = ell - tl.where(on, qx, 0.0)
     cr = c.to(dtype)
     for start in range(0, V, BLOCK):
