@@ -57,8 +57,8 @@ def eagle_iid_level_kernel(
     drawn = tl.minimum(left, fed * W)  # the fed rows' draws, within the budget (spent in frontier order)
     valid = inr & (e < drawn)
     same = (row[:, None] == row[None, :]) & (c[:, None] == c[None, :]) & (e2 < FW)  # a row's draws of one token
-    dup = tl.sum((same & (e2 < e[:, None])).to(tl.int32), axis=1) > 0
-    new = valid & ~dup  # a token's first valid draw at its row
+    first = tl.min(tl.where(same & (e2 <= e[:, None]), e2, BE), axis=1)  # its token's first draw at the row
+    new = valid & (first == e)  # a token's first valid draw at its row
     new_i = new.to(tl.int64)
     ids = tl.where(new, tl.cumsum(new_i, axis=0) + nxt, M)  # new nodes numbered in the order made
     count = tl.sum(new_i, axis=0)
@@ -67,8 +67,7 @@ def eagle_iid_level_kernel(
     tl.store(work_ptr + tok_off + ids, c, mask=new)
     tl.store(work_ptr + par_off + ids, par, mask=new)
     tl.store(work_ptr + depth_off + ids, tl.zeros_like(ids) + depth, mask=new)
-    # each valid draw's node (its token's first draw at the row), and each row's distinct children in order made
-    first = tl.min(tl.where(same & (e2 <= e[:, None]), e2, BE), axis=1)
+    # each valid draw's node (its token's first draw's), and each row's distinct children in order made
     child = tl.where(valid, tl.sum(tl.where(e2 == first[:, None], ids[None, :], 0), axis=1), M)
     real = inr & (par < M)
     tl.store(work_ptr + draw_off + par * W + (e - row * W), child, mask=real)

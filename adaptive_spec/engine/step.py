@@ -250,12 +250,12 @@ class StepMixin:
             feats = state.target.features
             if keep == list(range(len(keep))):  # a chain's rows are a prefix: every row copied, the first kept
                 state.draft.set_target_features(base, feats, known=len(keep))
+            elif isinstance(rows, torch.Tensor):  # the path's nodes on the device (rows: offset + node)
+                state.draft.set_target_features(
+                    base, feats[torch.cat([torch.arange(p, device=device), rows - (n_ctx - 1) + (p - 1)])]
+                )
             else:
-                if isinstance(rows, torch.Tensor):  # the path's nodes on the device (rows: offset + node)
-                    kept = feats[torch.cat([torch.arange(p, device=device), rows - (n_ctx - 1) + (p - 1)])]
-                else:
-                    kept = feats[torch.tensor(keep, device=device)]
-                state.draft.set_target_features(base, kept)
+                state.draft.set_target_features(base, feats[torch.tensor(keep, device=device)])
         if outcome.pending_fed:
             fed = [r for r in map(outcome.draft_row, accepted) if r is not None]  # a prefix of the path
             if outcome.cache_rows is None:  # fed nodes sit at their own rows: the path's first rows
