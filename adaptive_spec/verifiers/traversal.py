@@ -26,10 +26,11 @@ exact tests run on float64 rows, so they check this code in float64; the engine'
 the models' float32 probabilities, whose own rounding is of the same order as float32
 arithmetic on them, and every sum is accumulated in float64.
 
-Host reads of this lazy walk (the CPU's path): one first (every edge's p and q, every draft row's total, a
-block of uniforms, the caller's ride and a drafted tree's tokens), one per rejection (the residual's mass
-with its values at every node's token, so that the remaining children's weights need no read of their own;
-their draft masses are the edges' q, read first), and one for the emitted token, drawn on the device.
+Host reads of this lazy walk (the CPU's path): one first (every edge's p and q, a block of uniforms, the
+caller's ride and a drafted tree's tokens), one per rejection (the residual's mass with its values at every
+node's token, so that the remaining children's weights need no read of their own; their draft masses are the
+edges' q, read first; and the draft row's total at the node's first rejection), and one for the emitted token,
+drawn on the device.
 
 On an accelerator the engine runs :func:`traversal_on_device` instead: every node's weights and rows computed
 ahead on the device, with no read, and one host read for the outcome (docs/algorithms.md §4); on CUDA by fused
@@ -66,7 +67,7 @@ def verify_traversal(
     :func:`traversal_on_device`, one host read. Otherwise the reference's lazy walk, :func:`traversal_impl`, whose
     host reads are one for every edge's probabilities, the draft rows' totals, the first block of uniforms and
     ``ride`` (with the tree's tokens if still on the device); one per rejection (its residual's mass with the
-    residual at every node's token); one for the emitted token.
+    residual at every node's token, and the draft row's total at a node's first); one for the emitted token.
     """
     device = target_probs.device
     if isinstance(sampler, TorchSampler) and sampler.generator.device.type == device.type and run_ahead(device):
@@ -90,7 +91,7 @@ def traversal_impl(
     remaining draft mass)) are the lossy variants the exact test (docs/algorithms.md §9) rejects, kept so the
     exact tests can show that they are caught.
     """
-    p_edge, q_edge, q_total, rode = _first_read(tree, target_probs, sampler, ride)
+    p_edge, q_edge, rode = _first_read(tree, target_probs, sampler, ride)
     n_nodes = tree.num_nodes
     parents, tokens = tree.parents, tree.tokens
     tok_all = tree.tokens_tensor(target_probs.device).clamp_min(0)  # every node's token, for the residuals' values
@@ -107,6 +108,7 @@ def traversal_impl(
     # draft's at the children's tokens are ``q_edge``, and a zeroed token's draft mass is its child's ``q_edge``.
     mb: dict[int, tuple[torch.Tensor, float]] = {}
     rb_at: dict[int, list[float]] = {}
+    q_total: dict[int, float] = {}  # a draft row's total (float64), read with the node's first rejection
     ms: dict[int, tuple[float, dict[int, float], torch.Tensor | None]] = {}
 
     def finish(node: int, bonus: bool) -> VerifyResult:
@@ -129,7 +131,8 @@ def traversal_impl(
         rb, cb = mb.get(n, (target_probs[n], 1.0))
         q = tree.draft_probs[n]
         cs, zeroed, qz = ms.get(n, (1.0, {}, None))
-        r, r_sum, r_at = _residual(rb, w[n] * cb, q, cs, qz, tok_all)  # r = (w · Mb − Ms)_+ / (w · cb)
+        r, r_sum, r_at, total = _residual(rb, w[n] * cb, q, cs, qz, tok_all, n not in q_total)
+        q_total.setdefault(n, total)  # r = (w · Mb − Ms)_+ / (w · cb); q's total with n's first rejection
         s = w[n] * cb * r_sum  # S = Σ (w · Mb − Ms)_+
         if parent_rule == "residual":
             new_w = s / (s + (1.0 - w[n])) if s > 0 else 0.0
@@ -170,18 +173,18 @@ def traversal_impl(
 
 def _first_read(
     tree: DraftTree, target_probs: torch.Tensor, sampler: Sampler, ride: torch.Tensor | None
-) -> tuple[list[float], list[float], list[float], tuple[int, ...]]:
-    """``p`` and ``q`` on every edge (0.0 at the root), every draft row's total (float64), and ``ride``: one read.
+) -> tuple[list[float], list[float], tuple[int, ...]]:
+    """``p`` and ``q`` on every edge (0.0 at the root) and ``ride``: one read.
 
     A slot tree's edges are read at its slots' parents (:mod:`adaptive_spec.trees.slots`), whose rows are
-    those of the merged parents' prefixes; the first block of the sampler's uniforms comes along.
+    those of the merged parents' prefixes; the first block of the sampler's uniforms comes along. A draft row's
+    total is read with its node's first rejection (:func:`_residual`): most nodes have none, and a float64 sum of
+    every row costs a CPU more than the rest of the walk.
     """
     device = target_probs.device
     slots = tree.slots
     par = slots[0].parents_tensor(device) if slots is not None else None
-    pe, qe = edge_values(tree, target_probs, par), edge_values(tree, tree.draft_probs, par)
-    qt = tree.draft_probs.sum(dim=-1, dtype=torch.float64)
-    parts = [pe, qe, qt]
+    parts = [edge_values(tree, target_probs, par), edge_values(tree, tree.draft_probs, par)]
     uniforms = sampler.next_block(device) if isinstance(sampler, TorchSampler) else None
     if uniforms is not None:
         parts.append(uniforms)
@@ -189,13 +192,8 @@ def _first_read(
         parts.append(ride)
     values = host_read(tree, *parts)
     if uniforms is not None:
-        sampler.load_block(values[3])
-    return (
-        [0.0, *values[0]],
-        [0.0, *values[1]],
-        values[2],
-        tuple(int(v) for v in values[-1]) if ride is not None else (),
-    )
+        sampler.load_block(values[2])
+    return [0.0, *values[0]], [0.0, *values[1]], tuple(int(v) for v in values[-1]) if ride is not None else ()
 
 
 def _mass(total: float, zeroed: dict[int, float]) -> float:
@@ -204,16 +202,25 @@ def _mass(total: float, zeroed: dict[int, float]) -> float:
 
 
 def _residual(
-    rb: torch.Tensor, scale_b: float, q: torch.Tensor, cs: float, qz: torch.Tensor | None, tok_all: torch.Tensor
-) -> tuple[torch.Tensor, float, list[float]]:
-    """``r = (scale_b·rb − cs·q_zeroed)_+ / scale_b``, ``Σ r`` (float64) and r at every node's token: one read.
+    rb: torch.Tensor,
+    scale_b: float,
+    q: torch.Tensor,
+    cs: float,
+    qz: torch.Tensor | None,
+    tok_all: torch.Tensor,
+    with_total: bool = False,
+) -> tuple[torch.Tensor, float, list[float], float]:
+    """``r = (scale_b·rb − cs·q_zeroed)_+ / scale_b``, ``Σ r`` (float64), r at every node's token and, ``with_total``,
+    ``Σ q`` (float64; else 0.0): one read.
 
     Three passes over the vocabulary in the rows' dtype (one fused ``rb − α q``, the clamp,
     the float64-accumulated sum). ``qz``: ``q`` with the rejected tokens' entries set to 0 (Ms = 0 there, so
     r = rb exactly: ``rb − α·0``), or None when none is rejected yet.
     """
+    total = q.sum(dtype=torch.float64)[None] if with_total else None
     if scale_b <= 0.0:
-        return torch.zeros_like(rb), 0.0, [0.0] * tok_all.numel()
+        r = torch.zeros_like(rb)
+        return r, 0.0, [0.0] * tok_all.numel(), (total.item() if total is not None else 0.0)
     alpha = cs / scale_b
     if alpha < 1e30:
         r = torch.sub(rb, q if qz is None else qz, alpha=alpha)
@@ -223,8 +230,11 @@ def _residual(
         if qz is not None:  # a zeroed token keeps rb exactly (the scaling round trip may round it)
             r = torch.where(qz != q, rb, r)
     r.clamp_(min=0.0)
-    values = torch.cat([r.sum(dtype=torch.float64)[None], r[tok_all].double()]).tolist()  # the rejection's read
-    return r, values[0], values[1:]
+    parts = [r.sum(dtype=torch.float64)[None], r[tok_all].double()]
+    if total is not None:
+        parts.append(total)
+    values = torch.cat(parts).tolist()  # the rejection's read
+    return r, values[0], values[1 : 1 + tok_all.numel()], (values[-1] if total is not None else 0.0)
 
 
 def traversal_on_device(
