@@ -237,6 +237,21 @@ def test_bench_overhead_times_plain_decoding_beside_the_plans(tiny_pair, tmp_pat
     assert "autoregressive" in capsys.readouterr().out
 
 
+def test_bench_overhead_repeats_the_plans_and_quotes_the_median_round(tiny_pair, tmp_path, capsys):
+    out = tmp_path / "overhead.json"
+    args = ["bench", "overhead", "--plans", "chain:2/block,autoregressive", "--max-new-tokens", "5", "--limit", "1"]
+    assert main([*args, "--repeat", "3", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["plan"] for r in rows] == ["chain:2/block", "autoregressive"]
+    for r in rows:
+        rounds = r["rounds_ms_per_step"]
+        assert len(rounds) == 3 and r["overhead_ms_per_step"] == sorted(rounds)[1]
+    assert rows[1]["steps"] == rows[1]["new_tokens"] == 15  # three rounds of five tokens, summed
+    assert "median of 3 interleaved rounds" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--repeat must be >= 1, got 0"):
+        main([*args, "--repeat", "0"])
+
+
 def test_bench_passes_writes_a_row_per_model_and_size(tiny_pair, tmp_path, capsys):
     out = tmp_path / "passes.json"
     args = ["bench", "passes", "--device", "cpu", "--repeats", "1", "--rows", "1,3", "--draft-rows", "2"]

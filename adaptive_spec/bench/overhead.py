@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import os
+import statistics
 import sys
 import time
 import weakref
@@ -777,38 +778,61 @@ def count_host_syncs(engine, prompts: list[str], plans: list, temperature: float
     return rows
 
 
-def measure_overhead(engine, prompts: list[str], plans: list, temperature: float, max_new_tokens: int) -> list[dict]:
-    """Per plan: wall time, time inside target and draft forwards, overhead fraction."""
-    sync = engine.device if engine.device.type == "cuda" else None
-    rows = []
+def measure_overhead(
+    engine, prompts: list[str], plans: list, temperature: float, max_new_tokens: int, repeat: int = 1
+) -> list[dict]:
+    """Per plan: wall time, time inside target and draft forwards, overhead fraction.
+
+    ``repeat`` rounds, the plans interleaved in each (round 1 every plan, round 2 every plan, ...): a plan's row
+    holds the sums over the rounds, its ms per step outside the forwards is the median round's
+    (``overhead_ms_per_step``; every round's in ``rounds_ms_per_step``), so that a host's drift between
+    rounds moves every plan alike and one slow round does not decide a figure.
+    """
+    if repeat < 1:
+        raise ValueError(f"repeat must be at least 1, got {repeat}")
     for plan in plans:
         engine.generate(prompts[0], max_new_tokens=8, temperature=temperature, plan=plan, seed=0)  # warm-up
-        clocks = {"target": ForwardClock(engine.target, sync), "draft": ForwardClock(engine.draft, sync)}
-        wall, tokens, steps, phases = 0.0, 0, 0, {}
-        try:
-            for i, prompt in enumerate(prompts):
-                r = engine.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, plan=plan, seed=i)
-                wall += r.stats.wall_time_s
-                tokens += r.stats.new_tokens
-                steps += r.stats.steps
-                for k, v in r.stats.phase_times_s.items():
-                    phases[k] = phases.get(k, 0.0) + v
-        finally:
-            for c in clocks.values():
-                c.close()
-        fwd = clocks["target"].seconds + clocks["draft"].seconds
-        rows.append(
-            {
-                "plan": str(plan),
-                "steps": steps,
-                "new_tokens": tokens,
-                "wall_s": wall,
-                "target_forward_s": clocks["target"].seconds,
-                "draft_forward_s": clocks["draft"].seconds,
-                "overhead_s": wall - fwd,
-                "overhead_fraction": (wall - fwd) / wall if wall else None,
-                "overhead_ms_per_step": 1e3 * (wall - fwd) / steps if steps else None,
-                "phase_times_s": phases,
-            }
-        )
+    once = functools.partial(_measure_once, engine, prompts, temperature=temperature, max_new_tokens=max_new_tokens)
+    rounds = [[once(plan) for plan in plans] for _ in range(repeat)]
+    rows = []
+    for i, plan in enumerate(plans):
+        runs = [r[i] for r in rounds]
+        row = {"plan": str(plan)}
+        for key in ("steps", "new_tokens", "wall_s", "target_forward_s", "draft_forward_s", "overhead_s"):
+            row[key] = sum(r[key] for r in runs)
+        row["phase_times_s"] = {k: sum(r["phase_times_s"].get(k, 0.0) for r in runs) for k in runs[0]["phase_times_s"]}
+        row["overhead_fraction"] = row["overhead_s"] / row["wall_s"] if row["wall_s"] else None
+        per_round = [r["overhead_ms_per_step"] for r in runs]
+        row["rounds_ms_per_step"] = per_round
+        row["overhead_ms_per_step"] = statistics.median(per_round) if None not in per_round else None
+        rows.append(row)
     return rows
+
+
+def _measure_once(engine, prompts: list[str], plan, *, temperature: float, max_new_tokens: int) -> dict:
+    """One pass of ``plan`` over ``prompts``: wall time, forwards' time, steps, phases."""
+    sync = engine.device if engine.device.type == "cuda" else None
+    clocks = {"target": ForwardClock(engine.target, sync), "draft": ForwardClock(engine.draft, sync)}
+    wall, tokens, steps, phases = 0.0, 0, 0, {}
+    try:
+        for i, prompt in enumerate(prompts):
+            r = engine.generate(prompt, max_new_tokens=max_new_tokens, temperature=temperature, plan=plan, seed=i)
+            wall += r.stats.wall_time_s
+            tokens += r.stats.new_tokens
+            steps += r.stats.steps
+            for k, v in r.stats.phase_times_s.items():
+                phases[k] = phases.get(k, 0.0) + v
+    finally:
+        for c in clocks.values():
+            c.close()
+    fwd = clocks["target"].seconds + clocks["draft"].seconds
+    return {
+        "steps": steps,
+        "new_tokens": tokens,
+        "wall_s": wall,
+        "target_forward_s": clocks["target"].seconds,
+        "draft_forward_s": clocks["draft"].seconds,
+        "overhead_s": wall - fwd,
+        "overhead_ms_per_step": 1e3 * (wall - fwd) / steps if steps else None,
+        "phase_times_s": phases,
+    }

@@ -34,6 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=1.0, help="(default: %(default)s)")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="(default: %(default)s)")
     add_limit_option(parser, 8, "built-in prompts")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="rounds of every plan, interleaved; ms/step is the median round's, min and max beside it (hosts drift: "
+        "5 or more for a figure to quote; default: %(default)s)",
+    )
     add_model_options(parser, ("device",))
     add_json_option(parser, "the rows")
     parser.add_argument(
@@ -98,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     from adaptive_spec.files import default_prompts
     from adaptive_spec.planner.plan import AUTOREGRESSIVE
 
+    if args.repeat < 1:
+        raise ValueError(f"--repeat must be >= 1, got {args.repeat}")
     engine = load_engine(args.target, args.draft, args.device, None)
     prompts = default_prompts()[: args.limit]
     plans = [p if p == AUTOREGRESSIVE else Plan.parse(p) for p in plan_list(args.plans)]
@@ -105,13 +114,19 @@ def run(args: argparse.Namespace) -> int:
         rows = count_host_syncs(engine, prompts, plans, args.temperature, args.max_new_tokens)
         print_counts(rows)
     else:
-        rows = measure_overhead(engine, prompts, plans, args.temperature, args.max_new_tokens)
-        print(f"{'plan':<28} {'overhead':>9} {'ms/step':>8} {'target fwd':>11} {'draft fwd':>10} {'steps':>6}")
+        rows = measure_overhead(engine, prompts, plans, args.temperature, args.max_new_tokens, args.repeat)
+        print(
+            f"{'plan':<28} {'overhead':>9} {'ms/step':>8} {'min-max':>11} {'target fwd':>11} {'draft fwd':>10} "
+            f"{'steps':>6}"
+        )
         for r in rows:
+            spread = f"{min(r['rounds_ms_per_step']):.2f}-{max(r['rounds_ms_per_step']):.2f}"
             print(
-                f"{r['plan']:<28} {100 * r['overhead_fraction']:8.1f}% {r['overhead_ms_per_step']:8.2f} "
+                f"{r['plan']:<28} {100 * r['overhead_fraction']:8.1f}% {r['overhead_ms_per_step']:8.2f} {spread:>11} "
                 f"{r['target_forward_s']:10.2f}s {r['draft_forward_s']:9.2f}s {r['steps']:>6}"
             )
+        if args.repeat > 1:
+            print(f"ms/step outside the forwards: the median of {args.repeat} interleaved rounds; the rest summed")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"rows": rows}, indent=2))
