@@ -60,14 +60,14 @@ class DraftTree:
             self._tensors["tokens", _resolved(t.device)] = t
 
     def _check_structure(self) -> None:
-        n = len(self.depths)
-        if not (len(self.parents) == len(self.child_draws) == n):
+        n, parents = len(self.depths), self.parents
+        if not (len(parents) == len(self.child_draws) == n):
             raise ValueError("DraftTree: tokens, parents, depths and child_draws must have one entry per node")
-        if n == 0 or self.parents[0] != -1:
+        if n == 0 or parents[0] != -1:
             raise ValueError("DraftTree: node 0 must be the root, with parent -1")
-        for i in range(1, n):
-            if not 0 <= self.parents[i] < i:
-                raise ValueError(f"DraftTree: node {i} has parent {self.parents[i]}, which is not an earlier node")
+        for i, par in enumerate(parents):
+            if i and not 0 <= par < i:
+                raise ValueError(f"DraftTree: node {i} has parent {par}, which is not an earlier node")
 
     @classmethod
     def from_slots(cls, layout, tokens: torch.Tensor, valid: torch.Tensor, draft_probs: torch.Tensor) -> DraftTree:

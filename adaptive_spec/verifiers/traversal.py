@@ -104,11 +104,12 @@ def traversal_impl(
     # Lazy rows (see the module docstring): Mb[n] = cb * rb with rb a vector in the rows' dtype
     # (the target's own row until n's first rejection, no copy); Ms[n] = cs * q[n] with the
     # rejected tokens ``zeroed`` (q[n] itself until then, cs = 1). Scalars are float64. The values of rb at
-    # every node's token come with each rejection's read (``rb_at``; the target's own row: ``p_edge``), the
+    # every node's token come with the read of each rejection that leaves n children (``rb_at``; the target's own
+    # row: ``p_edge``), the
     # draft's at the children's tokens are ``q_edge``, and a zeroed token's draft mass is its child's ``q_edge``.
     mb: dict[int, tuple[torch.Tensor, float]] = {}
     rb_at: dict[int, list[float]] = {}
-    q_total: dict[int, float] = {}  # a draft row's total (float64), read with the node's first rejection
+    q_total: dict[int, float] = {}  # a draft row's total (float64), read with the first rejection that leaves n kids
     ms: dict[int, tuple[float, dict[int, float], torch.Tensor | None]] = {}
 
     def finish(node: int, bonus: bool) -> VerifyResult:
@@ -131,8 +132,13 @@ def traversal_impl(
         rb, cb = mb.get(n, (target_probs[n], 1.0))
         q = tree.draft_probs[n]
         cs, zeroed, qz = ms.get(n, (1.0, {}, None))
-        r, r_sum, r_at, total = _residual(rb, w[n] * cb, q, cs, qz, tok_all, n not in q_total)
-        q_total.setdefault(n, total)  # r = (w · Mb − Ms)_+ / (w · cb); q's total with n's first rejection
+        # r = (w · Mb − Ms)_+ / (w · cb); its values at the tokens and q's total only where read again: for the
+        # children left (and, at n's first rejection, for the next ones' Ms; the negative control's mass)
+        more = bool(children[n])
+        total_now = n not in q_total and (more or parent_rule == "remaining_mass")
+        r, r_sum, r_at, total = _residual(rb, w[n] * cb, q, cs, qz, tok_all if more else None, total_now)
+        if total_now:
+            q_total[n] = total
         s = w[n] * cb * r_sum  # S = Σ (w · Mb − Ms)_+
         if parent_rule == "residual":
             new_w = s / (s + (1.0 - w[n])) if s > 0 else 0.0
@@ -144,7 +150,8 @@ def traversal_impl(
         w[n] = new_w
         if s > 0:
             rb, cb = r, 1.0 / r_sum  # Mb ← r / Σ r
-            rb_at[n] = r_at
+            if more:
+                rb_at[n] = r_at
         mb[n] = (rb, cb)
         kids = children[n]
         if zero_rejected and kids:  # Ms[n] is read again only if n has children left
@@ -207,20 +214,22 @@ def _residual(
     q: torch.Tensor,
     cs: float,
     qz: torch.Tensor | None,
-    tok_all: torch.Tensor,
+    tok_all: torch.Tensor | None,
     with_total: bool = False,
-) -> tuple[torch.Tensor, float, list[float], float]:
-    """``r = (scale_b·rb − cs·q_zeroed)_+ / scale_b``, ``Σ r`` (float64), r at every node's token and, ``with_total``,
-    ``Σ q`` (float64; else 0.0): one read.
+) -> tuple[torch.Tensor, float, list[float] | None, float]:
+    """``r = (scale_b·rb − cs·q_zeroed)_+ / scale_b``, ``Σ r`` (float64), r at every node's token (``tok_all``; None:
+    not read) and, ``with_total``, ``Σ q`` (float64; else 0.0): one read.
 
     Three passes over the vocabulary in the rows' dtype (one fused ``rb − α q``, the clamp,
     the float64-accumulated sum). ``qz``: ``q`` with the rejected tokens' entries set to 0 (Ms = 0 there, so
-    r = rb exactly: ``rb − α·0``), or None when none is rejected yet.
+    r = rb exactly: ``rb − α·0``), or None when none is rejected yet. The values at the tokens are read in the rows'
+    dtype (exact as Python floats).
     """
-    total = q.sum(dtype=torch.float64)[None] if with_total else None
+    total = q.sum(dtype=torch.float64, dim=0, keepdim=True) if with_total else None
     if scale_b <= 0.0:
         r = torch.zeros_like(rb)
-        return r, 0.0, [0.0] * tok_all.numel(), (total.item() if total is not None else 0.0)
+        at = None if tok_all is None else [0.0] * tok_all.numel()
+        return r, 0.0, at, (total.item() if total is not None else 0.0)
     alpha = cs / scale_b
     if alpha < 1e30:
         r = torch.sub(rb, q if qz is None else qz, alpha=alpha)
@@ -230,11 +239,14 @@ def _residual(
         if qz is not None:  # a zeroed token keeps rb exactly (the scaling round trip may round it)
             r = torch.where(qz != q, rb, r)
     r.clamp_(min=0.0)
-    parts = [r.sum(dtype=torch.float64)[None], r[tok_all].double()]
+    parts = [r.sum(dtype=torch.float64, dim=0, keepdim=True)]
+    if tok_all is not None:
+        parts.append(r[tok_all])
     if total is not None:
         parts.append(total)
-    values = torch.cat(parts).tolist()  # the rejection's read
-    return r, values[0], values[1 : 1 + tok_all.numel()], (values[-1] if total is not None else 0.0)
+    values = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()  # the rejection's read
+    at = values[1 : 1 + tok_all.numel()] if tok_all is not None else None
+    return r, values[0], at, (values[-1] if total is not None else 0.0)
 
 
 def traversal_on_device(
