@@ -1141,7 +1141,7 @@ def _iid_host(policy: EagleTree) -> tuple:
             break
         certain += 1
     m = min(1 + policy.budget, 1 + w * sum(slots))
-    flat = [-1] * (2 * (m + 1)) + [0] * (m + 1) + [m] * (2 * (m + 1) * w) + [0, policy.budget, m]
+    flat = []
     for d, f in enumerate(slots, start=1):
         flat += [*range(f * w), *(i // w for i in range(f * w)), *[d] * (f * w)]
     offsets, layout = _iid_layout(policy, slots, m)
@@ -1175,23 +1175,26 @@ def _iid_layout(policy: EagleTree, slots: list[int], m: int) -> tuple[dict[str, 
 def _iid_device(
     policy: EagleTree, slots: list[int], certain: int, m: int, offsets: dict, flat: torch.Tensor, device
 ) -> _IidPlan:
-    """:func:`_iid_plan`'s device part, from :func:`_iid_host`'s values copied (``flat``)."""
-    w = policy.width
-    sizes = [3 * (m + 1), 2 * (m + 1) * w, 3, *(f * w for f in slots for _ in range(3))]
-    parts = flat.split([*sizes, len(flat) - sum(sizes)])  # the last: the layout
+    """:func:`_iid_plan`'s device part, from :func:`_iid_host`'s values copied (``flat``). The torch code's starting
+    tensors are the fused layout's regions (:func:`_iid_layout`: one definition of a tree before its first level).
+    """
+    w, n1 = policy.width, m + 1
+    sizes = [f * w for f in slots for _ in range(3)]
+    *levels, layout = flat.split([*sizes, len(flat) - sum(sizes)])
+    at = offsets
+    tables = layout[at["draw"] : at["draw"] + 2 * n1 * w]  # draws and children, adjacent
     ancestors = torch.zeros(m + 1, m + 1, dtype=torch.bool, device=device)
     ancestors[:, 0] = True  # the root is every node's ancestor (and the dummy's: a padding row attends to it)
     ancestors[0].fill_(False)
     ancestors[0, 0] = True
     ranks = torch.arange(max(slots), device=device)
-    levels = parts[3:-1]
     return _IidPlan(
         slots,
         certain,
         m,
-        parts[0].view(3, m + 1),
-        parts[1].view(2, m + 1, w),
-        parts[2][:2],
+        torch.stack([layout[at[k] : at[k] + n1] for k in ("tok", "par", "depth")]),
+        tables.view(2, n1, w),
+        layout[at["state"] : at["state"] + 2],
         ancestors,
         [t.view(f, w) for t, f in zip(levels[0::3], slots, strict=True)],
         list(levels[1::3]),
@@ -1200,8 +1203,8 @@ def _iid_device(
         torch.ones(w, w, dtype=torch.bool, device=device).tril_(-1),
         ranks[:1],
         torch.ones(1, dtype=torch.float64, device=device),
-        parts[2][2:],
-        parts[-1],
+        tables[:1],  # m: the tables' padding
+        layout,
         offsets,
     )
 
