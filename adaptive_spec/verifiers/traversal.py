@@ -27,10 +27,10 @@ the models' float32 probabilities, whose own rounding is of the same order as fl
 arithmetic on them, and every sum is accumulated in float64.
 
 Host reads of this lazy walk (the CPU's path): one first (every edge's p and q, a block of uniforms, the
-caller's ride and a drafted tree's tokens), one per rejection (the residual's mass with its values at every
-node's token, so that the remaining children's weights need no read of their own; their draft masses are the
-edges' q, read first; and the draft row's total at the node's first rejection), and one for the emitted token,
-drawn on the device.
+caller's ride and a drafted tree's tokens), one per rejection (the residual's mass; where the node keeps
+children, with the residual at every node's token, so that their weights need no read of their own (their draft
+masses are the edges' q, read first), and at its first such rejection the draft row's total), and one for the
+emitted token, drawn on the device.
 
 On an accelerator the engine runs :func:`traversal_on_device` instead: every node's weights and rows computed
 ahead on the device, with no read, and one host read for the outcome (docs/algorithms.md §4); on CUDA by fused
@@ -65,9 +65,9 @@ def verify_traversal(
 
     On an accelerator (:func:`~adaptive_spec.verifiers.base.run_ahead`), with a ``torch.Generator``'s sampler:
     :func:`traversal_on_device`, one host read. Otherwise the reference's lazy walk, :func:`traversal_impl`, whose
-    host reads are one for every edge's probabilities, the draft rows' totals, the first block of uniforms and
-    ``ride`` (with the tree's tokens if still on the device); one per rejection (its residual's mass with the
-    residual at every node's token, and the draft row's total at a node's first); one for the emitted token.
+    host reads are one for every edge's probabilities, the first block of uniforms and ``ride`` (with the tree's
+    tokens if still on the device); one per rejection (its residual's mass, with the residual at every node's token
+    and the draft row's total where the node keeps children); one for the emitted token.
     """
     device = target_probs.device
     if isinstance(sampler, TorchSampler) and sampler.generator.device.type == device.type and run_ahead(device):
