@@ -50,6 +50,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from adaptive_spec.engine import draft_kernels
@@ -403,6 +404,15 @@ class _Builder:
     def mask_rows(self, rows: list[int], cols: list[int]) -> list[int]:
         """The ancestor matrix's entries (0/1) at ``rows`` x ``cols``, flattened row by row."""
         return [(self.anc[i] >> j) & 1 for i in rows for j in cols]
+
+    def ancestor_matrix(self) -> np.ndarray:
+        """The whole ancestor matrix, int64 [N, N] (0/1): the bit masks unpacked in bulk (:meth:`mask_rows` over every
+        node pair costs a CPU 0.4 ms at 48 nodes).
+        """
+        n = len(self.anc)
+        width = (n + 7) // 8
+        packed = np.frombuffer(b"".join(a.to_bytes(width, "little") for a in self.anc), dtype=np.uint8)
+        return np.unpackbits(packed.reshape(n, width), axis=1, count=n, bitorder="little").astype(np.int64)
 
 
 def lookup_outcome(
@@ -1592,8 +1602,9 @@ class _PolicyGrowth:
             # (and i.i.d. draws' table: SpecInfer's candidates on an accelerator)
             kids = tree.children_rows()
             draws = tree.draws_rows() if self.policy.law is DraftLaw.DYNAMIC_IID else []
-            host = [*self.fed_order, *b.tokens, *b.parents, *b.depths, *b.mask_rows(list(range(n)), list(range(n)))]
-            host += [c for row in kids + draws for c in row]
+            lists = np.array([*self.fed_order, *b.tokens, *b.parents, *b.depths], dtype=np.int64)
+            tables = np.array([c for row in kids + draws for c in row], dtype=np.int64)
+            host = np.concatenate([lists, b.ancestor_matrix().reshape(-1), tables])
             most = len(draws[0]) if draws else 0
             fed_t, tokens_t, parents_t, depths_t, anc, kids_t, draws_t = torch.tensor(host, device=self.device).split(
                 [fed, n, n, n, n * n, n * len(kids[0]), n * most]
