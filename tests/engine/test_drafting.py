@@ -104,3 +104,20 @@ def test_deterministic_drafting_is_argmax(setup) -> None:
     (tree,) = engine_trees(setup, TreeShape.without_replacement((2, 1)), runs=1, seed=0, deterministic=True)
     top2 = reference_row(()).topk(2).indices.tolist()
     assert [tree.tokens[c] for c in tree.child_draws[0]] == top2
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 70])
+def test_policy_builder_unpacks_the_ancestor_matrix_from_its_bit_masks(n):
+    """The host path's ancestor matrix, unpacked in bulk, is the one its per-level mask rows read entry by entry."""
+    import random
+
+    from adaptive_spec.engine.drafting import _Builder
+    from adaptive_spec.trees.tree import ancestor_rows
+
+    rng, b = random.Random(n), _Builder()
+    for i in range(1, n):
+        b.new_node(rng.randrange(i), i)
+    every = list(range(n))
+    matrix = b.ancestor_matrix()
+    assert matrix.shape == (n, n) and matrix.reshape(-1).tolist() == b.mask_rows(every, every)
+    assert matrix.astype(bool).tolist() == ancestor_rows(b.parents)  # node i and its ancestors, by the parents
