@@ -132,8 +132,8 @@ def traversal_impl(
         rb, cb = mb.get(n, (target_probs[n], 1.0))
         q = tree.draft_probs[n]
         cs, zeroed, qz = ms.get(n, (1.0, {}, None))
-        # r = (w · Mb − Ms)_+ / (w · cb); its values at the tokens and q's total only where read again: for the
-        # children left (and, at n's first rejection, for the next ones' Ms; the negative control's mass)
+        # r = (w · Mb − Ms)_+ / (w · cb); its values at the tokens only where n keeps children (their weights), and
+        # q's total once, the first time they are needed (the Ms of the children left; the negative control's mass)
         more = bool(children[n])
         total_now = n not in q_total and (more or parent_rule == "remaining_mass")
         r, r_sum, r_at, total = _residual(rb, w[n] * cb, q, cs, qz, tok_all if more else None, total_now)
@@ -185,8 +185,8 @@ def _first_read(
 
     A slot tree's edges are read at its slots' parents (:mod:`adaptive_spec.trees.slots`), whose rows are
     those of the merged parents' prefixes; the first block of the sampler's uniforms comes along. A draft row's
-    total is read with its node's first rejection (:func:`_residual`): most nodes have none, and a float64 sum of
-    every row costs a CPU more than the rest of the walk.
+    total is read with the first rejection at its node that leaves it children (:func:`_residual`): most nodes have
+    none, and a float64 sum of every row costs a CPU more than the rest of the walk.
     """
     device = target_probs.device
     slots = tree.slots
