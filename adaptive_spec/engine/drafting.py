@@ -941,7 +941,6 @@ class _EagleLevel:
     of: torch.Tensor  # [new] each child's frontier row
     ids: torch.Tensor  # [new] the children's node ids
     kids: list[list[int]]  # per frontier row, its children's ids
-    kids_rows: torch.Tensor  # [F, widest] the same, padded with the node count
     own: torch.Tensor  # [new, N] bool: each child's own column (its row of the identity)
 
 
@@ -958,6 +957,7 @@ class _EaglePlan:
     depths: list[int]
     depths_d: torch.Tensor
     start: torch.Tensor  # [2N + N·widest] long: tokens and parents -1, children padded with N
+    kids: torch.Tensor  # [frontier rows of every level, widest]: each frontier row's children, padded with N
     ancestors: torch.Tensor  # [N, N] bool: the root its own ancestor
     root: torch.Tensor  # [1] long 0: the first frontier's node id
     one: torch.Tensor  # [1] float64 1: its path probability
@@ -1018,15 +1018,19 @@ def _eagle_device(
     """:func:`_eagle_plan`'s device part, from :func:`_eagle_host`'s values copied (``flat``)."""
     tensors = flat.split(sizes)
     eye = torch.eye(n, dtype=torch.bool, device=device)
-    out = []
+    out, pads = [], []
     for i, (widths, fed) in enumerate(levels):
         used, of, ids, pad = tensors[4 * i : 4 * i + 4]
-        out.append(_EagleLevel(widths, fed, used, of, ids, kid_lists[i], pad.view(len(widths), widest), eye[ids]))
+        out.append(_EagleLevel(widths, fed, used, of, ids, kid_lists[i], eye[ids]))
+        pads.append(pad.view(len(widths), widest))
+    if any(not fed for _, fed in levels[:-1]):
+        raise AssertionError("eagle_levels: only the last level feeds nothing")
     fed_total = 1 + sum(fed for _, fed in levels)
     ancestors = torch.zeros(n, n, dtype=torch.bool, device=device)
     ancestors[0, 0].fill_(True)  # no host tensor to copy in
     one = torch.ones(1, dtype=torch.float64, device=device)
-    return _EaglePlan(out, n, fed_total, widest, depths, tensors[-3], tensors[-2], ancestors, tensors[-1], one)
+    kids = torch.cat(pads) if pads else tensors[-2][:0].view(0, widest)  # the levels' frontiers' (fed nodes') order
+    return _EaglePlan(out, n, fed_total, widest, depths, tensors[-3], tensors[-2], kids, ancestors, tensors[-1], one)
 
 
 def draft_eagle_on_device(
@@ -1055,11 +1059,11 @@ def draft_eagle_on_device(
     n, fed_total = plan.n, plan.fed
     R, ok = root.probs[-1:], root.ok
     rows = [R]  # the fed rows' probabilities, in feed order (the root's first)
-    tokens_d, parents_d, kids_d = plan.start.clone().split([n, n, n * plan.widest])
-    kids_d = kids_d.view(n, plan.widest)
     ancestors = plan.ancestors.clone()
     front_ids, front_pp = plan.root, plan.one  # the frontier: node ids and path probabilities
     fed_ids, qs, level_logits = [front_ids], [], []  # qs: the drawn children's probabilities, checked at the end
+    # every level's tokens and parents: the nodes are numbered level by level, so the tree's are their concatenation
+    cands, parent_ids = [plan.start[:1]], [plan.start[:1]]  # the root's: -1
     pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device) if p > 1 else None
     for depth, lv in enumerate(plan.levels, start=1):
         cand = draw_tokens(R, policy.width, generator, replace=False, greedy=deterministic)  # as the host path
@@ -1067,10 +1071,9 @@ def draft_eagle_on_device(
         q = R[lv.of, cand]  # each used child's probability in its parent's row
         qs.append(q)
         parents = front_ids[lv.of]
-        tokens_d[lv.ids] = cand
-        parents_d[lv.ids] = parents
+        cands.append(cand)
+        parent_ids.append(parents)
         ancestors[lv.ids] = ancestors[parents] | lv.own
-        kids_d[front_ids] = lv.kids_rows
         if lv.fed:
             pp = front_pp[lv.of] * q.to(torch.float64)
             chosen = pp.argsort(descending=True, stable=True)[: lv.fed].sort().values  # the top k, in the order made
@@ -1081,11 +1084,15 @@ def draft_eagle_on_device(
             if pending_pos is not None:
                 allowed = torch.cat([pending_pos.expand(lv.fed, -1), allowed], dim=1)
             pos = torch.full((lv.fed,), base + p - 1 + depth, dtype=torch.long, device=device)
-            logits = runner.block_forward(tokens_d[front_ids], pos, allowed, logits_to_keep=lv.fed)
+            logits = runner.block_forward(cand[chosen], pos, allowed, logits_to_keep=lv.fed)  # the fed nodes' tokens
             R = probs_fn(logits)
             level_logits.append(logits)
             rows.append(R)
     fed_d, fed_rows = torch.cat(fed_ids), torch.cat(rows)
+    tokens_d, parents_d = torch.cat(cands), torch.cat(parent_ids)
+    kids_d = plan.start[2 * n :].view(n, plan.widest).clone()
+    if plan.levels:  # a frontier a level (the root's first): fed_d, whose children the plan lists in that order
+        kids_d[fed_d] = plan.kids
     if level_logits:  # every fed level's logits and rows, checked once (the root's row rides along)
         ok = ok & finite_flag(torch.cat(level_logits), fed_rows)
     bad = (torch.cat(qs) <= 0).any()  # a drawn child of probability 0 (a row with fewer positive entries)

@@ -192,9 +192,9 @@ def test_a_policys_depth_cuts_get_their_plans_in_the_same_transfer(monkeypatch):
             (lv.widths, lv.fed, lv.kids) for lv in alone.levels
         ]
         for a, b in zip(cut.levels, alone.levels, strict=True):
-            for name in ("used", "of", "ids", "kids_rows", "own"):
+            for name in ("used", "of", "ids", "own"):
                 assert torch.equal(getattr(a, name), getattr(b, name))
-        for name in ("depths_d", "start", "ancestors", "root", "one"):
+        for name in ("depths_d", "start", "kids", "ancestors", "root", "one"):
             assert torch.equal(getattr(cut, name), getattr(alone, name))
 
 
