@@ -211,7 +211,7 @@ def _same_iid(a, b):
     assert torch.equal(a.ancestors, b.ancestors)
     for name in ("tokens", "parents", "depths", "ancestors", "children", "draws"):
         assert torch.equal(getattr(ta, f"{name}_tensor")(), getattr(tb, f"{name}_tensor")()), name
-    assert ta.has_tensors("cpu", "children", "draws")  # handed over by the device drafter: no copy
+    assert ta.has_tensors(ta.device, "children", "draws")  # handed over by the device drafter: no copy
     rows = a.cache_rows_tensor.tolist()
     assert [r for r in rows if r >= 0] == sorted(a.cache_rows.values()) and all(
         rows[node] == row for node, row in a.cache_rows.items()

@@ -127,9 +127,8 @@ def test_the_fused_levels_give_the_torch_states_on_host_trees(fused, device, zer
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", range(len(SLOT_TREES)))
 def test_the_fused_levels_give_the_torch_states_on_slot_trees(fused, device, case) -> None:
-    make, target = _slot_case(*SLOT_TREES[case])  # float32 rows, the engine's; inactive columns between active ones
+    make, target = _slot_case(*SLOT_TREES[case], device=device)  # float32 rows; inactive columns between active ones
     tree = make()
-    tree.draft_probs = tree.draft_probs.to(device)
     a, b = _both(tree, target.to(device))
     used = torch.tensor(make().used, device=device)
     _check(a, b, target.to(device), used, 1e-6)
@@ -235,11 +234,11 @@ def test_the_fused_search_accepts_the_torch_codes_node_and_token(fused, device) 
     trees = [(name, lambda tree=tree: tree, target) for name, tree, target in _host_trees(device)]
     for case in range(len(SLOT_TREES)):  # slot trees: which slots are nodes, and the merge, decided in the launches
         for instance in (3, 4, 5):
-            make, target = _slot_case(*SLOT_TREES[case], seed=instance)
+            make, target = _slot_case(*SLOT_TREES[case], seed=instance, device=device)
 
             def fresh(make=make):  # tokens on the device, as the engine's (a verification reads them)
                 tree = make()
-                tree.draft_probs = tree.draft_probs.double().to(device)
+                tree.draft_probs = tree.draft_probs.double()
                 return tree
 
             trees.append((f"slot tree {case}, instance {instance}", fresh, target.double().to(device)))

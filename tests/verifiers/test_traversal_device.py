@@ -98,7 +98,7 @@ SLOT_TREES = [
 ]
 
 
-def _slot_case(shape: TreeShape, tokens: list[int], valid: list[bool], seed: int = 3):
+def _slot_case(shape: TreeShape, tokens: list[int], valid: list[bool], seed: int = 3, device: str = "cpu"):
     inst = random_instance(seed, V, zero_frac=0.2)
     layout = slot_layout(shape, V)
     host = DraftTree.from_slots(layout, torch.tensor(tokens), torch.tensor(valid), torch.zeros(len(tokens), V))
@@ -106,8 +106,9 @@ def _slot_case(shape: TreeShape, tokens: list[int], valid: list[bool], seed: int
     target = torch.stack([inst.target_fn(c) for c in host.prefixes]).float()
     draft[layout.fed :] = 0  # leaves have no draft row
 
-    def tree() -> DraftTree:  # a fresh tree, its tokens on the device as the engine's
-        return DraftTree.from_slots(layout, torch.tensor(tokens), torch.tensor(valid), draft)
+    def tree() -> DraftTree:  # a fresh tree, its tokens and validity on the device as the engine's
+        d = torch.device(device)
+        return DraftTree.from_slots(layout, torch.tensor(tokens, device=d), torch.tensor(valid, device=d), draft.to(d))
 
     return tree, target
 
