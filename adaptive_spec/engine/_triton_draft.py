@@ -5,8 +5,14 @@ and ``TRITON_INTERPRET`` is read when the kernel is made).
 import triton
 import triton.language as tl
 
+# Every integer argument but the rows' stride changes from level to level or plan to plan: none is specialised on (see
+# adaptive_spec.verifiers._triton), and whether the level is the last is an argument too, so that a plan's levels run
+# one compiled kernel (its block sizes are the plan's, not the level's: draft_kernels.eagle_iid_level).
+_INTS = ("F", "W", "G", "depth", "M", "top_k", "tok_off", "par_off", "depth_off", "draw_off", "child_off")
+_INTS += ("state_off", "fed_off", "fr_off", "next_off", "feed_off", "pp_in", "pp_out", "P", "is_last")
 
-@triton.jit
+
+@triton.jit(do_not_specialize=_INTS)
 def eagle_iid_level_kernel(
     r_ptr,
     r_stride,
@@ -34,7 +40,7 @@ def eagle_iid_level_kernel(
     pp_in,
     pp_out,
     P,
-    LAST: tl.constexpr,
+    is_last,
     BE: tl.constexpr,
     BG: tl.constexpr,
     BC: tl.constexpr,
@@ -86,7 +92,7 @@ def eagle_iid_level_kernel(
     tl.store(work_ptr + state_off + 3, bad)
     tl.store(work_ptr + state_off, nxt + count)
     tl.store(work_ptr + state_off + 1, left)
-    if not LAST:
+    if is_last == 0:
         # the next frontier: the top_k new nodes of highest path probability (float64 products; ties: the first
         # made), in the order made, padding (node M) after them; nothing is fed once the budget is spent
         fed = tl.where(left > 0, tl.minimum(count, top_k), 0)

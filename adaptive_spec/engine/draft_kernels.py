@@ -34,6 +34,7 @@ def eagle_iid_level(
     shape: tuple[int, int, int, int, int, int],
     offsets: tuple[int, ...],
     pending: int,
+    widest: int,
 ) -> None:
     """One level of :func:`~adaptive_spec.engine.drafting.draft_eagle_iid_on_device` in one launch, in place.
 
@@ -41,7 +42,8 @@ def eagle_iid_level(
     nodes and counters at ``offsets`` (``_IidFused``' layout); ``pp`` (float64) the frontier's path probabilities
     and the next one's (ping-pong at ``offsets[-2:]``); ``ancestors`` bool [M + 1, M + 1], rows written for the new
     nodes; ``allowed`` bool [G, pending + fed so far + G], the next level's mask (None: the last level).
-    ``shape``: ``(F, W, G, depth, M, top_k)``.
+    ``shape``: ``(F, W, G, depth, M, top_k)``; ``widest``: the plan's widest frontier (every level's ``F`` and ``G``
+    at most), which sets the blocks: a plan's levels, the last one included, run one compiled kernel.
     """
     from adaptive_spec.engine import _triton_draft
 
@@ -64,9 +66,9 @@ def eagle_iid_level(
             top_k,
             *offsets,
             pending,
-            LAST=allowed is None,
-            BE=max(16, nxt(f * w)),
-            BG=max(16, nxt(max(g, 1))),
+            int(allowed is None),
+            BE=max(16, nxt(widest * w)),
+            BG=max(16, nxt(widest)),
             BC=64,
         )
     except Exception as exc:  # any failure: the torch code drafts instead

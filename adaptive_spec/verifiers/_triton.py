@@ -7,8 +7,14 @@ import triton.language as tl
 
 F64_TINY = tl.constexpr(1e-300)
 
+# Triton compiles a kernel again for every new pattern of its integer arguments (equal to 1, a multiple of 16) and its
+# pointers' alignment, unless told not to: the arguments that change from level to level, step to step or plan to plan
+# are not specialised on (one compile per kernel and flags, made in a bench's warm-up, not one per level inside its
+# timed runs). The vocabulary's size and the rows' pointers, which decide the blocks' vector loads, still are.
+_PER_LEVEL = ("row0", "cand_stride", "tok_stride", "act_stride", "K")
 
-@triton.jit
+
+@triton.jit(do_not_specialize=_PER_LEVEL, do_not_specialize_on_alignment=("par_ptr",))
 def traversal_level_kernel(
     p_ptr,
     q_ptr,
@@ -94,7 +100,7 @@ def traversal_level_kernel(
     tl.store(w_ptr + node, w)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=("x_stride", "act_stride", "K"))
 def rrs_rows_kernel(
     p_ptr,
     q_ptr,
@@ -164,7 +170,7 @@ def rrs_rows_kernel(
         tl.store(o_row + offs, r, mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_PER_LEVEL, do_not_specialize_on_alignment=("par_ptr",))
 def traversal_search_kernel(
     par_ptr,
     cand_ptr,

@@ -290,10 +290,9 @@ for wor in (True, False):
 draft = {"r_ptr": "*fp32", "r_stride": "i32", "cand_ptr": "*i64", "work_ptr": "*i64", "pp_ptr": "*fp64"}
 draft |= {"anc_ptr": "*i1", "allowed_ptr": "*i1"}
 draft |= dict.fromkeys("F W G depth M top_k tok_off par_off depth_off draw_off child_off".split(), "i32")
-draft |= dict.fromkeys("state_off fed_off fr_off next_off feed_off pp_in pp_out P".split(), "i32")
-for last in (True, False):  # the drafting kernel (adaptive_spec.engine.draft_kernels)
-    flags = {"LAST": last, "BE": 32, "BG": 16, "BC": 64}
-    assert ".entry eagle_iid_level_kernel" in ptx(d.eagle_iid_level_kernel, draft, flags)
+draft |= dict.fromkeys("state_off fed_off fr_off next_off feed_off pp_in pp_out P is_last".split(), "i32")
+flags = {"BE": 32, "BG": 16, "BC": 64}  # the drafting kernel (adaptive_spec.engine.draft_kernels): a plan's one
+assert ".entry eagle_iid_level_kernel" in ptx(d.eagle_iid_level_kernel, draft, flags)
 print("compiled")
 """
 
