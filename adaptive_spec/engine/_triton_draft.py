@@ -7,12 +7,14 @@ import triton.language as tl
 
 # Every integer argument but the rows' stride changes from level to level or plan to plan: none is specialised on (see
 # adaptive_spec.verifiers._triton), and whether the level is the last is an argument too, so that a plan's levels run
-# one compiled kernel (its block sizes are the plan's, not the level's: draft_kernels.eagle_iid_level).
+# one compiled kernel (its block sizes are the policy's, not the level's: draft_kernels.eagle_iid_level). Its rows are
+# read at drawn tokens only, so their pointer's alignment (a slice of the root's rows, whatever the vocabulary) is not
+# specialised on either.
 _INTS = ("F", "W", "G", "depth", "M", "top_k", "tok_off", "par_off", "depth_off", "draw_off", "child_off")
 _INTS += ("state_off", "fed_off", "fr_off", "next_off", "feed_off", "pp_in", "pp_out", "P", "is_last")
 
 
-@triton.jit(do_not_specialize=_INTS)
+@triton.jit(do_not_specialize=_INTS, do_not_specialize_on_alignment=("r_ptr",))
 def eagle_iid_level_kernel(
     r_ptr,
     r_stride,

@@ -34,7 +34,6 @@ def eagle_iid_level(
     shape: tuple[int, int, int, int, int, int],
     offsets: tuple[int, ...],
     pending: int,
-    widest: int,
 ) -> None:
     """One level of :func:`~adaptive_spec.engine.drafting.draft_eagle_iid_on_device` in one launch, in place.
 
@@ -42,8 +41,9 @@ def eagle_iid_level(
     nodes and counters at ``offsets`` (``_IidFused``' layout); ``pp`` (float64) the frontier's path probabilities
     and the next one's (ping-pong at ``offsets[-2:]``); ``ancestors`` bool [M + 1, M + 1], rows written for the new
     nodes; ``allowed`` bool [G, pending + fed so far + G], the next level's mask (None: the last level).
-    ``shape``: ``(F, W, G, depth, M, top_k)``; ``widest``: the plan's widest frontier (every level's ``F`` and ``G``
-    at most), which sets the blocks: a plan's levels, the last one included, run one compiled kernel.
+    ``shape``: ``(F, W, G, depth, M, top_k)``. The blocks are set by the policy's ``top_k`` and ``W`` (every level's
+    ``F`` and ``G`` are at most ``top_k``), not by the level's or the tree's: a plan's levels and its trees cut short
+    near a request's end run one compiled kernel.
     """
     from adaptive_spec.engine import _triton_draft
 
@@ -67,8 +67,8 @@ def eagle_iid_level(
             *offsets,
             pending,
             int(allowed is None),
-            BE=max(16, nxt(widest * w)),
-            BG=max(16, nxt(widest)),
+            BE=max(16, nxt(top_k * w)),
+            BG=max(16, nxt(top_k)),
             BC=64,
         )
     except Exception as exc:  # any failure: the torch code drafts instead

@@ -1418,8 +1418,7 @@ class _IidFused:
         self.plan, self.policy, self.pending, self.levels = plan, policy, pending, 0
         self.fed = 1  # the levels fed so far (the root's first)
         self.work = plan.layout.clone()
-        self.widest = max(plan.slots)  # the widest frontier: the kernel's blocks, a path probabilities' half
-        self.pp = torch.empty(2 * self.widest, dtype=torch.float64, device=device)
+        self.pp = torch.empty(2 * max(plan.slots), dtype=torch.float64, device=device)
         self.ancestors = plan.ancestors.clone()
         self.allowed = None
 
@@ -1433,12 +1432,12 @@ class _IidFused:
         self.allowed = (
             None if last else torch.empty(g, self.pending + before + f + g, dtype=torch.bool, device=R.device)
         )
-        half = self.widest
+        half = len(self.pp) // 2
         offsets = (at["tok"], at["par"], at["depth"], at["draw"], at["child"], at["state"], at["fed"], fr, nxt)
         offsets += (at["feed"], half * (d % 2 == 0), half * (d % 2))  # path probabilities in, out
         shape = (f, w, g, d, plan.m, self.policy.top_k)
         draft_kernels.eagle_iid_level(
-            R, cand.contiguous(), self.work, self.pp, self.ancestors, self.allowed, shape, offsets, self.pending, half
+            R, cand.contiguous(), self.work, self.pp, self.ancestors, self.allowed, shape, offsets, self.pending
         )
 
     def feed(self) -> tuple[torch.Tensor, torch.Tensor]:
