@@ -133,8 +133,8 @@ def accelerator_path(device: torch.device) -> bool:
     """Whether code with a CPU strategy and an accelerator strategy takes the accelerator's on ``device``.
 
     Two places choose by device: :func:`~adaptive_spec.trees.draw.draw_children` draws without replacement
-    by the exponential race on an accelerator (a few kernels) and by successive inverse-CDF draws on a CPU
-    (far fewer random numbers), and the verifiers that can compute their whole outcome ahead do so on an
+    by the exponential race on an accelerator (a few kernels) and from inverse-CDF draws on a CPU (far fewer
+    random numbers), and the verifiers that can compute their whole outcome ahead do so on an
     accelerator (:func:`adaptive_spec.verifiers.base.run_ahead`). :func:`accelerator_path_on_cpu` makes a
     CPU take the accelerator's path: ``bench overhead --syncs`` counts that path, and tests check its law.
     """

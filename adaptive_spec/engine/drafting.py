@@ -12,8 +12,8 @@ level are then drawn with a few torch ops from the caller's generator:
   and the draw is kept with multiplicity in ``child_draws``;
 * without replacement: every frontier slot draws ``widths[d]`` distinct children, the law of
   sequential draws without replacement (Plackett-Luce), tokens of probability zero excluded: by
-  the exponential race (Gumbel-top-k, ``argsort(probs / Exp(1))``) on an accelerator, by successive
-  inverse-CDF draws on a CPU (:func:`~adaptive_spec.trees.draw.draw_children`).
+  the exponential race (Gumbel-top-k, ``argsort(probs / Exp(1))``) on an accelerator, from inverse-CDF
+  draws on a CPU (:func:`~adaptive_spec.trees.draw.draw_children`).
 
 Static shapes are drafted into fixed slots (:mod:`adaptive_spec.trees.slots`): no level reads the host,
 and the tree's structure is merged from the tokens after the engine's one read. Policies decide on the

@@ -1,5 +1,5 @@
-"""draw_children: its batched paths (inverse CDF, successive draws, the race) and its one-at-a-time path have one
-law; the greedy and support rules."""
+"""draw_children: its batched paths (inverse CDF, the first distinct tokens of i.i.d. draws, the race) and its
+one-at-a-time path have one law; the greedy and support rules."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from scipy.stats import chisquare
 
 from adaptive_spec.analysis.exact import enumerate_law
 from adaptive_spec.rng import TorchSampler
-from adaptive_spec.trees.draw import _race, _successive, draw_children
+from adaptive_spec.trees.draw import _first_distinct, _race, draw_children
 
 ROW = torch.tensor([0.4, 0.0, 0.3, 0.2, 0.1], dtype=torch.float64)
 
@@ -30,7 +30,7 @@ def _batched(k: int, distinct: bool, path: str):
     def draw(rows, g):
         if path == "draw_children":
             return draw_children(rows, k, g, replace=not distinct)
-        return (_race if path == "race" else _successive)(rows, k, g)  # the accelerator's and the CPU's
+        return (_race if path == "race" else _first_distinct)(rows, k, g)  # the accelerator's and the CPU's
 
     return draw
 
@@ -42,7 +42,8 @@ def _batched(k: int, distinct: bool, path: str):
         (3, False, "draw_children"),
         (1, True, "draw_children"),
         (3, True, "race"),
-        (3, True, "successive"),
+        (3, True, "first_distinct"),
+        (4, True, "first_distinct"),  # the whole support: a row short of 4 distinct tokens in 16 draws, often
     ],
 )
 def test_the_batched_paths_have_the_law_of_sequential_draws(k: int, distinct: bool, path: str) -> None:
@@ -113,15 +114,15 @@ def test_the_inverse_cdf_never_draws_a_token_of_weight_zero() -> None:
 
 
 def test_a_cpu_draws_as_an_accelerator_when_asked() -> None:
-    """Without replacement an accelerator runs the race, a CPU successive draws; ``accelerator_path_on_cpu``
-    makes a CPU take the accelerator's path (``bench overhead --syncs`` counts that one)."""
+    """Without replacement an accelerator runs the race, a CPU the first distinct tokens of i.i.d. draws;
+    ``accelerator_path_on_cpu`` makes a CPU take the accelerator's path (``bench overhead --syncs`` counts that one)."""
     from adaptive_spec.rng import accelerator_path_on_cpu
 
     rows = ROW.expand(8, -1).contiguous()
     with accelerator_path_on_cpu():
         on_accelerator = draw_children(rows, 3, torch.Generator().manual_seed(5))
     on_cpu = draw_children(rows, 3, torch.Generator().manual_seed(5))
-    for mine, path in ((on_accelerator, _race), (on_cpu, _successive)):
+    for mine, path in ((on_accelerator, _race), (on_cpu, _first_distinct)):
         want = path(rows, 3, torch.Generator().manual_seed(5))
         assert torch.equal(mine[0], want[0]) and torch.equal(mine[1], want[1])
     assert not torch.equal(on_accelerator[0], on_cpu[0])  # two paths, not one
