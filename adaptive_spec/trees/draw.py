@@ -130,8 +130,8 @@ def _first_distinct(
     inverse-CDF draws per row from one cumulative sum and one search, their first ``k`` distinct values read on the
     host (a CPU's tensors: no sync), and a row still short draws the rest by successive inverse-CDF draws, each
     drawn token's weight zeroed before the next (fresh uniforms: the law does not remember the repeats). A round
-    with no weight left draws nothing (``valid`` False). A dozen ops a call where ``k`` rounds of successive draws
-    take about thirty.
+    with no weight left draws nothing (``valid`` False). Half the ops of ``k`` rounds of successive draws (counted
+    in a 48-node tree's steps, short rows included), and one pass over the vocabulary where they took ``k``.
     """
     drawn = inverse_cdf(rows, DISTINCT_DRAWS * k, generator).tolist()
     out = [list(dict.fromkeys(row))[:k] for row in drawn]
