@@ -129,7 +129,13 @@ def traversal_impl(
         # Reject the leaf: delete it and update its parent n.
         n, t = parents[leaf], tokens[leaf]
         children[n].pop(0)
-        rb, cb = mb.get(n, (target_probs[n], 1.0))
+        if w[n] <= 0.0:
+            # A parent of weight 0 (a residual of mass 0 before, or p = 0 on its edge) keeps it (S = 0), and every
+            # node under it got weight 0 with it: nothing there is accepted, and its rows would not change (a node
+            # of weight 0 is never accepted but the root, whose rows were set by the rejection that zeroed it).
+            # Three in four of a 48-node tree's rejections at T = 1: no residual, total or copy is made for them.
+            continue
+        rb, cb = mb[n] if n in mb else (target_probs[n], 1.0)
         q = tree.draft_probs[n]
         cs, zeroed, qz = ms.get(n, (1.0, {}, None))
         # r = (w · Mb − Ms)_+ / (w · cb); its values at the tokens only where n keeps children (their weights), and
