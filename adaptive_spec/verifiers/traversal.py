@@ -229,13 +229,9 @@ def _residual(
     Three passes over the vocabulary in the rows' dtype (one fused ``rb − α q``, the clamp,
     the float64-accumulated sum). ``qz``: ``q`` with the rejected tokens' entries set to 0 (Ms = 0 there, so
     r = rb exactly: ``rb − α·0``), or None when none is rejected yet. The values at the tokens are read in the rows'
-    dtype (exact as Python floats).
+    dtype (exact as Python floats). ``scale_b`` is positive: the walk skips parents of weight 0, and ``cb >= 1``.
     """
     total = q.sum(dtype=torch.float64, dim=0, keepdim=True) if with_total else None
-    if scale_b <= 0.0:
-        r = torch.zeros_like(rb)
-        at = None if tok_all is None else [0.0] * tok_all.numel()
-        return r, 0.0, at, (total.item() if total is not None else 0.0)
     alpha = cs / scale_b
     if alpha < 1e30:
         r = torch.sub(rb, q if qz is None else qz, alpha=alpha)
