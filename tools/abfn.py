@@ -22,13 +22,6 @@ import sys
 import types
 from pathlib import Path
 
-PROMPTS = [
-    "Explain how a rainbow forms.",
-    "Write a haiku about the sea.",
-    "List three uses of copper.",
-    "What is a prime number?",
-]
-
 
 def base_function(base: str, module: str, name: str):
     """``name`` as defined in ``module`` at commit ``base`` (the module's other globals are BASE's too)."""
@@ -47,12 +40,14 @@ def main() -> int:
     ap.add_argument("--plans", required=True)
     ap.add_argument("--target", default=None, help="a zoo target (default: the built-in pair)")
     ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--limit", type=int, default=4, help="the first built-in prompts (bench overhead's)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     from adaptive_spec.bench.overhead import ForwardClock
     from adaptive_spec.engine.load import load_engine
+    from adaptive_spec.files import default_prompts
 
     module, _, names = args.function.partition(":")
     name, _, old_name = names.partition("=")
@@ -61,12 +56,13 @@ def main() -> int:
     engine = load_engine(args.target, None, "cpu", None)
     clocks = [ForwardClock(engine.target), ForwardClock(engine.draft)]
     plans = [p.strip() for p in args.plans.split(",") if p.strip()]
+    prompts = default_prompts()[: args.limit]
     for plan in plans:  # warm-up
-        engine.generate(PROMPTS[0], max_new_tokens=8, temperature=args.temperature, plan=plan, seed=0)
+        engine.generate(prompts[0], max_new_tokens=8, temperature=args.temperature, plan=plan, seed=0)
     runs: dict[str, dict[str, list]] = {p: {"old": [], "new": []} for p in plans}
     for rnd in range(args.rounds):
         for plan in plans:
-            for i, prompt in enumerate(PROMPTS):
+            for i, prompt in enumerate(prompts):
                 for which in ("old", "new") if (rnd + i) % 2 == 0 else ("new", "old"):
                     setattr(mod, name, impl[which])
                     before = sum(c.seconds for c in clocks)
@@ -102,9 +98,8 @@ def main() -> int:
             f"  (paired median new/old {ratio:.3f}, {len(old)} pairs)"
         )
     if args.json:
-        config = {
-            k: getattr(args, k) for k in ("base", "function", "target", "rounds", "max_new_tokens", "temperature")
-        }
+        keys = ("base", "function", "target", "rounds", "limit", "max_new_tokens", "temperature")
+        config = {k: getattr(args, k) for k in keys}
         Path(args.json).write_text(json.dumps({"config": config, "rows": rows}, indent=1))
         print(f"wrote {args.json}")
     return 0
