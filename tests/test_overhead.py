@@ -332,12 +332,12 @@ def test_an_eagle_tree_decided_on_the_device_keeps_within_its_level_goal():
 @pytest.mark.filterwarnings("ignore::RuntimeWarning:triton")  # the interpreter's x/0, where-masked
 def test_an_eagle_tree_with_iid_children_reads_the_host_once_for_the_tree(plan, fused, monkeypatch):
     """An EAGLE-style tree with i.i.d. children is decided on the device (the accelerator's path, which the counter
-    takes): one read for the tree at its look (the deepest of the past trees, at least where the same policy without
-    replacement would stop feeding), one more per level past it that its merges reach, and the verifier's one read
-    (SpecInfer on the draws table, on the device). The commits before: 16.2 syncs a step for
-    ``eagle:5:12:3:2/specinfer`` (a read a level, copies of each level's inputs, and the host walk's reads), then
-    2.15 (a read at every level past the certain ones that fed). Likewise with the fused kernels (the draft levels'
-    and the verifiers', in Triton's interpreter), a launch counted as one op."""
+    takes): one read for the tree, which ends at its look (the deepest of the past trees, at least where the same policy
+    without replacement would stop feeding), and the verifier's one read (SpecInfer on the draws table, on the device).
+    The commits before: 16.2 syncs a step for ``eagle:5:12:3:2/specinfer`` (a read a level, copies of each level's
+    inputs, and the host walk's reads), then 2.15 (a read at every level past the certain ones that fed), then 2.04 (a
+    read at the look, and one more per level past it that the merges reached). Likewise with the fused kernels (the
+    draft levels' and the verifiers', in Triton's interpreter), a launch counted as one op."""
     if fused:
         pytest.importorskip("triton")
         from tests.verifiers.test_kernels import kernels_on

@@ -20,8 +20,8 @@ and the tree's structure is merged from the tokens after the engine's one read. 
 host, one read per level, except: EAGLE-style trees without replacement, whose counts per level are known in
 advance, decided on the device with one read per tree (:func:`draft_eagle_on_device`); with
 i.i.d. children, on an accelerator, each level has its most frontier rows, padding after the fed ones
-(:func:`draft_eagle_iid_on_device`, one read per tree at a *look* level chosen from the past trees, one more per
-level that the merges take a tree past it); policy chains
+(:func:`draft_eagle_iid_on_device`, one read per tree, which ends at a *look* level chosen from the past
+trees); policy chains
 (``conf-chain``, ``cum-chain``, ``learned-chain``), on an accelerator, decided on the device and read once, at a
 *look* level chosen from the past stops (:func:`draft_chain_on_device`); and ``conf-delayed`` trees, whose trunk
 is read level by level on a CPU and once at its look on an accelerator, then the paths drafted into a static
@@ -568,10 +568,12 @@ def draft_policy_tree(
             generator.set_state(state)
             runner.undo_block(mark)
             outcome = grow(runner, root, policy, probs_fn, generator, deterministic)
-        if outcome is not None:
+        if isinstance(outcome, DraftOutcome):
             return outcome
         # A drawn child had probability 0: the tree the host path grows differs from the one drafted. Draw it again
-        # on the host from the same generator state: the draws agree up to there, so the tree is the host path's.
+        # on the host from the same generator state: the draws agree up to there, so the tree is the host path's
+        # (of the policy the device path drafted: an i.i.d. tree's cut at its look)
+        policy = outcome
         generator.set_state(state)
         runner.undo_block(mark)
         runner.device_policy = False  # rows with zeros (a top-k or top-p processor): the rest of the run on the host
@@ -1040,7 +1042,7 @@ def draft_eagle_on_device(
     probs_fn: ProbsFn,
     generator: torch.Generator,
     deterministic: bool,
-) -> DraftOutcome | None:
+) -> DraftOutcome | EagleTree:
     """An EAGLE-style tree without replacement, decided on the device: one host read for the whole tree.
 
     The host path (:func:`draft_policy_tree`) feeds, per level, the ``top_k`` new nodes of highest path
@@ -1051,7 +1053,8 @@ def draft_eagle_on_device(
     products, as the host's), with each level's tokens, positions and mask rows gathered on the device.
     The candidates are drawn by the same calls on the same shapes as the host path's, so the tree is the
     host path's whenever every child drawn has positive probability; the one read at the end says whether
-    so. Returns None when not: the caller draws again on the host from the generator state it saved.
+    so. Returns ``policy`` when not: the caller draws its tree again on the host from the generator state it
+    saved.
     """
     device = runner.device
     p, base = root.pending, root.base
@@ -1099,7 +1102,7 @@ def draft_eagle_on_device(
     host = torch.cat([tokens_d, parents_d, fed_d, torch.stack([ok, bad])]).tolist()  # the tree's one read
     check_finite(bool(host[-2]), "draft")
     if host[-1]:
-        return None
+        return policy
     tokens, parents, fed_order = host[:n], host[n : 2 * n], host[2 * n : 2 * n + fed_total]
     child_draws: list[list[int]] = [[] for _ in range(n)]
     start, frontier = 0, 1
@@ -1233,8 +1236,8 @@ def draft_eagle_iid_on_device(
     probs_fn: ProbsFn,
     generator: torch.Generator,
     deterministic: bool,
-) -> DraftOutcome | None:
-    """An EAGLE-style tree with i.i.d. children, decided on the device: usually one host read for the whole tree.
+) -> DraftOutcome | EagleTree:
+    """An EAGLE-style tree with i.i.d. children, decided on the device: one host read for the whole tree.
 
     The host path (:func:`draft_policy_tree`) gives each fed node ``width`` i.i.d. draws within the budget (spent
     in frontier order), merges a node's draws by token into its children (in the order of first appearance) and
@@ -1248,35 +1251,34 @@ def draft_eagle_iid_on_device(
     generator state both grow the same tree.
 
     The levels whose nodes the same policy without replacement feeds are fed here for sure (duplicates only save
-    budget); after them, whether any node is fed depends on the merges. The tree is read once, after level ``l``,
-    the *look*, and only if nodes are fed there does the growth go on, with a read per level. The look comes from
-    the past trees of the same policy in the request (``runner.chain_look``, as a policy chain's, :func:`_look`):
-    the deepest of the last :data:`LOOK_HISTORY` trees, at least the first level that is not certain (before any
-    tree: that level). Levels between a tree's end and its look are drafted blind: no node is made there (the
-    tree is the host path's), but their forwards are spent and their draws taken from the generator. Returns None
-    when a drawn child had probability 0 (a row of zeros): the caller grows the host path's tree from the saved
-    state (and again with the torch code when a fused kernel failed: :class:`~.draft_kernels.KernelFailedError`).
+    budget); after them, whether any node is fed depends on the merges, which the host does not wait for. The tree is
+    grown to level ``l``, the *look*, and read once: it is the host path's tree of ``policy.truncated(l)``. The look
+    comes from the past trees of the same policy in the request (``runner.chain_look``, as a policy chain's,
+    :func:`_look`): the deepest of the last :data:`LOOK_HISTORY` trees, a tree cut at its look (nodes were fed there)
+    counting as one level deeper, at least the first level that is not certain (before any tree: that level, so the
+    looks of a request's first trees climb a level a tree while trees are cut). A depth chosen from past steps is a plan
+    chosen from past steps: the law is the truncated policy's, which the exact tests check like any EAGLE policy's.
+    Levels between a tree's end and its look are drafted blind: no node is made there, but their forwards are spent and
+    their draws taken from the generator.
+    Returns ``policy.truncated(l)`` when a drawn child had probability 0 (a row of zeros): the caller grows its
+    tree on the host path from the saved state (and drafts again with the torch code when a fused kernel failed:
+    :class:`~.draft_kernels.KernelFailedError`).
     """
     device = runner.device
     p, base = root.pending, root.base
     plan = _iid_plan(policy, device)
     m, w = plan.m, policy.width
-    # the level after which the tree is read: the deepest past tree, at least the first uncertain level (the
-    # policy's depth or beyond: once, at the end)
+    # the level after which the tree is read, and where it ends: the deepest past tree (one deeper if it was cut),
+    # at least the first uncertain level (before any tree: that level)
     stops, look = _look(runner, policy, policy.depth, least=plan.certain + 1, first=plan.certain + 1)
     R, ok = root.probs[-1:], root.ok
     grow = (_IidFused if kernels.fused_on(device) else _IidTorch)(plan, policy, device, p - 1)
-    rows, level_logits, host = [R], [], None
-    for d in range(1, policy.depth + 1):
+    rows, level_logits = [R], []
+    for d in range(1, look + 1):
         cand = draw_tokens(R, w, generator, replace=True, greedy=deterministic)  # [f, W], as the host path
         grow.level(d, R, cand, last=d == policy.depth)
-        if d == policy.depth:
+        if d == look:
             break
-        if d >= look:  # whether anything is fed now depends on the merges: the tree so far, read
-            host = _read_iid(grow, ok, level_logits, rows, True)
-            if not host[-1]:
-                break
-            host = None
         g = plan.slots[d]
         tokens, allowed = grow.feed()
         pos = torch.full((g,), base + p - 1 + d, dtype=torch.long, device=device)
@@ -1284,18 +1286,17 @@ def draft_eagle_iid_on_device(
         R = probs_fn(logits)
         level_logits.append(logits)
         rows.append(R)
-    if host is None:
-        host = _read_iid(grow, ok, level_logits, rows, False)
-    tokens, parents, draws, fed_order, n, flag, bad, _ = host
+    host = _read_iid(grow, ok, level_logits, rows, look < policy.depth)  # the one read
+    tokens, parents, draws, fed_order, n, flag, bad, cut = host
     check_finite(bool(flag), "draft")
     if bad:
-        return None
+        return policy.truncated(look)
     tokens, parents = tokens[:n], parents[:n]
     child_draws = [[c for c in draws[j * w : (j + 1) * w] if c < m] for j in range(n)]
     depths = [0] * n
     for j in range(1, n):
         depths[j] = depths[parents[j]] + 1
-    stops.append(max(depths))  # the levels with nodes
+    stops.append(look + 1 if cut else max(depths))  # the levels with nodes; a tree cut at its look: one more
     fed_d, fed_rows = host.fed, torch.cat(rows)
     probs = torch.zeros(m + 1, probs_fn.vocab_size, dtype=fed_rows.dtype, device=device)
     probs[fed_d] = fed_rows  # padding rows land on the dummy's

@@ -21,6 +21,7 @@ import torch
 from adaptive_spec.bench.overhead import HostSyncCounter
 from adaptive_spec.engine import SpecEngine, drafting
 from adaptive_spec.engine.drafting import (
+    DraftOutcome,
     draft_policy_tree,
     draft_root,
     eagle_iid_slots,
@@ -136,11 +137,14 @@ GENERATION_PLANS = {
 def test_generations_are_the_same_on_the_device_and_on_the_host(monkeypatch, law, temperature, head) -> None:
     """Without replacement a CPU grows the tree on the device too; with i.i.d. children only an accelerator does (a
     CPU run grows none there), so those runs take the accelerator's paths, verifiers included, on both sides. With
-    i.i.d. children the device reads the tree at a look chosen by the past trees; the levels it drafts blind past a
-    tree's end make no node but take draws from the generator, so here the look is kept at the first level that is
-    not certain (no history), where the host path draws alike (the looks: the next test)."""
+    i.i.d. children the device grows the tree to a look chosen by the past trees, the host path's tree of the policy
+    cut there; the levels it drafts blind past a tree's end make no node but take draws from the generator, so here
+    the look is kept at the first level that is not certain, where the host path of the policy cut at that depth
+    draws alike (the looks: the next test)."""
+    host_plans = GENERATION_PLANS[law]
     if law == "iid":
-        monkeypatch.setattr(drafting, "LOOK_HISTORY", 0)
+        monkeypatch.setattr(drafting, "_look", lambda *a, least, first: (collections.deque(maxlen=0), least))
+        host_plans = [_cut_at_first_uncertain(plan) for plan in host_plans]
     target = tiny_model("llama", vocab=48, hidden=32, seed=3, eos=None)
     draft = make_head(target, 40, range(8, 48)) if head else perturbed(target, 0.2, 4)
     engine = SpecEngine(target, draft)
@@ -155,15 +159,31 @@ def test_generations_are_the_same_on_the_device_and_on_the_host(monkeypatch, law
         with accelerator_path_on_cpu() if ahead else contextlib.nullcontext():  # the verifiers' paths alike
             runs[where] = [
                 engine.generate([5, 6, 7, 9], max_new_tokens=24, temperature=temperature, plan=plan, seed=seed)
-                for plan in GENERATION_PLANS[law]
+                for plan in (host_plans if where == "host" else GENERATION_PLANS[law])
                 for seed in range(2)
             ]
         if where == "cpu":  # a CPU grows trees with i.i.d. children on the host: a read costs nothing there
             assert not grown
-    assert grown and all(o is not None for o in grown)  # every tree of the device runs was grown on the device
+    assert grown and all(isinstance(o, DraftOutcome) for o in grown)  # every tree of the device runs: grown there
     for a, b in zip(runs["device"], runs["host"], strict=True):
         assert a.token_ids == b.token_ids
         assert (a.stats.accept_lengths, a.stats.tree_sizes) == (b.stats.accept_lengths, b.stats.tree_sizes)
+
+
+def _certain(policy) -> int:
+    """The levels of ``policy`` (an EAGLE-style tree) whose new nodes are surely fed."""
+    levels = eagle_levels(policy)
+    certain = 0
+    while certain < len(levels) and levels[certain][1]:
+        certain += 1
+    return certain
+
+
+def _cut_at_first_uncertain(plan: str) -> str:
+    """``plan`` with its policy cut at its first level that is not certain."""
+    text, verifier = plan.split("/")
+    policy = parse_policy(text)
+    return f"{policy.truncated(_certain(policy) + 1)}/{verifier}"
 
 
 def _cuts_and_alone(monkeypatch, cache: str, make, text: str) -> list[tuple]:
@@ -231,18 +251,18 @@ def test_the_device_drafter_grows_the_host_drafters_iid_tree(model, text, temper
     while certain < len(eagle_levels(policy)) and eagle_levels(policy)[certain][1]:
         certain += 1
     for seed in range(8):
-        reads.clear()
-        dev, r_dev, g_dev = _grow(model, policy, probs_fn, seed, temperature == 0, True)
-        n_reads = len(reads)
         host, r_host, g_host = _grow(model, policy, probs_fn, seed, temperature == 0, False)
+        reads.clear()  # the look at the tree's depth: the whole tree, no level blind
+        dev, r_dev, g_dev = _grow(model, policy, probs_fn, seed, temperature == 0, True, look=max(host.tree.depths))
+        n_reads = len(reads)
         _same_iid(dev, host)
         assert r_dev.device_policy and r_dev.forwards == r_host.forwards
         assert torch.equal(g_dev.get_state(), g_host.get_state())  # the same draws, consumed alike
         draws = sum(map(len, dev.tree.child_draws))
         assert draws <= policy.budget and draws == sum(len(c) for c in host.tree.child_draws)
         merged += dev.tree.num_nodes - 1 < draws  # duplicates merged into one node
-        longer += dev.policy_levels > len(eagle_levels(policy))  # saved budget spent deeper: a read a level there
-        assert n_reads == dev.policy_levels - certain  # one read for the tree, and one per level not certain
+        longer += dev.policy_levels > len(eagle_levels(policy))  # saved budget spent deeper
+        assert n_reads == 1  # one read for the tree
     if text in ("eagle:3:6:2:2", "eagle:4:12:3:2"):
         assert merged and longer  # the cases where the merges matter happen
 
@@ -267,13 +287,15 @@ def draws_at_the_top(monkeypatch) -> None:
 
 def test_iid_draws_of_probability_zero_are_drafted_again_on_the_host(model, monkeypatch) -> None:
     """A drawn child of probability 0 (here: draws forced to a row's top k, wider than its two positive entries)
-    sends the tree back to the host path, which grows the same tree from the saved generator state."""
+    sends the tree back to the host path, which grows the same tree from the saved generator state: the tree of the
+    policy cut at the look (before any tree, the first level that is not certain)."""
     policy = parse_policy("eagle:4:12:3:3")
     narrow = SamplingConfig(temperature=1.0, top_k=2)
     probs_fn = ProbsFn(build_logits_processor(narrow.generation_config()), V, one_hot=False)
     draws_at_the_top(monkeypatch)
     dev, r_dev, g_dev = _grow(model, policy, probs_fn, 0, False, True)
-    host, r_host, g_host = _grow(model, policy, probs_fn, 0, False, False)
+    assert _certain(policy) + 1 < policy.depth  # a cut
+    host, r_host, g_host = _grow(model, policy.truncated(_certain(policy) + 1), probs_fn, 0, False, False)
     assert (dev.tree.tokens, dev.tree.child_draws) == (host.tree.tokens, host.tree.child_draws)
     assert not r_dev.device_policy and r_dev.cache_length() == r_host.cache_length()
     assert torch.equal(g_dev.get_state(), g_host.get_state())
@@ -293,25 +315,25 @@ def test_an_iid_policys_depth_cuts_get_their_plans_in_the_same_transfer(monkeypa
 
 @pytest.mark.parametrize("text", IID_POLICIES)
 def test_an_iid_tree_is_read_at_its_look_and_is_the_host_drafters(model, text) -> None:
-    """Read once after the look level (the deepest of the policy's past trees, at least the first level that is not
-    certain), then once a level while nodes are fed: the host path's tree from the same generator state whatever the
-    look; a look past the tree's end costs blind levels (forwards, draws), no node; the tree's depth is recorded."""
+    """Grown to the look level (the deepest of the policy's past trees, at least the first level that is not
+    certain) and read once there: the host path's tree of the policy cut at the look, from the same generator state;
+    a look past the tree's end costs blind levels (forwards, draws), no node; the tree's depth is recorded, one
+    more for a tree cut at its look (nodes were fed there), so the next look goes a level deeper."""
     policy = parse_policy(text)
     probs_fn = ProbsFn(build_logits_processor(SamplingConfig(temperature=1.0).generation_config()), V, one_hot=False)
-    certain = 0
-    while certain < len(eagle_levels(policy)) and eagle_levels(policy)[certain][1]:
-        certain += 1
+    certain = _certain(policy)
     reads, real = [], drafting._read_iid
 
     def counted(*a):
         reads.append(1)
         return real(*a)
 
-    blind = past = 0
+    blind = cut = 0
     for seed in range(6):
-        host, _, _ = _grow(model, policy, probs_fn, seed, False, False)
-        depth = max(host.tree.depths)
+        full = max(_grow(model, policy, probs_fn, seed, False, False)[0].tree.depths)
         for look in range(certain + 1, policy.depth + 2):
+            host, _, _ = _grow(model, policy.truncated(look), probs_fn, seed, False, False)
+            depth = max(host.tree.depths)
             reads.clear()
             with pytest.MonkeyPatch.context() as mp:
                 mp.setattr(drafting, "_read_iid", counted)
@@ -326,34 +348,35 @@ def test_an_iid_tree_is_read_at_its_look_and_is_the_host_drafters(model, text) -
             assert torch.allclose(ta.draft_probs, tb.draft_probs, atol=1e-6) and sorted(dev.cache_rows) == sorted(
                 host.cache_rows
             )
-            assert len(reads) == max(1, depth - look + 1)
-            assert dev.policy_levels == max(depth, min(look, policy.depth))  # levels drafted, blind ones included
-            assert runner.chain_look[str(policy)][-1] == depth
+            assert len(reads) == 1
+            assert dev.policy_levels == min(look, policy.depth)  # levels drafted, blind ones included
+            assert runner.chain_look[str(policy)][-1] == (look + 1 if full > look else depth)
+            assert depth == min(full, look)
             blind += look > depth and depth < policy.depth
-            past += look < depth
+            cut += full > look
     if text in ("eagle:3:6:2:2", "eagle:4:12:3:2"):  # where merges take some trees deeper than others
-        assert blind and past  # looks past a tree's end and before it, both met
+        assert blind and cut  # looks past a tree's end and before it, both met
 
 
 def test_a_path_through_nodes_one_to_k_keeps_its_draft_rows(monkeypatch) -> None:
     """A path 1 .. k (the root's draws all merged into node 1) of a tree grown on the device, whose fed padding rows
     sit between its nodes' draft rows: the draft cache keeps the path's own rows (a slice of the device's row table,
-    no copy), so the next steps draft what the host path's do."""
-    monkeypatch.setattr(drafting, "LOOK_HISTORY", 0)  # the host path's draws (see the generations test above)
+    no copy), so the next steps draft what the host path's do. The policy's first two levels are certain (fed
+    whatever the merges) and its budget outlasts the third, so every tree is grown to its depth, the look."""
+    plan = "eagle:3:12:2:2/specinfer"
     target = tiny_model("llama", vocab=48, seed=3, eos=None)
     engine = SpecEngine(target, perturbed(target, 0.2, 4))
-    runs, roles = {}, {"target": engine.target, "draft": engine.draft}
+    runs, roles, grown = {}, {"target": engine.target, "draft": engine.draft}, []
+    real = drafting.draft_eagle_iid_on_device
+    monkeypatch.setattr(drafting, "draft_eagle_iid_on_device", lambda *a: grown.append(real(*a)) or grown[-1])
     with accelerator_path_on_cpu():  # the policy's plans, made once
-        engine.generate([5, 6, 7, 9], max_new_tokens=4, plan="eagle:3:6:2:2/specinfer", seed=0)
+        engine.generate([5, 6, 7, 9], max_new_tokens=4, plan=plan, seed=0)
     for where in ("device", "host"):
         if where == "host":
             monkeypatch.setattr(drafting, "eagle_on_device", lambda *a: False)
         with HostSyncCounter(roles=roles) as counter:  # the accelerator's path
             runs[where] = [
-                engine.generate(
-                    [5, 6, 7, 9], max_new_tokens=24, temperature=1.0, plan="eagle:3:6:2:2/specinfer", seed=s
-                )
-                for s in (2, 3)
+                engine.generate([5, 6, 7, 9], max_new_tokens=24, temperature=1.0, plan=plan, seed=s) for s in (2, 3)
             ]
         if where == "device":  # the tree's read and the verifier's: the rows kept are not copied over
             assert counter.by_kind(stage="step").keys() == {"tolist"}
@@ -363,3 +386,7 @@ def test_a_path_through_nodes_one_to_k_keeps_its_draft_rows(monkeypatch) -> None
             b.stats.accept_lengths,
             b.stats.tree_sizes,
         )
+    # the case: the root's draws merged into node 1, and node 1's into node 2
+    assert any(
+        o.tree.parents[:3] == [-1, 0, 1] and o.tree.parents.count(0) == o.tree.parents.count(1) == 1 for o in grown
+    )
