@@ -27,6 +27,8 @@
 #                  iid:3x4/specinfer) with the fused kernels (verifiers; the i.i.d. EAGLE tree's draft levels) off
 #                  (ADAPTIVE_SPEC_FUSED=0) and on, alternated
 #                  over two rounds (about 3 minutes: not measured yet)
+#   syncs.json     bench overhead --syncs --plans families with SmolLM2 on this device: host syncs (by kind and
+#                  where, inside the forwards too) and aten ops a step, one plan per family (about 60 s)
 #   capacity_512.json, capacity_2048.json  bench passes (1, 4 and 16 rows; the head at 1 and 4) with static caches
 #                  of 512 and 2048 rows: what rows beyond a request cost a captured pass, which attends over all
 #                  of them (about 40 s)
@@ -125,6 +127,11 @@ step fused 300 bash -c 'for r in 1 2; do for f in 0 1; do ADAPTIVE_SPEC_FUSED=$f
   --target smollm2 --device '"$DEVICE"' --prompts '"$PROMPTS"' --limit 4 --max-new-tokens '"$TOKENS"' \
   --temperatures 1 --no-hf --no-lookup --no-hf-generate --plans '"$FUSED_PLANS"' --no-progress \
   --json '"$OUT"'/fused_${f}_$r.json || exit 1; done; done'
+# Host syncs and aten ops a step on this device's own paths (captured forwards, fused kernels), one plan per family
+# (SmolLM2 with its head; about 60 s): the counts of issue 30's item 6, which a CPU counts on the accelerator's path.
+if [ "$DEVICE" = cpu ]; then SYNCS="--limit 1 --max-new-tokens 8"; else SYNCS="--limit 2 --max-new-tokens 32"; fi
+step syncs 150 $PY -m adaptive_spec bench overhead --syncs --target smollm2 --device "$DEVICE" --plans families \
+  $SYNCS --json "$OUT/syncs.json"
 # Where the host's time goes in a step (cProfile's functions and aten ops per step; about 60 s): a drafting step is
 # bound by the host on a GPU (2.7 ms of host time for three captured head levels of about 0.2 ms each).
 if [ "$DEVICE" = cpu ]; then HOSTPROF="--prompts 1 --tokens 8 --plans autoregressive,chain:3/block"; else HOSTPROF=""; fi
