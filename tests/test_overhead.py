@@ -402,3 +402,42 @@ def test_an_eagle_head_on_a_slot_tree_reads_the_host_once_a_step(plan):
     assert off_prefix >= 2, r.stats.accept_lengths
     reads = counter.by_kind(stage="step")
     assert set(reads) == {"tolist"} and reads["tolist"] <= (2 if plan.startswith("conf") else 1) * r.stats.steps
+
+
+def test_the_most_syncs_in_one_step_are_counted(monkeypatch):
+    """``step_syncs`` holds each engine step's syncs, so the report's maximum is the goal's strict reading ("at most
+    2 per step"). Negative control: two extra reads in every third step leave the mean under the goal but are seen
+    in the maximum and in the count of steps over the goal."""
+    from adaptive_spec.engine import step as step_module
+
+    target = tiny_model("llama", vocab=48, seed=3, eos=None)
+    draft = perturbed(target, 0.2, 4)
+    engine = SpecEngine(target, draft)
+    roles = {"target": target, "draft": draft}
+
+    def counted() -> tuple[dict, HostSyncCounter]:
+        with HostSyncCounter(roles=roles) as counter:
+            r = engine.generate([5, 6, 7, 5, 6, 7], max_new_tokens=24, temperature=1.0, plan="chain:3/block", seed=0)
+        return summarize_counts(counter, r.stats.steps, 1), counter
+
+    counted()  # warm-up: the plan's device tensors made once
+    row, counter = counted()
+    assert len(counter.step_syncs) == row["steps"] >= 6 and sum(counter.step_syncs) == row["steps"]
+    assert row["most_syncs_in_a_step"] == 1 and row["steps_over_sync_goal"] == 0
+    assert row["meets_goals"]["syncs_in_every_step"]
+
+    real, calls = step_module.draft_tree, []
+
+    def reads_more(*args, **kwargs):
+        out = real(*args, **kwargs)
+        calls.append(1)
+        if len(calls) % 3 == 0:  # two more reads of the draft's rows (made in its forwards: device values)
+            out.tree.draft_probs[0, :1].tolist()
+            out.tree.draft_probs[0, 1:2].tolist()
+        return out
+
+    monkeypatch.setattr(step_module, "draft_tree", reads_more)
+    row, counter = counted()
+    assert row["syncs_per_step"] <= 2 and row["meets_goals"]["syncs_per_step"]  # the mean hides them
+    assert row["most_syncs_in_a_step"] == 3 and row["steps_over_sync_goal"] == len(calls) // 3 > 0
+    assert not row["meets_goals"]["syncs_in_every_step"]
