@@ -9,7 +9,8 @@ With ``--syncs`` it counts instead (:class:`HostSyncCounter`), per speculative s
 
 - the *host synchronisations*, by kind (:data:`SYNC_KINDS`) and by where they happen
   (:data:`WHERE`): outside the forwards (``engine``), inside them in the project's own model code
-  (``runner``: the runners and the EAGLE head) or in transformers' code (``transformers``);
+  (``runner``: the runners and the EAGLE head) or in transformers' code (``transformers``), as a mean per step and
+  in the step with the most;
 - the aten ops dispatched outside the models' forwards, by the engine's phase, per draft level
   (draft forward) and for the target's block, verification and commit.
 
