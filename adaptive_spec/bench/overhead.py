@@ -279,7 +279,6 @@ class HostSyncCounter:
         self.forwards: Counter = Counter()
         self.launches: Counter = Counter()
         self.step_syncs: list[int] = []
-        self._syncs_so_far = 0  # stage "step" syncs counted so far (step_syncs: their growth within each step)
         self._modules = modules
         self._roles = {id(m): role for role, m in (roles or {}).items() if m is not None}
         self._device_host = torch.device(device if device is not None else "cpu").type == "cpu"
@@ -422,11 +421,11 @@ class HostSyncCounter:
 
         @functools.wraps(original)
         def step(*args, **kwargs):
-            before = counter._syncs_so_far
+            before = sum(counter.by_kind(stage="step").values())
             try:
                 return original(*args, **kwargs)
             finally:
-                counter.step_syncs.append(counter._syncs_so_far - before)
+                counter.step_syncs.append(sum(counter.by_kind(stage="step").values()) - before)
 
         return step
 
@@ -480,11 +479,8 @@ class HostSyncCounter:
         if n <= 0 or self._paused:
             return
         where, site = self._where()
-        stage = self._stage
-        self.syncs[stage, where, kind] += n
-        self.sites[stage, where, kind, site] += n
-        if stage == "step":
-            self._syncs_so_far += n
+        self.syncs[self._stage, where, kind] += n
+        self.sites[self._stage, where, kind, site] += n
 
     def _is_host(self, t) -> bool:
         import torch
