@@ -247,9 +247,6 @@ def test_the_device_drafter_grows_the_host_drafters_iid_tree(model, text, temper
     reads, merged, longer = [], 0, 0
     real = drafting._read_iid
     monkeypatch.setattr(drafting, "_read_iid", lambda *a: reads.append(1) or real(*a))
-    certain = 0  # the levels whose nodes are fed for sure: those the policy without replacement feeds
-    while certain < len(eagle_levels(policy)) and eagle_levels(policy)[certain][1]:
-        certain += 1
     for seed in range(8):
         host, r_host, g_host = _grow(model, policy, probs_fn, seed, temperature == 0, False)
         reads.clear()  # the look at the tree's depth: the whole tree, no level blind
