@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 from adaptive_spec import files
 from adaptive_spec.engine.load import load_engine
+from adaptive_spec.engine.models import shipped_drafts_dir
 from adaptive_spec.rng import accelerator_path_on_cpu
 
 
 def main(plans: list[str], seeds: int, out: str, target: str | None = None) -> None:
     engine = load_engine(target, None, "cpu", None)
-    demo = Path(__file__).parents[1] / "adaptive_spec" / "zoo" / "smollm2" / "prompts.jsonl"
-    prompts, rows = (files.read_prompts(demo) if target else files.default_prompts()), []
+    prompts, rows = (files.read_prompts(shipped_drafts_dir(target)) if target else files.default_prompts()), []
     with accelerator_path_on_cpu():
         for plan in plans:
             tokens = steps = 0
