@@ -40,6 +40,16 @@ def _mask_fill(d, m):
     x[m] = 0.0  # a Python scalar: runs as masked_fill_, no sync
 
 
+def _element_writes(d, m):
+    x = d.clone()
+    x[0] = 1.0  # one element: torch copies the number from a host scalar (one host-to-device copy)
+    x[1:3] = 0.0  # several: a fill, the number the kernel's argument
+    rows = x.view(2, 3)
+    rows[1] = 5.0  # a row: a fill
+    rows[1, 2] = True  # one element again
+    torch.tensor([1.0, 2.0])[0] = 3.0  # a host tensor: no copy
+
+
 def _host_reads(d, m):
     h = torch.tensor([1.0, 2.0])  # host data, kept on the host
     h.sum().item()
@@ -76,6 +86,7 @@ CASES = {
         {"h2d": 4},
     ),
     "host_reads": (_host_reads, {"d2h": 1}),
+    "element_writes": (_element_writes, {"h2d": 2}),
     "on_the_device": (_on_the_device, {"h2d": 1}),
     "no_sync": (
         lambda d, m: (d + 1, d[1:3], d.to(torch.long), torch.tensor([1, 2]), d[torch.arange(2, device=d.device)]),

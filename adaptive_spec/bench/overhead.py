@@ -55,7 +55,9 @@ PER_GENERATION = ("_setup", "_prefill", "_finish")
 #: ``masked_select``; ``data_dependent``: other ops whose output shape depends on the values
 #: (``unique``, ``repeat_interleave`` without ``output_size``, ``bincount``); ``tensor_of_tensors``:
 #: ``torch.tensor``/``as_tensor`` of tensors (one per tensor read); ``h2d``: host-to-device copies
-#: (``torch.tensor(host data, device=...)``, ``.to(device)`` of a host tensor).
+#: (``torch.tensor(host data, device=...)``, ``.to(device)`` of a host tensor, ``t[i, j] = 1`` of one element
+#: of a device tensor: torch copies the Python number to it from a host scalar, where a write of several
+#: elements, ``t[i] = 1`` of a row, is a ``fill_`` with the number as the kernel's argument).
 SYNC_KINDS = (
     "item",
     "bool",
@@ -340,6 +342,8 @@ class HostSyncCounter:
         self._patch(torch.Tensor, "numpy", self._method("numpy"))
         self._patch(torch.Tensor, "cpu", self._cpu)
         self._patch(torch.Tensor, "to", self._to)
+        if self._device_host:  # on a device the dispatcher sees the copy itself
+            self._patch(torch.Tensor, "__setitem__", self._setitem)
         self._patch(torch, "tensor", self._construct(torch.tensor, has_device_positional=False))
         self._patch(torch, "as_tensor", self._construct(torch.as_tensor, has_device_positional=True))
         self._patch(PhaseTimer, "switch", self._switch)
@@ -665,6 +669,23 @@ class HostSyncCounter:
 
         return to
 
+    def _setitem(self, original):
+        """On a CPU: ``t[i, j] = number`` of one element of a device tensor counts as a host-to-device copy.
+
+        On CUDA torch makes the number a host scalar and copies it into a one-element destination
+        (``at::indexing::copy_to``: a larger one is filled, the number passed to the kernel).
+        """
+        counter = self
+
+        @functools.wraps(original)
+        def setitem(tensor, index, value):
+            number = isinstance(value, (bool, int, float))
+            if number and _one_element(index, tensor.dim()) and not counter._is_host(tensor):
+                counter._count("h2d")
+            return original(tensor, index, value)
+
+        return setitem
+
     def _moved(self, src, out, kind: str):
         """On a CPU, a move between host and device (``kind``) returns a copy, as it does on a device,
         tagged by where it lands (the tensor moved keeps its own).
@@ -717,6 +738,12 @@ class HostSyncCounter:
             return construct
 
         return make
+
+
+def _one_element(index, dims: int) -> bool:
+    """Whether ``index`` (of a tensor of ``dims`` dimensions) picks one element by integers alone."""
+    parts = index if isinstance(index, tuple) else (index,)
+    return len(parts) == dims and all(isinstance(i, int) and not isinstance(i, bool) for i in parts)
 
 
 def _per(n: float, d: float) -> float | None:

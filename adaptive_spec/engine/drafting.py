@@ -1206,7 +1206,7 @@ def _iid_device(
     ancestors = torch.zeros(m + 1, m + 1, dtype=torch.bool, device=device)
     ancestors[:, 0] = True  # the root is every node's ancestor (and the dummy's: a padding row attends to it)
     ancestors[0].fill_(False)
-    ancestors[0, 0] = True
+    ancestors[0, :1] = True  # a slice: a fill (one element, `[0, 0]`, copies the True from the host)
     ranks = torch.arange(max(slots), device=device)
     return _IidPlan(
         slots,

@@ -300,7 +300,9 @@ def _outcome(
     levels = _device_levels(tree, device)
     w, residuals, pos = traversal_states(tree, target_probs, levels, zero_rejected=zero_rejected, fused=False)
     found = torch.rand(n + 1, dtype=torch.float64, device=device, generator=generator) < w  # each node's flip
-    found[0], found[n] = True, False  # the root is accepted when everything below is rejected; the dummy never
+    # the root is accepted when everything below is rejected; the dummy never (slices: a fill each, where a write
+    # of one element copies the number from the host)
+    found[:1], found[n:] = True, False
     first = torch.arange(n + 1, device=device)  # the first flagged node in post-order under each node
     for parents, cand, _, _ in reversed(levels):
         below = found[cand]  # an inactive column points at the dummy, never flagged
@@ -436,9 +438,7 @@ def _fused_states(
 @functools.lru_cache(maxsize=64)
 def _root_flag(n: int, device: torch.device) -> torch.Tensor:
     """BoolTensor[n]: True at 0 only (the root), made once: read only (callers clone it)."""
-    flag = torch.zeros(n, dtype=torch.bool, device=device)
-    flag[0] = True
-    return flag
+    return torch.arange(n, device=device) == 0  # on the device: `flag[0] = True` copies the True from the host
 
 
 def _device_levels(tree: DraftTree, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
