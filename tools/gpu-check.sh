@@ -27,6 +27,11 @@
 #                  iid:3x4/specinfer) with the fused kernels (verifiers; the i.i.d. EAGLE tree's draft levels) off
 #                  (ADAPTIVE_SPEC_FUSED=0) and on, alternated
 #                  over two rounds (about 3 minutes: not measured yet)
+#   attention_{sdpa,timed}_{1,2}.json  bench e2e at T = 0 on 4 prompts (plain decoding, chain:3/block, lookup:8/block)
+#                  with the captured passes' attention as sdpa alone (ADAPTIVE_SPEC_ATTENTION=sdpa, as before
+#                  2026-11-28i) and with each bucket's faster of sdpa and matrix products (engine.decoder.attend),
+#                  alternated over two rounds (about 3 minutes: not measured yet); passes.json and capacity_*.json
+#                  hold both forms' replay ms of every bucket side by side (attention_replay_ms)
 #   syncs.json     bench overhead --syncs --plans families with SmolLM2 on this device: host syncs (by kind and
 #                  where, inside the forwards too) and aten ops a step, one plan per family (about 60 s)
 #   capacity_512.json, capacity_2048.json  bench passes (1, 4 and 16 rows; the head at 1 and 4) with static caches
@@ -127,6 +132,12 @@ step fused 300 bash -c 'for r in 1 2; do for f in 0 1; do ADAPTIVE_SPEC_FUSED=$f
   --target smollm2 --device '"$DEVICE"' --prompts '"$PROMPTS"' --limit 4 --max-new-tokens '"$TOKENS"' \
   --temperatures 1 --no-hf --no-lookup --no-hf-generate --plans '"$FUSED_PLANS"' --no-progress \
   --json '"$OUT"'/fused_${f}_$r.json || exit 1; done; done'
+# The captured passes' attention: sdpa alone (ADAPTIVE_SPEC_ATTENTION=sdpa) against each bucket's faster form (unset),
+# at T = 0 on 4 prompts, alternated over two rounds (no transformers baselines).
+step attention 300 bash -c 'for r in 1 2; do for a in sdpa timed; do [ $a = timed ] && v= || v=$a; \
+  ADAPTIVE_SPEC_ATTENTION=$v '"$PY"' -m adaptive_spec bench e2e --target smollm2 --device '"$DEVICE"' \
+  --prompts '"$PROMPTS"' --limit 4 --max-new-tokens '"$TOKENS"' --temperatures 0 --no-hf --no-lookup --no-hf-generate \
+  --plans chain:3/block,lookup:8/block --no-progress --json '"$OUT"'/attention_${a}_$r.json || exit 1; done; done'
 # Host syncs and aten ops a step on this device's own paths (captured forwards, fused kernels), one plan per family
 # (SmolLM2 with its head; about 60 s): the counts of issue 30's item 6, which a CPU counts on the accelerator's path.
 if [ "$DEVICE" = cpu ]; then SYNCS="--limit 1 --max-new-tokens 8"; else SYNCS="--limit 2 --max-new-tokens 32"; fi
@@ -160,6 +171,13 @@ else
   TUNE="--trials ${TUNE_TRIALS:-6} --temperatures ${TUNE_TEMPERATURES:-0,1}"
   INSTALL="cp $OUT/adaptive.yaml $PAIR_FILE && mkdir -p /tmp/gpu-tuned && cp $OUT/adaptive.yaml $TUNED"
 fi
+# optuna is not on the GPU machine (2026-11-28): ship it as wheels beside the set-up's, e.g. `pip download --no-deps
+# --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux2014_x86_64 -d .gpu/part4/extra
+# optuna==4.9.0 alembic colorlog Mako SQLAlchemy MarkupSafe`, then `pip install --no-index --no-deps --target /tmp/site
+# .gpu/part4/extra/*.whl` there after setup.sh (docs/measurements/gpu-h200-2026-11-28c/).
+case ",$STEPS," in *",tune,"*)
+  $PY -c "import optuna" 2>/dev/null || echo "gpu-check: tune needs optuna, which this machine lacks: ship its wheels (see above this step in $0)";;
+esac
 step tune 450 bash -c "cp $PAIR_FILE $OUT/adaptive.yaml && $PY -m adaptive_spec tune sources --target smollm2 \
   --device $DEVICE $TUNE_PROMPTS $TUNE --out-file $OUT/adaptive.yaml --storage sqlite:///$OUT/tune.db \
   --json $OUT/tune.json --no-progress && $INSTALL"

@@ -86,7 +86,9 @@ def measure_passes(
     "replay_ms"}`` (``graph_ms`` None where no graph is captured: off CUDA, or past the largest bucket;
     ``bucket``: the captured bucket those rows replay, the fastest of at least that many rows;
     ``replay_ms``: that bucket's graph replay alone, timed on the device when it was captured, so
-    ``graph_ms - replay_ms`` is the host's work around it: inputs, mask, the runner's bookkeeping).
+    ``graph_ms - replay_ms`` is the host's work around it: inputs, mask, the runner's bookkeeping;
+    ``attention``, ``attention_replay_ms``: the attention form that bucket's graph kept and each form's replay ms,
+    side by side, where it was captured in several (:func:`~adaptive_spec.engine.decoder.attend`); else None).
     ``compiled``: on CUDA, also time forwards from a slot that compiles
     (:class:`~adaptive_spec.engine.graphs.ModelSlot` with ``compiled=True``), in the same interleaving:
     ``compiled_ms``, ``compiled_bucket``, ``compiled_graph`` (whether the graph those rows replay there is the
@@ -147,6 +149,9 @@ def measure_passes(
                 "speedup": eager / graph if graph else None,
                 "bucket": bucket,
                 "replay_ms": replay,
+                # the attention form that bucket's graph kept and each form's replay ms (engine.decoder.attend)
+                "attention": slot.forms.get(bucket) if slot is not None else None,
+                "attention_replay_ms": dict(slot.form_times.get(bucket, {})) if slot is not None else None,
             }
         )
         if compiled:

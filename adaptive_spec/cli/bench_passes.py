@@ -81,6 +81,10 @@ def run(args: argparse.Namespace) -> int:
     more = f" {'compiled ms':>12} {'its replay':>11} {'compile s':>10}" if args.compile else ""
     layer_cols = [k for k in ("layers_eager_ms", "layers_graph_ms") if rows and k in rows[0]]
     more += "".join(f" {k[:-3].replace('_', ' ') + ' ms':>18}" for k in layer_cols)
+    # each attention form's replay of the bucket (engine.decoder.attend), where a bucket was captured in several
+    forms = sorted({f for r in rows for f in (r.get("attention_replay_ms") or {})})
+    forms = forms if len(forms) > 1 else []
+    more += "".join(f" {f + ' replay':>14}" for f in forms) + (f" {'kept':>7}" if forms else "")
     print(
         f"{'model':<7} {'rows':>5} {'eager ms':>9} {'graph ms':>9} {'speedup':>8} {'bucket':>7} {'replay ms':>10}{more}"
     )
@@ -96,6 +100,9 @@ def run(args: argparse.Namespace) -> int:
                 for k, w in (("compiled_ms", 12), ("compiled_replay_ms", 11), ("compile_s", 10))
             )
         line += "".join(f" {'-':>18}" if r[k] is None else f" {r[k]:18.2f}" for k in layer_cols)
+        by_form = r.get("attention_replay_ms") or {}
+        line += "".join(f" {'-':>14}" if f not in by_form else f" {by_form[f]:14.2f}" for f in forms)
+        line += f" {r.get('attention') or '-':>7}" if forms else ""
         print(line)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

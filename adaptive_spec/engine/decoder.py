@@ -17,6 +17,14 @@ the modules' weights, with fewer kernels a layer:
   of one attention (transformers does so for one row: ``pack_gqa``), the mask repeated once a pass for
   them, where transformers' ``repeat_kv`` copies every layer's keys and values over the cache's rows, as
   many times as heads share them, for every block of more than one row.
+- **Attention in one of two forms**, chosen by the cache (its ``attention_form``, ``"sdpa"`` unless a captured pass says
+  otherwise, :class:`~.graphs.ModelSlot`): ``scaled_dot_product_attention`` (what transformers calls), or
+  ``"matmul"``, two batched matrix products and a softmax. A captured pass attends over every row of its static
+  cache, masked: on an H200 each key row cost SmolLM2's pass 3.7 µs with the first form (caches of 512 and 2048 rows,
+  ``docs/measurements/gpu-h200-2026-11-28c/``), as if a few thread blocks walked all the keys; the matrix
+  products spread the keys over the GPU. The slot captures a bucket in both forms, times them and keeps the
+  faster (:func:`attention_forms`), for float32 models: in half precision the products would round the scores
+  where sdpa sums in float32 (0.05 on a tiny model's bfloat16 logits), so those keep sdpa.
 - The projections' own ``forward`` is called (a CPU's per-size weight orders, :mod:`~.layout`, stay), not
   the module: no hook machinery per call (a layer with hooks is not run here).
 
@@ -30,13 +38,52 @@ layers themselves.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch.nn import functional
 
-__all__ = ["decoder_layers", "lean_parts", "rms"]
+__all__ = ["ATTENTION_FORMS", "attend", "attention_forms", "decoder_layers", "lean_parts", "rms"]
+
+#: The forms of attention :func:`attend` knows: torch's fused kernel, then two matrix products and a softmax.
+ATTENTION_FORMS = ("sdpa", "matmul")
+
+
+def attention_forms() -> tuple[str, ...]:
+    """The forms a captured pass of lean layers is captured in and timed, the first the reference: both, unless the
+    environment's ``ADAPTIVE_SPEC_ATTENTION`` names one (``sdpa``: as before the second existed; ``matmul``: only it).
+    """
+    chosen = os.environ.get("ADAPTIVE_SPEC_ATTENTION", "").strip().lower()
+    if not chosen:
+        return ATTENTION_FORMS
+    if chosen not in ATTENTION_FORMS:
+        forms = ", ".join(ATTENTION_FORMS)
+        raise ValueError(f"ADAPTIVE_SPEC_ATTENTION={chosen!r}: use one of {forms}, or leave it unset")
+    return (chosen,)
+
+
+def attend(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None, scale: float, form: str
+) -> torch.Tensor:
+    """Attention of ``q`` [1, H, r, d] over ``keys``/``values`` [1, H, W, d] with an additive ``mask`` [1, 1, r, W]
+    (None: every key), in ``form`` (:data:`ATTENTION_FORMS`); [1, H, r, d].
+
+    ``"matmul"``: the scores ``scale·q·kᵀ + mask`` in one batched product (the mask its addend), their softmax, then
+    the product with the values: the keys are spread over the GPU's blocks by the matrix kernels.
+    """
+    if form == "sdpa":
+        return functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=scale)
+    if form != "matmul":
+        raise ValueError(f"unknown attention form {form!r}: one of {', '.join(ATTENTION_FORMS)}")
+    q3, k3, v3 = q[0], keys[0], values[0]
+    if mask is None:
+        scores = torch.bmm(q3, k3.transpose(1, 2)).mul_(scale)
+    else:
+        scores = torch.baddbmm(mask[0], q3, k3.transpose(1, 2), alpha=scale)
+    return torch.bmm(torch.softmax(scores, dim=-1), v3)[None]
+
 
 _PROJECTIONS = (("self_attn", ("q_proj", "k_proj", "v_proj", "o_proj")), ("mlp", ("gate_proj", "up_proj", "down_proj")))
 
@@ -108,7 +155,8 @@ def decoder_layers(
     cache: Any,
 ) -> torch.Tensor:
     """Run ``h`` [1, n, hidden] through ``layers`` (see the module docstring), writing each layer's keys and
-    values with ``cache.update``; the last layer's output [1, n, hidden].
+    values with ``cache.update``; the last layer's output [1, n, hidden]. The attention's form is the cache's
+    ``attention_form`` (``"sdpa"`` when it has none; see :func:`attend`).
 
     ``mask``: additive, [1, 1, n, keys] (None: one row attending to every key); ``position_embeddings``: the
     model's rotary ``(cos, sin)``, [1, n, head size]; ``shape``: :func:`lean_parts`'s.
@@ -122,6 +170,7 @@ def decoder_layers(
     sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1).unsqueeze(1)  # rotate_half's signs, once a pass
     if mask is not None and group > 1 and n > 1:  # rows (head in group, row), as the stacked queries below
         mask = mask.repeat(1, 1, group, 1)
+    form = getattr(cache, "attention_form", "sdpa")
     for i, layer in enumerate(layers):
         attn, mlp = layer.self_attn, layer.mlp
         x = rms(h, layer.input_layernorm)
@@ -132,7 +181,7 @@ def decoder_layers(
         qk = qk * cos + qk.roll(half, dims=-1) * sin  # rotate_half(x) = roll(x) with the first half negated
         keys, values = cache.update(qk[:, heads:], v, i)
         q = qk[:, :heads].reshape(1, kv_heads, group * n, d)  # a key head's query heads, stacked as rows
-        o = functional.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
+        o = attend(q, keys, values, mask, attn.scaling, form)
         o = o.view(1, kv_heads, group, n, d).permute(0, 3, 1, 2, 4).reshape(1, n, heads * d)
         h = h + attn.o_proj.forward(o)
         x = rms(h, layer.post_attention_layernorm)

@@ -142,6 +142,12 @@ class ModelSlot:
         self.compiled_times: dict[int, float] = {}  # milliseconds per replay of each of those
         # seconds spent compiling and capturing each bucket (compiled only; summed when a grown cache recompiles)
         self.compile_s: dict[int, float] = {}
+        # attention forms (engine.decoder.attend): each bucket's kept form and every form's milliseconds a replay,
+        # the graphs not kept (alive: they share the pool), and forms whose capture failed (why), skipped after
+        self.forms: dict[int, str] = {}
+        self.form_times: dict[int, dict[str, float]] = {}
+        self._spare: list[_Graph] = []
+        self.form_failed: dict[str, str] = {}
         self._pool: Any = None
 
     def _rows(self, capacity: int) -> int:
@@ -173,6 +179,9 @@ class ModelSlot:
             self.times.clear()
             self._compiled.clear()
             self.compiled_times.clear()
+            self.forms.clear()
+            self.form_times.clear()
+            self._spare.clear()
             self._pool = None
 
     @property
@@ -181,9 +190,17 @@ class ModelSlot:
         return sorted(self._graphs)
 
     def graph(
-        self, n: int, core: Callable[..., tuple[torch.Tensor, ...]], extra: Sequence[torch.Tensor]
+        self,
+        n: int,
+        core: Callable[..., tuple[torch.Tensor, ...]],
+        extra: Sequence[torch.Tensor],
+        forms: Sequence[str] = ("sdpa",),
     ) -> _Graph | None:
-        """The graph ``n`` rows replay (captured now if needed: see the module docstring), or None: run eagerly."""
+        """The graph ``n`` rows replay (captured now if needed: see the module docstring), or None: run eagerly.
+
+        ``forms``: the attention forms a bucket is captured in (:func:`~.decoder.attend`; the runner's lean layers
+        know two), each timed, the fastest kept (:meth:`_capture_forms`).
+        """
         if not self.graphs_on or self.failed is not None:
             return None
         b = bucket_for(n)
@@ -193,8 +210,7 @@ class ModelSlot:
             try:
                 for c in BUCKETS[BUCKETS.index(b) :]:  # this bucket and every larger one, each timed
                     if c not in self._graphs:
-                        self._graphs[c] = self._capture(c, core, extra)
-                        self.times[c] = self._time(self._graphs[c])
+                        self._capture_forms(c, core, extra, forms)
             except Exception as err:  # noqa: BLE001 - any capture failure falls back to eager, said once
                 self.failed = _why(err)
                 _log.warning(
@@ -208,7 +224,11 @@ class ModelSlot:
             name = type(self.model).__name__
             try:
                 t0 = time.perf_counter()
-                self._compiled[b] = self._capture(b, _compiled(core), extra)
+                self.kv.attention_form = self.forms.get(b, "sdpa")  # the form that captured faster eagerly
+                try:
+                    self._compiled[b] = self._capture(b, _compiled(core), extra)
+                finally:
+                    self.kv.attention_form = "sdpa"
                 self.compile_s[b] = self.compile_s.get(b, 0.0) + time.perf_counter() - t0
                 self.compiled_times[b] = self._time(self._compiled[b])
                 _log.info("compiled and captured %d rows of %s in %.1f s", b, name, self.compile_s[b])
@@ -218,6 +238,47 @@ class ModelSlot:
                 _log.warning("compiling %s failed (%s); replaying its eager captures", name, self.compile_failed)
                 self._settle()
         return self._fastest(n)
+
+    def _capture_forms(
+        self, b: int, core: Callable[..., tuple[torch.Tensor, ...]], extra: Sequence[torch.Tensor], forms: Sequence[str]
+    ) -> None:
+        """Capture bucket ``b`` in each attention form (the cache's ``attention_form`` while capturing), time each
+        replay and keep the fastest: :attr:`forms`, :attr:`form_times`.
+
+        The first form is the reference: its failure is the slot's (raised). Another's is said in one line and
+        that form is not tried again.
+        """
+        kept: tuple[_Graph, float, str] | None = None
+        for form in forms:
+            if form in self.form_failed:
+                continue
+            self.kv.attention_form = form
+            try:
+                graph = self._capture(b, core, extra)
+            except Exception as err:  # a form that cannot be captured is dropped, said once
+                if form == forms[0]:
+                    raise
+                self.form_failed[form] = _why(err)
+                _log.warning(
+                    "capturing %s with %s attention failed (%s); keeping the other form",
+                    type(self.model).__name__,
+                    form,
+                    self.form_failed[form],
+                )
+                self._settle()
+                continue
+            finally:
+                self.kv.attention_form = "sdpa"
+            ms = self._time(graph)
+            self.form_times.setdefault(b, {})[form] = ms
+            if kept is None or ms < kept[1]:
+                if kept is not None:
+                    self._spare.append(kept[0])
+                kept = (graph, ms, form)
+            else:
+                self._spare.append(graph)
+        assert kept is not None  # the first form was captured, or raised
+        self._graphs[b], self.times[b], self.forms[b] = kept
 
     def replayed(self, n: int) -> tuple[int, float, bool] | None:
         """``(bucket, ms per replay, compiled)`` of the graph ``n`` rows replay among those captured so far: the

@@ -29,7 +29,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from adaptive_spec.engine.decoder import decoder_layers, lean_parts, rms
+from adaptive_spec.engine.decoder import attention_forms, decoder_layers, lean_parts, rms
 from adaptive_spec.engine.graphs import ModelSlot
 from adaptive_spec.trees import additive_mask
 
@@ -105,6 +105,10 @@ class ModelRunner:
         self.fast_parts = fast_path_parts(model)
         # the fast path's layers in fewer kernels (engine.decoder), where they qualify; else the layers' own forward
         self.lean = self._lean_parts(impl) if self.lean_layers else None
+        # the attention forms a captured pass is captured in, timed, the faster kept (engine.decoder.attend); in
+        # half precision the products' rounding would part from sdpa's float32 sums: sdpa alone there
+        full = self.lean is not None and model.dtype == torch.float32
+        self.attention_forms = attention_forms() if full else ("sdpa",)
         # The static cache (and captured forwards) of the fast path; None: the DynamicCache above.
         self.slot: ModelSlot | None = None
         if slot is not None or self._static_capable():
@@ -239,7 +243,7 @@ class ModelRunner:
         """
         n, start, slot = input_ids.numel(), self.length, self.slot
         slot.ensure(start + n, keep=start)
-        graph = slot.graph(n, self._core, extra)
+        graph = slot.graph(n, self._core, extra, self.attention_forms)
         if graph is not None:
             logits, h = slot.replay(graph, n, start, input_ids, position_ids, mask, extra)
             logits = logits[n - logits_to_keep :]

@@ -53,6 +53,8 @@ class StaticKV:
         keys, values: one Tensor[1, kv_heads, capacity + SCRATCH, head_dim] per layer (views of ``buffer``).
         rows: LongTensor[n], where the next forward's ``n`` rows are written.
         width: how many leading rows the attention reads (None: every row, for a captured forward).
+        attention_form: how the lean decoder layers attend (:func:`~.decoder.attend`): ``"sdpa"``, or the form a
+            slot sets while it captures a graph (:class:`~.graphs.ModelSlot`).
     """
 
     def __init__(
@@ -64,6 +66,7 @@ class StaticKV:
         self.values = [self.buffer[layers + i : layers + i + 1] for i in range(layers)]
         self.rows: torch.Tensor = torch.zeros(0, dtype=torch.long, device=device)
         self.width: int | None = None
+        self.attention_form = "sdpa"
 
     @classmethod
     def for_model(cls, model: Any, capacity: int) -> StaticKV:

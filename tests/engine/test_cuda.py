@@ -164,9 +164,12 @@ BUCKET_PLANS = (
 )
 
 
-def test_greedy_equals_transformers_in_every_bucket_with_cuda_graphs():
+@pytest.mark.parametrize("attention", ["", "sdpa", "matmul"], ids=["timed", "sdpa", "matmul"])
+def test_greedy_equals_transformers_in_every_bucket_with_cuda_graphs(attention, monkeypatch):
+    """Whichever attention form a bucket keeps (timed: the faster), or each alone (ADAPTIVE_SPEC_ATTENTION)."""
     from adaptive_spec.engine.graphs import BUCKETS
 
+    monkeypatch.setenv("ADAPTIVE_SPEC_ATTENTION", attention)
     target, draft = _graph_pair()
     engine = SpecEngine(target, draft)
     assert engine.cuda_graphs
@@ -182,6 +185,10 @@ def test_greedy_equals_transformers_in_every_bucket_with_cuda_graphs():
     assert set(BUCKETS) <= set(slot.captured), slot.captured
     assert set(slot.times) == set(slot.captured) and all(t > 0 for t in slot.times.values())  # timed when captured
     assert engine._idle_slots["draft"][0].captured and engine._idle_slots["draft"][0].failed is None
+    forms = {attention} if attention else {"sdpa", "matmul"}
+    assert not slot.form_failed and all(set(t) == forms for t in slot.form_times.values()), slot.form_times
+    if attention:
+        assert set(slot.forms.values()) == {attention}
 
 
 def _captured_and_eager(compiled: bool = False):

@@ -9,12 +9,14 @@ from adaptive_spec.engine.runner import ModelRunner, fast_path_parts
 from tests.helpers.tiny import tiny_model
 
 
-def _run(model, fast: bool, keep_hidden: bool) -> list[torch.Tensor]:
+def _run(model, fast: bool, keep_hidden: bool, attention: str = "sdpa") -> list[torch.Tensor]:
     old = ModelRunner.fast_path
     ModelRunner.fast_path = fast
     try:
         runner = ModelRunner(model, keep_hidden=keep_hidden)
         assert (runner.fast_parts is not None) == fast
+        if attention != "sdpa":
+            runner.cache.attention_form = attention  # as a slot sets it while capturing a pass
         out = [runner.chain_forward(torch.tensor([0, 5, 9, 3, 7]), logits_to_keep=2)]
         hidden = [runner.hidden] if keep_hidden else []
         out.append(runner.chain_forward(torch.tensor([11]), logits_to_keep=1))
@@ -76,6 +78,59 @@ def test_lean_layers_give_the_layers_own_logits(kind: str, dtype: torch.dtype, m
     tol = 1e-5 if dtype == torch.float32 else 1e-2  # float rounding: the stacked heads attend in other blocks
     for a, b in zip(lean, layers, strict=True):
         torch.testing.assert_close(a, b, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_attention_as_matrix_products_gives_sdpas_logits(kind: str) -> None:
+    """The lean layers' second attention form (engine.decoder.attend, "matmul") against the first: chains of one and
+    of several rows, a tree block, a commit; grouped keys, Qwen2's biases."""
+    model = tiny_model(kind, vocab=48)
+    with torch.inference_mode():
+        sdpa = _run(model, True, keep_hidden=True)
+        matmul = _run(model, True, keep_hidden=True, attention="matmul")
+    for a, b in zip(matmul, sdpa, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    # negative control: the form is read (a form it does not know is refused)
+    with torch.inference_mode(), pytest.raises(ValueError, match="unknown attention form"):
+        _run(model, True, keep_hidden=False, attention="flash")
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_attend_over_a_whole_masked_buffer_as_a_captured_pass_does(rows: int) -> None:
+    """A captured pass attends over every row of its cache, the rows past the context masked with the dtype's lowest
+    value; both forms agree there, and with attention over the context alone."""
+    from adaptive_spec.engine.decoder import attend
+
+    g = torch.Generator().manual_seed(0)
+    heads, width, context, d = 2, 40, 17, 8
+    q = torch.randn(1, heads, rows, d, generator=g)
+    keys, values = torch.randn(1, heads, width, d, generator=g), torch.randn(1, heads, width, d, generator=g)
+    mask = torch.zeros(1, 1, rows, width)
+    mask[..., context:] = torch.finfo(torch.float32).min
+    mask[..., 0, 3] = torch.finfo(torch.float32).min  # a tree row that does not see one of the context's rows
+    inside = attend(q, keys[:, :, :context], values[:, :, :context], mask[..., :context], 0.3, "sdpa")
+    for form in ("sdpa", "matmul"):
+        torch.testing.assert_close(attend(q, keys, values, mask, 0.3, form), inside, rtol=1e-5, atol=1e-6)
+    if rows == 1:  # one row, no mask: every key
+        every = attend(q, keys, values, None, 0.3, "sdpa")
+        torch.testing.assert_close(attend(q, keys, values, None, 0.3, "matmul"), every, rtol=1e-5, atol=1e-6)
+        assert not torch.allclose(every, inside)  # negative control: the masked rows count when not masked
+
+
+def test_the_runner_captures_lean_layers_in_both_attention_forms_unless_told(monkeypatch) -> None:
+    model = tiny_model("llama", vocab=48)
+    assert ModelRunner(model).attention_forms == ("sdpa", "matmul")
+    monkeypatch.setenv("ADAPTIVE_SPEC_ATTENTION", "sdpa")
+    assert ModelRunner(model).attention_forms == ("sdpa",)
+    monkeypatch.setenv("ADAPTIVE_SPEC_ATTENTION", "Matmul")
+    assert ModelRunner(model).attention_forms == ("matmul",)
+    monkeypatch.setenv("ADAPTIVE_SPEC_ATTENTION", "flash")
+    with pytest.raises(ValueError, match="ADAPTIVE_SPEC_ATTENTION='flash': use one of sdpa, matmul"):
+        ModelRunner(model)
+    monkeypatch.delenv("ADAPTIVE_SPEC_ATTENTION")
+    assert ModelRunner(tiny_model("llama", vocab=48).to(torch.bfloat16)).attention_forms == ("sdpa",)  # rounding
+    monkeypatch.setattr(ModelRunner, "lean_layers", False)  # the modules' own layers attend as they do
+    assert ModelRunner(model).attention_forms == ("sdpa",)
 
 
 def test_lean_layers_dispatch_fewer_ops(monkeypatch) -> None:

@@ -161,6 +161,44 @@ def test_a_slot_captures_and_times_every_larger_bucket_and_replays_the_fastest(m
     assert slot.captured == [] and slot.times == {}
 
 
+def test_a_slot_captures_each_attention_form_and_keeps_the_faster(monkeypatch, caplog) -> None:
+    """Each bucket captured in every form the runner names, the cache's attention_form set while capturing, each timed,
+    the fastest kept per bucket; a second form that cannot be captured is said once and dropped."""
+    slot = ModelSlot(tiny_model("llama", vocab=48), 64)
+    slot.graphs_on = True  # as on CUDA; capture and timing stand in for the device's
+    # replay ms: sdpa grows with the buffer's rows a pass reads, the products less (made-up figures)
+    cost = {"sdpa": {1: 4.0, 2: 5.0, 4: 5.0, 8: 5.5}, "matmul": {1: 2.5, 2: 6.0, 4: 3.0, 8: 3.2}}
+    captured = []
+    monkeypatch.setattr(
+        ModelSlot,
+        "_capture",
+        lambda self, b, core, extra: captured.append((b, self.kv.attention_form)) or (b, captured[-1][1]),
+    )
+    monkeypatch.setattr(ModelSlot, "_time", lambda self, g: cost[g[1]].get(g[0], 9.0))
+    assert slot.graph(8, None, (), ("sdpa", "matmul")) == (8, "matmul")
+    assert captured[:2] == [(8, "sdpa"), (8, "matmul")] and slot.kv.attention_form == "sdpa"  # restored after
+    assert slot.graph(1, None, (), ("sdpa", "matmul")) == (1, "matmul")
+    assert slot.graph(2, None, (), ("sdpa", "matmul")) == (4, "matmul")  # 2's sdpa (5.0) is slower than 4's products
+    assert slot.forms[2] == "sdpa" and slot.form_times[2] == {"sdpa": 5.0, "matmul": 6.0} and slot.times[2] == 5.0
+    assert slot.forms[4] == "matmul" and slot.times[4] == 3.0
+    slot.ensure(slot.kv.capacity + 1, keep=0)  # a grown cache drops them all
+    assert slot.forms == {} and slot.form_times == {} and slot.captured == []
+
+    def products_fail(self, b, core, extra):
+        if self.kv.attention_form == "matmul":
+            raise RuntimeError("no such kernel\ntrace")
+        return (b, "sdpa")
+
+    monkeypatch.setattr(ModelSlot, "_capture", products_fail)
+    with caplog.at_level(logging.WARNING, logger="adaptive_spec.engine"):
+        assert slot.graph(1, None, (), ("sdpa", "matmul")) == (1, "sdpa")
+        assert slot.graph(8, None, (), ("sdpa", "matmul")) == (8, "sdpa")
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and "matmul attention failed (RuntimeError: no such kernel)" in lines[0]
+    assert slot.failed is None and set(slot.form_failed) == {"matmul"}
+    assert slot.form_times and all(set(times) == {"sdpa"} for times in slot.form_times.values())
+
+
 def test_a_compiled_slot_compiles_the_small_buckets_it_needs_and_replays_the_fastest_graph(monkeypatch, caplog) -> None:
     import adaptive_spec.engine.graphs as graphs
 
@@ -276,23 +314,29 @@ def _capture_eagerly(self, b, core, extra):
     more = [torch.zeros(b, *e.shape[1:], dtype=e.dtype) for e in extra]
     scratch = kv.capacity + torch.arange(b)
     rows, inputs = scratch.clone(), [ids, pos, mask, *more]
+    form = kv.attention_form  # the attention's kernels are recorded in the graph: the stand-in keeps their form
 
     def run():
         kv.rows, kv.width = rows, None  # as captured: the whole buffer, the mask hiding what is not attended to
-        for out, new in zip(outputs, core(*inputs), strict=True):
-            out.copy_(new)
+        kv.attention_form = form
+        try:
+            for out, new in zip(outputs, core(*inputs), strict=True):
+                out.copy_(new)
+        finally:
+            kv.attention_form = "sdpa"
 
     kv.rows, kv.width = rows, None
     outputs = tuple(o.clone() for o in core(*inputs))
     return _Graph(_StandInGraph(run), inputs, rows, scratch, outputs)
 
 
-@pytest.mark.parametrize("lean", [True, False])
-def test_replays_give_the_eager_logits_and_padding_rows_write_only_scratch_rows(monkeypatch, lean) -> None:
+@pytest.mark.parametrize(("lean", "attention"), [(True, "sdpa"), (True, "matmul"), (False, "")])
+def test_replays_give_the_eager_logits_and_padding_rows_write_only_scratch_rows(monkeypatch, lean, attention) -> None:
     """The captured path's inputs on a CPU (ModelSlot.replay: inputs copied in, the mask over the whole buffer, rows
     and padding), with the graph replaced by a stand-in that runs the same core: logits equal the eager path's,
     committed rows and rows past the block are untouched, padding rows write scratch rows. Grouped keys (4 query
-    heads, 2 key heads), the lean layers of engine.decoder and the modules' own."""
+    heads, 2 key heads), the lean layers of engine.decoder in each attention form and the modules' own."""
+    monkeypatch.setenv("ADAPTIVE_SPEC_ATTENTION", attention)
     monkeypatch.setattr(ModelSlot, "_capture", _capture_eagerly)
     monkeypatch.setattr(ModelSlot, "_time", lambda self, g: float(g.rows.numel()))  # smaller buckets are faster
     monkeypatch.setattr(ModelRunner, "lean_layers", lean)
@@ -329,12 +373,15 @@ def test_replays_give_the_eager_logits_and_padding_rows_write_only_scratch_rows(
         want = eager.chain_forward(torch.tensor([11]), logits_to_keep=1)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert {1, 4, 8} <= set(slot.captured) and slot.failed is None
+    assert set(slot.forms.values()) == {attention or "sdpa"}  # the modules' own layers: sdpa, their attention
 
 
-def test_an_eagle_heads_replays_give_its_eager_logits(monkeypatch) -> None:
+@pytest.mark.parametrize("attention", ["sdpa", "matmul"])
+def test_an_eagle_heads_replays_give_its_eager_logits(monkeypatch, attention) -> None:
     """The EAGLE head's captured path on a CPU (its features an extra input), with the stand-in graph above."""
     from adaptive_spec.engine.eagle import EagleConfig, EagleHead, EagleRunner
 
+    monkeypatch.setenv("ADAPTIVE_SPEC_ATTENTION", attention)
     monkeypatch.setattr(ModelSlot, "_capture", _capture_eagerly)
     monkeypatch.setattr(ModelSlot, "_time", lambda self, g: float(g.rows.numel()))
     target = tiny_model("llama", vocab=48, eos=None)
@@ -360,6 +407,7 @@ def test_an_eagle_heads_replays_give_its_eager_logits(monkeypatch) -> None:
             out.append((first, lone, block, again))
     for a, b in zip(*out, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert set(slot.forms.values()) == {attention}
     assert {1, 2, 4} <= set(slot.captured) and slot.failed is None
 
 
