@@ -7,7 +7,8 @@ CUDA, a graph per bucket of rows (:data:`BUCKETS`) of the runner's core forward
 (``ids, positions, mask[, features] -> logits, hidden``), captured on first use and reused by every
 later request of the engine. A forward of ``n`` rows replays a bucket ``b >= n`` (below): its
 ``b - n`` padding rows read stale inputs, write their keys and values into the cache's scratch
-rows (:data:`~.static_cache.SCRATCH`), are masked from every real row and are never returned.
+rows (:data:`~.static_cache.SCRATCH`), which no pass reads (a captured pass attends over the cache's
+``capacity`` rows, its mask hiding those not committed or in the block), and are never returned.
 
 A larger bucket is not always slower: on an H100 SmolLM2's captured pass cost 9.1 and 9.5 ms at 8 and
 16 rows but 6.7 at 32 (the matrix kernels chosen per shape differ). So each bucket is timed when it
@@ -324,7 +325,7 @@ class ModelSlot:
         dtype = kv.keys[0].dtype
         ids = torch.zeros(b, dtype=torch.long, device=device)
         pos = torch.zeros(b, dtype=torch.long, device=device)
-        mask = torch.zeros(1, 1, b, kv.total_rows, dtype=dtype, device=device)
+        mask = torch.zeros(1, 1, b, kv.capacity, dtype=dtype, device=device)  # the rows a captured pass reads
         more = [torch.zeros(b, *e.shape[1:], dtype=e.dtype, device=device) for e in extra]
         scratch = kv.capacity + torch.arange(b, device=device)
         rows = scratch.clone()

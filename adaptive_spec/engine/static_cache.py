@@ -5,14 +5,17 @@ A :class:`StaticKV` holds, per decoder layer, ``keys``/``values`` of shape
 every layer in one copy. A forward writes its ``n`` new rows at the cache
 rows in :attr:`StaticKV.rows` (a LongTensor[n] on the device, set by the runner before the
 forward) with ``index_copy_``, and the attention reads the buffer's first :attr:`StaticKV.width`
-rows (all of them when ``width`` is None, as a captured CUDA graph needs: the additive mask then
+rows (the first ``capacity`` when ``width`` is None, as a captured CUDA graph needs: the additive mask then
 hides every row that is not committed or in the block). Nothing is concatenated, so the cost of a
 forward does not grow with copies of the cache, and the buffers' addresses never change, so a
 CUDA graph captured against them replays for the rest of the cache's life.
 
 The last :data:`SCRATCH` rows are never committed: the padding rows of a captured forward (a
 block of ``n`` rows run in a graph of ``bucket >= n`` rows) write their keys and values there,
-and no real row ever attends to them.
+and no row attends to them: a captured pass reads the first ``capacity`` rows only, where every real row
+is written (a slot grows its cache before a block would pass it). A captured pass's attention costs time
+for every row it reads, masked or not (3.7 µs a row on an H200 with SmolLM2,
+``docs/measurements/gpu-h200-2026-11-28c/``): the 128 scratch rows were read, and masked, until 2026-11-28.
 
 The class speaks transformers' ``Cache`` protocol as far as the decoder layers of the runner's
 fast path use it (``update``); the runner (:class:`~adaptive_spec.engine.runner.ModelRunner`)
@@ -76,7 +79,7 @@ class StaticKV:
 
     @property
     def total_rows(self) -> int:
-        """Rows in each buffer, the scratch rows included (the width of a captured forward's mask)."""
+        """Rows in each buffer, the scratch rows included."""
         return self.keys[0].shape[2]
 
     @property
@@ -91,13 +94,14 @@ class StaticKV:
         *args: Any,  # noqa: ARG002 - transformers passes cache kwargs, which a static cache does not need
         **kwargs: Any,  # noqa: ARG002
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write the new rows at :attr:`rows`; the keys and values the attention reads (``width`` rows)."""
+        """Write the new rows at :attr:`rows`; the keys and values the attention reads (``width`` rows; the first
+        ``capacity`` when ``width`` is None: a captured pass, whose mask is that wide).
+        """
         k, v = self.keys[layer_idx], self.values[layer_idx]
         k.index_copy_(2, self.rows, key_states.to(k.dtype))
         v.index_copy_(2, self.rows, value_states.to(v.dtype))
-        if self.width is None:
-            return k, v
-        return k[:, :, : self.width], v[:, :, : self.width]
+        width = self.capacity if self.width is None else self.width
+        return k[:, :, :width], v[:, :, :width]
 
     def move(self, committed: int, block_rows: torch.Tensor) -> None:
         """Copy the rows ``block_rows`` (LongTensor[k]) of every layer to ``committed .. committed + k - 1``."""

@@ -310,7 +310,7 @@ def _capture_eagerly(self, b, core, extra):
 
     kv = self.kv
     ids, pos = torch.zeros(b, dtype=torch.long), torch.zeros(b, dtype=torch.long)
-    mask = torch.zeros(1, 1, b, kv.total_rows, dtype=kv.keys[0].dtype)
+    mask = torch.zeros(1, 1, b, kv.capacity, dtype=kv.keys[0].dtype)
     more = [torch.zeros(b, *e.shape[1:], dtype=e.dtype) for e in extra]
     scratch = kv.capacity + torch.arange(b)
     rows, inputs = scratch.clone(), [ids, pos, mask, *more]
@@ -374,6 +374,30 @@ def test_replays_give_the_eager_logits_and_padding_rows_write_only_scratch_rows(
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     assert {1, 4, 8} <= set(slot.captured) and slot.failed is None
     assert set(slot.forms.values()) == {attention or "sdpa"}  # the modules' own layers: sdpa, their attention
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "matmul"])
+def test_a_captured_pass_reads_no_scratch_row(monkeypatch, attention) -> None:
+    """A captured pass attends over the cache's capacity rows, not the scratch rows after them (each row read costs a
+    pass time on a GPU, masked or not): NaN keys and values in a scratch row no padding row writes leave the logits
+    equal to the eager path's; the same NaN in a row of the capacity past the context would not (the control)."""
+    monkeypatch.setenv("ADAPTIVE_SPEC_ATTENTION", attention)
+    monkeypatch.setattr(ModelSlot, "_capture", _capture_eagerly)
+    monkeypatch.setattr(ModelSlot, "_time", lambda self, g: float(g.rows.numel()))
+    model = tiny_model("llama", vocab=48)
+    slot = ModelSlot(model, 64)
+    slot.graphs_on = True
+    runner, eager = ModelRunner(model, slot=slot), ModelRunner(model, slot=ModelSlot(model, 64))
+    cap = slot.kv.capacity
+    with torch.inference_mode():
+        for r in (runner, eager):
+            r.chain_forward(torch.tensor([0, 5, 9, 3, 7]), logits_to_keep=1)
+        slot.kv.buffer[:, :, -1] = float("nan")  # the last scratch row: written by no bucket below 128 rows
+        got = runner.chain_forward(torch.tensor([4, 6]), logits_to_keep=2)
+        want = eager.chain_forward(torch.tensor([4, 6]), logits_to_keep=2)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        slot.kv.buffer[:, :, cap - 1] = float("nan")  # a row the pass reads (masked): NaN reaches the logits
+        assert runner.chain_forward(torch.tensor([8]), logits_to_keep=1).isnan().any()
 
 
 @pytest.mark.parametrize("attention", ["sdpa", "matmul"])
