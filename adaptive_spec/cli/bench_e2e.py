@@ -209,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
         "compile_forwards": args.compile_forwards,
         # seconds each captured bucket took to compile, per model (compiled_while_timed_s: those inside the timed runs)
         "compile_s": engine.compile_times() if args.compile_forwards else None,
+        # per model and captured bucket: the attention form its graph kept and each form's replay ms (CUDA)
+        "attention_forms": engine.attention_forms(),
     }
     report = {"config": report.pop("config"), **report}
     for k, res in report["runs"].items():

@@ -467,6 +467,21 @@ class SpecEngine(StepMixin):
                     out[role][b] = out[role].get(b, 0.0) + t
         return out
 
+    def attention_forms(self) -> dict[str, dict[int, dict[str, Any]]]:
+        """Per model (``"target"``, ``"draft"``) and captured row bucket, the attention form its graph kept and each
+        form's replay ms (``{"kept": "matmul", "ms": {"sdpa": 4.1, "matmul": 2.6}}``; see
+        :func:`~adaptive_spec.engine.decoder.attend`), from the idle static caches (empty off CUDA or before a first
+        request; with several caches of a model, the last one's).
+        """
+        out: dict[str, dict[int, dict[str, Any]]] = {}
+        for role, slots in self._idle_slots.items():
+            out[role] = {
+                b: {"kept": form, "ms": dict(slot.form_times.get(b, {}))}
+                for slot in slots
+                for b, form in slot.forms.items()
+            }
+        return out
+
     def _lend(self, role: str, model: PreTrainedModel, capacity: int) -> ModelSlot | None:
         """An idle static cache for ``model`` with room for ``capacity`` rows, or None for a dynamic cache."""
         if fast_path_parts(model) is None and not is_eagle_head(model):
