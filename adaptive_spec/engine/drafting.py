@@ -1204,9 +1204,9 @@ def _iid_device(
     at = offsets
     tables = layout[at["draw"] : at["draw"] + 2 * n1 * w]  # draws and children, adjacent
     ancestors = torch.zeros(m + 1, m + 1, dtype=torch.bool, device=device)
-    ancestors[:, 0] = True  # the root is every node's ancestor (and the dummy's: a padding row attends to it)
-    ancestors[0].fill_(False)
-    ancestors[0, :1] = True  # a slice: a fill (one element, `[0, 0]`, copies the True from the host)
+    # the root is every node's ancestor, its own too (and the dummy's: a padding row attends to it); a column is a
+    # fill, where a write of one element (`[0, 0] = True`) would copy the True from the host
+    ancestors[:, 0] = True
     ranks = torch.arange(max(slots), device=device)
     return _IidPlan(
         slots,
