@@ -55,7 +55,7 @@ class StaticKV:
         buffer: Tensor[2 * layers, kv_heads, capacity + SCRATCH, head_dim], every layer's keys, then values.
         keys, values: one Tensor[1, kv_heads, capacity + SCRATCH, head_dim] per layer (views of ``buffer``).
         rows: LongTensor[n], where the next forward's ``n`` rows are written.
-        width: how many leading rows the attention reads (None: every row, for a captured forward).
+        width: how many leading rows the attention reads (None: the first ``capacity``, for a captured forward).
         attention_form: how the lean decoder layers attend (:func:`~.decoder.attend`): ``"sdpa"``, or the form a
             slot sets while it captures a graph (:class:`~.graphs.ModelSlot`).
     """
