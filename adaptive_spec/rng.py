@@ -100,8 +100,16 @@ def inverse_cdf(rows: torch.Tensor, k: int, generator: torch.Generator) -> torch
     never drawn. One uniform a draw: on a CPU ~20x faster than ``torch.multinomial`` or an exponential race
     at V = 128k. No host sync.
     """
+    u = torch.rand(rows.shape[0], k, dtype=torch.float64, device=rows.device, generator=generator)
+    return inverse_cdf_from(rows, u)
+
+
+def inverse_cdf_from(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """:func:`inverse_cdf`'s draws from given uniforms ``u`` (Tensor[W, k], float64): LongTensor[W, k]. A captured
+    chain draft (:meth:`~adaptive_spec.engine.runner.ModelRunner.captured_chain`) draws its uniforms before the replay.
+    """
     cdf = rows.double().cumsum(-1)  # not cumsum(dtype=float64): on a CPU that is 10x slower for several rows
-    return search_cdf(cdf, torch.rand(rows.shape[0], k, dtype=torch.float64, device=rows.device, generator=generator))
+    return search_cdf(cdf, u)
 
 
 def search_cdf(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

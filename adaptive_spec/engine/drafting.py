@@ -55,7 +55,7 @@ import torch
 
 from adaptive_spec.engine import draft_kernels
 from adaptive_spec.engine.eagle import EagleRunner
-from adaptive_spec.engine.logits import ProbsFn
+from adaptive_spec.engine.logits import ProbsFn, finite_flag, rows_ok
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.formats.nodes import PROB_FLOOR
 from adaptive_spec.rng import TorchSampler, accelerator_path
@@ -182,28 +182,6 @@ def draft_root(runner: ModelRunner, pending: torch.Tensor, probs_fn: ProbsFn, ke
     return DraftRoot(p, base, probs, finite_flag(logits, probs), runner.hidden)
 
 
-def finite_flag(logits: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
-    """0-dim bool tensor: are all ``logits`` (and the ``probs`` made from them) finite? No host sync.
-
-    The probabilities are checked after processing too: a row can overflow in the processors
-    (a tiny temperature) although the raw logits are finite.
-    """
-    total = logits.sum(dtype=torch.float32)
-    if probs is not None:  # one flag for both: a NaN or inf in either makes the sum so
-        total = total + probs.sum(dtype=torch.float32)
-    return (total - total) == 0  # NaN for a NaN or an inf: two ops, where isfinite takes four
-
-
-def rows_ok(probs: torch.Tensor) -> torch.Tensor:
-    """0-dim bool tensor: are the probability rows ``probs`` free of NaN? No host sync.
-
-    Softmax rows are NaN wherever their logits were not finite, and a sum of probabilities cannot overflow, so
-    this is their finiteness, in two ops.
-    """
-    total = probs.sum()
-    return total == total
-
-
 def check_finite(ok: torch.Tensor | bool, who: str) -> None:
     """Raise a ValueError when a forward pass returned NaN or inf logits (a host sync if ``ok`` is a tensor)."""
     if not bool(ok):
@@ -238,6 +216,12 @@ def draft_tree(
     V, device, D = probs_fn.vocab_size, runner.device, shape.depth
     if D == 0:
         return _root_only(pending, shape, V, device)
+    if shape.law is DraftLaw.CHAIN and not isinstance(pending, DraftRoot):  # the whole chain in one replay, if captured
+        base = runner.cached
+        captured = runner.captured_chain(pending, D, probs_fn, generator, deterministic)
+        if captured is not None:
+            tokens, rows, ok = captured
+            return _chain_outcome(DraftRoot(int(pending.numel()), base, rows[:1], ok), shape, [rows], [tokens], device)
     root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
     if shape.law is DraftLaw.CHAIN:
         return _draft_chain(runner, root, shape, probs_fn, generator, deterministic)

@@ -220,6 +220,7 @@ class EagleRunner(ModelRunner):
         self._known = 0
         self._block_pos: list[torch.Tensor] = []  # per forward this step: positions [n]
         self._block_feat: list[torch.Tensor] = []  # per forward this step: the feature each row passes on [n, H]
+        self._sealed = False  # this step's block is a captured chain (captured_chain): nothing is fed after it
 
     def _lean_parts(self, attention: str) -> tuple[int, int, int] | None:
         return lean_parts([self.model.midlayer], attention=attention)  # its one decoder layer
@@ -267,16 +268,10 @@ class EagleRunner(ModelRunner):
     def _run_model(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, logits_to_keep: int
     ) -> torch.Tensor:
-        n, past = input_ids.numel(), self.cached
-        H = self._target.shape[1]
-        m_before = sum(int(p.numel()) for p in self._block_pos)  # block rows fed earlier this step
-        # Candidate parents: the last committed row, then the block rows so far (table index 0, 1, ...).
-        last = self._target[past - 1 : past] if past > 0 else self._target.new_zeros(1, H)
+        if self._sealed:
+            raise RuntimeError("a chain drafted in one captured replay cannot be extended in the same step")
         row = self.length  # where a lone row (no mask) is written: after every row before it, at that position
-        if mask is None:  # its parent is the row before it: a view, no gather (position 0: the zero row `last`)
-            feats = self._block_feat[-1][-1:] if self._block_feat else last
-        else:
-            feats = self._parent_features(last, mask, position_ids, n, past, m_before)
+        feats = self._input_features(input_ids.numel(), position_ids, mask)
         logits, h = self._static_forward(input_ids, position_ids, mask, logits_to_keep, (feats,))
         # The feature each new row passes on: the target's where known, else the head's own output.
         if mask is None:  # decided on the host: the row is its position
@@ -291,6 +286,36 @@ class EagleRunner(ModelRunner):
         if self.keep_hidden:
             self.hidden = h[-logits_to_keep:]
         return logits
+
+    def _input_features(self, n: int, position_ids: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        """The feature each of ``n`` new rows reads (Tensor[n, H]): a lone row's (no mask) is the row before it's,
+        a view; masked rows' their parents', gathered on the device (:meth:`_parent_features`).
+        """
+        past, H = self.cached, self._target.shape[1]
+        # Candidate parents: the last committed row, then the block rows so far (table index 0, 1, ...).
+        last = self._target[past - 1 : past] if past > 0 else self._target.new_zeros(1, H)
+        if mask is None:  # its parent is the row before it: a view, no gather (position 0: the zero row `last`)
+            return self._block_feat[-1][-1:] if self._block_feat else last
+        m_before = sum(int(p.numel()) for p in self._block_pos)  # block rows fed earlier this step
+        return self._parent_features(last, mask, position_ids, n, past, m_before)
+
+    def _chain_inputs(
+        self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None
+    ) -> tuple[torch.Tensor, ...] | None:
+        """The pending rows' features, as :meth:`_run_model` gives them; None when the root's own target feature is
+        known (it never is in a step: the target has not run the root yet), since the captured chain feeds the head's
+        outputs on.
+        """
+        if self.cached + ids.numel() - 1 < self.known:
+            return None
+        return (self._input_features(ids.numel(), pos, mask),)
+
+    def _chain_level_inputs(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (hidden,)  # a drafted node's parent feature: the head's output there (the target has not run it)
+
+    def _chain_drafted(self) -> None:
+        # The chain's rows' features stay in the graph: a later forward of this step would read no parent's.
+        self._sealed = True
 
     def _parent_features(
         self, last: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor, n: int, past: int, m_before: int
@@ -323,7 +348,7 @@ class EagleRunner(ModelRunner):
 
     def chain_forward(self, tokens: torch.Tensor, logits_to_keep: int) -> torch.Tensor | None:
         logits = super().chain_forward(tokens, logits_to_keep)
-        self._block_pos, self._block_feat = [], []  # a chain is committed at once
+        self._block_pos, self._block_feat, self._sealed = [], [], False  # a chain is committed at once
         return logits
 
     def block_mark(self) -> tuple:
@@ -339,7 +364,7 @@ class EagleRunner(ModelRunner):
 
     def rollback(self, length: int) -> None:
         super().rollback(length)
-        self._block_pos, self._block_feat = [], []
+        self._block_pos, self._block_feat, self._sealed = [], [], False
 
 
 def _register() -> None:

@@ -38,6 +38,7 @@ two logits nearly tie.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -119,6 +120,16 @@ class _Graph:
     open: int | None = None
 
 
+@dataclass
+class _ChainGraph(_Graph):
+    """A whole chain draft's graph (:meth:`ModelSlot.chain_graph`): a bucket's inputs for the pending rows, plus the
+    root's row among them and the chain's uniforms; outputs ``(tokens [D], rows [D, V], ok)``.
+    """
+
+    last: torch.Tensor | None = None  # [1] long: the root's row among the pending rows (n - 1)
+    uniforms: torch.Tensor | None = None  # [D] float64: one uniform a drawn token (unused at temperature 0)
+
+
 class ModelSlot:
     """A model's static KV cache and captured forwards, owned by the engine and reused across requests.
 
@@ -128,9 +139,13 @@ class ModelSlot:
         graphs: capture forwards as CUDA graphs (only on a CUDA device).
         compiled: capture ``torch.compile``'s code of each bucket's forward (with ``graphs`` only; see
             the module docstring).
+        chains: capture whole chain drafts too, one graph each (with ``graphs`` only; :meth:`chain_graph`). None (the
+            default): on, unless the environment's ``ADAPTIVE_SPEC_CHAIN_GRAPHS`` is ``0`` (benchmarks' A/B).
     """
 
-    def __init__(self, model: Any, capacity: int, graphs: bool = False, compiled: bool = False) -> None:
+    def __init__(
+        self, model: Any, capacity: int, graphs: bool = False, compiled: bool = False, chains: bool | None = None
+    ) -> None:
         self.model = model
         self.graphs_on = bool(graphs) and model.device.type == "cuda"
         self.compile_on = bool(compiled) and self.graphs_on
@@ -150,6 +165,13 @@ class ModelSlot:
         self._spare: list[_Graph] = []
         self.form_failed: dict[str, str] = {}
         self._pool: Any = None
+        # whole chain drafts in one graph each (chain_graph), per (bucket, depth, sampling key); their kept form and
+        # every form's replay ms; why a chain capture failed (chains drafted level by level from then on)
+        self.chains_on = os.environ.get("ADAPTIVE_SPEC_CHAIN_GRAPHS", "1").strip() != "0" if chains is None else chains
+        self._chains: dict[tuple, _ChainGraph] = {}
+        self.chain_times: dict[tuple, dict[str, float]] = {}
+        self.chain_failed: str | None = None
+        self._constants: dict[str, torch.Tensor] = {}
 
     def _rows(self, capacity: int) -> int:
         """Rows to allocate for ``capacity``: rounded up, compiling or not.
@@ -183,6 +205,8 @@ class ModelSlot:
             self.forms.clear()
             self.form_times.clear()
             self._spare.clear()
+            self._chains.clear()
+            self.chain_times.clear()
             self._pool = None
 
     @property
@@ -243,19 +267,30 @@ class ModelSlot:
     def _capture_forms(
         self, b: int, core: Callable[..., tuple[torch.Tensor, ...]], extra: Sequence[torch.Tensor], forms: Sequence[str]
     ) -> None:
-        """Capture bucket ``b`` in each attention form (the cache's ``attention_form`` while capturing), time each
-        replay and keep the fastest: :attr:`forms`, :attr:`form_times`.
+        """Capture bucket ``b`` in each attention form, time each replay and keep the fastest: :attr:`forms`,
+        :attr:`form_times` (:meth:`_fastest_form`).
+        """
+        graph, ms, form, times = self._fastest_form(lambda: self._capture(b, core, extra), forms)
+        self._graphs[b], self.times[b], self.forms[b] = graph, ms, form
+        self.form_times[b] = times
+
+    def _fastest_form(
+        self, capture: Callable[[], _Graph], forms: Sequence[str]
+    ) -> tuple[_Graph, float, str, dict[str, float]]:
+        """``capture()`` in each attention form (the cache's ``attention_form`` while capturing), each replay timed:
+        ``(the fastest graph, its ms, its form, every form's ms)``; the others are kept alive (they share the pool).
 
         The first form is the reference: its failure is the slot's (raised). Another's is said in one line and
         that form is not tried again.
         """
         kept: tuple[_Graph, float, str] | None = None
+        times: dict[str, float] = {}
         for form in forms:
             if form in self.form_failed:
                 continue
             self.kv.attention_form = form
             try:
-                graph = self._capture(b, core, extra)
+                graph = capture()
             except Exception as err:  # a form that cannot be captured is dropped, said once
                 if form == forms[0]:
                     raise
@@ -270,8 +305,7 @@ class ModelSlot:
                 continue
             finally:
                 self.kv.attention_form = "sdpa"
-            ms = self._time(graph)
-            self.form_times.setdefault(b, {})[form] = ms
+            times[form] = ms = self._time(graph)
             if kept is None or ms < kept[1]:
                 if kept is not None:
                     self._spare.append(kept[0])
@@ -279,7 +313,103 @@ class ModelSlot:
             else:
                 self._spare.append(graph)
         assert kept is not None  # the first form was captured, or raised
-        self._graphs[b], self.times[b], self.forms[b] = kept
+        return (*kept, times)
+
+    def chain_graph(
+        self,
+        n: int,
+        depth: int,
+        key: Any,
+        core: Callable[..., tuple[torch.Tensor, ...]],
+        extra: Sequence[torch.Tensor],
+        forms: Sequence[str] = ("sdpa",),
+    ) -> _ChainGraph | None:
+        """The graph that drafts a whole chain of ``depth`` tokens after ``n`` pending rows, captured now if needed;
+        None: draft it level by level (no graphs, a capture failed, or too many rows).
+
+        ``core(ids, pos, mask, *extra, rows=, last=, uniforms=)`` is the runner's chain
+        (:meth:`~adaptive_spec.engine.runner.ModelRunner.captured_chain`): the pending rows' forward as a bucket's,
+        then ``depth`` draws and ``depth - 1`` one-row forwards, every cache row and mask computed on the device from
+        the graph's inputs, so that one replay drafts the chain wherever the cache stands. ``key``: what else the
+        recorded kernels bake in (the sampling settings, temperature 0 or not); one graph per bucket, depth and key,
+        captured in each attention form and the faster kept (:attr:`chain_times`). A failed capture logs one line
+        and every later chain is drafted level by level.
+        """
+        if not (self.graphs_on and self.chains_on) or self.failed is not None or self.chain_failed is not None:
+            return None
+        b = bucket_for(n)
+        if b is None or max(b, depth) > SCRATCH:  # a fresh graph's warm-up and timing write scratch rows only
+            return None
+        k = (b, depth, key)
+        if k not in self._chains:
+            try:
+                g, _, form, times = self._fastest_form(lambda: self._capture_chain(b, depth, core, extra), forms)
+            except Exception as err:  # noqa: BLE001 - any capture failure falls back to level-by-level drafts, said once
+                self.chain_failed = _why(err)
+                _log.warning(
+                    "capturing a chain draft of %s failed (%s); drafting chains level by level",
+                    type(self.model).__name__,
+                    self.chain_failed,
+                )
+                self._settle()
+                return None
+            self._chains[k] = g
+            self.chain_times[k] = {"kept": form, **times}
+        return self._chains[k]
+
+    def constant(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        """A copy of ``value`` kept as long as the slot (a captured kernel may read it after the caller's copy is gone):
+        the first value given under ``name``.
+        """
+        if name not in self._constants:
+            self._constants[name] = value.clone()
+        return self._constants[name]
+
+    def _capture_chain(
+        self, b: int, depth: int, core: Callable[..., tuple[torch.Tensor, ...]], extra: Sequence[torch.Tensor]
+    ) -> _ChainGraph:
+        """Capture ``core``'s chain of ``depth`` tokens after a bucket of ``b`` pending rows (see :meth:`chain_graph`).
+
+        As captured, and as :meth:`_time` replays it, the root is row 0 of the scratch rows and every level writes the
+        scratch rows after it: nothing committed is written.
+        """
+        kv = self.kv
+        inputs, scratch = self._static_inputs(b, extra)
+        rows, form = scratch.clone(), kv.attention_form
+        last = torch.zeros(1, dtype=torch.long, device=kv.device)
+        uniforms = torch.zeros(depth, dtype=torch.float64, device=kv.device)
+
+        def run() -> tuple[torch.Tensor, ...]:
+            kv.attention_form = form
+            try:
+                return tuple(core(*inputs, rows=rows, last=last, uniforms=uniforms))
+            finally:
+                kv.attention_form = "sdpa"
+
+        graph, outputs = self._record(run)
+        return _ChainGraph(graph, inputs, rows, scratch, outputs, last=last, uniforms=uniforms)
+
+    def replay_chain(
+        self,
+        g: _ChainGraph,
+        n: int,
+        start: int,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        mask: torch.Tensor | None,
+        extra: Sequence[torch.Tensor],
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, ...]:
+        """Draft a chain in one replay of ``g`` after ``n`` pending rows written at cache rows ``start ..`` (as
+        :meth:`replay`'s); ``generator``: the chain's uniforms' (None at temperature 0, whose draws are argmaxes).
+        Returns the graph's outputs themselves, ``(tokens [D], rows [D, V], ok)``: the next replay overwrites them.
+        """
+        self.write_inputs(g, n, start, ids, pos, mask, extra)
+        g.last.fill_(n - 1)
+        if generator is not None:
+            g.uniforms.uniform_(generator=generator)
+        g.graph.replay()
+        return g.outputs
 
     def replayed(self, n: int) -> tuple[int, float, bool] | None:
         """``(bucket, ms per replay, compiled)`` of the graph ``n`` rows replay among those captured so far: the
@@ -320,31 +450,57 @@ class ModelSlot:
             times.append(start.elapsed_time(end))
         return sorted(times)[len(times) // 2]
 
-    def _capture(self, b: int, core: Callable[..., tuple[torch.Tensor, ...]], extra: Sequence[torch.Tensor]) -> _Graph:
+    def _static_inputs(self, b: int, extra: Sequence[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor]:
+        """A graph's static inputs for ``b`` rows, zeros: ``[ids [b], positions [b], mask [1, 1, b, capacity],
+        *extra [b, ...]]``, and its scratch rows [b] (the padding rows' cache rows, past the capacity).
+        """
         kv, device = self.kv, self.kv.device
-        dtype = kv.keys[0].dtype
         ids = torch.zeros(b, dtype=torch.long, device=device)
         pos = torch.zeros(b, dtype=torch.long, device=device)
-        mask = torch.zeros(1, 1, b, kv.capacity, dtype=dtype, device=device)  # the rows a captured pass reads
+        mask = torch.zeros(1, 1, b, kv.capacity, dtype=kv.keys[0].dtype, device=device)  # the rows a pass reads
         more = [torch.zeros(b, *e.shape[1:], dtype=e.dtype, device=device) for e in extra]
-        scratch = kv.capacity + torch.arange(b, device=device)
-        rows = scratch.clone()
-        inputs = [ids, pos, mask, *more]
-        kv.rows, kv.width = rows, None
+        return [ids, pos, mask, *more], kv.capacity + torch.arange(b, device=device)
+
+    def _capture(self, b: int, core: Callable[..., tuple[torch.Tensor, ...]], extra: Sequence[torch.Tensor]) -> _Graph:
+        """Capture ``core`` over ``b`` rows (in the cache's attention form now): its static inputs, rows, outputs."""
+        kv = self.kv
+        inputs, scratch = self._static_inputs(b, extra)
+        rows, form = scratch.clone(), kv.attention_form
+
+        def run() -> tuple[torch.Tensor, ...]:
+            kv.rows, kv.width = rows, None  # the whole capacity, the mask hiding what is not attended to
+            kv.attention_form = form
+            try:
+                return tuple(core(*inputs))
+            finally:
+                kv.attention_form = "sdpa"
+
+        graph, outputs = self._record(run)
+        return _Graph(graph, inputs, rows, scratch, outputs)
+
+    def _record(self, run: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[Any, tuple[torch.Tensor, ...]]:
+        """``run``'s kernels as a CUDA graph in the slot's memory pool: ``(graph, its outputs)``, after two warm-up
+        calls on a side stream (lazy initialisation, cuBLAS workspaces) outside the capture.
+
+        ``run`` sets every Python-side state its kernels depend on (the cache's rows, width and attention form)
+        itself, so that the recorded kernels are its own whatever ran before; a test's stand-in for the graph
+        (``tests/engine/test_static_cache.py``) replays by calling it again.
+        """
+        device = self.kv.device
         stream = torch.cuda.Stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up (lazy initialisation, cuBLAS workspaces) outside the capture
-                core(*inputs)
+            for _ in range(2):
+                run()
         torch.cuda.current_stream(device).wait_stream(stream)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            outputs = core(*inputs)
-        return _Graph(graph, inputs, rows, scratch, tuple(outputs))
+            outputs = run()
+        return graph, tuple(outputs)
 
-    def replay(
+    def write_inputs(
         self,
         g: _Graph,
         n: int,
@@ -353,12 +509,8 @@ class ModelSlot:
         pos: torch.Tensor,
         mask: torch.Tensor | None,
         extra: Sequence[torch.Tensor],
-    ) -> tuple[torch.Tensor, ...]:
-        """Run ``n`` rows written at cache rows ``start ..`` through the graph; its outputs' first ``n`` rows (copies).
-
-        ``mask``: the rows' additive mask over the first ``start + n`` cache rows ([1, 1, n, start + n]),
-        or None for one row that attends to all of them.
-        """
+    ) -> None:
+        """Write ``n`` rows, to go to cache rows ``start ..``, into ``g``'s static inputs (see :meth:`replay`)."""
         g_ids, g_pos, g_mask, *g_more = g.inputs
         g_ids[:n].copy_(ids)
         g_pos[:n].copy_(pos)
@@ -381,5 +533,22 @@ class ModelSlot:
         if n < g.rows.numel():  # padding rows write scratch rows
             g.rows.copy_(g.scratch)
         torch.arange(start, start + n, out=g.rows[:n])  # written in place: one kernel
+
+    def replay(
+        self,
+        g: _Graph,
+        n: int,
+        start: int,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        mask: torch.Tensor | None,
+        extra: Sequence[torch.Tensor],
+    ) -> tuple[torch.Tensor, ...]:
+        """Run ``n`` rows written at cache rows ``start ..`` through the graph; its outputs' first ``n`` rows (copies).
+
+        ``mask``: the rows' additive mask over the first ``start + n`` cache rows ([1, 1, n, start + n]),
+        or None for one row that attends to all of them.
+        """
+        self.write_inputs(g, n, start, ids, pos, mask, extra)
         g.graph.replay()
         return tuple(o[:n].clone() for o in g.outputs)

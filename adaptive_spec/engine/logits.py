@@ -146,6 +146,21 @@ class ProbsFn:
         self.one_hot = one_hot
         self.token_ids = token_ids
 
+    #: Processors whose settings are plain numbers, which a captured graph of this function bakes in.
+    CAPTURABLE = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+
+    def graph_key(self) -> tuple | None:
+        """What a captured graph of this function bakes into its kernels (the vocabulary size, one-hot rows, whether a
+        reduced vocabulary is mapped, every processor's settings), or None when a processor is not one of
+        :data:`CAPTURABLE` (its state may hold tensors that a graph would read after they are gone).
+        """
+        procs = []
+        for proc in self.processors:
+            if type(proc) not in self.CAPTURABLE:
+                return None
+            procs.append((type(proc).__name__, tuple(sorted((k, repr(v)) for k, v in vars(proc).items()))))
+        return self.vocab_size, self.one_hot, self.token_ids is not None, tuple(procs)
+
     def __call__(self, logits: torch.Tensor) -> torch.Tensor:
         if self.token_ids is not None:  # a reduced vocabulary: column j is token token_ids[j], the rest -inf
             scores = torch.full((*logits.shape[:-1], self.vocab_size), -math.inf, device=logits.device)
@@ -163,3 +178,25 @@ class ProbsFn:
             out = torch.zeros_like(scores)
             return out.scatter_(-1, scores.argmax(dim=-1, keepdim=True), 1.0)
         return torch.softmax(scores, dim=-1)
+
+
+def finite_flag(logits: torch.Tensor, probs: torch.Tensor | None = None) -> torch.Tensor:
+    """0-dim bool tensor: are all ``logits`` (and the ``probs`` made from them) finite? No host sync.
+
+    The probabilities are checked after processing too: a row can overflow in the processors
+    (a tiny temperature) although the raw logits are finite.
+    """
+    total = logits.sum(dtype=torch.float32)
+    if probs is not None:  # one flag for both: a NaN or inf in either makes the sum so
+        total = total + probs.sum(dtype=torch.float32)
+    return (total - total) == 0  # NaN for a NaN or an inf: two ops, where isfinite takes four
+
+
+def rows_ok(probs: torch.Tensor) -> torch.Tensor:
+    """0-dim bool tensor: are the probability rows ``probs`` free of NaN? No host sync.
+
+    Softmax rows are NaN wherever their logits were not finite, and a sum of probabilities cannot overflow, so
+    this is their finiteness, in two ops.
+    """
+    total = probs.sum()
+    return total == total

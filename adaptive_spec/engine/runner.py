@@ -31,6 +31,8 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from adaptive_spec.engine.decoder import attention_forms, decoder_layers, lean_parts, rms
 from adaptive_spec.engine.graphs import ModelSlot
+from adaptive_spec.engine.logits import ProbsFn, finite_flag
+from adaptive_spec.rng import inverse_cdf_from
 from adaptive_spec.trees import additive_mask
 
 SUPPORTED_ATTENTION = ("eager", "sdpa")
@@ -194,6 +196,110 @@ class ModelRunner:
         mask = None if ancestors is None else additive_mask(ancestors, past, self.dtype)  # [1, 1, n, past + m]
         self.forwards += 1
         return self._run_model(input_ids, position_ids, mask, logits_to_keep)  # [logits_to_keep, V']
+
+    def captured_chain(
+        self,
+        pending: torch.Tensor,
+        depth: int,
+        probs_fn: ProbsFn,
+        generator: torch.Generator,
+        greedy: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """Feed the ``pending`` tokens (LongTensor[n], root last) and draft a chain of ``depth`` tokens after them in
+        one replay of a captured graph (:meth:`~adaptive_spec.engine.graphs.ModelSlot.chain_graph`): ``(tokens
+        [depth], rows [depth, V] (the root's first: the rows the tokens were drawn from), ok)``, the graph's own
+        outputs, which its next replay overwrites; ``ok``: whether the root's logits were finite. None: not captured
+        here (no graphs, hidden states kept, a block already begun, processors a graph cannot keep, a failed
+        capture): draft it level by level.
+
+        The law is the level-by-level chain's (:func:`~adaptive_spec.engine.drafting.draft_tree`): each token the
+        argmax of its row at temperature 0, else an inverse-CDF draw from the row with a uniform from ``generator``
+        (the chain's ``depth`` uniforms drawn before the replay). The pending rows and the ``depth - 1`` fed nodes are
+        left in the cache as block rows, as the level-by-level chain leaves them.
+        """
+        slot = self.slot
+        if slot is None or not slot.graphs_on or self.keep_hidden or self.keep_features or self.length != self.cached:
+            return None
+        key = probs_fn.graph_key()
+        n, start = int(pending.numel()), self.length
+        if key is None or n < 1 or depth < 1:
+            return None
+        ids = pending if self.input_limit is None else pending.clamp(max=self.input_limit - 1)
+        pos = torch.arange(start, start + n, device=pending.device)
+        causal = None if n == 1 else torch.ones(n, n, dtype=torch.bool, device=pending.device).tril_()
+        mask = None if causal is None else additive_mask(causal, start, self.dtype)
+        extra = self._chain_inputs(ids, pos, mask)
+        if extra is None:
+            return None
+        slot.ensure(start + n + depth - 1, keep=start)
+        core = self._chain_core(depth, probs_fn, greedy)
+        g = slot.chain_graph(n, depth, (key, greedy), core, extra, self.attention_forms)
+        if g is None:
+            return None
+        out = slot.replay_chain(g, n, start, ids, pos, mask, extra, None if greedy else generator)
+        self.length = start + n + depth - 1
+        self.forwards += depth
+        self._chain_drafted()
+        return out
+
+    def _chain_inputs(
+        self,
+        ids: torch.Tensor,  # noqa: ARG002 - an EAGLE head's features read them
+        pos: torch.Tensor,  # noqa: ARG002
+        mask: torch.Tensor | None,  # noqa: ARG002
+    ) -> tuple[torch.Tensor, ...] | None:
+        """The pending rows' inputs to the core beyond ids, positions and mask, for :meth:`captured_chain` (None: the
+        chain is drafted level by level).
+        """
+        return ()
+
+    def _chain_level_inputs(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:  # noqa: ARG002 - a head's
+        """A chain level's inputs to the core beyond ids, positions and mask, from the row before's final hidden
+        state (an EAGLE head's feature; none for a model).
+        """
+        return ()
+
+    def _chain_drafted(self) -> None:
+        """Bookkeeping after :meth:`captured_chain`'s replay (an EAGLE head's)."""
+
+    def _chain_core(self, depth: int, probs_fn: ProbsFn, greedy: bool):
+        """The function :meth:`captured_chain`'s graph records: the pending rows' forward (every row's logits, the
+        root's at ``last``), then ``depth`` draws and ``depth - 1`` one-row forwards, each attending to every row
+        before it. Every cache row, position and mask is computed on the device from the inputs, so the recorded
+        kernels draft the chain wherever the cache stands. It reads only the model, the slot's cache and the slot's
+        copies of constants (a captured kernel outlives the request that captured it).
+        """
+        slot, limit = self.slot, self.input_limit
+        kv = slot.kv
+        token_ids = None if probs_fn.token_ids is None else slot.constant("token_ids", probs_fn.token_ids)
+        probs = ProbsFn(probs_fn.processors, probs_fn.vocab_size, probs_fn.one_hot, token_ids)
+
+        def core(ids, pos, mask, *extra, rows, last, uniforms):
+            kv.rows, kv.width = rows, None
+            logits, h = self._core(ids, pos, mask, *extra)  # every pending row's
+            logits = logits.index_select(0, last)
+            row = probs(logits)  # [1, V]: the root's
+            ok = finite_flag(logits, row)
+            r, p, hidden = rows.index_select(0, last), pos.index_select(0, last), h.index_select(0, last)
+            cols = torch.arange(kv.capacity, device=rows.device)
+            zero = torch.zeros((), dtype=kv.keys[0].dtype, device=rows.device)
+            lowest = torch.full((), torch.finfo(zero.dtype).min, dtype=zero.dtype, device=rows.device)
+            tokens, out = [], [row]
+            for d in range(depth):
+                token = row.argmax(-1) if greedy else inverse_cdf_from(row, uniforms[d : d + 1, None])[:, 0]  # [1]
+                tokens.append(token)
+                if d + 1 == depth:
+                    break
+                r, p = r + 1, p + 1  # the node's cache row and position: after every row before it
+                kv.rows = r
+                level_mask = torch.where(cols <= r, zero, lowest)[None, None, None]  # [1, 1, 1, capacity]
+                fed = token if limit is None else token.clamp(max=limit - 1)
+                logits, hidden = self._core(fed, p, level_mask, *self._chain_level_inputs(hidden))
+                row = probs(logits)
+                out.append(row)
+            return torch.cat(tokens), torch.cat(out), ok
+
+        return core
 
     def block_mark(self) -> tuple:
         """A mark of this step's block so far: :meth:`undo_block` drops the block rows fed after it."""

@@ -12,6 +12,7 @@ from adaptive_spec.engine import SpecEngine
 from adaptive_spec.engine.graphs import BUCKETS, ModelSlot, bucket_for, fastest_bucket
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.engine.static_cache import SCRATCH, StaticKV, round_capacity
+from tests.helpers.graphs import record_eagerly, slots_as_on_cuda
 from tests.helpers.tiny import perturbed, tiny_model
 
 
@@ -296,41 +297,6 @@ def test_compiling_raises_dynamos_recompile_limit(monkeypatch) -> None:
     assert dynamo_config.recompile_limit == 64 and callable(compiled)
 
 
-class _StandInGraph:
-    """A CUDA graph's stand-in on a CPU: each replay runs the captured core again on the graph's static inputs
-    and writes its outputs in place, as a replay of the recorded kernels does."""
-
-    def __init__(self, run, form: str = "sdpa") -> None:
-        self.replay = run
-        self.form = form  # the attention form it was captured in
-
-
-def _capture_eagerly(self, b, core, extra):
-    """ModelSlot._capture's static inputs, rows and outputs, with a stand-in for the graph (see above)."""
-    from adaptive_spec.engine.graphs import _Graph
-
-    kv = self.kv
-    ids, pos = torch.zeros(b, dtype=torch.long), torch.zeros(b, dtype=torch.long)
-    mask = torch.zeros(1, 1, b, kv.capacity, dtype=kv.keys[0].dtype)
-    more = [torch.zeros(b, *e.shape[1:], dtype=e.dtype) for e in extra]
-    scratch = kv.capacity + torch.arange(b)
-    rows, inputs = scratch.clone(), [ids, pos, mask, *more]
-    form = kv.attention_form  # the attention's kernels are recorded in the graph: the stand-in keeps their form
-
-    def run():
-        kv.rows, kv.width = rows, None  # as captured: the whole buffer, the mask hiding what is not attended to
-        kv.attention_form = form
-        try:
-            for out, new in zip(outputs, core(*inputs), strict=True):
-                out.copy_(new)
-        finally:
-            kv.attention_form = "sdpa"
-
-    kv.rows, kv.width = rows, None
-    outputs = tuple(o.clone() for o in core(*inputs))
-    return _Graph(_StandInGraph(run, form), inputs, rows, scratch, outputs)
-
-
 @pytest.mark.parametrize(("lean", "attention"), [(True, "sdpa"), (True, "matmul"), (False, "")])
 def test_replays_give_the_eager_logits_and_padding_rows_write_only_scratch_rows(monkeypatch, lean, attention) -> None:
     """The captured path's inputs on a CPU (ModelSlot.replay: inputs copied in, the mask over the whole buffer, rows
@@ -338,7 +304,7 @@ def test_replays_give_the_eager_logits_and_padding_rows_write_only_scratch_rows(
     committed rows and rows past the block are untouched, padding rows write scratch rows. Grouped keys (4 query
     heads, 2 key heads), the lean layers of engine.decoder in each attention form and the modules' own."""
     monkeypatch.setenv("ADAPTIVE_SPEC_ATTENTION", attention)
-    monkeypatch.setattr(ModelSlot, "_capture", _capture_eagerly)
+    monkeypatch.setattr(ModelSlot, "_record", record_eagerly)
     monkeypatch.setattr(ModelSlot, "_time", lambda self, g: float(g.rows.numel()))  # smaller buckets are faster
     monkeypatch.setattr(ModelRunner, "lean_layers", lean)
     model = tiny_model("llama", vocab=48)
@@ -383,7 +349,7 @@ def test_a_captured_pass_reads_no_scratch_row(monkeypatch, attention) -> None:
     pass time on a GPU, masked or not): NaN keys and values in a scratch row no padding row writes leave the logits
     equal to the eager path's; the same NaN in a row of the capacity past the context would not (the control)."""
     monkeypatch.setenv("ADAPTIVE_SPEC_ATTENTION", attention)
-    monkeypatch.setattr(ModelSlot, "_capture", _capture_eagerly)
+    monkeypatch.setattr(ModelSlot, "_record", record_eagerly)
     monkeypatch.setattr(ModelSlot, "_time", lambda self, g: float(g.rows.numel()))
     model = tiny_model("llama", vocab=48)
     slot = ModelSlot(model, 64)
@@ -403,11 +369,12 @@ def test_a_captured_pass_reads_no_scratch_row(monkeypatch, attention) -> None:
 
 @pytest.mark.parametrize("attention", ["sdpa", "matmul"])
 def test_an_eagle_heads_replays_give_its_eager_logits(monkeypatch, attention) -> None:
-    """The EAGLE head's captured path on a CPU (its features an extra input), with the stand-in graph above."""
+    """The EAGLE head's captured path on a CPU (its features an extra input), with the stand-in graph of
+    tests/helpers/graphs.py."""
     from adaptive_spec.engine.eagle import EagleConfig, EagleHead, EagleRunner
 
     monkeypatch.setenv("ADAPTIVE_SPEC_ATTENTION", attention)
-    monkeypatch.setattr(ModelSlot, "_capture", _capture_eagerly)
+    monkeypatch.setattr(ModelSlot, "_record", record_eagerly)
     monkeypatch.setattr(ModelSlot, "_time", lambda self, g: float(g.rows.numel()))
     target = tiny_model("llama", vocab=48, eos=None)
     head = EagleHead(EagleConfig.for_target(target.config, draft_vocab_size=40)).eval()
@@ -438,21 +405,13 @@ def test_an_eagle_heads_replays_give_its_eager_logits(monkeypatch, attention) ->
 
 @pytest.mark.parametrize("draft_kind", ["model", "eagle"])
 def test_the_engines_captured_path_decodes_greedily_as_transformers_on_a_cpu(monkeypatch, draft_kind) -> None:
-    """The engine's whole step through its captured forwards (the stand-in graph above, every slot as on CUDA):
-    greedy tokens equal transformers' for plans whose blocks fall in buckets 1 to 32 and a tree past them, with a
+    """The engine's whole step through its captured forwards (the stand-in graph of tests/helpers/graphs.py, every slot
+    as on CUDA): greedy tokens equal transformers' for plans whose blocks fall in buckets 1 to 32 and a tree past them, with a
     draft model or an EAGLE head (chains, EAGLE trees decided on the device with and without replacement), every
     bucket keeping the attention as matrix products (timed faster here)."""
     from adaptive_spec.engine.eagle import EagleConfig, EagleHead
 
-    monkeypatch.setattr(ModelSlot, "_capture", _capture_eagerly)
-    monkeypatch.setattr(ModelSlot, "_time", lambda self, g: g.rows.numel() - 0.5 * (g.graph.form == "matmul"))
-    made = ModelSlot.__init__
-
-    def as_on_cuda(self, *args, **kwargs):
-        made(self, *args, **kwargs)
-        self.graphs_on = True
-
-    monkeypatch.setattr(ModelSlot, "__init__", as_on_cuda)
+    slots_as_on_cuda(monkeypatch, lambda self, g: g.rows.numel() - 0.5 * (g.graph.form == "matmul"))
     target = tiny_model("llama", vocab=48, eos=None, max_positions=512)
     if draft_kind == "eagle":
         draft = EagleHead(EagleConfig.for_target(target.config, draft_vocab_size=40)).eval()

@@ -1,0 +1,218 @@
+"""A whole chain draft in one captured replay (ModelRunner.captured_chain, ModelSlot.chain_graph), on a CPU with the
+stand-in graph of tests/helpers/graphs.py: the chain the level-by-level drafter draws, the engine's greedy tokens and
+its law, and the fallbacks. The CUDA graphs themselves: tests/engine/test_cuda.py."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from adaptive_spec.engine import SpecEngine, runner
+from adaptive_spec.engine.drafting import draft_tree
+from adaptive_spec.engine.eagle import EagleConfig, EagleHead, EagleRunner
+from adaptive_spec.engine.graphs import ModelSlot
+from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
+from adaptive_spec.engine.runner import ModelRunner
+from adaptive_spec.trees import TreeShape
+from tests.helpers import laws
+from tests.helpers.graphs import slots_as_on_cuda
+from tests.helpers.tiny import perturbed, tiny_model
+
+V = 48
+
+
+def _head(target) -> EagleHead:
+    head = EagleHead(EagleConfig.for_target(target.config, draft_vocab_size=40)).eval()
+    head.set_vocabulary(torch.arange(3, 43))  # a reduced vocabulary: ids 0-2 and 43-47 have draft probability 0
+    return head.bind(target)
+
+
+def _runners(kind: str, monkeypatch):
+    """(captured, eager): two runners of one draft, the first's slot capturing as on CUDA."""
+    slots_as_on_cuda(monkeypatch)
+    target = tiny_model("llama", vocab=V, eos=None)
+    if kind == "eagle":
+        head = _head(target)
+        made = [EagleRunner(head, slot=ModelSlot(head, 64, chains=c)) for c in (True, False)]
+        token_ids = head.token_ids
+    else:
+        draft = perturbed(target, scale=0.3)
+        made = [ModelRunner(draft, slot=ModelSlot(draft, 64, chains=c)) for c in (True, False)]
+        token_ids = None
+    return made, token_ids
+
+
+def _probs_fn(temperature: float, token_ids, top_k: int = 0) -> ProbsFn:
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k)
+    return ProbsFn(build_logits_processor(sampling.generation_config()), V, one_hot=False, token_ids=token_ids)
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+@pytest.mark.parametrize(("temperature", "top_k"), [(0.0, 0), (1.0, 0), (0.8, 5)])
+def test_a_captured_chain_is_the_level_by_level_chain(monkeypatch, kind, temperature, top_k) -> None:
+    """The same tokens (from one generator state), rows, finite flag and cache rows as the chain drafted level by level,
+    over steps whose pending rows fall in buckets 1, 2 and 4 (a padding row), with commits between; committed rows are
+    never written, and every step is one replay."""
+    (captured, eager), token_ids = _runners(kind, monkeypatch)
+    probs_fn = _probs_fn(temperature, token_ids, top_k)
+    feats = torch.randn(40, 32, generator=torch.Generator().manual_seed(3))
+    prompt = torch.tensor([0, 5, 9, 3, 7, 11])
+    with torch.inference_mode():
+        for r in (captured, eager):
+            if kind == "eagle":
+                r.set_target_features(0, feats[:5])
+            r.chain_forward(prompt[:3], logits_to_keep=1)  # 3 pending tokens for the first step: a padding row
+        context = prompt.tolist()
+        for step, (depth, accept) in enumerate([(4, 2), (3, 0), (5, 3), (1, 1), (6, 0)]):
+            pending = torch.tensor(context[captured.cached :])
+            outcomes = []
+            for r in (captured, eager):
+                before = r.slot.kv.buffer[:, :, : r.cached].clone()
+                g = torch.Generator().manual_seed(step)
+                outcomes.append(draft_tree(r, pending, TreeShape.chain(depth), probs_fn, g, temperature == 0))
+                assert torch.equal(r.slot.kv.buffer[:, :, : r.cached], before)  # committed rows untouched
+            (a, b), block = outcomes, slice(captured.cached, captured.length)
+            assert captured.length == eager.length == captured.cached + len(pending) + depth - 1
+            assert a.tree.tokens == b.tree.tokens and a.tree.parents == b.tree.parents
+            torch.testing.assert_close(a.tree.draft_probs, b.tree.draft_probs, rtol=1e-5, atol=1e-6)
+            assert bool(a.ok) and bool(b.ok) and a.pending_fed == b.pending_fed == len(pending)
+            kv_a, kv_b = (r.slot.kv.buffer[:, :, block] for r in (captured, eager))
+            torch.testing.assert_close(kv_a, kv_b, rtol=1e-5, atol=1e-5)  # the block's rows, as the eager ones
+            assert sum(g.graph.replays for g in captured.slot._chains.values()) == step + 1
+            # commit the pending tokens and `accept` drafted ones, as the engine does: a model keeps the accepted nodes'
+            # rows that were fed (the leaf never is), an EAGLE head only the context's, handed the target's features of
+            # the new positions (the accepted nodes are fed again, with them)
+            new = a.tree.tokens[1 : accept + 1] + [step + 20]
+            for r in (captured, eager):
+                if kind == "eagle":
+                    r.set_target_features(r.cached, feats[r.cached : len(context) + accept])
+                    r.commit(len(context), None)
+                else:
+                    r.commit(len(context), torch.arange(len(context), len(context) + min(accept, depth - 1)))
+            context += new
+    assert captured.slot.chain_failed is None and len(captured.slot._chains) >= 4
+    assert {k[0] for k in captured.slot._chains} >= {1, 2, 4}  # the buckets of 1, 2 and 3-4 pending rows
+    assert not eager.slot._chains
+
+
+def test_an_eagle_block_cannot_be_extended_after_a_captured_chain(monkeypatch) -> None:
+    """A captured chain's features stay in its graph, so a further forward of the step is refused (none is made by
+    the engine: a chain's step feeds nothing after it); a rollback opens the next step."""
+    (captured, _), token_ids = _runners("eagle", monkeypatch)
+    probs_fn = _probs_fn(1.0, token_ids)
+    with torch.inference_mode():
+        captured.set_target_features(0, torch.randn(3, 32))
+        captured.chain_forward(torch.tensor([0, 5, 9]), logits_to_keep=1)
+        draft_tree(captured, torch.tensor([4]), TreeShape.chain(3), probs_fn, torch.Generator().manual_seed(0), False)
+        with pytest.raises(RuntimeError, match="cannot be extended"):
+            captured.block_forward(torch.tensor([6]), torch.tensor([6]), None, logits_to_keep=1)
+        captured.rollback(3)
+        captured.block_forward(torch.tensor([4]), torch.tensor([3]), None, logits_to_keep=1)
+
+
+def test_chains_are_drafted_level_by_level_where_a_graph_cannot_keep_the_processors(monkeypatch) -> None:
+    """A processor outside ProbsFn.CAPTURABLE (its state may hold tensors a graph would read after they are gone)
+    and hidden states kept (root features) each draft the chain level by level: no chain graph."""
+    from transformers import LogitsProcessorList
+    from transformers.generation.logits_process import MinPLogitsWarper
+
+    (captured, _), _ = _runners("model", monkeypatch)
+    with torch.inference_mode():
+        captured.chain_forward(torch.tensor([0, 5, 9]), logits_to_keep=1)
+        min_p = ProbsFn(LogitsProcessorList([MinPLogitsWarper(0.1)]), V, one_hot=False)
+        assert min_p.graph_key() is None and _probs_fn(0.7, None, 3).graph_key() is not None
+        g = torch.Generator().manual_seed(0)
+        draft_tree(captured, torch.tensor([4]), TreeShape.chain(3), min_p, g, False)
+        assert not captured.slot._chains and captured.length == captured.cached + 3
+        captured.rollback(3)
+        captured.keep_hidden = True
+        draft_tree(captured, torch.tensor([4]), TreeShape.chain(3), _probs_fn(1.0, None), g, False)
+        assert not captured.slot._chains
+        captured.rollback(3)
+        captured.keep_hidden = False
+        draft_tree(captured, torch.tensor([4]), TreeShape.chain(3), _probs_fn(1.0, None), g, False)
+        assert len(captured.slot._chains) == 1
+
+
+def test_a_failed_chain_capture_logs_one_line_and_drafts_level_by_level(monkeypatch, caplog) -> None:
+    """A chain capture that fails logs one line; that chain and every later one are drafted level by level, with
+    the eager chain's tokens, and nothing is captured again."""
+    (captured, eager), _ = _runners("model", monkeypatch)
+    calls = []
+
+    def broken(self, *args):
+        calls.append(1)
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    monkeypatch.setattr(ModelSlot, "_capture_chain", broken)
+    probs_fn = _probs_fn(1.0, None)
+    with torch.inference_mode(), caplog.at_level(logging.WARNING, logger="adaptive_spec.engine"):
+        for r in (captured, eager):
+            r.chain_forward(torch.tensor([0, 5, 9]), logits_to_keep=1)
+        for depth in (3, 4):
+            a, b = (
+                draft_tree(r, torch.tensor([4]), TreeShape.chain(depth), probs_fn, torch.Generator().manual_seed(1), 0)
+                for r in (captured, eager)
+            )
+            assert a.tree.tokens == b.tree.tokens
+            for r in (captured, eager):
+                r.rollback(3)
+    assert len(calls) == 1 and captured.slot.chain_failed.startswith("RuntimeError: operation not permitted")
+    lines = [r.getMessage() for r in caplog.records if "chain draft" in r.getMessage()]
+    assert len(lines) == 1 and "drafting chains level by level" in lines[0] and "\n" not in lines[0]
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+def test_the_engine_decodes_greedily_as_transformers_through_captured_chains(monkeypatch, kind) -> None:
+    """Greedy tokens equal transformers' with every chain drafted in one replay: the target itself as the draft (every
+    node accepted, so pending rows of one and of two tokens) and an EAGLE head; chains cut at the budget's end too."""
+    slots_as_on_cuda(monkeypatch)
+    target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
+    draft = _head(target) if kind == "eagle" else target
+    engine = SpecEngine(target, draft)
+    prompt = [0, 9, 3, 4, 11, 12, 13]
+    ids = torch.tensor([prompt])
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=23)
+    for plan in ("chain:1/block", "chain:4/greedy", "chain:6/block"):
+        out = engine.generate(prompt, max_new_tokens=23, temperature=0, plan=plan)
+        assert out.token_ids == expected[0, len(prompt) :].tolist(), plan
+        if kind == "model":
+            assert max(out.stats.accept_lengths) == int(plan.split(":")[1][0])  # the whole chain accepted
+    slot = engine._idle_slots["draft"][0]
+    assert slot.chain_failed is None and sum(g.graph.replays for g in slot._chains.values()) > 10
+
+
+_LAW_V = 8
+
+
+def _law_engine(monkeypatch) -> SpecEngine:
+    slots_as_on_cuda(monkeypatch)
+    target = tiny_model("llama", vocab=_LAW_V, hidden=16, eos=None, init_range=0.5, seed=11, layers=1)
+    return SpecEngine(target, perturbed(target, scale=0.3, seed=12))
+
+
+def _chi_square(engine: SpecEngine, plan: str, runs: int) -> float:
+    sampling = SamplingConfig(temperature=0.9, top_k=6)
+    counts = torch.zeros(_LAW_V, _LAW_V, _LAW_V, dtype=torch.long)
+    for seed in range(runs):
+        out = engine.generate([3], max_new_tokens=3, temperature=0.9, top_k=6, plan=plan, seed=seed)
+        counts[tuple(out.token_ids)] += 1
+    slot = engine._idle_slots["draft"][0]
+    assert sum(g.graph.replays for g in slot._chains.values()) >= runs  # every step's chain in one replay
+    return laws.chi_square_pvalue(counts, laws.exact_law(engine.target, sampling, [3], _LAW_V))
+
+
+def test_the_engine_is_lossless_through_captured_chains(monkeypatch) -> None:
+    """The joint law of the first 3 tokens is the target's (chi-square, 2000 seeded runs) with chains drafted in one
+    replay and verified by the block verifier."""
+    assert _chi_square(_law_engine(monkeypatch), "chain:2/block", 2000) > 1e-3
+
+
+def test_the_captured_chain_law_test_fails_for_draws_off_their_rows(monkeypatch) -> None:
+    """The negative control: a captured chain whose tokens are not drawn from the rows it reports (each uniform
+    cubed) makes the engine's law wrong, and the same test says so."""
+    real = runner.inverse_cdf_from
+    monkeypatch.setattr(runner, "inverse_cdf_from", lambda rows, u: real(rows, u**3))
+    assert _chi_square(_law_engine(monkeypatch), "chain:2/block", 2000) < 1e-6
