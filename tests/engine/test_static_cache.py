@@ -406,9 +406,9 @@ def test_an_eagle_heads_replays_give_its_eager_logits(monkeypatch, attention) ->
 @pytest.mark.parametrize("draft_kind", ["model", "eagle"])
 def test_the_engines_captured_path_decodes_greedily_as_transformers_on_a_cpu(monkeypatch, draft_kind) -> None:
     """The engine's whole step through its captured forwards (the stand-in graph of tests/helpers/graphs.py, every slot
-    as on CUDA): greedy tokens equal transformers' for plans whose blocks fall in buckets 1 to 32 and a tree past them, with a
-    draft model or an EAGLE head (chains, EAGLE trees decided on the device with and without replacement), every
-    bucket keeping the attention as matrix products (timed faster here)."""
+    as on CUDA): greedy tokens equal transformers' for plans whose blocks fall in buckets 1 to 32 and a tree past
+    them, with a draft model or an EAGLE head (chains, EAGLE trees decided on the device with and without
+    replacement), every bucket keeping the attention as matrix products (timed faster here)."""
     from adaptive_spec.engine.eagle import EagleConfig, EagleHead
 
     slots_as_on_cuda(monkeypatch, lambda self, g: g.rows.numel() - 0.5 * (g.graph.form == "matmul"))
