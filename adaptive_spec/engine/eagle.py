@@ -313,6 +313,9 @@ class EagleRunner(ModelRunner):
     def _chain_level_inputs(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (hidden,)  # a drafted node's parent feature: the head's output there (the target has not run it)
 
+    def _chain_pending_most(self, depth: int) -> int:
+        return depth + 1  # the accepted nodes are fed again, with the target's features, then the bonus token
+
     def _chain_drafted(self) -> None:
         # The chain's rows' features stay in the graph: a later forward of this step would read no parent's.
         self._sealed = True

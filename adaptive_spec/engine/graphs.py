@@ -320,30 +320,39 @@ class ModelSlot:
         n: int,
         depth: int,
         key: Any,
-        core: Callable[..., tuple[torch.Tensor, ...]],
+        make_core: Callable[[int], Callable[..., tuple[torch.Tensor, ...]]],
         extra: Sequence[torch.Tensor],
         forms: Sequence[str] = ("sdpa",),
+        most: Callable[[int], int] = lambda d: d + 1,
     ) -> _ChainGraph | None:
         """The graph that drafts a whole chain of ``depth`` tokens after ``n`` pending rows, captured now if needed;
         None: draft it level by level (no graphs, a capture failed, or too many rows).
 
-        ``core(ids, pos, mask, *extra, rows=, last=, uniforms=)`` is the runner's chain
-        (:meth:`~adaptive_spec.engine.runner.ModelRunner.captured_chain`): the pending rows' forward as a bucket's,
-        then ``depth`` draws and ``depth - 1`` one-row forwards, every cache row and mask computed on the device from
-        the graph's inputs, so that one replay drafts the chain wherever the cache stands. ``key``: what else the
-        recorded kernels bake in (the sampling settings, temperature 0 or not); one graph per bucket, depth and key,
-        captured in each attention form and the faster kept (:attr:`chain_times`). A failed capture logs one line
-        and every later chain is drafted level by level.
+        ``make_core(d)`` is the runner's chain of ``d`` tokens
+        (:meth:`~adaptive_spec.engine.runner.ModelRunner.captured_chain`), a function ``core(ids, pos, mask, *extra,
+        rows=, last=, uniforms=)``: the pending rows' forward as a bucket's, then ``d`` draws and ``d - 1`` one-row
+        forwards, every cache row and mask computed on the device from the graph's inputs, so that one replay drafts
+        the chain wherever the cache stands. ``key``: what else the recorded kernels bake in (the sampling settings,
+        temperature 0 or not). One graph per bucket, depth and key, captured in each attention form and the faster
+        kept (:attr:`chain_times`).
+
+        The first request of a depth and key captures, with it, the chains of every depth below (a request's last
+        steps cut its chains to its budget) after every bucket up to ``most(d)`` pending rows (the most a step of
+        that depth leaves: an EAGLE head feeds the accepted nodes again), so that later requests capture nothing. A
+        failed capture logs one line and every later chain is drafted level by level.
         """
         if not (self.graphs_on and self.chains_on) or self.failed is not None or self.chain_failed is not None:
             return None
         b = bucket_for(n)
         if b is None or max(b, depth) > SCRATCH:  # a fresh graph's warm-up and timing write scratch rows only
             return None
-        k = (b, depth, key)
-        if k not in self._chains:
+        if (b, depth, key) not in self._chains:
             try:
-                g, _, form, times = self._fastest_form(lambda: self._capture_chain(b, depth, core, extra), forms)
+                for d in range(1, depth + 1):
+                    core, top = make_core(d), bucket_for(min(max(most(d), b if d == depth else 1), SCRATCH))
+                    for c in BUCKETS[: BUCKETS.index(top) + 1]:
+                        if (c, d, key) not in self._chains:
+                            self._capture_chain_forms((c, d, key), core, extra, forms)
             except Exception as err:  # noqa: BLE001 - any capture failure falls back to level-by-level drafts, said once
                 self.chain_failed = _why(err)
                 _log.warning(
@@ -353,9 +362,20 @@ class ModelSlot:
                 )
                 self._settle()
                 return None
-            self._chains[k] = g
-            self.chain_times[k] = {"kept": form, **times}
-        return self._chains[k]
+        return self._chains[b, depth, key]
+
+    def _capture_chain_forms(
+        self,
+        k: tuple,
+        core: Callable[..., tuple[torch.Tensor, ...]],
+        extra: Sequence[torch.Tensor],
+        forms: Sequence[str],
+    ) -> None:
+        """Capture the chain graph ``k = (bucket, depth, key)`` in each attention form and keep the fastest."""
+        b, depth, _ = k
+        g, _, form, times = self._fastest_form(lambda: self._capture_chain(b, depth, core, extra), forms)
+        self._chains[k] = g
+        self.chain_times[k] = {"kept": form, **times}
 
     def constant(self, name: str, value: torch.Tensor) -> torch.Tensor:
         """A copy of ``value`` kept as long as the slot (a captured kernel may read it after the caller's copy is gone):

@@ -232,8 +232,8 @@ class ModelRunner:
         if extra is None:
             return None
         slot.ensure(start + n + depth - 1, keep=start)
-        core = self._chain_core(depth, probs_fn, greedy)
-        g = slot.chain_graph(n, depth, (key, greedy), core, extra, self.attention_forms)
+        make = functools.partial(self._chain_core, probs_fn=probs_fn, greedy=greedy)
+        g = slot.chain_graph(n, depth, (key, greedy), make, extra, self.attention_forms, self._chain_pending_most)
         if g is None:
             return None
         out = slot.replay_chain(g, n, start, ids, pos, mask, extra, None if greedy else generator)
@@ -261,6 +261,12 @@ class ModelRunner:
 
     def _chain_drafted(self) -> None:
         """Bookkeeping after :meth:`captured_chain`'s replay (an EAGLE head's)."""
+
+    def _chain_pending_most(self, depth: int) -> int:  # noqa: ARG002 - a head's depends on it
+        """The most pending tokens a step after a chain of ``depth`` leaves: a model keeps its accepted nodes' rows, so
+        the bonus token and, when every node was accepted, the never-fed leaf.
+        """
+        return 2
 
     def _chain_core(self, depth: int, probs_fn: ProbsFn, greedy: bool):
         """The function :meth:`captured_chain`'s graph records: the pending rows' forward (every row's logits, the
