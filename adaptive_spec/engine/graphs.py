@@ -48,7 +48,7 @@ import torch
 
 from adaptive_spec.engine.static_cache import SCRATCH, StaticKV, round_capacity
 
-__all__ = ["BUCKETS", "COMPILED", "ModelSlot", "bucket_for", "fastest_bucket"]
+__all__ = ["BUCKETS", "CHAIN_DEPTH", "COMPILED", "ModelSlot", "bucket_for", "fastest_bucket"]
 
 _log = logging.getLogger("adaptive_spec.engine")
 
@@ -67,6 +67,12 @@ def bucket_for(n: int) -> int | None:
 #: 16 (7.68 vs 6.22 for the eager 32-row graph), and each bucket took about 30 s to compile; a prefill's
 #: larger blocks would compile for one use.
 COMPILED = (1, 2, 4)
+
+
+#: The deepest chain drafted in one replay (:meth:`ModelSlot.chain_graph`); deeper ones are drafted level by level. Its
+#: first use captures every depth below it too, each capture running its levels three times eagerly (two warm-ups,
+#: the capture) in each attention form: a chain of 8 is 36 levels a bucket.
+CHAIN_DEPTH = 8
 
 
 #: A larger bucket replaces a smaller one only when it is at least this much faster (timing noise).
@@ -171,6 +177,7 @@ class ModelSlot:
         self._chains: dict[tuple, _ChainGraph] = {}
         self.chain_times: dict[tuple, dict[str, float]] = {}
         self.chain_failed: str | None = None
+        self.chain_capture_s = 0.0  # seconds spent capturing (and timing) chain graphs
         self._constants: dict[str, torch.Tensor] = {}
 
     def _rows(self, capacity: int) -> int:
@@ -344,12 +351,13 @@ class ModelSlot:
         if not (self.graphs_on and self.chains_on) or self.failed is not None or self.chain_failed is not None:
             return None
         b = bucket_for(n)
-        if b is None or max(b, depth) > SCRATCH:  # a fresh graph's warm-up and timing write scratch rows only
+        if b is None or depth > CHAIN_DEPTH:
             return None
         if (b, depth, key) not in self._chains:
+            t0 = time.perf_counter()
             try:
                 for d in range(1, depth + 1):
-                    core, top = make_core(d), bucket_for(min(max(most(d), b if d == depth else 1), SCRATCH))
+                    core, top = make_core(d), bucket_for(min(max(most(d), b if d == depth else 1), BUCKETS[-1]))
                     for c in BUCKETS[: BUCKETS.index(top) + 1]:
                         if (c, d, key) not in self._chains:
                             self._capture_chain_forms((c, d, key), core, extra, forms)
@@ -362,6 +370,8 @@ class ModelSlot:
                 )
                 self._settle()
                 return None
+            finally:
+                self.chain_capture_s += time.perf_counter() - t0
         return self._chains[b, depth, key]
 
     def _capture_chain_forms(

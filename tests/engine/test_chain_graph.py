@@ -12,7 +12,7 @@ import torch
 from adaptive_spec.engine import SpecEngine, runner
 from adaptive_spec.engine.drafting import draft_tree
 from adaptive_spec.engine.eagle import EagleConfig, EagleHead, EagleRunner
-from adaptive_spec.engine.graphs import ModelSlot
+from adaptive_spec.engine.graphs import CHAIN_DEPTH, ModelSlot
 from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.trees import TreeShape
@@ -172,7 +172,8 @@ def test_a_failed_chain_capture_logs_one_line_and_drafts_level_by_level(monkeypa
 @pytest.mark.parametrize("kind", ["model", "eagle"])
 def test_the_engine_decodes_greedily_as_transformers_through_captured_chains(monkeypatch, kind) -> None:
     """Greedy tokens equal transformers' with every chain drafted in one replay: the target itself as the draft (every
-    node accepted, so pending rows of one and of two tokens) and an EAGLE head; chains cut at the budget's end too."""
+    node accepted, so pending rows of one and of two tokens) and an EAGLE head; chains cut at the budget's end too, and
+    one deeper than CHAIN_DEPTH, drafted level by level."""
     slots_as_on_cuda(monkeypatch)
     target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
     draft = _head(target) if kind == "eagle" else target
@@ -180,13 +181,14 @@ def test_the_engine_decodes_greedily_as_transformers_through_captured_chains(mon
     prompt = [0, 9, 3, 4, 11, 12, 13]
     ids = torch.tensor([prompt])
     expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=23)
-    for plan in ("chain:1/block", "chain:4/greedy", "chain:6/block"):
+    for plan in ("chain:1/block", "chain:4/greedy", "chain:6/block", f"chain:{CHAIN_DEPTH + 1}/block"):
         out = engine.generate(prompt, max_new_tokens=23, temperature=0, plan=plan)
         assert out.token_ids == expected[0, len(prompt) :].tolist(), plan
         if kind == "model":
-            assert max(out.stats.accept_lengths) == int(plan.split(":")[1][0])  # the whole chain accepted
+            assert max(out.stats.accept_lengths) == int(plan.split(":")[1].split("/")[0])  # the whole chain accepted
     slot = engine._idle_slots["draft"][0]
     assert slot.chain_failed is None and sum(g.graph.replays for g in slot._chains.values()) > 10
+    assert max(k[1] for k in slot._chains) <= CHAIN_DEPTH  # the deeper chain: level by level
 
 
 _LAW_V = 8
