@@ -285,6 +285,29 @@ def test_bench_passes_times_the_layers_own_modules_too(tiny_pair, tmp_path, caps
     assert "layers eager ms" in capsys.readouterr().out
 
 
+def test_bench_passes_times_whole_chain_drafts(tiny_pair, tmp_path, capsys, monkeypatch):
+    """--chains: a CPU times the chains level by level only; with the stand-in graph (slots capturing as on CUDA) each
+    depth is also one replay of its chain graph, interleaved, with the form it kept."""
+    out = tmp_path / "passes.json"
+    args = ["bench", "passes", "--device", "cpu", "--repeats", "1", "--rows", "1", "--draft-rows", "1"]
+    args += ["--context", "16", "--no-progress", "--chains", "1,3", "--json", str(out)]
+    assert main(args) == 0
+    chains = json.loads(out.read_text())["chains"]
+    assert [c["depth"] for c in chains] == [1, 3]
+    assert all(c["levels_ms"] > 0 and c["chain_ms"] is None and c["speedup"] is None for c in chains)
+    assert "whole chain drafts (T = 0)" in capsys.readouterr().out
+    from tests.helpers.graphs import slots_as_on_cuda
+
+    slots_as_on_cuda(monkeypatch)
+    assert main([*args, "--chain-temperature", "1"]) == 0
+    chains = json.loads(out.read_text())["chains"]
+    for c in chains:
+        assert c["chain_ms"] > 0 and c["speedup"] > 0 and c["chain_replay_ms"] == 1.0 and c["attention"] == "sdpa"
+        assert c["chain_failed"] is None and c["temperature"] == 1.0
+    with pytest.raises(SystemExit, match="--chain-temperature must be >= 0"):
+        main([*args, "--chain-temperature", "-1"])
+
+
 @pytest.mark.parametrize(
     "plan, max_syncs",
     [

@@ -18,11 +18,18 @@ from typing import Any
 
 import torch
 
-__all__ = ["measure_passes"]
+__all__ = ["measure_chains", "measure_passes"]
 
 
 def _runner(
-    engine: Any, role: str, graphs: bool, context: int, compiled: bool = False, capacity: int = 0, lean: bool = True
+    engine: Any,
+    role: str,
+    graphs: bool,
+    context: int,
+    compiled: bool = False,
+    capacity: int = 0,
+    lean: bool = True,
+    chains: bool = False,
 ) -> Any:
     from adaptive_spec.engine.eagle import EagleRunner, draft_runner, is_eagle_head
     from adaptive_spec.engine.graphs import ModelSlot
@@ -30,7 +37,8 @@ def _runner(
 
     model = engine.target if role == "target" else engine.draft
     static = fast_path_parts(model) is not None or is_eagle_head(model)
-    slot = ModelSlot(model, max(capacity, context + 256), graphs=graphs, compiled=compiled) if static else None
+    size = max(capacity, context + 256)
+    slot = ModelSlot(model, size, graphs=graphs, compiled=compiled, chains=chains) if static else None
     if role == "target":
         runner = ModelRunner(model, keep_features=is_eagle_head(engine.draft), slot=slot)
     else:
@@ -177,4 +185,84 @@ def measure_passes(
                     if f"layers_{m}" in samples
                 }
             )
+    return out
+
+
+def measure_chains(
+    engine: Any,
+    depths: Sequence[int] = (1, 2, 3, 4, 6),
+    context: int = 256,
+    repeats: int = 20,
+    temperature: float = 0.0,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Median milliseconds of a whole chain draft with the draft model, per depth: level by level (each level a
+    forward, captured on CUDA, its draw and its row on the host's queue) against one replay of the chain's graph
+    (:meth:`~adaptive_spec.engine.runner.ModelRunner.captured_chain`; CUDA only), interleaved repetition by repetition,
+    each call from one pending token after ``context`` committed rows to a device sync.
+
+    One row per depth: ``{"depth", "levels_ms", "chain_ms", "per_level_ms" (the faster path's ms per drafted token),
+    "speedup", "chain_replay_ms" (the chain graph's replay alone, timed on the device when captured; its host work is
+    ``chain_ms`` minus it), "attention" (the form it kept)}``; the chain's entries None off CUDA. ``temperature``: 0
+    (argmax draws) or a sampling temperature (inverse-CDF draws; the chain's uniforms drawn before its replay).
+    """
+    from tqdm.auto import tqdm
+
+    from adaptive_spec.engine.drafting import draft_tree
+    from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
+    from adaptive_spec.trees import TreeShape
+
+    cuda = engine.device.type == "cuda"
+    sampling = SamplingConfig(temperature=temperature)
+    token_ids = engine.draft.token_ids if hasattr(engine.draft, "token_ids") else None  # an EAGLE head's vocabulary
+    probs_fn = ProbsFn(build_logits_processor(sampling.generation_config()), engine.vocab_size, False, token_ids)
+    runners = {m: _runner(engine, "draft", True, context, chains=m == "chain") for m in ("levels", "chain")}
+    if not getattr(runners["chain"].slot, "graphs_on", False):  # nothing captured (off CUDA): level by level only
+        del runners["chain"]
+    modes = list(runners)
+    device, vocab = engine.device, min(engine.vocab_size, engine.input_vocab_size)
+    ids = torch.randint(3, vocab, (context + 1,), generator=torch.Generator().manual_seed(0)).to(device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    with torch.inference_mode():
+        for r in runners.values():
+            r.chain_forward(ids[:context], logits_to_keep=1)
+
+    def timed(runner: Any, depth: int) -> float:
+        with torch.inference_mode():
+            if cuda:
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            draft_tree(runner, ids[context:], TreeShape.chain(depth), probs_fn, generator, sampling.greedy)
+            if cuda:
+                torch.cuda.synchronize(device)
+            seconds = time.perf_counter() - t0
+            runner.rollback(context)
+        return seconds
+
+    out = []
+    for depth in tqdm(depths, desc="chains", disable=not progress):
+        samples: dict[str, list[float]] = {m: [] for m in modes}
+        for i in range(repeats + 3):
+            for m in modes:
+                s = timed(runners[m], depth)
+                if i >= 3:  # warm-up (the captures) excluded
+                    samples[m].append(s)
+        ms = {m: 1e3 * statistics.median(v) for m, v in samples.items()}
+        slot = getattr(runners.get("chain"), "slot", None)
+        kept = next((t for (b, d, _), t in (slot.chain_times.items() if slot else ()) if b == 1 and d == depth), None)
+        chain = ms.get("chain")
+        out.append(
+            {
+                "depth": depth,
+                "context": context,
+                "temperature": temperature,
+                "levels_ms": ms["levels"],
+                "chain_ms": chain,
+                "per_level_ms": min(ms.values()) / depth,
+                "speedup": ms["levels"] / chain if chain else None,
+                "chain_replay_ms": kept[kept["kept"]] if kept else None,
+                "attention": kept["kept"] if kept else None,
+                "chain_failed": slot.chain_failed if slot is not None else None,
+            }
+        )
     return out

@@ -48,17 +48,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also time the decoder layers' own modules (the engine runs them in fewer kernels: engine.decoder), "
         "interleaved",
     )
+    parser.add_argument(
+        "--chains",
+        type=_sizes,
+        default=None,
+        help="also time whole chain drafts of these depths with the draft (e.g. 1,2,3,4,6): level by level against one "
+        "replay of the chain's captured graph (CUDA), interleaved",
+    )
+    parser.add_argument(
+        "--chain-temperature",
+        type=float,
+        default=0.0,
+        help="the chains' temperature: 0, argmax draws (default), or > 0, inverse-CDF draws",
+    )
     add_json_option(parser, "the rows")
     add_progress_option(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     """Time the passes, print a table, write JSON."""
-    from adaptive_spec.bench.passes import measure_passes
+    from adaptive_spec.bench.passes import measure_chains, measure_passes
     from adaptive_spec.engine.load import load_engine
 
     if args.context < 1 or args.repeats < 1:
         raise ValueError("--context and --repeats must be >= 1")
+    if args.chain_temperature < 0:
+        raise ValueError("--chain-temperature must be >= 0 (0: argmax draws)")
     if args.capacity is not None and args.capacity < args.context + 128:
         raise ValueError(f"--capacity must hold the context and a pass: at least {args.context + 128} rows")
     engine = load_engine(args.target, args.draft, args.device, args.dtype)
@@ -104,9 +119,32 @@ def run(args: argparse.Namespace) -> int:
         line += "".join(f" {'-':>14}" if f not in by_form else f" {by_form[f]:14.2f}" for f in forms)
         line += f" {r.get('attention') or '-':>7}" if forms else ""
         print(line)
+    chains = None
+    if args.chains:
+        chains = measure_chains(
+            engine, args.chains, args.context, args.repeats, args.chain_temperature, not args.no_progress
+        )
+        print(f"whole chain drafts (T = {args.chain_temperature:g}), each from one pending token to a device sync:")
+        head = f"{'depth':>5} {'levels ms':>10} {'chain ms':>9} {'speedup':>8} {'ms/level':>9} {'replay ms':>10}"
+        print(f"{head} {'kept':>7}")
+        for c in chains:
+            cells = [
+                ("chain_ms", 9, ".2f"),
+                ("speedup", 8, ".2f"),
+                ("per_level_ms", 9, ".3f"),
+                ("chain_replay_ms", 10, ".3f"),
+            ]
+            line = f"{c['depth']:>5} {c['levels_ms']:10.2f}"
+            line += "".join(f" {'-':>{w}}" if c[k] is None else f" {c[k]:{w}{f}}" for k, w, f in cells)
+            print(line + f" {c['attention'] or '-':>7}")
+        failed = {c["chain_failed"] for c in chains} - {None}
+        if failed:
+            print(f"bench passes: a chain capture failed ({failed.pop()}); chains ran level by level")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         report = {"device": str(engine.device), "capacity": rows[0]["capacity"] if rows else None, "rows": rows}
+        if chains is not None:
+            report["chains"] = chains
         args.json.write_text(json.dumps(report, indent=2))
         print(f"wrote {args.json}")
     return 0
