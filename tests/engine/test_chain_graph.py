@@ -189,6 +189,9 @@ def test_the_engine_decodes_greedily_as_transformers_through_captured_chains(mon
     slot = engine._idle_slots["draft"][0]
     assert slot.chain_failed is None and sum(g.graph.replays for g in slot._chains.values()) > 10
     assert max(k[1] for k in slot._chains) <= CHAIN_DEPTH  # the deeper chain: level by level
+    info = engine.chain_graphs()  # as bench e2e reports them
+    assert len(info["graphs"]) == len(slot._chains) and info["capture_s"] > 0 and info["failed"] is None
+    assert all(g["greedy"] and g["kept"] in g["ms"] for g in info["graphs"])
 
 
 _LAW_V = 8
