@@ -39,7 +39,9 @@ def draw_children(
     """``k`` children per row of ``rows`` (Tensor[W, V]), drawn on the rows' device: ``(tokens [W, k], valid [W, k])``.
 
     * ``replace=True``, or ``k = 1``: ``k`` independent categorical draws per row by the inverse CDF (a float64
-      cumulative sum of the row, ``k`` uniforms, a binary search): one uniform per draw.
+      cumulative sum of the row, ``k`` uniforms, a binary search): one uniform per draw. A single draw per row
+      (``k = 1``) on an accelerator is the exponential race's first token instead (``argmax(rows / Exp(1))``, the
+      law of the categorical draw): four kernels where the inverse CDF launches seven.
     * ``replace=False`` with ``k > 1``: ``k`` draws without replacement, in draw order (Plackett-Luce). On an
       accelerator by the exponential race (Gumbel-top-k): the first ``k`` of ``argsort(rows / Exp(1))``, a few
       kernels whatever ``k``; on a CPU as the first ``k`` distinct tokens of i.i.d. inverse-CDF draws, with
@@ -84,6 +86,8 @@ def _draw(
     if replace or k == 1:
         if all_greedy and k == 1:  # a lone greedy draw: the argmax, no randomness
             tokens = rows.argmax(dim=-1, keepdim=True)
+        elif k == 1 and greedy is False and accelerator_path(rows.device):  # one draw: the race, in 4 kernels
+            tokens = _race(rows, 1, generator, False)[0]
         else:
             tokens = inverse_cdf(rows, k, generator)  # [W, k]
             if isinstance(greedy, torch.Tensor):

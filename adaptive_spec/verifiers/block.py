@@ -109,7 +109,7 @@ def chain_block_law(
         return P.new_zeros(1, dtype=torch.float64), P
     P1, Q1, idx = P[:-1], Q[:-1], tokens[:, None]  # the weights below are columns: Tensor[γ (+ 1), 1]
     pe, qe = P1.gather(1, idx).double(), Q1.gather(1, idx).double()
-    ratio = pe / qe.clamp_min(_TINY) * (qe > 0)  # 0 where q = 0 (p <= 1: the quotient is finite there)
+    ratio = torch.where(qe > 0, pe / qe, 0.0)  # 0 where q = 0 (the quotient's inf or NaN there is not taken)
     L = pad(ratio.log().cumsum(0), (0, 0, 1, 0))  # L_0 = 0; -inf once a ratio is 0: w stays 0 after it
     w = (L - L.cummax(0).values).exp()  # w_i = min(1, w_{i-1} * ratio_i), in closed form
     w1 = w[:-1]
@@ -123,9 +123,11 @@ def chain_block_law(
     return h, rows
 
 
-def chain_block_draw(h: torch.Tensor, rows: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """``[τ, token]`` (LongTensor[2] on the rows' device) of BV from :func:`chain_block_law`'s output, drawn there;
-    nothing is read back.
+def chain_block_draw(
+    h: torch.Tensor, rows: torch.Tensor, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(τ, token)`` (each LongTensor[1] on the rows' device) of BV from :func:`chain_block_law`'s output, drawn there;
+    nothing is read back (the caller's one read takes both with the rest of its parts).
     """
     g = h.numel() - 1
     u = torch.rand(g + 1, generator=generator, dtype=torch.float64, device=generator.device)
@@ -135,10 +137,7 @@ def chain_block_draw(h: torch.Tensor, rows: torch.Tensor, generator: torch.Gener
     tau = ((u < h) * positions(g + 1, h.device)).max(0, keepdim=True).values
     row = rows.index_select(0, tau)  # [1, V]
     token = search_cdf(row.cumsum(-1), u[:1, None])  # [1, 1]: η_0 draws the emitted token too
-    return torch.cat([tau, token[0]])
-
-
-_TINY = torch.finfo(torch.float64).tiny
+    return tau, token.view(1)
 
 
 def _is_chain(tree: DraftTree) -> bool:
@@ -154,9 +153,9 @@ def verify_block(
     extra = [] if ride is None else [ride]
     if isinstance(sampler, TorchSampler) and _is_chain(tree):
         tokens = tree.tokens_tensor(target_probs.device)[1:]
-        drawn = chain_block_draw(*chain_block_law(target_probs, tree.draft_probs, tokens), sampler.generator)
-        (tau, token), *rest = host_read(tree, drawn, *extra)
-        return result_for(tree, tau, token, tau == tree.num_nodes - 1, rest[0] if rest else (), drawn[1:])
+        tau_d, token_d = chain_block_draw(*chain_block_law(target_probs, tree.draft_probs, tokens), sampler.generator)
+        ([tau], [token], *rest) = host_read(tree, tau_d, token_d, *extra)
+        return result_for(tree, tau, token, tau == tree.num_nodes - 1, rest[0] if rest else (), token_d)
     return ride_first(tree, ride, lambda: _verify_block_host(tree, target_probs, sampler))
 
 

@@ -1,7 +1,7 @@
 """Block verification on the rows' device (``verify_block`` with a ``torch.Generator``) has BV's law exactly.
 
 The device path computes every ``h_i`` and candidate row at once (:func:`chain_block_law`) and draws
-``[τ, token]`` on the device (:func:`chain_block_draw`), read back once. Its law is replayed through the enumeration
+``(τ, token)`` on the device (:func:`chain_block_draw`), read back once. Its law is replayed through the enumeration
 sampler and compared, per chain case, with the backward scan's enumerated law and with the target law
 (TV < 1e-9); wrong variants are caught; the draw's frequencies match the law it is given, and a wrong draw
 fails the same check.
@@ -137,7 +137,7 @@ def test_the_draw_follows_the_law_and_a_wrong_draw_fails() -> None:
         return tau, int(torch.multinomial(rows[tau], 1, generator=g))
 
     def device(h, rows, g):
-        return tuple(chain_block_draw(h, rows, g).tolist())
+        return tuple(torch.cat(chain_block_draw(h, rows, g)).tolist())
 
     runs = 6000
     assert _tv(_empirical(device, h, rows, runs), exact) < 0.035
