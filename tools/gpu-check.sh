@@ -28,8 +28,9 @@
 #                  (ADAPTIVE_SPEC_FUSED=0) and on, alternated
 #                  over two rounds (about 3 minutes: not measured yet)
 #   attention_{sdpa,timed}_{1,2}.json  bench e2e at T = 0 on 4 prompts (plain decoding, chain:3/block, lookup:8/block)
-#                  with the captured passes' attention as sdpa alone (ADAPTIVE_SPEC_ATTENTION=sdpa, as before
-#                  2026-11-28i) and with each bucket's faster of sdpa and matrix products (engine.decoder.attend),
+#                  with the captured passes' attention as sdpa alone and the projections split
+#                  (ADAPTIVE_SPEC_ATTENTION=sdpa ADAPTIVE_SPEC_LINEARS=split, as before 2026-11-28i) and with each
+#                  bucket's fastest form (engine.decoder.attention_forms: sdpa or matrix products, fused projections or not),
 #                  alternated over two rounds (about 3 minutes: not measured yet); passes.json and capacity_*.json
 #                  hold both forms' replay ms of every bucket side by side (attention_replay_ms)
 #   chains_passes.json  bench passes --chains 1,2,3,4,6 at T = 0 and chains_passes_t1.json at T = 1: a whole chain
@@ -138,10 +139,10 @@ step fused 300 bash -c 'for r in 1 2; do for f in 0 1; do ADAPTIVE_SPEC_FUSED=$f
   --target smollm2 --device '"$DEVICE"' --prompts '"$PROMPTS"' --limit 4 --max-new-tokens '"$TOKENS"' \
   --temperatures 1 --no-hf --no-lookup --no-hf-generate --plans '"$FUSED_PLANS"' --no-progress \
   --json '"$OUT"'/fused_${f}_$r.json || exit 1; done; done'
-# The captured passes' attention: sdpa alone (ADAPTIVE_SPEC_ATTENTION=sdpa) against each bucket's faster form (unset),
+# The captured passes' forms: sdpa with split projections (as before 2026-11-28i) against each bucket's fastest (unset),
 # at T = 0 on 4 prompts, alternated over two rounds (no transformers baselines).
-step attention 300 bash -c 'for r in 1 2; do for a in sdpa timed; do [ $a = timed ] && v= || v=$a; \
-  ADAPTIVE_SPEC_ATTENTION=$v '"$PY"' -m adaptive_spec bench e2e --target smollm2 --device '"$DEVICE"' \
+step attention 300 bash -c 'for r in 1 2; do for a in sdpa timed; do [ $a = timed ] && v= l= || v=$a l=split; \
+  ADAPTIVE_SPEC_ATTENTION=$v ADAPTIVE_SPEC_LINEARS=$l '"$PY"' -m adaptive_spec bench e2e --target smollm2 --device '"$DEVICE"' \
   --prompts '"$PROMPTS"' --limit 4 --max-new-tokens '"$TOKENS"' --temperatures 0 --no-hf --no-lookup --no-hf-generate \
   --plans chain:3/block,lookup:8/block --no-progress --json '"$OUT"'/attention_${a}_$r.json || exit 1; done; done'
 # Whole chain drafts in one replay (engine.graphs ModelSlot.chain_graph) against level by level: the drafts alone, then

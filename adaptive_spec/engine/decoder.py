@@ -27,6 +27,12 @@ the modules' weights, with fewer kernels a layer:
   where sdpa sums in float32 (0.05 on a tiny model's bfloat16 logits), so those keep sdpa.
 - The projections' own ``forward`` is called (a CPU's per-size weight orders, :mod:`~.layout`, stay), not
   the module: no hook machinery per call (a layer with hooks is not run here).
+- **Fused projections in a captured pass**, where the form says so (``"sdpa+fused"``, ``"matmul+fused"``): the
+  queries, keys and values in one product with the three weights stacked, and the MLP's gate and up projections in
+  another (copies made once per layer, :func:`fused_weights`): three kernels fewer a layer, 90 of SmolLM2's
+  thousand a pass. The same dot products, which the GPU's matrix kernels may sum in another order. A slot times
+  a bucket in every form and keeps the fastest (:func:`attention_forms`); the eager path (and so a CPU) keeps the
+  projections' own ``forward``.
 
 Same values as the modules' own forward on this CPU (tested: logits equal to the layers' within float
 rounding, greedy tokens equal to transformers'); a GPU's fused norm rounds its sums in another order.
@@ -45,23 +51,92 @@ from typing import Any
 import torch
 from torch.nn import functional
 
-__all__ = ["ATTENTION_FORMS", "attend", "attention_forms", "decoder_layers", "lean_parts", "rms"]
+__all__ = [
+    "ATTENTION_FORMS",
+    "LINEAR_FORMS",
+    "attend",
+    "attention_forms",
+    "decoder_layers",
+    "fused_weights",
+    "lean_parts",
+    "rms",
+]
 
 #: The forms of attention :func:`attend` knows: torch's fused kernel, then two matrix products and a softmax.
 ATTENTION_FORMS = ("sdpa", "matmul")
+#: The forms of the projections: each its own product (the modules' ``forward``), or the stacked ones fused.
+LINEAR_FORMS = ("split", "fused")
 
 
-def attention_forms() -> tuple[str, ...]:
-    """The forms a captured pass of lean layers is captured in and timed, the first the reference: both, unless the
-    environment's ``ADAPTIVE_SPEC_ATTENTION`` names one (``sdpa``: as before the second existed; ``matmul``: only it).
+def attention_forms(matmul: bool = True) -> tuple[str, ...]:
+    """The forms a captured pass of lean layers is captured in and timed, the first the reference: each attention
+    form (:data:`ATTENTION_FORMS`; ``matmul=False``: ``sdpa`` alone, as half precision keeps) with the projections
+    split and fused (:data:`LINEAR_FORMS`), written ``"sdpa"``, ``"sdpa+fused"``, ``"matmul"``, ``"matmul+fused"``.
+    The environment's ``ADAPTIVE_SPEC_ATTENTION`` (``sdpa`` or ``matmul``) and ``ADAPTIVE_SPEC_LINEARS`` (``split``
+    or ``fused``) each keep one.
     """
-    chosen = os.environ.get("ADAPTIVE_SPEC_ATTENTION", "").strip().lower()
+    attention = _chosen("ADAPTIVE_SPEC_ATTENTION", ATTENTION_FORMS if matmul else ATTENTION_FORMS[:1])
+    linears = _chosen("ADAPTIVE_SPEC_LINEARS", LINEAR_FORMS)
+    return tuple(a if lin == "split" else f"{a}+{lin}" for a in attention for lin in linears)
+
+
+def _chosen(variable: str, forms: tuple[str, ...]) -> tuple[str, ...]:
+    chosen = os.environ.get(variable, "").strip().lower()
     if not chosen:
-        return ATTENTION_FORMS
-    if chosen not in ATTENTION_FORMS:
-        forms = ", ".join(ATTENTION_FORMS)
-        raise ValueError(f"ADAPTIVE_SPEC_ATTENTION={chosen!r}: use one of {forms}, or leave it unset")
-    return (chosen,)
+        return forms
+    known = ATTENTION_FORMS if variable.endswith("ATTENTION") else LINEAR_FORMS
+    if chosen not in known:
+        raise ValueError(f"{variable}={chosen!r}: use one of {', '.join(known)}, or leave it unset")
+    return (chosen,) if chosen in forms else forms[:1]
+
+
+def split_form(form: str) -> tuple[str, str]:
+    """``(attention form, linear form)`` of a capture form (:func:`attention_forms`): ``"matmul+fused"`` ->
+    ``("matmul", "fused")``, ``"sdpa"`` -> ``("sdpa", "split")``.
+    """
+    attention, _, linears = form.partition("+")
+    return attention, linears or "split"
+
+
+class _Fused:
+    """A layer's stacked projection weights (:func:`fused_weights`), with the weights they were made from."""
+
+    def __init__(self, layer: torch.nn.Module) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        self.sources = self._sources(layer)
+        qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
+        self.sizes = [lin.out_features for lin in qkv]
+        self.qkv, self.qkv_bias = _stacked(qkv)
+        self.gate_up, self.gate_up_bias = _stacked((mlp.gate_proj, mlp.up_proj))
+        self.gate_up_sizes = [mlp.gate_proj.out_features, mlp.up_proj.out_features]
+
+    @staticmethod
+    def _sources(layer: torch.nn.Module) -> tuple:
+        attn, mlp = layer.self_attn, layer.mlp
+        lins = (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)
+        return tuple((lin.weight.data_ptr(), lin.weight.dtype, lin.weight.device) for lin in lins)
+
+
+def _stacked(lins: Sequence[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The projections' weights stacked by output rows, and their biases (zeros where one has none; None if none
+    has one).
+    """
+    weight = torch.cat([lin.weight.detach() for lin in lins])
+    if all(lin.bias is None for lin in lins):
+        return weight, None
+    biases = [lin.bias.detach() if lin.bias is not None else weight.new_zeros(lin.out_features) for lin in lins]
+    return weight, torch.cat(biases)
+
+
+def fused_weights(layer: torch.nn.Module) -> _Fused:
+    """``layer``'s stacked query/key/value and gate/up weights, made once (again when a weight was replaced or
+    moved) and kept on the layer, outside its state dict.
+    """
+    fused = layer.__dict__.get("_adaptive_spec_fused")
+    if fused is None or fused.sources != _Fused._sources(layer):
+        fused = _Fused(layer)
+        layer.__dict__["_adaptive_spec_fused"] = fused
+    return fused
 
 
 def attend(
@@ -156,7 +231,8 @@ def decoder_layers(
 ) -> torch.Tensor:
     """Run ``h`` [1, n, hidden] through ``layers`` (see the module docstring), writing each layer's keys and
     values with ``cache.update``; the last layer's output [1, n, hidden]. The attention's form is the cache's
-    ``attention_form`` (``"sdpa"`` when it has none; see :func:`attend`).
+    ``attention_form`` (``"sdpa"`` when it has none; see :func:`attend`), and so are its projections'
+    (:func:`split_form`: fused where it ends in ``+fused``).
 
     ``mask``: additive, [1, 1, n, keys] (None: one row attending to every key); ``position_embeddings``: the
     model's rotary ``(cos, sin)``, [1, n, head size]; ``shape``: :func:`lean_parts`'s.
@@ -170,13 +246,18 @@ def decoder_layers(
     sin = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1).unsqueeze(1)  # rotate_half's signs, once a pass
     if mask is not None and group > 1 and n > 1:  # rows (head in group, row), as the stacked queries below
         mask = mask.repeat(1, 1, group, 1)
-    form = getattr(cache, "attention_form", "sdpa")
+    form, linears = split_form(getattr(cache, "attention_form", "sdpa"))
     for i, layer in enumerate(layers):
         attn, mlp = layer.self_attn, layer.mlp
         x = rms(h, layer.input_layernorm)
-        q = attn.q_proj.forward(x).view(1, n, heads, d).transpose(1, 2)
-        k = attn.k_proj.forward(x).view(1, n, kv_heads, d).transpose(1, 2)
-        v = attn.v_proj.forward(x).view(1, n, kv_heads, d).transpose(1, 2)
+        if linears == "fused":  # one product for the queries, keys and values (the form's: a captured pass)
+            fused = fused_weights(layer)
+            q, k, v = functional.linear(x, fused.qkv, fused.qkv_bias).split(fused.sizes, dim=-1)
+        else:
+            q, k, v = attn.q_proj.forward(x), attn.k_proj.forward(x), attn.v_proj.forward(x)
+        q = q.view(1, n, heads, d).transpose(1, 2)
+        k = k.view(1, n, kv_heads, d).transpose(1, 2)
+        v = v.view(1, n, kv_heads, d).transpose(1, 2)
         qk = torch.cat([q, k], dim=1)  # [1, heads + kv_heads, n, d], contiguous
         qk = qk * cos + qk.roll(half, dims=-1) * sin  # rotate_half(x) = roll(x) with the first half negated
         keys, values = cache.update(qk[:, heads:], v, i)
@@ -185,7 +266,9 @@ def decoder_layers(
         o = o.view(1, kv_heads, group, n, d).permute(0, 3, 1, 2, 4).reshape(1, n, heads * d)
         h = h + attn.o_proj.forward(o)
         x = rms(h, layer.post_attention_layernorm)
-        gate = mlp.gate_proj.forward(x)
-        up = mlp.up_proj.forward(x)
+        if linears == "fused":
+            gate, up = functional.linear(x, fused.gate_up, fused.gate_up_bias).split(fused.gate_up_sizes, dim=-1)
+        else:
+            gate, up = mlp.gate_proj.forward(x), mlp.up_proj.forward(x)
         h = h + mlp.down_proj.forward(mlp.act_fn(gate) * up)
     return h

@@ -107,10 +107,11 @@ class ModelRunner:
         self.fast_parts = fast_path_parts(model)
         # the fast path's layers in fewer kernels (engine.decoder), where they qualify; else the layers' own forward
         self.lean = self._lean_parts(impl) if self.lean_layers else None
-        # the attention forms a captured pass is captured in, timed, the faster kept (engine.decoder.attend); in
-        # half precision the products' rounding would part from sdpa's float32 sums: sdpa alone there
+        # the forms a captured pass is captured in, timed, the fastest kept (engine.decoder.attention_forms): attention
+        # as sdpa or matrix products, the projections split or fused; in half precision the products' rounding would
+        # part from sdpa's float32 sums: sdpa alone there
         full = self.lean is not None and model.dtype == torch.float32
-        self.attention_forms = attention_forms() if full else ("sdpa",)
+        self.attention_forms = attention_forms(matmul=full) if self.lean is not None else ("sdpa",)
         # The static cache (and captured forwards) of the fast path; None: the DynamicCache above.
         self.slot: ModelSlot | None = None
         if slot is not None or self._static_capable():

@@ -81,14 +81,16 @@ def test_lean_layers_give_the_layers_own_logits(kind: str, dtype: torch.dtype, m
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_attention_as_matrix_products_gives_sdpas_logits(kind: str) -> None:
-    """The lean layers' second attention form (engine.decoder.attend, "matmul") against the first: chains of one and
-    of several rows, a tree block, a commit; grouped keys, Qwen2's biases."""
+@pytest.mark.parametrize("form", ["matmul", "sdpa+fused", "matmul+fused"])
+def test_every_capture_form_gives_sdpas_logits(kind: str, form: str) -> None:
+    """The lean layers' other capture forms (engine.decoder.attention_forms: attention as matrix products, the
+    projections fused) against the first: chains of one and of several rows, a tree block, a commit; grouped keys,
+    Qwen2's biases (stacked with the fused weights)."""
     model = tiny_model(kind, vocab=48)
     with torch.inference_mode():
         sdpa = _run(model, True, keep_hidden=True)
-        matmul = _run(model, True, keep_hidden=True, attention="matmul")
-    for a, b in zip(matmul, sdpa, strict=True):
+        other = _run(model, True, keep_hidden=True, attention=form)
+    for a, b in zip(other, sdpa, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     # negative control: the form is read (a form it does not know is refused)
     with torch.inference_mode(), pytest.raises(ValueError, match="unknown attention form"):
@@ -117,20 +119,66 @@ def test_attend_over_a_whole_masked_buffer_as_a_captured_pass_does(rows: int) ->
         assert not torch.allclose(every, inside)  # negative control: the masked rows count when not masked
 
 
-def test_the_runner_captures_lean_layers_in_both_attention_forms_unless_told(monkeypatch) -> None:
+def test_the_runner_captures_lean_layers_in_every_form_unless_told(monkeypatch) -> None:
     model = tiny_model("llama", vocab=48)
-    assert ModelRunner(model).attention_forms == ("sdpa", "matmul")
+    assert ModelRunner(model).attention_forms == ("sdpa", "sdpa+fused", "matmul", "matmul+fused")
     monkeypatch.setenv("ADAPTIVE_SPEC_ATTENTION", "sdpa")
-    assert ModelRunner(model).attention_forms == ("sdpa",)
+    assert ModelRunner(model).attention_forms == ("sdpa", "sdpa+fused")
+    monkeypatch.setenv("ADAPTIVE_SPEC_LINEARS", "split")
+    assert ModelRunner(model).attention_forms == ("sdpa",)  # as before the projections could be fused
     monkeypatch.setenv("ADAPTIVE_SPEC_ATTENTION", "Matmul")
-    assert ModelRunner(model).attention_forms == ("matmul",)
+    monkeypatch.setenv("ADAPTIVE_SPEC_LINEARS", "fused")
+    assert ModelRunner(model).attention_forms == ("matmul+fused",)
     monkeypatch.setenv("ADAPTIVE_SPEC_ATTENTION", "flash")
     with pytest.raises(ValueError, match="ADAPTIVE_SPEC_ATTENTION='flash': use one of sdpa, matmul"):
         ModelRunner(model)
+    monkeypatch.setenv("ADAPTIVE_SPEC_ATTENTION", "sdpa")
+    monkeypatch.setenv("ADAPTIVE_SPEC_LINEARS", "stacked")
+    with pytest.raises(ValueError, match="ADAPTIVE_SPEC_LINEARS='stacked': use one of split, fused"):
+        ModelRunner(model)
     monkeypatch.delenv("ADAPTIVE_SPEC_ATTENTION")
-    assert ModelRunner(tiny_model("llama", vocab=48).to(torch.bfloat16)).attention_forms == ("sdpa",)  # rounding
+    monkeypatch.delenv("ADAPTIVE_SPEC_LINEARS")
+    half = ModelRunner(tiny_model("llama", vocab=48).to(torch.bfloat16)).attention_forms
+    assert half == ("sdpa", "sdpa+fused")  # the products' rounding: sdpa alone; fused projections are the same sums
     monkeypatch.setattr(ModelRunner, "lean_layers", False)  # the modules' own layers attend as they do
     assert ModelRunner(model).attention_forms == ("sdpa",)
+
+
+def test_fused_projections_are_made_once_outside_the_state_dict_and_again_for_new_weights() -> None:
+    """The stacked weights of a layer (engine.decoder.fused_weights) are kept on it, not in its state dict, reused
+    while its weights stand, made again when one is replaced; a fused pass dispatches three products fewer a layer."""
+    from adaptive_spec.engine.decoder import fused_weights
+
+    model = tiny_model("qwen2", vocab=48)
+    layer = model.model.layers[0]
+    keys = set(model.state_dict())
+    first = fused_weights(layer)
+    assert fused_weights(layer) is first and set(model.state_dict()) == keys
+    attn = layer.self_attn
+    assert first.qkv.shape[0] == attn.q_proj.out_features + attn.k_proj.out_features + attn.v_proj.out_features
+    assert first.qkv_bias is not None and first.gate_up_bias is None  # Qwen2: biases on q, k, v only
+    with torch.no_grad():
+        attn.k_proj.weight = torch.nn.Parameter(attn.k_proj.weight * 2)
+    again = fused_weights(layer)
+    assert again is not first and torch.equal(again.qkv[attn.q_proj.out_features :][:16], attn.k_proj.weight[:16])
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Products(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Products.n += func.overloadpacket in (torch.ops.aten.linear, torch.ops.aten.addmm, torch.ops.aten.mm)
+            return func(*args, **(kwargs or {}))
+
+    counts = {}
+    for form in ("sdpa", "sdpa+fused"):
+        runner = ModelRunner(model)
+        runner.cache.attention_form = form
+        Products.n = 0
+        with torch.inference_mode(), Products():
+            runner.chain_forward(torch.tensor([0, 5, 9]), logits_to_keep=1)
+        counts[form] = Products.n
+    assert counts["sdpa"] - counts["sdpa+fused"] == 3 * len(model.model.layers), counts
 
 
 def test_lean_layers_dispatch_fewer_ops(monkeypatch) -> None:

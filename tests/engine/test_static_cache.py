@@ -408,10 +408,12 @@ def test_the_engines_captured_path_decodes_greedily_as_transformers_on_a_cpu(mon
     """The engine's whole step through its captured forwards (the stand-in graph of tests/helpers/graphs.py, every slot
     as on CUDA): greedy tokens equal transformers' for plans whose blocks fall in buckets 1 to 32 and a tree past
     them, with a draft model or an EAGLE head (chains, EAGLE trees decided on the device with and without
-    replacement), every bucket keeping the attention as matrix products (timed faster here)."""
+    replacement), every bucket keeping the attention as matrix products and the projections fused (timed faster
+    here)."""
     from adaptive_spec.engine.eagle import EagleConfig, EagleHead
 
-    slots_as_on_cuda(monkeypatch, lambda self, g: g.rows.numel() - 0.5 * (g.graph.form == "matmul"))
+    faster = {"matmul": 0.5, "sdpa+fused": 0.25, "matmul+fused": 0.75}  # matrix products and fused projections
+    slots_as_on_cuda(monkeypatch, lambda self, g: g.rows.numel() - faster.get(g.graph.form, 0.0))
     target = tiny_model("llama", vocab=48, eos=None, max_positions=512)
     if draft_kind == "eagle":
         draft = EagleHead(EagleConfig.for_target(target.config, draft_vocab_size=40)).eval()
@@ -432,5 +434,5 @@ def test_the_engines_captured_path_decodes_greedily_as_transformers_on_a_cpu(mon
         slot = engine._idle_slots[role][0]
         assert slot.failed is None and slot.captured, role
         kept = engine.attention_forms()[role]
-        assert set(kept) == set(slot.captured) and all(k["kept"] == "matmul" for k in kept.values()), role
-        assert all(set(k["ms"]) == {"sdpa", "matmul"} for k in kept.values()), role
+        assert set(kept) == set(slot.captured) and all(k["kept"] == "matmul+fused" for k in kept.values()), role
+        assert all(set(k["ms"]) == {"sdpa", "matmul", "sdpa+fused", "matmul+fused"} for k in kept.values()), role
