@@ -60,6 +60,7 @@ __all__ = [
     "fused_weights",
     "lean_parts",
     "rms",
+    "split_form",
 ]
 
 #: The forms of attention :func:`attend` knows: torch's fused kernel, then two matrix products and a softmax.
