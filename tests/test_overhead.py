@@ -358,7 +358,7 @@ def test_an_eagle_tree_decided_on_the_device_keeps_within_its_level_goal():
     sites = {s["site"].split(" ")[-1]: s["per_step"] for s in row["sync_sites"]}
     # decided on the device with one read a tree, not level by level on the host (its plan's one copy comes once
     # per policy: the depth shrinks near the end of a request), and the verifier's one read
-    assert 0.5 < sites["draft_eagle_on_device"] <= 1 and sites["host_read"] <= 1
+    assert 0.5 < sites["eagle_outcome"] <= 1 and sites["host_read"] <= 1
 
 
 @pytest.mark.parametrize("plan", ["eagle:5:12:3:2/specinfer", "eagle:4:16:4:4/traversal"])

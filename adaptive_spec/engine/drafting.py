@@ -1034,26 +1034,59 @@ def draft_eagle_on_device(
     replacement a frontier node gets exactly its width in distinct children unless its row has fewer
     positive entries, so the counts per level are known in advance (:func:`eagle_levels`) and only *which*
     nodes are fed depends on the draws: chosen here by a stable sort of the path probabilities (float64
-    products, as the host's), with each level's tokens, positions and mask rows gathered on the device.
-    The candidates are drawn by the same calls on the same shapes as the host path's, so the tree is the
-    host path's whenever every child drawn has positive probability; the one read at the end says whether
-    so. Returns ``policy`` when not: the caller draws its tree again on the host from the generator state it
+    products, as the host's), with each level's tokens, positions and mask rows gathered on the device
+    (:func:`eagle_grow`). The candidates are drawn by the same calls on the same shapes as the host path's, so the
+    tree is the host path's whenever every child drawn has positive probability; the one read at the end says
+    whether so. Returns ``policy`` when not: the caller draws its tree again on the host from the generator state it
     saved.
     """
     device = runner.device
     p, base = root.pending, root.base
     plan = _eagle_plan(policy, device)
-    n, fed_total = plan.n, plan.fed
-    R, ok = root.probs[-1:], root.ok
+    pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device) if p > 1 else None
+
+    def forward(depth: int, ids: torch.Tensor, allowed: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:  # noqa: ARG001
+        if pending_pos is not None:  # the fed rows' mask over the block's rows: the pending tokens, then the fed nodes
+            allowed = torch.cat([pending_pos.expand(ids.numel(), -1), allowed], dim=1)
+        pos = torch.full((ids.numel(),), base + p - 1 + depth, dtype=torch.long, device=device)
+        return runner.block_forward(ids, pos, allowed, logits_to_keep=ids.numel())
+
+    def draw(rows: torch.Tensor, depth: int) -> torch.Tensor:  # noqa: ARG001 - as the host path draws
+        return draw_tokens(rows, policy.width, generator, replace=False, greedy=deterministic)
+
+    grown = eagle_grow(plan, root.probs[-1:], root.ok, probs_fn, forward, draw)
+    return eagle_outcome(plan, policy, grown, probs_fn.vocab_size, p)
+
+
+@dataclass(frozen=True)
+class EagleGrown:
+    """An EAGLE-style tree without replacement grown on the device (:func:`eagle_grow`), before its one read."""
+
+    tokens: torch.Tensor  # [N] the nodes' tokens (the root's -1)
+    parents: torch.Tensor  # [N] their parents (the root's -1)
+    fed: torch.Tensor  # [fed] the fed nodes, in feed order (the root first)
+    rows: torch.Tensor  # [fed, V] their rows, in that order
+    ancestors: torch.Tensor  # [N, N] bool
+    ok: torch.Tensor  # 0-dim bool: every fed row's logits finite
+    bad: torch.Tensor  # 0-dim bool: a drawn child of probability 0 (the host path's tree differs)
+
+
+def eagle_grow(plan: _EaglePlan, R: torch.Tensor, ok: torch.Tensor, probs_fn: ProbsFn, forward, draw) -> EagleGrown:
+    """Grow ``plan``'s tree from the root's row ``R`` [1, V] on the device, with no host read: per level, the
+    frontier's candidates ``draw(rows, depth)`` ([F, width]), the path probabilities' top ``fed`` new nodes, and
+    ``forward(depth, their tokens, their mask rows over the fed nodes so far (feed order, the root first), their
+    parents)`` over them (the logits, which ``probs_fn`` makes rows). The level-by-level drafter
+    (:func:`draft_eagle_on_device`) and a captured tree (:meth:`~.runner.ModelRunner.captured_tree`) give it their
+    own forward and draws.
+    """
     rows = [R]  # the fed rows' probabilities, in feed order (the root's first)
     ancestors = plan.ancestors.clone()
     front_ids, front_pp = plan.root, plan.one  # the frontier: node ids and path probabilities
     fed_ids, qs, level_logits = [front_ids], [], []  # qs: the drawn children's probabilities, checked at the end
     # every level's tokens and parents: the nodes are numbered level by level, so the tree's are their concatenation
     cands, parent_ids = [plan.start[:1]], [plan.start[:1]]  # the root's: -1
-    pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device) if p > 1 else None
     for depth, lv in enumerate(plan.levels, start=1):
-        cand = draw_tokens(R, policy.width, generator, replace=False, greedy=deterministic)  # as the host path
+        cand = draw(R, depth)
         cand = cand.flatten()[lv.used]
         q = R[lv.of, cand]  # each used child's probability in its parent's row
         qs.append(q)
@@ -1066,24 +1099,29 @@ def draft_eagle_on_device(
             chosen = pp.argsort(descending=True, stable=True)[: lv.fed].sort().values  # the top k, in the order made
             front_ids, front_pp = lv.ids[chosen], pp[chosen]
             fed_ids.append(front_ids)
-            # the fed rows' mask over the block's rows: the pending tokens, then every fed node in feed order
-            allowed = ancestors[front_ids][:, torch.cat(fed_ids)]
-            if pending_pos is not None:
-                allowed = torch.cat([pending_pos.expand(lv.fed, -1), allowed], dim=1)
-            pos = torch.full((lv.fed,), base + p - 1 + depth, dtype=torch.long, device=device)
-            logits = runner.block_forward(cand[chosen], pos, allowed, logits_to_keep=lv.fed)  # the fed nodes' tokens
+            allowed = ancestors[front_ids][:, torch.cat(fed_ids)]  # their mask rows over every fed node, in feed order
+            logits = forward(depth, cand[chosen], allowed, parents[chosen])  # the fed nodes' tokens
             R = probs_fn(logits)
             level_logits.append(logits)
             rows.append(R)
-    fed_d, fed_rows = torch.cat(fed_ids), torch.cat(rows)
-    tokens_d, parents_d = torch.cat(cands), torch.cat(parent_ids)
-    kids_d = plan.start[2 * n :].view(n, plan.widest).clone()
-    if plan.levels:  # a frontier a level (the root's first): fed_d, whose children the plan lists in that order
-        kids_d[fed_d] = plan.kids
+    fed_rows = torch.cat(rows)
     if level_logits:  # every fed level's logits and rows, checked once (the root's row rides along)
         ok = ok & finite_flag(torch.cat(level_logits), fed_rows)
     bad = (torch.cat(qs) <= 0).any()  # a drawn child of probability 0 (a row with fewer positive entries)
-    host = torch.cat([tokens_d, parents_d, fed_d, torch.stack([ok, bad])]).tolist()  # the tree's one read
+    return EagleGrown(torch.cat(cands), torch.cat(parent_ids), torch.cat(fed_ids), fed_rows, ancestors, ok, bad)
+
+
+def eagle_outcome(
+    plan: _EaglePlan, policy: EagleTree, grown: EagleGrown, vocab: int, p: int
+) -> DraftOutcome | EagleTree:
+    """The drafted tree of :func:`eagle_grow` after its one host read, or ``policy`` when a drawn child had probability
+    0 (the caller draws the tree again on the host). ``p``: the pending tokens fed before the tree.
+    """
+    n, fed_total, device = plan.n, plan.fed, grown.tokens.device
+    kids_d = plan.start[2 * n :].view(n, plan.widest).clone()
+    if plan.levels:  # a frontier a level (the root's first): fed_d, whose children the plan lists in that order
+        kids_d[grown.fed] = plan.kids
+    host = torch.cat([grown.tokens, grown.parents, grown.fed, torch.stack([grown.ok, grown.bad])]).tolist()  # the read
     check_finite(bool(host[-2]), "draft")
     if host[-1]:
         return policy
@@ -1094,15 +1132,19 @@ def draft_eagle_on_device(
         for node, kids in zip(fed_order[start : start + frontier], lv.kids, strict=True):
             child_draws[node] = kids
         start, frontier = start + frontier, lv.fed
-    probs = torch.zeros(n, probs_fn.vocab_size, dtype=rows[0].dtype, device=device)
-    probs[fed_d] = fed_rows
+    probs = torch.zeros(n, vocab, dtype=grown.rows.dtype, device=device)
+    probs[grown.fed] = grown.rows
     tree = DraftTree(tokens, parents, plan.depths, probs, child_draws, policy.shape)
-    tree.keep_tensors(tokens=tokens_d, parents=parents_d, depths=plan.depths_d, ancestors=ancestors, children=kids_d)
+    tree.keep_tensors(
+        tokens=grown.tokens, parents=grown.parents, depths=plan.depths_d, ancestors=grown.ancestors, children=kids_d
+    )
     cache_rows = {node: i for i, node in enumerate(fed_order)}
     rows_d = torch.full((n,), -1, dtype=torch.long, device=device).index_copy_(
-        0, fed_d, torch.arange(fed_total, device=device)
+        0, grown.fed, torch.arange(fed_total, device=device)
     )
-    return DraftOutcome(tree, ancestors, p, fed_total, cache_rows, len(plan.levels), 0.0, cache_rows_tensor=rows_d)
+    return DraftOutcome(
+        tree, grown.ancestors, p, fed_total, cache_rows, len(plan.levels), 0.0, cache_rows_tensor=rows_d
+    )
 
 
 @dataclass(frozen=True)
