@@ -303,7 +303,7 @@ def test_bench_passes_times_whole_chain_drafts(tiny_pair, tmp_path, capsys, monk
     chains = json.loads(out.read_text())["chains"]
     for c in chains:
         assert c["chain_ms"] > 0 and c["speedup"] > 0 and c["chain_replay_ms"] == 1.0 and c["attention"] == "sdpa"
-        assert c["chain_failed"] is None and c["temperature"] == 1.0
+        assert c["draft_failed"] is None and c["temperature"] == 1.0
     with pytest.raises(SystemExit, match="--chain-temperature must be >= 0"):
         main([*args, "--chain-temperature", "-1"])
 

@@ -34,9 +34,9 @@
 #                  alternated over two rounds (about 3 minutes: not measured yet); passes.json and capacity_*.json
 #                  hold both forms' replay ms of every bucket side by side (attention_replay_ms)
 #   chains_passes.json  bench passes --chains 1,2,3,4,6 at T = 0 and chains_passes_t1.json at T = 1: a whole chain
-#                  draft with the head, level by level against one replay of its captured graph (ModelSlot.chain_graph)
+#                  draft with the head, level by level against one replay of its captured graph (ModelSlot.draft_graph)
 #   chains_{off,on}_t{0,1}_{1,2}.json  bench e2e on 4 prompts (plain decoding, chain:2/block, chain:3/block,
-#                  chain:4/block) with the chain graphs off (ADAPTIVE_SPEC_CHAIN_GRAPHS=0: chains drafted level by
+#                  chain:4/block) with the chain graphs off (ADAPTIVE_SPEC_DRAFT_GRAPHS=0: chains drafted level by
 #                  level, as before 2026-12-01) and on, alternated over two rounds at each temperature (about 5
 #                  minutes: not measured yet)
 #   syncs.json     bench overhead --syncs --plans families with SmolLM2 on this device: host syncs (by kind and
@@ -145,13 +145,13 @@ step attention 300 bash -c 'for r in 1 2; do for a in sdpa timed; do [ $a = time
   ADAPTIVE_SPEC_ATTENTION=$v ADAPTIVE_SPEC_LINEARS=$l '"$PY"' -m adaptive_spec bench e2e --target smollm2 --device '"$DEVICE"' \
   --prompts '"$PROMPTS"' --limit 4 --max-new-tokens '"$TOKENS"' --temperatures 0 --no-hf --no-lookup --no-hf-generate \
   --plans chain:3/block,lookup:8/block --no-progress --json '"$OUT"'/attention_${a}_$r.json || exit 1; done; done'
-# Whole chain drafts in one replay (engine.graphs ModelSlot.chain_graph) against level by level: the drafts alone, then
-# end to end with ADAPTIVE_SPEC_CHAIN_GRAPHS=0 and =1 alternated, two rounds a temperature (no transformers baselines).
+# Whole chain drafts in one replay (engine.graphs ModelSlot.draft_graph) against level by level: the drafts alone, then
+# end to end with ADAPTIVE_SPEC_DRAFT_GRAPHS=0 and =1 alternated, two rounds a temperature (no transformers baselines).
 if [ "$DEVICE" = cpu ]; then CHAINS="--rows 1 --draft-rows 1 --repeats 1 --context 32 --chains 1,3"; else CHAINS="--rows 1 --draft-rows 1 --repeats 20 --chains 1,2,3,4,6"; fi
 step chains 420 bash -c "$PY -m adaptive_spec bench passes --target smollm2 --device $DEVICE $CHAINS --no-progress \
   --json $OUT/chains_passes.json && $PY -m adaptive_spec bench passes --target smollm2 --device $DEVICE $CHAINS \
   --chain-temperature 1 --no-progress --json $OUT/chains_passes_t1.json && for T in 0 1; do for r in 1 2; do \
-  for c in off on; do [ \$c = on ] && v=1 || v=0; ADAPTIVE_SPEC_CHAIN_GRAPHS=\$v $PY -m adaptive_spec bench e2e \
+  for c in off on; do [ \$c = on ] && v=1 || v=0; ADAPTIVE_SPEC_DRAFT_GRAPHS=\$v $PY -m adaptive_spec bench e2e \
   --target smollm2 --device $DEVICE --prompts $PROMPTS --limit 4 --max-new-tokens $TOKENS --temperatures \$T \
   --no-hf --no-lookup --no-hf-generate --plans chain:2/block,chain:3/block,chain:4/block --no-progress \
   --json $OUT/chains_\${c}_t\${T}_\$r.json || exit 1; done; done; done"

@@ -297,7 +297,7 @@ def measure(
     prompts, skipped = _fitting_prompts(engine, prompts, max_new_tokens, long_prompts)
     _warm_up(engine, prompts, temps, keys, table, max_new_tokens)
     compiled_before, kernels_before = _compile_seconds(engine), fused_kernels_compiled()
-    chains_before = _chain_capture_seconds(engine)
+    chains_before = _draft_capture_seconds(engine)
     with tqdm(total=len(prompts) * len(temps), desc=f"bench e2e T={','.join(keys)}", disable=not progress) as bar:
         for i, prompt in prompts:
             # Every method on this prompt first, then the tallies: a generation that fails drops this
@@ -317,7 +317,7 @@ def measure(
     if compiled_before is not None:  # compiling inside the timed runs counts in their tok/s: said, not hidden
         out["compiled_while_timed_s"] = round(_compile_seconds(engine) - compiled_before, 2)
     if chains_before is not None:  # chain graphs captured inside the timed runs (a depth or bucket the warm-up missed)
-        out["chains_captured_while_timed_s"] = round(_chain_capture_seconds(engine) - chains_before, 3)
+        out["drafts_captured_while_timed_s"] = round(_draft_capture_seconds(engine) - chains_before, 3)
     if kernels_before is not None:  # the fused kernels' compiles inside the timed runs (a second or so each on a GPU)
         out["kernels_compiled_while_timed"] = fused_kernels_compiled() - kernels_before
     if keep_outputs:
@@ -355,11 +355,11 @@ def _compile_seconds(engine: Any) -> float | None:
     return sum(sum(times.values()) for times in engine.compile_times().values())
 
 
-def _chain_capture_seconds(engine: Any) -> float | None:
+def _draft_capture_seconds(engine: Any) -> float | None:
     """Seconds the engine's draft slots have spent capturing whole-chain graphs so far; None off CUDA graphs."""
     if not (getattr(engine, "cuda_graphs", False) and engine.device.type == "cuda"):
         return None
-    return engine.chain_graphs()["capture_s"]
+    return engine.draft_graphs()["capture_s"]
 
 
 def fused_kernels_compiled() -> int | None:

@@ -29,7 +29,7 @@ def _runner(
     compiled: bool = False,
     capacity: int = 0,
     lean: bool = True,
-    chains: bool = False,
+    drafts: bool = False,
 ) -> Any:
     from adaptive_spec.engine.eagle import EagleRunner, draft_runner, is_eagle_head
     from adaptive_spec.engine.graphs import ModelSlot
@@ -38,7 +38,7 @@ def _runner(
     model = engine.target if role == "target" else engine.draft
     static = fast_path_parts(model) is not None or is_eagle_head(model)
     size = max(capacity, context + 256)
-    slot = ModelSlot(model, size, graphs=graphs, compiled=compiled, chains=chains) if static else None
+    slot = ModelSlot(model, size, graphs=graphs, compiled=compiled, drafts=drafts) if static else None
     if role == "target":
         runner = ModelRunner(model, keep_features=is_eagle_head(engine.draft), slot=slot)
     else:
@@ -216,7 +216,7 @@ def measure_chains(
     sampling = SamplingConfig(temperature=temperature)
     token_ids = engine.draft.token_ids if hasattr(engine.draft, "token_ids") else None  # an EAGLE head's vocabulary
     probs_fn = ProbsFn(build_logits_processor(sampling.generation_config()), engine.vocab_size, False, token_ids)
-    runners = {m: _runner(engine, "draft", True, context, chains=m == "chain") for m in ("levels", "chain")}
+    runners = {m: _runner(engine, "draft", True, context, drafts=m == "chain") for m in ("levels", "chain")}
     if not getattr(runners["chain"].slot, "graphs_on", False):  # nothing captured (off CUDA): level by level only
         del runners["chain"]
     modes = list(runners)
@@ -249,7 +249,7 @@ def measure_chains(
                     samples[m].append(s)
         ms = {m: 1e3 * statistics.median(v) for m, v in samples.items()}
         slot = getattr(runners.get("chain"), "slot", None)
-        kept = next((t for (b, d, _), t in (slot.chain_times.items() if slot else ()) if b == 1 and d == depth), None)
+        kept = next((t for (b, d, _), t in (slot.draft_times.items() if slot else ()) if b == 1 and d == depth), None)
         chain = ms.get("chain")
         out.append(
             {
@@ -262,7 +262,7 @@ def measure_chains(
                 "speedup": ms["levels"] / chain if chain else None,
                 "chain_replay_ms": kept[kept["kept"]] if kept else None,
                 "attention": kept["kept"] if kept else None,
-                "chain_failed": slot.chain_failed if slot is not None else None,
+                "draft_failed": slot.draft_failed if slot is not None else None,
             }
         )
     return out

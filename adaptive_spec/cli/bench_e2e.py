@@ -212,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         # per model and captured bucket: the attention form its graph kept and each form's replay ms (CUDA)
         "attention_forms": engine.attention_forms(),
         # the draft's whole-chain graphs (CUDA): bucket, depth, the form kept, each form's replay ms, capture seconds
-        "chain_graphs": engine.chain_graphs(),
+        "draft_graphs": engine.draft_graphs(),
     }
     report = {"config": report.pop("config"), **report}
     for k, res in report["runs"].items():

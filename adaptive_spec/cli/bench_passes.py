@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
             line = f"{c['depth']:>5} {c['levels_ms']:10.2f}"
             line += "".join(f" {'-':>{w}}" if c[k] is None else f" {c[k]:{w}{f}}" for k, w, f in cells)
             print(line + f" {c['attention'] or '-':>7}")
-        failed = {c["chain_failed"] for c in chains} - {None}
+        failed = {c["draft_failed"] for c in chains} - {None}
         if failed:
             print(f"bench passes: a chain capture failed ({failed.pop()}); chains ran level by level")
     if args.json:

@@ -58,7 +58,7 @@ from adaptive_spec.engine.eagle import EagleRunner
 from adaptive_spec.engine.logits import ProbsFn, finite_flag, rows_ok
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.formats.nodes import PROB_FLOOR
-from adaptive_spec.rng import TorchSampler, accelerator_path
+from adaptive_spec.rng import TorchSampler, accelerator_path, inverse_cdf_from
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.trees.draw import draw_children, draw_tokens
 from adaptive_spec.trees.lookup import hybrid_tree, lookup_trie, ngram_candidates, ngram_lookup, within_vocab
@@ -218,7 +218,7 @@ def draft_tree(
         return _root_only(pending, shape, V, device)
     if shape.law is DraftLaw.CHAIN and not isinstance(pending, DraftRoot):  # the whole chain in one replay, if captured
         base = runner.cached
-        captured = runner.captured_chain(pending, D, probs_fn, generator, deterministic)
+        captured = captured_chain(runner, pending, D, probs_fn, generator, deterministic)
         if captured is not None:
             tokens, rows, ok = captured
             return _chain_outcome(DraftRoot(int(pending.numel()), base, rows[:1], ok), shape, [rows], [tokens], device)
@@ -226,6 +226,60 @@ def draft_tree(
     if shape.law is DraftLaw.CHAIN:
         return _draft_chain(runner, root, shape, probs_fn, generator, deterministic)
     return _draft_slots(runner, root, slot_layout(shape, V), probs_fn, generator, deterministic)
+
+
+def captured_chain(
+    runner: ModelRunner,
+    pending: torch.Tensor,
+    depth: int,
+    probs_fn: ProbsFn,
+    generator: torch.Generator,
+    greedy: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """A chain of ``depth`` tokens after the ``pending`` ones in one replay of its captured graph
+    (:meth:`~adaptive_spec.engine.runner.ModelRunner.captured_draft`): ``(tokens [depth], rows [depth, V] (the
+    root's first: the rows the tokens were drawn from), ok)``, the graph's own outputs; ``ok``: whether the root's
+    logits were finite. None: drafted level by level (no graphs, processors a graph cannot keep, ...).
+
+    The law is :func:`_draft_chain`'s: each token the argmax of its row at temperature 0, else an inverse-CDF draw
+    from the row with a uniform from ``generator``, the chain's ``depth`` uniforms drawn before the replay (on a CPU
+    from one generator state the same uniforms, so the same tokens: tested).
+    """
+    probs = runner.graph_probs(probs_fn)
+    if probs is None:
+        return None
+
+    def make(d: int):
+        return _chain_core(runner, d, probs, greedy), ((d,), torch.float64), d - 1
+
+    fill = None if greedy else (lambda u: u.uniform_(generator=generator))
+    return runner.captured_draft(pending, depth, ("chain", probs_fn.graph_key(), greedy), make, fill)
+
+
+def _chain_core(runner: ModelRunner, depth: int, probs: ProbsFn, greedy: bool):
+    """The function a chain's graph records (:func:`captured_chain`): the pending rows' forward, then ``depth`` draws
+    and ``depth - 1`` one-row forwards, each attending to every row before it. It reads only the model, the slot's
+    cache and the slot's copies of constants (a captured kernel outlives the request that captured it).
+    """
+
+    def core(ids, pos, mask, *extra, rows, last, noise):
+        logits, r, p, hidden = runner.root_stage(ids, pos, mask, extra, rows, last)
+        row = probs(logits)  # [1, V]: the root's
+        ok = finite_flag(logits, row)
+        cols = runner.cache_columns()
+        tokens, out = [], [row]
+        for d in range(depth):
+            token = row.argmax(-1) if greedy else inverse_cdf_from(row, noise[d : d + 1, None])[:, 0]  # [1]
+            tokens.append(token)
+            if d + 1 == depth:
+                break
+            r, p = r + 1, p + 1  # the node's cache row and position: after every row before it
+            logits, hidden = runner.level_forward(token, r, p, (cols <= r)[None], hidden)
+            row = probs(logits)
+            out.append(row)
+        return torch.cat(tokens), torch.cat(out), ok
+
+    return core
 
 
 def _draft_slots(

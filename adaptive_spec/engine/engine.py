@@ -482,11 +482,11 @@ class SpecEngine(StepMixin):
             }
         return out
 
-    def chain_graphs(self) -> dict[str, Any]:
-        """The draft's whole-chain graphs (:meth:`~adaptive_spec.engine.graphs.ModelSlot.chain_graph`) over its idle
+    def draft_graphs(self) -> dict[str, Any]:
+        """The draft's whole-chain graphs (:meth:`~adaptive_spec.engine.graphs.ModelSlot.draft_graph`) over its idle
         static caches: ``{"graphs": [{"bucket", "depth", "greedy", "kept", "ms"}], "capture_s", "failed"}`` (``ms``:
         each attention form's replay; no graphs off CUDA, before a first request or with
-        ``ADAPTIVE_SPEC_CHAIN_GRAPHS=0``).
+        ``ADAPTIVE_SPEC_DRAFT_GRAPHS=0``).
         """
         slots = self._idle_slots["draft"]
         graphs = [
@@ -498,10 +498,10 @@ class SpecEngine(StepMixin):
                 "ms": {f: v for f, v in t.items() if f != "kept"},
             }
             for slot in slots
-            for (b, d, key), t in slot.chain_times.items()
+            for (b, d, key), t in slot.draft_times.items()
         ]
-        failed = next((s.chain_failed for s in slots if s.chain_failed), None)
-        return {"graphs": graphs, "capture_s": sum(s.chain_capture_s for s in slots), "failed": failed}
+        failed = next((s.draft_failed for s in slots if s.draft_failed), None)
+        return {"graphs": graphs, "capture_s": sum(s.draft_capture_s for s in slots), "failed": failed}
 
     def _lend(self, role: str, model: PreTrainedModel, capacity: int) -> ModelSlot | None:
         """An idle static cache for ``model`` with room for ``capacity`` rows, or None for a dynamic cache."""

@@ -20,7 +20,7 @@ the choice is made among all of them, once per slot.
 A capture that fails (an operation that cannot be captured, out of memory, ...) logs one line
 saying why, and the slot runs eagerly from then on: same results, slower.
 
-A whole chain draft is one graph too (:meth:`ModelSlot.chain_graph`, recorded from
+A whole chain draft is one graph too (:meth:`ModelSlot.draft_graph`, recorded from
 :meth:`~adaptive_spec.engine.runner.ModelRunner.captured_chain`): the pending rows' forward as a bucket's, then every
 draw and every one-row level, each level's cache row, position and mask computed on the device from the graph's
 inputs. Replayed once a step, it drafts the chain with no Python a level: on an H200 a ``chain:3/block`` step spent
@@ -54,7 +54,7 @@ import torch
 
 from adaptive_spec.engine.static_cache import SCRATCH, StaticKV, round_capacity
 
-__all__ = ["BUCKETS", "CHAIN_DEPTH", "COMPILED", "ModelSlot", "bucket_for", "fastest_bucket"]
+__all__ = ["BUCKETS", "COMPILED", "DRAFT_DEPTH", "ModelSlot", "bucket_for", "fastest_bucket"]
 
 _log = logging.getLogger("adaptive_spec.engine")
 
@@ -75,10 +75,10 @@ def bucket_for(n: int) -> int | None:
 COMPILED = (1, 2, 4)
 
 
-#: The deepest chain drafted in one replay (:meth:`ModelSlot.chain_graph`); deeper ones are drafted level by level. Its
+#: The deepest draft made in one replay (:meth:`ModelSlot.draft_graph`); deeper ones are drafted level by level. Its
 #: first use captures every depth below it too, each capture running its levels three times eagerly (two warm-ups,
 #: the capture) in each attention form: a chain of 8 is 36 levels a bucket.
-CHAIN_DEPTH = 8
+DRAFT_DEPTH = 8
 
 
 #: A larger bucket replaces a smaller one only when it is at least this much faster (timing noise).
@@ -133,13 +133,13 @@ class _Graph:
 
 
 @dataclass
-class _ChainGraph(_Graph):
-    """A whole chain draft's graph (:meth:`ModelSlot.chain_graph`): a bucket's inputs for the pending rows, plus the
-    root's row among them and the chain's uniforms; outputs ``(tokens [D], rows [D, V], ok)``.
+class _DraftGraph(_Graph):
+    """A whole draft's graph (:meth:`ModelSlot.draft_graph`): a bucket's inputs for the pending rows, plus the root's
+    row among them and the draft's noise (a chain's uniforms, a tree's exponentials; unused at temperature 0).
     """
 
     last: torch.Tensor | None = None  # [1] long: the root's row among the pending rows (n - 1)
-    uniforms: torch.Tensor | None = None  # [D] float64: one uniform a drawn token (unused at temperature 0)
+    noise: torch.Tensor | None = None
 
 
 class ModelSlot:
@@ -151,12 +151,13 @@ class ModelSlot:
         graphs: capture forwards as CUDA graphs (only on a CUDA device).
         compiled: capture ``torch.compile``'s code of each bucket's forward (with ``graphs`` only; see
             the module docstring).
-        chains: capture whole chain drafts too, one graph each (with ``graphs`` only; :meth:`chain_graph`). None (the
-            default): on, unless the environment's ``ADAPTIVE_SPEC_CHAIN_GRAPHS`` is ``0`` (benchmarks' A/B).
+        drafts: capture whole drafts too (a chain, an EAGLE-style tree), one graph each (with ``graphs`` only;
+            :meth:`draft_graph`). None (the default): on, unless the environment's ``ADAPTIVE_SPEC_DRAFT_GRAPHS`` is
+            ``0`` (benchmarks' A/B).
     """
 
     def __init__(
-        self, model: Any, capacity: int, graphs: bool = False, compiled: bool = False, chains: bool | None = None
+        self, model: Any, capacity: int, graphs: bool = False, compiled: bool = False, drafts: bool | None = None
     ) -> None:
         self.model = model
         self.graphs_on = bool(graphs) and model.device.type == "cuda"
@@ -177,13 +178,13 @@ class ModelSlot:
         self._spare: list[_Graph] = []
         self.form_failed: dict[str, str] = {}
         self._pool: Any = None
-        # whole chain drafts in one graph each (chain_graph), per (bucket, depth, sampling key); their kept form and
-        # every form's replay ms; why a chain capture failed (chains drafted level by level from then on)
-        self.chains_on = os.environ.get("ADAPTIVE_SPEC_CHAIN_GRAPHS", "1").strip() != "0" if chains is None else chains
-        self._chains: dict[tuple, _ChainGraph] = {}
-        self.chain_times: dict[tuple, dict[str, float]] = {}
-        self.chain_failed: str | None = None
-        self.chain_capture_s = 0.0  # seconds spent capturing (and timing) chain graphs
+        # whole chain drafts in one graph each (draft_graph), per (bucket, depth, sampling key); their kept form and
+        # every form's replay ms; why a draft capture failed (drafts made level by level from then on)
+        self.drafts_on = os.environ.get("ADAPTIVE_SPEC_DRAFT_GRAPHS", "1").strip() != "0" if drafts is None else drafts
+        self._drafts: dict[tuple, _DraftGraph] = {}
+        self.draft_times: dict[tuple, dict[str, float]] = {}
+        self.draft_failed: str | None = None
+        self.draft_capture_s = 0.0  # seconds spent capturing (and timing) chain graphs
         self._constants: dict[str, torch.Tensor] = {}
 
     def _rows(self, capacity: int) -> int:
@@ -218,8 +219,8 @@ class ModelSlot:
             self.forms.clear()
             self.form_times.clear()
             self._spare.clear()
-            self._chains.clear()
-            self.chain_times.clear()
+            self._drafts.clear()
+            self.draft_times.clear()
             self._pool = None
 
     @property
@@ -328,122 +329,118 @@ class ModelSlot:
         assert kept is not None  # the first form was captured, or raised
         return (*kept, times)
 
-    def chain_graph(
+    def draft_graph(
         self,
         n: int,
         depth: int,
         key: Any,
-        make_core: Callable[[int], Callable[..., tuple[torch.Tensor, ...]]],
+        make: Callable[[int], tuple[Callable[..., tuple[torch.Tensor, ...]], tuple[tuple[int, ...], torch.dtype], int]],
         extra: Sequence[torch.Tensor],
         forms: Sequence[str] = ("sdpa",),
         most: Callable[[int], int] = lambda d: d + 1,
-    ) -> _ChainGraph | None:
-        """The graph that drafts a whole chain of ``depth`` tokens after ``n`` pending rows, captured now if needed;
-        None: draft it level by level (no graphs, a capture failed, or too many rows).
+    ) -> _DraftGraph | None:
+        """The graph of a whole draft of ``depth`` levels after ``n`` pending rows, captured now if needed; None: draft
+        it level by level (no graphs, a capture failed, too deep or too many rows).
 
-        ``make_core(d)`` is the runner's chain of ``d`` tokens
-        (:meth:`~adaptive_spec.engine.runner.ModelRunner.captured_chain`), a function ``core(ids, pos, mask, *extra,
-        rows=, last=, uniforms=)``: the pending rows' forward as a bucket's, then ``d`` draws and ``d - 1`` one-row
-        forwards, every cache row and mask computed on the device from the graph's inputs, so that one replay drafts
-        the chain wherever the cache stands. ``key``: what else the recorded kernels bake in (the sampling settings,
-        temperature 0 or not). One graph per bucket, depth and key, captured in each attention form and the faster
-        kept (:attr:`chain_times`).
+        ``make(d)`` is the drafter's draft of ``d`` levels (:mod:`~adaptive_spec.engine.drafting`: a chain of ``d``
+        tokens, an EAGLE-style tree cut at depth ``d``): ``(core, (noise shape, noise dtype), block rows)``, where
+        ``core(ids, pos, mask, *extra, rows=, last=, noise=)`` runs the pending rows' forward as a bucket's, then every
+        draw (from ``noise``, drawn before each replay, at temperature > 0) and every level's forward, each cache row,
+        position and mask computed on the device from the graph's inputs
+        (:meth:`~adaptive_spec.engine.runner.ModelRunner.root_stage`, ``level_forward``), so that one replay drafts
+        wherever the cache stands; ``block rows``: the rows it writes after the pending ones. ``key``: what else the
+        recorded kernels bake in (the draft's kind and shape, the sampling settings). One graph per bucket, depth and
+        key, captured in each attention form and the fastest kept (:attr:`draft_times`).
 
-        The first request of a depth and key captures, with it, the chains of every depth below (a request's last
-        steps cut its chains to its budget) after every bucket up to ``most(d)`` pending rows (the most a step of
+        The first request of a depth and key captures, with it, the drafts of every depth below (a request's last
+        steps cut its drafts to its budget) after every bucket up to ``most(d)`` pending rows (the most a step of
         that depth leaves: an EAGLE head feeds the accepted nodes again), so that later requests capture nothing. A
-        failed capture logs one line and every later chain is drafted level by level.
+        failed capture logs one line and every later draft is made level by level.
         """
-        if not (self.graphs_on and self.chains_on) or self.failed is not None or self.chain_failed is not None:
+        if not (self.graphs_on and self.drafts_on) or self.failed is not None or self.draft_failed is not None:
             return None
         b = bucket_for(n)
-        if b is None or depth > CHAIN_DEPTH:
+        if b is None or depth > DRAFT_DEPTH:
             return None
-        if (b, depth, key) not in self._chains:
+        if (b, depth, key) not in self._drafts:
             t0 = time.perf_counter()
             try:
                 for d in range(1, depth + 1):
-                    core, top = make_core(d), bucket_for(min(max(most(d), b if d == depth else 1), BUCKETS[-1]))
+                    made, top = make(d), bucket_for(min(max(most(d), b if d == depth else 1), BUCKETS[-1]))
+                    if made[2] >= SCRATCH:  # a fresh graph's warm-up and timing write scratch rows only
+                        return None
                     for c in BUCKETS[: BUCKETS.index(top) + 1]:
-                        if (c, d, key) not in self._chains:
-                            self._capture_chain_forms((c, d, key), core, extra, forms)
+                        if (c, d, key) not in self._drafts:
+                            self._capture_draft_forms((c, d, key), made, extra, forms)
             except Exception as err:  # noqa: BLE001 - any capture failure falls back to level-by-level drafts, said once
-                self.chain_failed = _why(err)
+                self.draft_failed = _why(err)
                 _log.warning(
-                    "capturing a chain draft of %s failed (%s); drafting chains level by level",
+                    "capturing a whole draft of %s failed (%s); drafting level by level",
                     type(self.model).__name__,
-                    self.chain_failed,
+                    self.draft_failed,
                 )
                 self._settle()
                 return None
             finally:
-                self.chain_capture_s += time.perf_counter() - t0
-        return self._chains[b, depth, key]
+                self.draft_capture_s += time.perf_counter() - t0
+        return self._drafts[b, depth, key]
 
-    def _capture_chain_forms(
-        self,
-        k: tuple,
-        core: Callable[..., tuple[torch.Tensor, ...]],
-        extra: Sequence[torch.Tensor],
-        forms: Sequence[str],
-    ) -> None:
-        """Capture the chain graph ``k = (bucket, depth, key)`` in each attention form and keep the fastest."""
-        b, depth, _ = k
-        g, _, form, times = self._fastest_form(lambda: self._capture_chain(b, depth, core, extra), forms)
-        self._chains[k] = g
-        self.chain_times[k] = {"kept": form, **times}
+    def _capture_draft_forms(self, k: tuple, made: tuple, extra: Sequence[torch.Tensor], forms: Sequence[str]) -> None:
+        """Capture the draft graph ``k = (bucket, depth, key)`` in each attention form and keep the fastest."""
+        g, _, form, times = self._fastest_form(lambda: self._capture_draft(k[0], made, extra), forms)
+        self._drafts[k] = g
+        self.draft_times[k] = {"kept": form, **times}
 
-    def constant(self, name: str, value: torch.Tensor) -> torch.Tensor:
-        """A copy of ``value`` kept as long as the slot (a captured kernel may read it after the caller's copy is gone):
-        the first value given under ``name``.
+    def constant(self, name: str, value: Any) -> Any:
+        """``value`` (a tensor: a copy of it) kept as long as the slot (a captured kernel may read it after the caller's
+        copy is gone): the first value given under ``name``.
         """
         if name not in self._constants:
-            self._constants[name] = value.clone()
+            self._constants[name] = value.clone() if isinstance(value, torch.Tensor) else value
         return self._constants[name]
 
-    def _capture_chain(
-        self, b: int, depth: int, core: Callable[..., tuple[torch.Tensor, ...]], extra: Sequence[torch.Tensor]
-    ) -> _ChainGraph:
-        """Capture ``core``'s chain of ``depth`` tokens after a bucket of ``b`` pending rows (see :meth:`chain_graph`).
+    def _capture_draft(self, b: int, made: tuple, extra: Sequence[torch.Tensor]) -> _DraftGraph:
+        """Capture ``made``'s draft (:meth:`draft_graph`) after a bucket of ``b`` pending rows.
 
         As captured, and as :meth:`_time` replays it, the root is row 0 of the scratch rows and every level writes the
         scratch rows after it: nothing committed is written.
         """
+        core, (shape, dtype), _ = made
         kv = self.kv
         inputs, scratch = self._static_inputs(b, extra)
         rows, form = scratch.clone(), kv.attention_form
         last = torch.zeros(1, dtype=torch.long, device=kv.device)
-        uniforms = torch.zeros(depth, dtype=torch.float64, device=kv.device)
+        noise = torch.ones(shape, dtype=dtype, device=kv.device)  # uniforms or exponentials: 1 is a valid one
 
         def run() -> tuple[torch.Tensor, ...]:
             kv.attention_form = form
             try:
-                return tuple(core(*inputs, rows=rows, last=last, uniforms=uniforms))
+                return tuple(core(*inputs, rows=rows, last=last, noise=noise))
             finally:
                 kv.attention_form = "sdpa"
 
         graph, outputs = self._record(run)
-        return _ChainGraph(graph, inputs, rows, scratch, outputs, last=last, uniforms=uniforms)
+        return _DraftGraph(graph, inputs, rows, scratch, outputs, last=last, noise=noise)
 
-    def replay_chain(
+    def replay_draft(
         self,
-        g: _ChainGraph,
+        g: _DraftGraph,
         n: int,
         start: int,
         ids: torch.Tensor,
         pos: torch.Tensor,
         mask: torch.Tensor | None,
         extra: Sequence[torch.Tensor],
-        generator: torch.Generator | None,
+        fill: Callable[[torch.Tensor], None] | None,
     ) -> tuple[torch.Tensor, ...]:
-        """Draft a chain in one replay of ``g`` after ``n`` pending rows written at cache rows ``start ..`` (as
-        :meth:`replay`'s); ``generator``: the chain's uniforms' (None at temperature 0, whose draws are argmaxes).
-        Returns the graph's outputs themselves, ``(tokens [D], rows [D, V], ok)``: the next replay overwrites them.
+        """Draft in one replay of ``g`` after ``n`` pending rows written at cache rows ``start ..`` (as
+        :meth:`replay`'s); ``fill(noise)`` draws the draft's noise first (None at temperature 0, whose draws are
+        argmaxes). Returns the graph's outputs themselves: the next replay overwrites them.
         """
         self.write_inputs(g, n, start, ids, pos, mask, extra)
         g.last.fill_(n - 1)
-        if generator is not None:
-            g.uniforms.uniform_(generator=generator)
+        if fill is not None:
+            fill(g.noise)
         g.graph.replay()
         return g.outputs
 

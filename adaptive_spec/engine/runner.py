@@ -24,6 +24,8 @@ from __future__ import annotations
 import collections
 import functools
 import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -31,8 +33,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from adaptive_spec.engine.decoder import attention_forms, decoder_layers, lean_parts, rms
 from adaptive_spec.engine.graphs import ModelSlot
-from adaptive_spec.engine.logits import ProbsFn, finite_flag
-from adaptive_spec.rng import inverse_cdf_from
+from adaptive_spec.engine.logits import ProbsFn
 from adaptive_spec.trees import additive_mask
 
 SUPPORTED_ATTENTION = ("eager", "sdpa")
@@ -198,32 +199,27 @@ class ModelRunner:
         self.forwards += 1
         return self._run_model(input_ids, position_ids, mask, logits_to_keep)  # [logits_to_keep, V']
 
-    def captured_chain(
+    def captured_draft(
         self,
         pending: torch.Tensor,
         depth: int,
-        probs_fn: ProbsFn,
-        generator: torch.Generator,
-        greedy: bool,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-        """Feed the ``pending`` tokens (LongTensor[n], root last) and draft a chain of ``depth`` tokens after them in
-        one replay of a captured graph (:meth:`~adaptive_spec.engine.graphs.ModelSlot.chain_graph`): ``(tokens
-        [depth], rows [depth, V] (the root's first: the rows the tokens were drawn from), ok)``, the graph's own
-        outputs, which its next replay overwrites; ``ok``: whether the root's logits were finite. None: not captured
-        here (no graphs, hidden states kept, a block already begun, processors a graph cannot keep, a failed
-        capture): draft it level by level.
-
-        The law is the level-by-level chain's (:func:`~adaptive_spec.engine.drafting.draft_tree`): each token the
-        argmax of its row at temperature 0, else an inverse-CDF draw from the row with a uniform from ``generator``
-        (the chain's ``depth`` uniforms drawn before the replay). The pending rows and the ``depth - 1`` fed nodes are
-        left in the cache as block rows, as the level-by-level chain leaves them.
+        key: Any,
+        make: Callable[[int], tuple],
+        fill: Callable[[torch.Tensor], None] | None,
+    ) -> tuple[torch.Tensor, ...] | None:
+        """Feed the ``pending`` tokens (LongTensor[n], root last) and draft after them in one replay of a captured graph
+        (:meth:`~adaptive_spec.engine.graphs.ModelSlot.draft_graph`, whose ``make``, ``key`` and ``depth`` the drafter
+        gives: :func:`~adaptive_spec.engine.drafting.draft_tree`'s chains, :func:`~.drafting.draft_policy_tree`'s
+        EAGLE-style trees); ``fill(noise)`` draws the draft's randomness before the replay (None at temperature 0).
+        Returns the graph's outputs, which its next replay overwrites; None: not captured here (no graphs, hidden
+        states kept, a block already begun, a failed capture): draft level by level. The pending rows and the fed
+        nodes are left in the cache as block rows, as the level-by-level drafter leaves them.
         """
         slot = self.slot
         if slot is None or not slot.graphs_on or self.keep_hidden or self.keep_features or self.length != self.cached:
             return None
-        key = probs_fn.graph_key()
         n, start = int(pending.numel()), self.length
-        if key is None or n < 1 or depth < 1:
+        if n < 1 or depth < 1:
             return None
         ids = pending if self.input_limit is None else pending.clamp(max=self.input_limit - 1)
         pos = torch.arange(start, start + n, device=pending.device)
@@ -232,16 +228,63 @@ class ModelRunner:
         extra = self._chain_inputs(ids, pos, mask)
         if extra is None:
             return None
-        slot.ensure(start + n + depth - 1, keep=start)
-        make = functools.partial(self._chain_core, probs_fn=probs_fn, greedy=greedy)
-        g = slot.chain_graph(n, depth, (key, greedy), make, extra, self.attention_forms, self._chain_pending_most)
+        block = make(depth)[2]
+        slot.ensure(start + n + block, keep=start)
+        g = slot.draft_graph(n, depth, key, make, extra, self.attention_forms, self._chain_pending_most)
         if g is None:
             return None
-        out = slot.replay_chain(g, n, start, ids, pos, mask, extra, None if greedy else generator)
-        self.length = start + n + depth - 1
+        out = slot.replay_draft(g, n, start, ids, pos, mask, extra, fill)
+        self.length = start + n + block
         self.forwards += depth
         self._chain_drafted()
         return out
+
+    def graph_probs(self, probs_fn: ProbsFn) -> ProbsFn | None:
+        """``probs_fn`` as a captured draft may record it (reading the slot's copy of its vocabulary map, which outlives
+        the request), or None when a graph cannot keep its processors (:meth:`ProbsFn.graph_key`).
+        """
+        if self.slot is None or probs_fn.graph_key() is None:
+            return None
+        ids = None if probs_fn.token_ids is None else self.slot.constant("token_ids", probs_fn.token_ids)
+        return ProbsFn(probs_fn.processors, probs_fn.vocab_size, probs_fn.one_hot, ids)
+
+    def root_stage(
+        self,
+        ids: torch.Tensor,
+        pos: torch.Tensor,
+        mask: torch.Tensor,
+        extra: Sequence[torch.Tensor],
+        rows: torch.Tensor,
+        last: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """In a captured draft (:meth:`captured_draft`): the pending rows' forward as a bucket's, at cache rows
+        ``rows``; ``(the root's logits [1, V'], its cache row [1], its position [1], its final hidden state [1, H])``,
+        the root being row ``last`` of the bucket.
+        """
+        kv = self.slot.kv
+        kv.rows, kv.width = rows, None
+        logits, h = self._core(ids, pos, mask, *extra)  # every pending row's
+        root = (logits, rows, pos, h)
+        return tuple(t.index_select(0, last) for t in root)
+
+    def level_forward(
+        self, tokens: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor, see: torch.Tensor, parents: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """In a captured draft: ``F`` new rows (``tokens``, cache ``rows`` and positions ``pos``, each [F]) attending to
+        the cache's columns where ``see`` (BoolTensor[F, capacity]) is True; ``parents`` [F, H]: their parents' final
+        hidden states (an EAGLE head's features; a model reads none). ``(logits [F, V'], hidden [F, H])``.
+        """
+        kv = self.slot.kv
+        kv.rows = rows
+        zero = torch.zeros((), dtype=kv.keys[0].dtype, device=rows.device)
+        lowest = torch.full((), torch.finfo(zero.dtype).min, dtype=zero.dtype, device=rows.device)
+        mask = torch.where(see, zero, lowest)[None, None]  # [1, 1, F, capacity]
+        fed = tokens if self.input_limit is None else tokens.clamp(max=self.input_limit - 1)
+        return self._core(fed, pos, mask, *self._chain_level_inputs(parents))
+
+    def cache_columns(self) -> torch.Tensor:
+        """LongTensor[capacity]: the columns a captured pass attends over, ``0 .. capacity - 1``."""
+        return torch.arange(self.slot.kv.capacity, device=self.device)
 
     def _chain_inputs(
         self,
@@ -249,64 +292,25 @@ class ModelRunner:
         pos: torch.Tensor,  # noqa: ARG002
         mask: torch.Tensor | None,  # noqa: ARG002
     ) -> tuple[torch.Tensor, ...] | None:
-        """The pending rows' inputs to the core beyond ids, positions and mask, for :meth:`captured_chain` (None: the
-        chain is drafted level by level).
+        """The pending rows' inputs to the core beyond ids, positions and mask, for :meth:`captured_draft` (None: the
+        draft is made level by level).
         """
         return ()
 
     def _chain_level_inputs(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:  # noqa: ARG002 - a head's
-        """A chain level's inputs to the core beyond ids, positions and mask, from the row before's final hidden
-        state (an EAGLE head's feature; none for a model).
+        """A drafted level's inputs to the core beyond ids, positions and mask, from its parents' final hidden states
+        (an EAGLE head's features; none for a model).
         """
         return ()
 
     def _chain_drafted(self) -> None:
-        """Bookkeeping after :meth:`captured_chain`'s replay (an EAGLE head's)."""
+        """Bookkeeping after :meth:`captured_draft`'s replay (an EAGLE head's)."""
 
     def _chain_pending_most(self, depth: int) -> int:  # noqa: ARG002 - a head's depends on it
-        """The most pending tokens a step after a chain of ``depth`` leaves: a model keeps its accepted nodes' rows, so
+        """The most pending tokens a step after a draft of ``depth`` leaves: a model keeps its accepted nodes' rows, so
         the bonus token and, when every node was accepted, the never-fed leaf.
         """
         return 2
-
-    def _chain_core(self, depth: int, probs_fn: ProbsFn, greedy: bool):
-        """The function :meth:`captured_chain`'s graph records: the pending rows' forward (every row's logits, the
-        root's at ``last``), then ``depth`` draws and ``depth - 1`` one-row forwards, each attending to every row
-        before it. Every cache row, position and mask is computed on the device from the inputs, so the recorded
-        kernels draft the chain wherever the cache stands. It reads only the model, the slot's cache and the slot's
-        copies of constants (a captured kernel outlives the request that captured it).
-        """
-        slot, limit = self.slot, self.input_limit
-        kv = slot.kv
-        token_ids = None if probs_fn.token_ids is None else slot.constant("token_ids", probs_fn.token_ids)
-        probs = ProbsFn(probs_fn.processors, probs_fn.vocab_size, probs_fn.one_hot, token_ids)
-
-        def core(ids, pos, mask, *extra, rows, last, uniforms):
-            kv.rows, kv.width = rows, None
-            logits, h = self._core(ids, pos, mask, *extra)  # every pending row's
-            logits = logits.index_select(0, last)
-            row = probs(logits)  # [1, V]: the root's
-            ok = finite_flag(logits, row)
-            r, p, hidden = rows.index_select(0, last), pos.index_select(0, last), h.index_select(0, last)
-            cols = torch.arange(kv.capacity, device=rows.device)
-            zero = torch.zeros((), dtype=kv.keys[0].dtype, device=rows.device)
-            lowest = torch.full((), torch.finfo(zero.dtype).min, dtype=zero.dtype, device=rows.device)
-            tokens, out = [], [row]
-            for d in range(depth):
-                token = row.argmax(-1) if greedy else inverse_cdf_from(row, uniforms[d : d + 1, None])[:, 0]  # [1]
-                tokens.append(token)
-                if d + 1 == depth:
-                    break
-                r, p = r + 1, p + 1  # the node's cache row and position: after every row before it
-                kv.rows = r
-                level_mask = torch.where(cols <= r, zero, lowest)[None, None, None]  # [1, 1, 1, capacity]
-                fed = token if limit is None else token.clamp(max=limit - 1)
-                logits, hidden = self._core(fed, p, level_mask, *self._chain_level_inputs(hidden))
-                row = probs(logits)
-                out.append(row)
-            return torch.cat(tokens), torch.cat(out), ok
-
-        return core
 
     def block_mark(self) -> tuple:
         """A mark of this step's block so far: :meth:`undo_block` drops the block rows fed after it."""

@@ -1,4 +1,4 @@
-"""A whole chain draft in one captured replay (ModelRunner.captured_chain, ModelSlot.chain_graph), on a CPU with the
+"""A whole chain draft in one captured replay (ModelRunner.captured_chain, ModelSlot.draft_graph), on a CPU with the
 stand-in graph of tests/helpers/graphs.py: the chain the level-by-level drafter draws, the engine's greedy tokens and
 its law, and the fallbacks. The CUDA graphs themselves: tests/engine/test_cuda.py."""
 
@@ -9,10 +9,10 @@ import logging
 import pytest
 import torch
 
-from adaptive_spec.engine import SpecEngine, runner
+from adaptive_spec.engine import SpecEngine, drafting
 from adaptive_spec.engine.drafting import draft_tree
 from adaptive_spec.engine.eagle import EagleConfig, EagleHead, EagleRunner
-from adaptive_spec.engine.graphs import CHAIN_DEPTH, ModelSlot
+from adaptive_spec.engine.graphs import DRAFT_DEPTH, ModelSlot
 from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.trees import TreeShape
@@ -35,11 +35,11 @@ def _runners(kind: str, monkeypatch):
     target = tiny_model("llama", vocab=V, eos=None)
     if kind == "eagle":
         head = _head(target)
-        made = [EagleRunner(head, slot=ModelSlot(head, 64, chains=c)) for c in (True, False)]
+        made = [EagleRunner(head, slot=ModelSlot(head, 64, drafts=c)) for c in (True, False)]
         token_ids = head.token_ids
     else:
         draft = perturbed(target, scale=0.3)
-        made = [ModelRunner(draft, slot=ModelSlot(draft, 64, chains=c)) for c in (True, False)]
+        made = [ModelRunner(draft, slot=ModelSlot(draft, 64, drafts=c)) for c in (True, False)]
         token_ids = None
     return made, token_ids
 
@@ -80,7 +80,7 @@ def test_a_captured_chain_is_the_level_by_level_chain(monkeypatch, kind, tempera
             assert bool(a.ok) and bool(b.ok) and a.pending_fed == b.pending_fed == len(pending)
             kv_a, kv_b = (r.slot.kv.buffer[:, :, block] for r in (captured, eager))
             torch.testing.assert_close(kv_a, kv_b, rtol=1e-5, atol=1e-5)  # the block's rows, as the eager ones
-            assert sum(g.graph.replays for g in captured.slot._chains.values()) == step + 1
+            assert sum(g.graph.replays for g in captured.slot._drafts.values()) == step + 1
             # commit the pending tokens and `accept` drafted ones, as the engine does: a model keeps the accepted nodes'
             # rows that were fed (the leaf never is), an EAGLE head only the context's, handed the target's features of
             # the new positions (the accepted nodes are fed again, with them)
@@ -92,12 +92,12 @@ def test_a_captured_chain_is_the_level_by_level_chain(monkeypatch, kind, tempera
                 else:
                     r.commit(len(context), torch.arange(len(context), len(context) + min(accept, depth - 1)))
             context += new
-    assert captured.slot.chain_failed is None
+    assert captured.slot.draft_failed is None
     # per depth, every depth below it and every bucket its steps can leave: a model's 1 or 2 pending tokens (3 on the
     # first step: bucket 4), an EAGLE head's up to depth + 1
-    buckets = {k[0] for k in captured.slot._chains}
+    buckets = {k[0] for k in captured.slot._drafts}
     assert buckets == ({1, 2, 4, 8} if kind == "eagle" else {1, 2, 4})
-    assert not eager.slot._chains
+    assert not eager.slot._drafts
 
 
 def test_an_eagle_block_cannot_be_extended_after_a_captured_chain(monkeypatch) -> None:
@@ -128,17 +128,17 @@ def test_chains_are_drafted_level_by_level_where_a_graph_cannot_keep_the_process
         assert min_p.graph_key() is None and _probs_fn(0.7, None, 3).graph_key() is not None
         g = torch.Generator().manual_seed(0)
         draft_tree(captured, torch.tensor([4]), TreeShape.chain(3), min_p, g, False)
-        assert not captured.slot._chains and captured.length == captured.cached + 3
+        assert not captured.slot._drafts and captured.length == captured.cached + 3
         captured.rollback(3)
         captured.keep_hidden = True
         draft_tree(captured, torch.tensor([4]), TreeShape.chain(3), _probs_fn(1.0, None), g, False)
-        assert not captured.slot._chains
+        assert not captured.slot._drafts
         captured.rollback(3)
         captured.keep_hidden = False
         draft_tree(captured, torch.tensor([4]), TreeShape.chain(3), _probs_fn(1.0, None), g, False)
         # the first chain of a depth captures every depth below (the budget's cuts) after 1 and 2 pending rows (the
         # most a model's step leaves): 6 graphs of one key
-        assert {k[:2] for k in captured.slot._chains} == {(c, d) for c in (1, 2) for d in (1, 2, 3)}
+        assert {k[:2] for k in captured.slot._drafts} == {(c, d) for c in (1, 2) for d in (1, 2, 3)}
 
 
 def test_a_failed_chain_capture_logs_one_line_and_drafts_level_by_level(monkeypatch, caplog) -> None:
@@ -151,7 +151,7 @@ def test_a_failed_chain_capture_logs_one_line_and_drafts_level_by_level(monkeypa
         calls.append(1)
         raise RuntimeError("operation not permitted when stream is capturing\nmore")
 
-    monkeypatch.setattr(ModelSlot, "_capture_chain", broken)
+    monkeypatch.setattr(ModelSlot, "_capture_draft", broken)
     probs_fn = _probs_fn(1.0, None)
     with torch.inference_mode(), caplog.at_level(logging.WARNING, logger="adaptive_spec.engine"):
         for r in (captured, eager):
@@ -164,16 +164,16 @@ def test_a_failed_chain_capture_logs_one_line_and_drafts_level_by_level(monkeypa
             assert a.tree.tokens == b.tree.tokens
             for r in (captured, eager):
                 r.rollback(3)
-    assert len(calls) == 1 and captured.slot.chain_failed.startswith("RuntimeError: operation not permitted")
-    lines = [r.getMessage() for r in caplog.records if "chain draft" in r.getMessage()]
-    assert len(lines) == 1 and "drafting chains level by level" in lines[0] and "\n" not in lines[0]
+    assert len(calls) == 1 and captured.slot.draft_failed.startswith("RuntimeError: operation not permitted")
+    lines = [r.getMessage() for r in caplog.records if "whole draft" in r.getMessage()]
+    assert len(lines) == 1 and "drafting level by level" in lines[0] and "\n" not in lines[0]
 
 
 @pytest.mark.parametrize("kind", ["model", "eagle"])
 def test_the_engine_decodes_greedily_as_transformers_through_captured_chains(monkeypatch, kind) -> None:
     """Greedy tokens equal transformers' with every chain drafted in one replay: the target itself as the draft (every
     node accepted, so pending rows of one and of two tokens) and an EAGLE head; chains cut at the budget's end too, and
-    one deeper than CHAIN_DEPTH, drafted level by level."""
+    one deeper than DRAFT_DEPTH, drafted level by level."""
     slots_as_on_cuda(monkeypatch)
     target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
     draft = _head(target) if kind == "eagle" else target
@@ -181,16 +181,16 @@ def test_the_engine_decodes_greedily_as_transformers_through_captured_chains(mon
     prompt = [0, 9, 3, 4, 11, 12, 13]
     ids = torch.tensor([prompt])
     expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=23)
-    for plan in ("chain:1/block", "chain:4/greedy", "chain:6/block", f"chain:{CHAIN_DEPTH + 1}/block"):
+    for plan in ("chain:1/block", "chain:4/greedy", "chain:6/block", f"chain:{DRAFT_DEPTH + 1}/block"):
         out = engine.generate(prompt, max_new_tokens=23, temperature=0, plan=plan)
         assert out.token_ids == expected[0, len(prompt) :].tolist(), plan
         if kind == "model":
             assert max(out.stats.accept_lengths) == int(plan.split(":")[1].split("/")[0])  # the whole chain accepted
     slot = engine._idle_slots["draft"][0]
-    assert slot.chain_failed is None and sum(g.graph.replays for g in slot._chains.values()) > 10
-    assert max(k[1] for k in slot._chains) <= CHAIN_DEPTH  # the deeper chain: level by level
-    info = engine.chain_graphs()  # as bench e2e reports them
-    assert len(info["graphs"]) == len(slot._chains) and info["capture_s"] > 0 and info["failed"] is None
+    assert slot.draft_failed is None and sum(g.graph.replays for g in slot._drafts.values()) > 10
+    assert max(k[1] for k in slot._drafts) <= DRAFT_DEPTH  # the deeper chain: level by level
+    info = engine.draft_graphs()  # as bench e2e reports them
+    assert len(info["graphs"]) == len(slot._drafts) and info["capture_s"] > 0 and info["failed"] is None
     assert all(g["greedy"] and g["kept"] in g["ms"] for g in info["graphs"])
 
 
@@ -210,7 +210,7 @@ def _chi_square(engine: SpecEngine, plan: str, runs: int) -> float:
         out = engine.generate([3], max_new_tokens=3, temperature=0.9, top_k=6, plan=plan, seed=seed)
         counts[tuple(out.token_ids)] += 1
     slot = engine._idle_slots["draft"][0]
-    assert sum(g.graph.replays for g in slot._chains.values()) >= runs  # every step's chain in one replay
+    assert sum(g.graph.replays for g in slot._drafts.values()) >= runs  # every step's chain in one replay
     return laws.chi_square_pvalue(counts, laws.exact_law(engine.target, sampling, [3], _LAW_V))
 
 
@@ -223,6 +223,6 @@ def test_the_engine_is_lossless_through_captured_chains(monkeypatch) -> None:
 def test_the_captured_chain_law_test_fails_for_draws_off_their_rows(monkeypatch) -> None:
     """The negative control: a captured chain whose tokens are not drawn from the rows it reports (each uniform
     cubed) makes the engine's law wrong, and the same test says so."""
-    real = runner.inverse_cdf_from
-    monkeypatch.setattr(runner, "inverse_cdf_from", lambda rows, u: real(rows, u**3))
+    real = drafting.inverse_cdf_from
+    monkeypatch.setattr(drafting, "inverse_cdf_from", lambda rows, u: real(rows, u**3))
     assert _chi_square(_law_engine(monkeypatch), "chain:2/block", 2000) < 1e-6

@@ -249,11 +249,11 @@ def test_eagle_head_forwards_are_captured():
         assert out.token_ids == expected[0, len(prompt) :].tolist(), plan
     slot = engine._idle_slots["draft"][0]
     assert slot.failed is None and slot.captured
-    assert slot.chain_failed is None and any(g.graph for g in slot._chains.values())  # chain:4 in one replay
+    assert slot.draft_failed is None and any(g.graph for g in slot._drafts.values())  # chain:4 in one replay
 
 
 def _chain_runners(kind: str):
-    """Two runners of one draft on CUDA, the first's chains captured (ModelSlot.chain_graph), the second's not."""
+    """Two runners of one draft on CUDA, the first's chains captured (ModelSlot.draft_graph), the second's not."""
     from adaptive_spec.engine.eagle import EagleConfig, EagleHead, EagleRunner
     from adaptive_spec.engine.graphs import ModelSlot
 
@@ -262,8 +262,8 @@ def _chain_runners(kind: str):
         draft = EagleHead(EagleConfig.for_target(target.config, draft_vocab_size=40)).eval()
         draft.set_vocabulary(torch.arange(3, 43))
         draft = draft.bind(target).to(CUDA)
-        return [EagleRunner(draft, slot=ModelSlot(draft, 64, graphs=True, chains=c)) for c in (True, False)], draft
-    return [ModelRunner(draft, slot=ModelSlot(draft, 64, graphs=True, chains=c)) for c in (True, False)], draft
+        return [EagleRunner(draft, slot=ModelSlot(draft, 64, graphs=True, drafts=c)) for c in (True, False)], draft
+    return [ModelRunner(draft, slot=ModelSlot(draft, 64, graphs=True, drafts=c)) for c in (True, False)], draft
 
 
 @pytest.mark.parametrize("kind", ["model", "eagle"])
@@ -291,10 +291,10 @@ def test_a_captured_chain_is_the_level_by_level_chain_on_cuda(kind):
                 assert torch.equal(r.slot.kv.buffer[:, :, :4], before)
             assert outs[0].tree.tokens == outs[1].tree.tokens
             torch.testing.assert_close(outs[0].tree.draft_probs, outs[1].tree.draft_probs, rtol=1e-4, atol=1e-5)
-    assert captured.slot.chain_failed is None and captured.slot._chains and not eager.slot._chains
+    assert captured.slot.draft_failed is None and captured.slot._drafts and not eager.slot._drafts
 
 
-def test_the_engine_is_lossless_through_captured_chains_on_cuda():
+def test_the_engine_is_lossless_through_captured_drafts_on_cuda():
     """The joint law of the first 3 tokens is the target's (chi-square, 1500 seeded runs at T = 0.9, top-k 6) with
     every chain drafted in one replay of its CUDA graph, its uniforms from the request's CUDA generator."""
     from adaptive_spec.engine.logits import SamplingConfig
@@ -309,7 +309,7 @@ def test_the_engine_is_lossless_through_captured_chains_on_cuda():
         out = engine.generate([3], max_new_tokens=3, temperature=0.9, top_k=6, plan="chain:2/block", seed=seed)
         counts[tuple(out.token_ids)] += 1
     slot = engine._idle_slots["draft"][0]
-    assert slot.chain_failed is None and slot._chains
+    assert slot.draft_failed is None and slot._drafts
     assert laws.chi_square_pvalue(counts, law) > 1e-3
 
 
