@@ -45,6 +45,7 @@ its last row is the draft's root distribution) and :func:`draft_tree` continues 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import time
 from collections.abc import Mapping
@@ -586,8 +587,19 @@ def draft_policy_tree(
     without replacement), so single-child nodes extend greedily; the greedy verifier is
     lossless for any tree.
     """
-    root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
     device_path = runner.device_policy and (on_device or (on_device is None and accelerator_path(runner.device)))
+    tree_on_device = on_device is not False and runner.device_policy and eagle_on_device(policy, probs_fn.vocab_size)
+    if tree_on_device and policy.without_replacement and not isinstance(pending, DraftRoot):  # one replay, if captured
+        state, mark = generator.get_state(), runner.block_mark()
+        outcome = captured_eagle_tree(runner, pending, policy, probs_fn, generator, deterministic)
+        if isinstance(outcome, DraftOutcome):
+            return outcome
+        if outcome is not None:  # a drawn child of probability 0: the host path below, from the same generator state
+            generator.set_state(state)
+            runner.undo_block(mark)
+            runner.device_policy = False
+            on_device = False
+    root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
     if device_path and chain_on_device(policy):
         return draft_chain_on_device(runner, root, policy, probs_fn, generator, deterministic, temperature)
     if on_device is not False and delayed_on_slots(policy, bool(device_path)):
@@ -1110,6 +1122,97 @@ def draft_eagle_on_device(
 
     grown = eagle_grow(plan, root.probs[-1:], root.ok, probs_fn, forward, draw)
     return eagle_outcome(plan, policy, grown, probs_fn.vocab_size, p)
+
+
+def captured_eagle_tree(
+    runner: ModelRunner,
+    pending: torch.Tensor,
+    policy: EagleTree,
+    probs_fn: ProbsFn,
+    generator: torch.Generator,
+    greedy: bool,
+) -> DraftOutcome | EagleTree | None:
+    """An EAGLE-style tree without replacement after the ``pending`` tokens, grown in one replay of its captured graph
+    (:meth:`~adaptive_spec.engine.runner.ModelRunner.captured_draft`) and read once: the outcome, ``policy`` when a
+    drawn child had probability 0 (as :func:`draft_eagle_on_device`), or None: drafted level by level.
+
+    The graph grows the tree by :func:`eagle_grow`, with every level's forward on the device
+    (:meth:`~.runner.ModelRunner.level_forward`: the fed nodes' cache rows after the root's, their mask over the
+    capacity from their ancestor rows, their parents' features gathered from the fed nodes' outputs) and the
+    candidates drawn as :func:`draft_eagle_on_device` draws them: at temperature 0 each frontier row's top ``width``,
+    else the exponential race's first ``width`` with the exponentials drawn before the replay, a level a call of the
+    level-by-level drafter's shape from the same generator, so the same tree from one generator state (tested).
+    """
+    probs = runner.graph_probs(probs_fn)
+    if probs is None:
+        return None
+    vocab, device = probs_fn.vocab_size, runner.device
+    full = _eagle_plan(policy, device)
+
+    def make(d: int):
+        cut = policy.truncated(d)
+        plan = runner.slot.constant(f"eagle plan {cut}", _eagle_plan(cut, device))  # kept as long as its graph
+        frontiers = [len(lv.widths) for lv in plan.levels]
+        core = _tree_core(runner, plan, cut.width, probs, greedy, frontiers)
+        return core, ((sum(frontiers), vocab), torch.float32), plan.fed - 1  # the rows' dtype (ProbsFn's)
+
+    def fill(noise: torch.Tensor) -> None:  # the race's exponentials, one call a level as the level-by-level drafter
+        start = 0
+        for lv in full.levels:
+            noise[start : start + len(lv.widths)].exponential_(generator=generator)
+            start += len(lv.widths)
+
+    key = ("eagle", dataclasses.replace(policy, depth=1), probs_fn.graph_key(), greedy)  # its cuts share it
+    out = runner.captured_draft(pending, policy.depth, key, make, None if greedy else fill)
+    if out is None:
+        return None
+    tokens, parents, fed, rows, ancestors, ok, bad = out
+    # the graph's outputs are overwritten by its next replay: the tokens, which the next step's pending ones may view,
+    # are copied; the rest lives within this step
+    grown = EagleGrown(tokens.clone(), parents, fed, rows, ancestors, ok, bad)
+    return eagle_outcome(full, policy, grown, vocab, int(pending.numel()))
+
+
+def _tree_core(runner: ModelRunner, plan: _EaglePlan, width: int, probs: ProbsFn, greedy: bool, frontiers: list[int]):
+    """The function an EAGLE-style tree's graph records (:func:`captured_eagle_tree`)."""
+    offsets = [sum(frontiers[:i]) for i in range(len(frontiers))]
+
+    def core(ids, pos, mask, *extra, rows, last, noise):
+        logits, r0, p0, h0 = runner.root_stage(ids, pos, mask, extra, rows, last)
+        R = probs(logits)
+        ok = finite_flag(logits, R)
+        cols = runner.cache_columns()
+        rel = cols - r0  # a fed node's column: the root's row, then the fed nodes' in feed order
+        before = cols < r0  # the context and the pending rows: every node's ancestors
+        hidden = [h0]  # the fed nodes' outputs, in feed order: their children's features
+
+        def forward(depth: int, tokens: torch.Tensor, allowed: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:  # noqa: ARG001
+            F, seen = tokens.numel(), allowed.shape[1]  # the fed nodes so far, these F last
+            see = before | (((rel >= 0) & (rel < seen)) & allowed[:, rel.clamp(0, seen - 1)])  # [F, capacity]
+            # each row's parent: its deepest ancestor before this level, the last of its earlier columns seen
+            earlier = allowed[:, : seen - F] * torch.arange(1, seen - F + 1, device=allowed.device)
+            parent_col = earlier.argmax(dim=1)
+            logits, h = runner.level_forward(
+                tokens,
+                r0 + (seen - F) + torch.arange(F, device=tokens.device),
+                (p0 + depth).expand(F),
+                see,
+                torch.cat(hidden)[parent_col],
+            )
+            hidden.append(h)
+            return logits
+
+        def draw(rows_: torch.Tensor, depth: int) -> torch.Tensor:
+            if greedy:  # as draw_tokens: the argmax for one child, the top width for more
+                return rows_.argmax(dim=-1, keepdim=True) if width == 1 else rows_.topk(width, dim=-1).indices
+            start = offsets[depth - 1]
+            e = noise[start : start + rows_.shape[0]]
+            return (rows_ / e).topk(width, dim=-1).indices  # the race (trees.draw._race) on the drawn exponentials
+
+        g = eagle_grow(plan, R, ok, probs, forward, draw)
+        return g.tokens, g.parents, g.fed, g.rows, g.ancestors, g.ok, g.bad
+
+    return core
 
 
 @dataclass(frozen=True)

@@ -360,6 +360,7 @@ class EagleRunner(ModelRunner):
     def undo_block(self, mark: tuple) -> None:
         super().undo_block(mark)
         del self._block_pos[mark[3] :], self._block_feat[mark[3] :]
+        self._sealed = False  # a captured draft's block is undone whole (its mark: before it)
 
     def commit(self, committed: int, block_rows: torch.Tensor | None) -> None:  # noqa: ARG002
         """Keep the ``committed`` context rows; drafted rows are dropped (fed again with target features)."""

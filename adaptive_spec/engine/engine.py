@@ -483,17 +483,17 @@ class SpecEngine(StepMixin):
         return out
 
     def draft_graphs(self) -> dict[str, Any]:
-        """The draft's whole-chain graphs (:meth:`~adaptive_spec.engine.graphs.ModelSlot.draft_graph`) over its idle
-        static caches: ``{"graphs": [{"bucket", "depth", "greedy", "kept", "ms"}], "capture_s", "failed"}`` (``ms``:
-        each attention form's replay; no graphs off CUDA, before a first request or with
-        ``ADAPTIVE_SPEC_DRAFT_GRAPHS=0``).
+        """The draft's whole-draft graphs (:meth:`~adaptive_spec.engine.graphs.ModelSlot.draft_graph`) over its idle
+        static caches: ``{"graphs": [{"bucket", "depth", "kind", "greedy", "kept", "ms"}], "capture_s", "failed"}``
+        (``ms``: each form's replay; none off CUDA, before a first request or with ``ADAPTIVE_SPEC_DRAFT_GRAPHS=0``).
         """
         slots = self._idle_slots["draft"]
         graphs = [
             {
                 "bucket": b,
                 "depth": d,
-                "greedy": key[1],
+                "kind": key[0],  # "chain", or "eagle" (an EAGLE-style tree without replacement)
+                "greedy": key[-1],
                 "kept": t["kept"],
                 "ms": {f: v for f, v in t.items() if f != "kept"},
             }

@@ -1,6 +1,7 @@
-"""A whole chain draft in one captured replay (ModelRunner.captured_chain, ModelSlot.draft_graph), on a CPU with the
-stand-in graph of tests/helpers/graphs.py: the chain the level-by-level drafter draws, the engine's greedy tokens and
-its law, and the fallbacks. The CUDA graphs themselves: tests/engine/test_cuda.py."""
+"""Whole drafts in one captured replay (ModelSlot.draft_graph, ModelRunner.captured_draft): chains and EAGLE-style
+trees without replacement, on a CPU with the stand-in graph of tests/helpers/graphs.py: the draft the level-by-level
+drafter draws, the engine's greedy tokens and its law (with negative controls), and the fallbacks. The CUDA graphs
+themselves: tests/engine/test_cuda.py."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 import pytest
 import torch
 
-from adaptive_spec.engine import SpecEngine, drafting
+from adaptive_spec.engine import SpecEngine, drafting, runner
 from adaptive_spec.engine.drafting import draft_tree
 from adaptive_spec.engine.eagle import EagleConfig, EagleHead, EagleRunner
 from adaptive_spec.engine.graphs import DRAFT_DEPTH, ModelSlot
@@ -169,11 +170,14 @@ def test_a_failed_chain_capture_logs_one_line_and_drafts_level_by_level(monkeypa
     assert len(lines) == 1 and "drafting level by level" in lines[0] and "\n" not in lines[0]
 
 
+TREES = ("eagle:4:8:3:2:wor/traversal", "eagle:5:16:4:3:wor/greedy")
+
+
 @pytest.mark.parametrize("kind", ["model", "eagle"])
 def test_the_engine_decodes_greedily_as_transformers_through_captured_chains(monkeypatch, kind) -> None:
     """Greedy tokens equal transformers' with every chain drafted in one replay: the target itself as the draft (every
-    node accepted, so pending rows of one and of two tokens) and an EAGLE head; chains cut at the budget's end too, and
-    one deeper than DRAFT_DEPTH, drafted level by level."""
+    node accepted, so pending rows of one and of two tokens) and an EAGLE head; chains cut at the budget's end too, one
+    deeper than DRAFT_DEPTH (drafted level by level), and EAGLE-style trees without replacement."""
     slots_as_on_cuda(monkeypatch)
     target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
     draft = _head(target) if kind == "eagle" else target
@@ -181,17 +185,19 @@ def test_the_engine_decodes_greedily_as_transformers_through_captured_chains(mon
     prompt = [0, 9, 3, 4, 11, 12, 13]
     ids = torch.tensor([prompt])
     expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=23)
-    for plan in ("chain:1/block", "chain:4/greedy", "chain:6/block", f"chain:{DRAFT_DEPTH + 1}/block"):
+    for plan in ("chain:1/block", "chain:4/greedy", "chain:6/block", f"chain:{DRAFT_DEPTH + 1}/block", *TREES):
         out = engine.generate(prompt, max_new_tokens=23, temperature=0, plan=plan)
         assert out.token_ids == expected[0, len(prompt) :].tolist(), plan
-        if kind == "model":
+        if kind == "model" and plan.startswith("chain"):
             assert max(out.stats.accept_lengths) == int(plan.split(":")[1].split("/")[0])  # the whole chain accepted
     slot = engine._idle_slots["draft"][0]
     assert slot.draft_failed is None and sum(g.graph.replays for g in slot._drafts.values()) > 10
     assert max(k[1] for k in slot._drafts) <= DRAFT_DEPTH  # the deeper chain: level by level
+    assert {k[2][0] for k in slot._drafts} == {"chain", "eagle"}  # the trees in one replay too
     info = engine.draft_graphs()  # as bench e2e reports them
     assert len(info["graphs"]) == len(slot._drafts) and info["capture_s"] > 0 and info["failed"] is None
     assert all(g["greedy"] and g["kept"] in g["ms"] for g in info["graphs"])
+    assert {g["kind"] for g in info["graphs"]} == {"chain", "eagle"}
 
 
 _LAW_V = 8
@@ -226,3 +232,115 @@ def test_the_captured_chain_law_test_fails_for_draws_off_their_rows(monkeypatch)
     real = drafting.inverse_cdf_from
     monkeypatch.setattr(drafting, "inverse_cdf_from", lambda rows, u: real(rows, u**3))
     assert _chi_square(_law_engine(monkeypatch), "chain:2/block", 2000) < 1e-6
+
+
+# ---------------------------------------------------------------------- EAGLE-style trees without replacement
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_captured_eagle_tree_is_the_level_by_level_tree(monkeypatch, kind, temperature) -> None:
+    """The same tree (tokens, parents, rows, ancestors, the fed nodes' cache rows; from one generator state on the
+    accelerator's path, whose race both take) and the same block rows in the cache as the tree grown level by level
+    with its one read, over steps whose pending rows fall in several buckets; committed rows never written."""
+    from adaptive_spec.engine.drafting import draft_policy_tree
+    from adaptive_spec.rng import accelerator_path_on_cpu
+    from adaptive_spec.trees.policy import EagleTree
+
+    (captured, eager), token_ids = _runners(kind, monkeypatch)
+    probs_fn = _probs_fn(temperature, token_ids)
+    policy = EagleTree(depth=4, budget=10, top_k=3, width=2, without_replacement=True)
+    feats = torch.randn(60, 32, generator=torch.Generator().manual_seed(3))
+    prompt = torch.tensor([0, 5, 9, 3, 7, 11])
+    with torch.inference_mode(), accelerator_path_on_cpu():
+        for r in (captured, eager):
+            if kind == "eagle":
+                r.set_target_features(0, feats[:5])
+            r.chain_forward(prompt[:3], logits_to_keep=1)
+        context = prompt.tolist()
+        for step, accept in enumerate([2, 0, 3, 1]):
+            pending = torch.tensor(context[captured.cached :])
+            outcomes = []
+            for r in (captured, eager):
+                before = r.slot.kv.buffer[:, :, : r.cached].clone()
+                g = torch.Generator().manual_seed(step)
+                outcomes.append(draft_policy_tree(r, pending, policy, probs_fn, g, temperature == 0))
+                assert torch.equal(r.slot.kv.buffer[:, :, : r.cached], before)
+            a, b = outcomes
+            assert a.tree.tokens == b.tree.tokens and a.tree.parents == b.tree.parents
+            assert a.tree.child_draws == b.tree.child_draws and a.cache_rows == b.cache_rows
+            torch.testing.assert_close(a.tree.draft_probs, b.tree.draft_probs, rtol=1e-5, atol=1e-6)
+            assert torch.equal(a.ancestors, b.ancestors) and torch.equal(a.cache_rows_tensor, b.cache_rows_tensor)
+            assert captured.length == eager.length
+            block = slice(captured.cached, captured.length)
+            kv_a, kv_b = (r.slot.kv.buffer[:, :, block] for r in (captured, eager))
+            torch.testing.assert_close(kv_a, kv_b, rtol=1e-5, atol=1e-5)
+            assert sum(g.graph.replays for g in captured.slot._drafts.values()) == step + 1
+            # commit a path of `accept` nodes from the root down its first children (EAGLE: context rows only)
+            path, node = [], 0
+            while len(path) < accept and a.tree.child_draws[node]:
+                node = a.tree.child_draws[node][0]
+                path.append(node)
+            new = [a.tree.tokens[i] for i in path] + [step + 20]
+            for r in (captured, eager):
+                if kind == "eagle":
+                    r.set_target_features(r.cached, feats[r.cached : len(context) + len(path)])
+                    r.commit(len(context), None)
+                else:
+                    fed = [a.cache_rows[i] for i in path if i in a.cache_rows]
+                    r.commit(len(context), torch.tensor([len(context) - 1 + f for f in fed], dtype=torch.long))
+            context += new
+    assert captured.slot.draft_failed is None and not eager.slot._drafts
+
+
+def test_the_engine_is_lossless_through_captured_eagle_trees(monkeypatch) -> None:
+    """The joint law of the first 3 tokens is the target's (chi-square, 2000 seeded runs) with an EAGLE-style tree
+    without replacement grown in one replay and verified by traversal, on the accelerator's path."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    with accelerator_path_on_cpu():
+        assert _chi_square(_law_engine(monkeypatch), "eagle:2:4:1:2:wor/traversal", 2000) > 1e-3
+
+
+def test_the_captured_tree_law_test_fails_for_draws_off_their_rows(monkeypatch) -> None:
+    """The negative control: uniforms to the fourth where the race needs exponentials (the children are then not
+    draws without replacement from the rows reported) make the engine's law wrong, and the same test says so."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    real = runner.ModelRunner.captured_draft
+
+    def uniform_noise(self, pending, depth, key, make, fill):
+        return real(self, pending, depth, key, make, None if fill is None else (lambda e: e.uniform_().pow_(4)))
+
+    monkeypatch.setattr(runner.ModelRunner, "captured_draft", uniform_noise)
+    with accelerator_path_on_cpu():
+        assert _chi_square(_law_engine(monkeypatch), "eagle:2:4:1:2:wor/traversal", 2000) < 1e-6
+
+
+def test_a_tree_with_a_child_of_probability_zero_is_grown_again_on_the_host(monkeypatch) -> None:
+    """Rows with fewer positive entries than a node's width (a top-k processor) make the captured tree differ from
+    the host path's: it is drawn again there from the same generator state, and the run's tokens are those of the
+    engine without draft graphs, seed for seed."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    slots_as_on_cuda(monkeypatch)
+    target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
+    engine = SpecEngine(target, perturbed(target, scale=0.2, seed=4))
+    plan = "eagle:3:9:3:3:wor/traversal"
+    real, made = drafting.captured_eagle_tree, []
+
+    def grown(*args):
+        made.append(real(*args))
+        return made[-1]
+
+    monkeypatch.setattr(drafting, "captured_eagle_tree", grown)
+    with accelerator_path_on_cpu():
+        outs = []
+        for on in (True, False):
+            monkeypatch.setenv("ADAPTIVE_SPEC_DRAFT_GRAPHS", "1" if on else "0")
+            engine._idle_slots = {"target": [], "draft": []}  # fresh slots, which read the setting
+            outs.append([engine.generate([0, 9, 3], 16, temperature=1.0, top_k=2, plan=plan, seed=s) for s in range(3)])
+    assert [o.token_ids for o in outs[0]] == [o.token_ids for o in outs[1]]
+    # with draft graphs each run's first tree is grown again on the host, which then grows the rest; without, none is
+    # captured (the level-by-level device drafter meets the same child, as before)
+    assert [type(m).__name__ for m in made] == ["EagleTree"] * 3 + ["NoneType"] * 3
