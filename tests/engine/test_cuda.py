@@ -141,7 +141,9 @@ def test_engine_with_the_selector_on_cuda(tmp_path):
     res = engine.generate([0, 5, 6, 7], max_new_tokens=30, temperature=0, plan=planner)
     assert res.token_ids == plain.token_ids and len(res.steps) > 0
     sampled = engine.generate([0, 5, 6, 7], max_new_tokens=30, temperature=1.0, plan=planner, seed=1)
-    assert len(sampled.token_ids) == 30
+    # the budget spent, or the tokenizer's <eos> drawn (a draw of the sampled run's law, not of this code)
+    assert len(sampled.token_ids) == 30 or sampled.token_ids[-1] in engine.eos_token_ids
+    assert len(sampled.steps) > 0
 
 
 # ---------------------------------------------------------------------- static caches and captured forwards
@@ -279,7 +281,7 @@ def test_a_captured_chain_is_the_level_by_level_chain_on_cuda(kind):
     with torch.inference_mode():
         for r in (captured, eager):
             if kind == "eagle":
-                r.set_target_features(0, torch.randn(8, 32, generator=torch.Generator().manual_seed(0)).to(CUDA))
+                r.set_target_features(0, torch.randn(4, 32, generator=torch.Generator().manual_seed(0)).to(CUDA))
             r.chain_forward(torch.tensor([0, 5, 9, 3], device=CUDA), logits_to_keep=1)
         for pending in ([7], [4, 6, 8]):
             outs = []
@@ -294,9 +296,43 @@ def test_a_captured_chain_is_the_level_by_level_chain_on_cuda(kind):
     assert captured.slot.draft_failed is None and captured.slot._drafts and not eager.slot._drafts
 
 
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_captured_eagle_tree_is_the_level_by_level_tree_on_cuda(kind, temperature):
+    """An EAGLE-style tree without replacement grown in one replay of its CUDA graph is the tree grown level by level
+    on the device from one generator state (the race's exponentials drawn a level a call, as that drafter draws them),
+    after 1 and 3 pending tokens, and writes no committed row."""
+    from adaptive_spec.engine.drafting import draft_policy_tree
+    from adaptive_spec.engine.logits import ProbsFn
+    from adaptive_spec.trees.policy import EagleTree
+
+    (captured, eager), draft = _chain_runners(kind)
+    token_ids = draft.token_ids if kind == "eagle" else None
+    probs_fn = ProbsFn([], 48, one_hot=False, token_ids=token_ids)
+    policy = EagleTree(depth=4, budget=10, top_k=3, width=2, without_replacement=True)
+    with torch.inference_mode():
+        for r in (captured, eager):
+            if kind == "eagle":
+                r.set_target_features(0, torch.randn(4, 32, generator=torch.Generator().manual_seed(0)).to(CUDA))
+            r.chain_forward(torch.tensor([0, 5, 9, 3], device=CUDA), logits_to_keep=1)
+        for pending in ([7], [4, 6, 8]):
+            outs = []
+            for r in (captured, eager):
+                r.rollback(4)
+                before = r.slot.kv.buffer[:, :, :4].clone()
+                g = torch.Generator(device=CUDA).manual_seed(0)
+                ids = torch.tensor(pending, device=CUDA)
+                outs.append(draft_policy_tree(r, ids, policy, probs_fn, g, temperature == 0))
+                assert torch.equal(r.slot.kv.buffer[:, :, :4], before)
+            assert outs[0].tree.tokens == outs[1].tree.tokens and outs[0].tree.parents == outs[1].tree.parents
+            torch.testing.assert_close(outs[0].tree.draft_probs, outs[1].tree.draft_probs, rtol=1e-4, atol=1e-5)
+    assert captured.slot.draft_failed is None and captured.slot._drafts and not eager.slot._drafts
+
+
 def test_the_engine_is_lossless_through_captured_drafts_on_cuda():
-    """The joint law of the first 3 tokens is the target's (chi-square, 1500 seeded runs at T = 0.9, top-k 6) with
-    every chain drafted in one replay of its CUDA graph, its uniforms from the request's CUDA generator."""
+    """The joint law of the first 3 tokens is the target's (chi-square, 1500 seeded runs at T = 0.9, top-k 6 each) with
+    every chain drafted in one replay of its CUDA graph, its uniforms from the request's CUDA generator, then with an
+    EAGLE-style tree grown so."""
     from adaptive_spec.engine.logits import SamplingConfig
     from tests.helpers import laws
 
@@ -310,6 +346,14 @@ def test_the_engine_is_lossless_through_captured_drafts_on_cuda():
         counts[tuple(out.token_ids)] += 1
     slot = engine._idle_slots["draft"][0]
     assert slot.draft_failed is None and slot._drafts
+    assert laws.chi_square_pvalue(counts, law) > 1e-3
+    counts.zero_()  # and through an EAGLE-style tree without replacement grown in one replay, verified by traversal
+    for seed in range(1500):
+        out = engine.generate(
+            [3], max_new_tokens=3, temperature=0.9, top_k=6, plan="eagle:2:4:1:2:wor/traversal", seed=seed
+        )
+        counts[tuple(out.token_ids)] += 1
+    assert any(k[2][0] == "eagle" for k in slot._drafts) and slot.draft_failed is None
     assert laws.chi_square_pvalue(counts, law) > 1e-3
 
 
