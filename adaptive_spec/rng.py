@@ -106,7 +106,7 @@ def inverse_cdf(rows: torch.Tensor, k: int, generator: torch.Generator) -> torch
 
 def inverse_cdf_from(rows: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """:func:`inverse_cdf`'s draws from given uniforms ``u`` (Tensor[W, k], float64): LongTensor[W, k]. A captured
-    chain draft (:meth:`~adaptive_spec.engine.runner.ModelRunner.captured_chain`) draws its uniforms before the replay.
+    chain draft (:func:`~adaptive_spec.engine.drafting.captured_chain`) draws its uniforms before the replay.
     """
     cdf = rows.double().cumsum(-1)  # not cumsum(dtype=float64): on a CPU that is 10x slower for several rows
     return search_cdf(cdf, u)

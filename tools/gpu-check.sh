@@ -39,6 +39,8 @@
 #                  chain:4/block) with the chain graphs off (ADAPTIVE_SPEC_DRAFT_GRAPHS=0: chains drafted level by
 #                  level, as before 2026-12-01) and on, alternated over two rounds at each temperature (about 5
 #                  minutes: not measured yet)
+#   trees_{off,on}_t{0,1}_{1,2}.json  the same for EAGLE-style trees without replacement grown in one replay
+#                  (eagle:6:48:6:4:wor/traversal, eagle:4:16:4:3:wor/traversal; about 5 minutes: not measured yet)
 #   syncs.json     bench overhead --syncs --plans families with SmolLM2 on this device: host syncs (by kind and
 #                  where, inside the forwards too) and aten ops a step, one plan per family (about 60 s)
 #   capacity_512.json, capacity_2048.json  bench passes (1, 4 and 16 rows; the head at 1 and 4) with static caches
@@ -155,6 +157,11 @@ step chains 420 bash -c "$PY -m adaptive_spec bench passes --target smollm2 --de
   --target smollm2 --device $DEVICE --prompts $PROMPTS --limit 4 --max-new-tokens $TOKENS --temperatures \$T \
   --no-hf --no-lookup --no-hf-generate --plans chain:2/block,chain:3/block,chain:4/block --no-progress \
   --json $OUT/chains_\${c}_t\${T}_\$r.json || exit 1; done; done; done"
+step trees 420 bash -c "for T in 0 1; do for r in 1 2; do for c in off on; do [ \$c = on ] && v=1 || v=0; \
+  ADAPTIVE_SPEC_DRAFT_GRAPHS=\$v $PY -m adaptive_spec bench e2e --target smollm2 --device $DEVICE --prompts $PROMPTS \
+  --limit 4 --max-new-tokens $TOKENS --temperatures \$T --no-hf --no-lookup --no-hf-generate \
+  --plans eagle:6:48:6:4:wor/traversal,eagle:4:16:4:3:wor/traversal --no-progress \
+  --json $OUT/trees_\${c}_t\${T}_\$r.json || exit 1; done; done; done"
 # Host syncs and aten ops a step on this device's own paths (captured forwards, fused kernels), one plan per family
 # (SmolLM2 with its head; about 60 s): the counts of issue 30's item 6, which a CPU counts on the accelerator's path.
 if [ "$DEVICE" = cpu ]; then SYNCS="--limit 1 --max-new-tokens 8"; else SYNCS="--limit 2 --max-new-tokens 32"; fi

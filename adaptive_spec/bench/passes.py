@@ -198,7 +198,7 @@ def measure_chains(
 ) -> list[dict[str, Any]]:
     """Median milliseconds of a whole chain draft with the draft model, per depth: level by level (each level a
     forward, captured on CUDA, its draw and its row on the host's queue) against one replay of the chain's graph
-    (:meth:`~adaptive_spec.engine.runner.ModelRunner.captured_chain`; CUDA only), interleaved repetition by repetition,
+    (:func:`~adaptive_spec.engine.drafting.captured_chain`; CUDA only), interleaved repetition by repetition,
     each call from one pending token after ``context`` committed rows to a device sync.
 
     One row per depth: ``{"depth", "levels_ms", "chain_ms", "per_level_ms" (the faster path's ms per drafted token),

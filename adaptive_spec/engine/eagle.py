@@ -220,7 +220,7 @@ class EagleRunner(ModelRunner):
         self._known = 0
         self._block_pos: list[torch.Tensor] = []  # per forward this step: positions [n]
         self._block_feat: list[torch.Tensor] = []  # per forward this step: the feature each row passes on [n, H]
-        self._sealed = False  # this step's block is a captured chain (captured_chain): nothing is fed after it
+        self._sealed = False  # this step's block is a captured draft (captured_draft): nothing is fed after it
 
     def _lean_parts(self, attention: str) -> tuple[int, int, int] | None:
         return lean_parts([self.model.midlayer], attention=attention)  # its one decoder layer
@@ -269,7 +269,7 @@ class EagleRunner(ModelRunner):
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, logits_to_keep: int
     ) -> torch.Tensor:
         if self._sealed:
-            raise RuntimeError("a chain drafted in one captured replay cannot be extended in the same step")
+            raise RuntimeError("a draft made in one captured replay cannot be extended in the same step")
         row = self.length  # where a lone row (no mask) is written: after every row before it, at that position
         feats = self._input_features(input_ids.numel(), position_ids, mask)
         logits, h = self._static_forward(input_ids, position_ids, mask, logits_to_keep, (feats,))
@@ -303,7 +303,7 @@ class EagleRunner(ModelRunner):
         self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, ...] | None:
         """The pending rows' features, as :meth:`_run_model` gives them; None when the root's own target feature is
-        known (it never is in a step: the target has not run the root yet), since the captured chain feeds the head's
+        known (it never is in a step: the target has not run the root yet), since the captured draft feeds the head's
         outputs on.
         """
         if self.cached + ids.numel() - 1 < self.known:

@@ -20,11 +20,12 @@ the choice is made among all of them, once per slot.
 A capture that fails (an operation that cannot be captured, out of memory, ...) logs one line
 saying why, and the slot runs eagerly from then on: same results, slower.
 
-A whole chain draft is one graph too (:meth:`ModelSlot.draft_graph`, recorded from
-:meth:`~adaptive_spec.engine.runner.ModelRunner.captured_chain`): the pending rows' forward as a bucket's, then every
-draw and every one-row level, each level's cache row, position and mask computed on the device from the graph's
-inputs. Replayed once a step, it drafts the chain with no Python a level: on an H200 a ``chain:3/block`` step spent
-1.9 ms of host time launching three levels whose kernels ran 0.1 ms each (``docs/measurements/gpu-h200-2026-11-28c/``).
+A whole draft is one graph too (:meth:`ModelSlot.draft_graph`, recorded from
+:func:`~adaptive_spec.engine.drafting.captured_chain` and :func:`~adaptive_spec.engine.drafting.captured_eagle_tree`):
+the pending rows' forward as a bucket's, then every draw and every level, each level's cache rows, positions and mask
+computed on the device from the graph's inputs. Replayed once a step, it drafts with no Python a level: on an H200 a
+``chain:3/block`` step spent 1.9 ms of host time launching three levels whose kernels ran 0.1 ms each, and the
+48-node EAGLE tree's 5.4 ms (``docs/measurements/gpu-h200-2026-11-28c/``).
 
 ``compiled=True`` (``SpecEngine(..., compile_forwards=True)``, off by default) also captures
 ``torch.compile``'s code of the forward: fewer, fused kernels per replay (a small model's captured
