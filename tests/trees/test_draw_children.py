@@ -30,6 +30,11 @@ def _batched(k: int, distinct: bool, path: str):
     def draw(rows, g):
         if path == "draw_children":
             return draw_children(rows, k, g, replace=not distinct)
+        if path == "draw_children_accelerator":
+            from adaptive_spec.rng import accelerator_path_on_cpu
+
+            with accelerator_path_on_cpu():
+                return draw_children(rows, k, g, replace=not distinct)
         return (_race if path == "race" else _first_distinct)(rows, k, g)  # the accelerator's and the CPU's
 
     return draw
@@ -42,6 +47,8 @@ def _batched(k: int, distinct: bool, path: str):
         (3, False, "draw_children"),
         (1, True, "draw_children"),
         (3, True, "race"),
+        (1, True, "race"),  # a single draw on an accelerator: the race's argmax is a categorical draw
+        (1, True, "draw_children_accelerator"),
         (3, True, "first_distinct"),
         (4, True, "first_distinct"),  # the whole support: a row short of 4 distinct tokens in 16 draws, often
     ],
