@@ -217,7 +217,7 @@ def draft_tree(
     V, device, D = probs_fn.vocab_size, runner.device, shape.depth
     if D == 0:
         return _root_only(pending, shape, V, device)
-    if shape.law is DraftLaw.CHAIN and not isinstance(pending, DraftRoot):  # the whole chain in one replay, if captured
+    if shape.law is DraftLaw.CHAIN and runner.captures_drafts and not isinstance(pending, DraftRoot):  # one replay
         base = runner.cached
         captured = captured_chain(runner, pending, D, probs_fn, generator, deterministic)
         if captured is not None:
@@ -589,7 +589,8 @@ def draft_policy_tree(
     """
     device_path = runner.device_policy and (on_device or (on_device is None and accelerator_path(runner.device)))
     tree_on_device = on_device is not False and runner.device_policy and eagle_on_device(policy, probs_fn.vocab_size)
-    if tree_on_device and policy.without_replacement and not isinstance(pending, DraftRoot):  # one replay, if captured
+    captured = tree_on_device and policy.without_replacement and runner.captures_drafts
+    if captured and not isinstance(pending, DraftRoot):  # the whole tree in one replay
         state, mark = generator.get_state(), runner.block_mark()
         outcome = captured_eagle_tree(runner, pending, policy, probs_fn, generator, deterministic)
         if isinstance(outcome, DraftOutcome):

@@ -239,6 +239,14 @@ class ModelRunner:
         self._chain_drafted()
         return out
 
+    @property
+    def captures_drafts(self) -> bool:
+        """Whether this runner's drafts may be made in one captured replay (:meth:`captured_draft`): a slot capturing
+        on CUDA, its draft graphs on and none failed (cheap: read every step before any of the captured path's work).
+        """
+        slot = self.slot
+        return slot is not None and slot.graphs_on and slot.drafts_on and slot.draft_failed is None
+
     def graph_probs(self, probs_fn: ProbsFn) -> ProbsFn | None:
         """``probs_fn`` as a captured draft may record it (reading the slot's copy of its vocabulary map, which outlives
         the request), or None when a graph cannot keep its processors (:meth:`ProbsFn.graph_key`).
