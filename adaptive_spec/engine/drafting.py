@@ -254,7 +254,7 @@ def captured_chain(
         return _chain_core(runner, d, probs, greedy), ((d,), torch.float64), d - 1
 
     fill = None if greedy else (lambda u: u.uniform_(generator=generator))
-    return runner.captured_draft(pending, depth, ("chain", probs_fn.graph_key(), greedy), make, fill)
+    return runner.captured_draft(pending, depth, ("chain", probs_fn.graph_key(), greedy), make, fill, depth - 1)
 
 
 def _chain_core(runner: ModelRunner, depth: int, probs: ProbsFn, greedy: bool):
@@ -1112,7 +1112,7 @@ def draft_eagle_on_device(
     plan = _eagle_plan(policy, device)
     pending_pos = torch.ones(1, p - 1, dtype=torch.bool, device=device) if p > 1 else None
 
-    def forward(depth: int, ids: torch.Tensor, allowed: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:  # noqa: ARG001
+    def forward(depth: int, ids: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         if pending_pos is not None:  # the fed rows' mask over the block's rows: the pending tokens, then the fed nodes
             allowed = torch.cat([pending_pos.expand(ids.numel(), -1), allowed], dim=1)
         pos = torch.full((ids.numel(),), base + p - 1 + depth, dtype=torch.long, device=device)
@@ -1164,7 +1164,7 @@ def captured_eagle_tree(
             start += len(lv.widths)
 
     key = ("eagle", dataclasses.replace(policy, depth=1), probs_fn.graph_key(), greedy)  # its cuts share it
-    out = runner.captured_draft(pending, policy.depth, key, make, None if greedy else fill)
+    out = runner.captured_draft(pending, policy.depth, key, make, None if greedy else fill, full.fed - 1)
     if out is None:
         return None
     tokens, parents, fed, rows, ancestors, ok, bad = out
@@ -1187,7 +1187,7 @@ def _tree_core(runner: ModelRunner, plan: _EaglePlan, width: int, probs: ProbsFn
         before = cols < r0  # the context and the pending rows: every node's ancestors
         hidden = [h0]  # the fed nodes' outputs, in feed order: their children's features
 
-        def forward(depth: int, tokens: torch.Tensor, allowed: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:  # noqa: ARG001
+        def forward(depth: int, tokens: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
             F, seen = tokens.numel(), allowed.shape[1]  # the fed nodes so far, these F last
             see = before | (((rel >= 0) & (rel < seen)) & allowed[:, rel.clamp(0, seen - 1)])  # [F, capacity]
             # each row's parent: its deepest ancestor before this level, the last of its earlier columns seen
@@ -1232,9 +1232,9 @@ class EagleGrown:
 def eagle_grow(plan: _EaglePlan, R: torch.Tensor, ok: torch.Tensor, probs_fn: ProbsFn, forward, draw) -> EagleGrown:
     """Grow ``plan``'s tree from the root's row ``R`` [1, V] on the device, with no host read: per level, the
     frontier's candidates ``draw(rows, depth)`` ([F, width]), the path probabilities' top ``fed`` new nodes, and
-    ``forward(depth, their tokens, their mask rows over the fed nodes so far (feed order, the root first), their
-    parents)`` over them (the logits, which ``probs_fn`` makes rows). The level-by-level drafter
-    (:func:`draft_eagle_on_device`) and a captured tree (:meth:`~.runner.ModelRunner.captured_tree`) give it their
+    ``forward(depth, their tokens, their mask rows over the fed nodes so far (feed order, the root first))`` over
+    them (the logits, which ``probs_fn`` makes rows). The level-by-level drafter (:func:`draft_eagle_on_device`)
+    and a captured tree (:func:`captured_eagle_tree`) give it their
     own forward and draws.
     """
     rows = [R]  # the fed rows' probabilities, in feed order (the root's first)
@@ -1258,7 +1258,7 @@ def eagle_grow(plan: _EaglePlan, R: torch.Tensor, ok: torch.Tensor, probs_fn: Pr
             front_ids, front_pp = lv.ids[chosen], pp[chosen]
             fed_ids.append(front_ids)
             allowed = ancestors[front_ids][:, torch.cat(fed_ids)]  # their mask rows over every fed node, in feed order
-            logits = forward(depth, cand[chosen], allowed, parents[chosen])  # the fed nodes' tokens
+            logits = forward(depth, cand[chosen], allowed)  # the fed nodes' tokens
             R = probs_fn(logits)
             level_logits.append(logits)
             rows.append(R)

@@ -206,11 +206,13 @@ class ModelRunner:
         key: Any,
         make: Callable[[int], tuple],
         fill: Callable[[torch.Tensor], None] | None,
+        block: int,
     ) -> tuple[torch.Tensor, ...] | None:
         """Feed the ``pending`` tokens (LongTensor[n], root last) and draft after them in one replay of a captured graph
         (:meth:`~adaptive_spec.engine.graphs.ModelSlot.draft_graph`, whose ``make``, ``key`` and ``depth`` the drafter
         gives: :func:`~adaptive_spec.engine.drafting.draft_tree`'s chains, :func:`~.drafting.draft_policy_tree`'s
-        EAGLE-style trees); ``fill(noise)`` draws the draft's randomness before the replay (None at temperature 0).
+        EAGLE-style trees); ``fill(noise)`` draws the draft's randomness before the replay (None at temperature 0);
+        ``block``: the rows the draft writes after the pending ones (``make(depth)``'s).
         Returns the graph's outputs, which its next replay overwrites; None: not captured here (no graphs, hidden
         states kept, a block already begun, a failed capture): draft level by level. The pending rows and the fed
         nodes are left in the cache as block rows, as the level-by-level drafter leaves them.
@@ -228,7 +230,6 @@ class ModelRunner:
         extra = self._chain_inputs(ids, pos, mask)
         if extra is None:
             return None
-        block = make(depth)[2]
         slot.ensure(start + n + block, keep=start)
         g = slot.draft_graph(n, depth, key, make, extra, self.attention_forms, self._chain_pending_most)
         if g is None:

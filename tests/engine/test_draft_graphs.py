@@ -309,8 +309,8 @@ def test_the_captured_tree_law_test_fails_for_draws_off_their_rows(monkeypatch) 
 
     real = runner.ModelRunner.captured_draft
 
-    def uniform_noise(self, pending, depth, key, make, fill):
-        return real(self, pending, depth, key, make, None if fill is None else (lambda e: e.uniform_().pow_(4)))
+    def uniform_noise(self, pending, depth, key, make, fill, block):
+        return real(self, pending, depth, key, make, None if fill is None else (lambda e: e.uniform_().pow_(4)), block)
 
     monkeypatch.setattr(runner.ModelRunner, "captured_draft", uniform_noise)
     with accelerator_path_on_cpu():
