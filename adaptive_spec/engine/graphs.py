@@ -252,13 +252,7 @@ class ModelSlot:
                     if c not in self._graphs:
                         self._capture_forms(c, core, extra, forms)
             except Exception as err:  # noqa: BLE001 - any capture failure falls back to eager, said once
-                self.failed = _why(err)
-                _log.warning(
-                    "CUDA graph capture of %s failed (%s); running its forwards eagerly",
-                    type(self.model).__name__,
-                    self.failed,
-                )
-                self._settle()
+                self.failed = self._gave_up("CUDA graph capture of {} failed ({}); running its forwards eagerly", err)
                 return None
         if self.compile_on and self.compile_failed is None and b in COMPILED and b not in self._compiled:
             name = type(self.model).__name__
@@ -274,9 +268,7 @@ class ModelSlot:
                 _log.info("compiled and captured %d rows of %s in %.1f s", b, name, self.compile_s[b])
             except Exception as err:  # noqa: BLE001 - a failed compilation keeps the eager captures, said once
                 self._compiled.pop(b, None)
-                self.compile_failed = _why(err)
-                _log.warning("compiling %s failed (%s); replaying its eager captures", name, self.compile_failed)
-                self._settle()
+                self.compile_failed = self._gave_up("compiling {} failed ({}); replaying its eager captures", err)
         return self._fastest(n)
 
     def _capture_forms(
@@ -309,14 +301,8 @@ class ModelSlot:
             except Exception as err:  # a form that cannot be captured is dropped, said once
                 if form == forms[0]:
                     raise
-                self.form_failed[form] = _why(err)
-                _log.warning(
-                    "capturing %s with %s attention failed (%s); keeping the other form",
-                    type(self.model).__name__,
-                    form,
-                    self.form_failed[form],
-                )
-                self._settle()
+                why = f"capturing {{}} with {form} attention failed ({{}}); keeping the other forms"
+                self.form_failed[form] = self._gave_up(why, err)
                 continue
             finally:
                 self.kv.attention_form = "sdpa"
@@ -374,13 +360,9 @@ class ModelSlot:
                         if (c, d, key) not in self._drafts:
                             self._capture_draft_forms((c, d, key), made, extra, forms)
             except Exception as err:  # noqa: BLE001 - any capture failure falls back to level-by-level drafts, said once
-                self.draft_failed = _why(err)
-                _log.warning(
-                    "capturing a whole draft of %s failed (%s); drafting level by level",
-                    type(self.model).__name__,
-                    self.draft_failed,
+                self.draft_failed = self._gave_up(
+                    "capturing a whole draft of {} failed ({}); drafting level by level", err
                 )
-                self._settle()
                 return None
             finally:
                 self.draft_capture_s += time.perf_counter() - t0
@@ -460,6 +442,15 @@ class ModelSlot:
         """The graph of :meth:`replayed`."""
         b, _, compiled = self.replayed(n)
         return (self._compiled if compiled else self._graphs)[b]
+
+    def _gave_up(self, message: str, err: BaseException) -> str:
+        """After a failed capture: log ``message`` (its two ``{}``: the model's class, why) in one line, wait for the
+        device (a broken capture may leave work queued); why, in one line (:func:`_why`).
+        """
+        why = _why(err)
+        _log.warning(message.format(type(self.model).__name__, why))
+        self._settle()
+        return why
 
     def _settle(self) -> None:
         """After a failed capture: wait for the device (a broken capture may leave work queued)."""

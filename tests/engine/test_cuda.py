@@ -268,19 +268,17 @@ def _chain_runners(kind: str):
     return [ModelRunner(draft, slot=ModelSlot(draft, 64, graphs=True, drafts=c)) for c in (True, False)], draft
 
 
-@pytest.mark.parametrize("kind", ["model", "eagle"])
-def test_a_captured_chain_is_the_level_by_level_chain_on_cuda(kind):
-    """At T = 0 a chain drafted in one replay of its CUDA graph has the level-by-level chain's tokens and rows, after
-    1 and 3 pending tokens (a padding row), and writes no committed row."""
-    from adaptive_spec.engine.drafting import draft_tree
+def _captured_against_level_by_level(kind: str, draft_one) -> None:
+    """``draft_one(runner, pending, probs_fn, generator)`` on a runner whose drafts are captured and on one whose are
+    not, after 1 and 3 pending tokens (a padding row) from one generator state each: the same tree and rows, no
+    committed row written, the first's drafts in one replay."""
     from adaptive_spec.engine.logits import ProbsFn
 
     (captured, eager), draft = _chain_runners(kind)
-    token_ids = draft.token_ids if kind == "eagle" else None
-    probs_fn = ProbsFn([], 48, one_hot=False, token_ids=token_ids)
+    probs_fn = ProbsFn([], 48, one_hot=False, token_ids=draft.token_ids if kind == "eagle" else None)
     with torch.inference_mode():
         for r in (captured, eager):
-            if kind == "eagle":
+            if kind == "eagle":  # the context's target features (the root's unknown, as in a step)
                 r.set_target_features(0, torch.randn(4, 32, generator=torch.Generator().manual_seed(0)).to(CUDA))
             r.chain_forward(torch.tensor([0, 5, 9, 3], device=CUDA), logits_to_keep=1)
         for pending in ([7], [4, 6, 8]):
@@ -289,44 +287,34 @@ def test_a_captured_chain_is_the_level_by_level_chain_on_cuda(kind):
                 r.rollback(4)
                 before = r.slot.kv.buffer[:, :, :4].clone()
                 g = torch.Generator(device=CUDA).manual_seed(0)
-                outs.append(draft_tree(r, torch.tensor(pending, device=CUDA), TreeShape.chain(4), probs_fn, g, True))
+                outs.append(draft_one(r, torch.tensor(pending, device=CUDA), probs_fn, g))
                 assert torch.equal(r.slot.kv.buffer[:, :, :4], before)
-            assert outs[0].tree.tokens == outs[1].tree.tokens
+            assert outs[0].tree.tokens == outs[1].tree.tokens and outs[0].tree.parents == outs[1].tree.parents
             torch.testing.assert_close(outs[0].tree.draft_probs, outs[1].tree.draft_probs, rtol=1e-4, atol=1e-5)
     assert captured.slot.draft_failed is None and captured.slot._drafts and not eager.slot._drafts
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+def test_a_captured_chain_is_the_level_by_level_chain_on_cuda(kind):
+    """At T = 0 a chain drafted in one replay of its CUDA graph is the level-by-level chain."""
+    from adaptive_spec.engine.drafting import draft_tree
+
+    _captured_against_level_by_level(kind, lambda r, ids, p, g: draft_tree(r, ids, TreeShape.chain(4), p, g, True))
 
 
 @pytest.mark.parametrize("kind", ["model", "eagle"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_a_captured_eagle_tree_is_the_level_by_level_tree_on_cuda(kind, temperature):
     """An EAGLE-style tree without replacement grown in one replay of its CUDA graph is the tree grown level by level
-    on the device from one generator state (the race's exponentials drawn a level a call, as that drafter draws them),
-    after 1 and 3 pending tokens, and writes no committed row."""
+    on the device from one generator state (the race's exponentials drawn a level a call, as that drafter draws
+    them)."""
     from adaptive_spec.engine.drafting import draft_policy_tree
-    from adaptive_spec.engine.logits import ProbsFn
     from adaptive_spec.trees.policy import EagleTree
 
-    (captured, eager), draft = _chain_runners(kind)
-    token_ids = draft.token_ids if kind == "eagle" else None
-    probs_fn = ProbsFn([], 48, one_hot=False, token_ids=token_ids)
     policy = EagleTree(depth=4, budget=10, top_k=3, width=2, without_replacement=True)
-    with torch.inference_mode():
-        for r in (captured, eager):
-            if kind == "eagle":
-                r.set_target_features(0, torch.randn(4, 32, generator=torch.Generator().manual_seed(0)).to(CUDA))
-            r.chain_forward(torch.tensor([0, 5, 9, 3], device=CUDA), logits_to_keep=1)
-        for pending in ([7], [4, 6, 8]):
-            outs = []
-            for r in (captured, eager):
-                r.rollback(4)
-                before = r.slot.kv.buffer[:, :, :4].clone()
-                g = torch.Generator(device=CUDA).manual_seed(0)
-                ids = torch.tensor(pending, device=CUDA)
-                outs.append(draft_policy_tree(r, ids, policy, probs_fn, g, temperature == 0))
-                assert torch.equal(r.slot.kv.buffer[:, :, :4], before)
-            assert outs[0].tree.tokens == outs[1].tree.tokens and outs[0].tree.parents == outs[1].tree.parents
-            torch.testing.assert_close(outs[0].tree.draft_probs, outs[1].tree.draft_probs, rtol=1e-4, atol=1e-5)
-    assert captured.slot.draft_failed is None and captured.slot._drafts and not eager.slot._drafts
+    _captured_against_level_by_level(
+        kind, lambda r, ids, p, g: draft_policy_tree(r, ids, policy, p, g, temperature == 0)
+    )
 
 
 def test_the_engine_is_lossless_through_captured_drafts_on_cuda():
