@@ -118,7 +118,7 @@ step() {  # step NAME SECONDS COMMAND...: runs when NAME is one of --steps
   $PY -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"
   lscpu | grep -m1 'Model name'
 } > "$OUT/env.txt" 2>&1
-step pytest 150 $PY -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_cuda.py tests/verifiers/test_kernels.py \
+step pytest 240 $PY -m pytest -q -p no:cacheprovider -m gpu tests/engine/test_cuda.py tests/verifiers/test_kernels.py \
   tests/engine/test_draft_kernels.py \
   -o addopts="-ra" -k "not compiled" --junitxml="$OUT/pytest.xml"
 if [ "$DEVICE" = cpu ]; then PASSES="--repeats 1 --rows 1,2 --draft-rows 1 --context 32"; else PASSES="--repeats 20"; fi
