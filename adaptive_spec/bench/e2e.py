@@ -297,7 +297,7 @@ def measure(
     prompts, skipped = _fitting_prompts(engine, prompts, max_new_tokens, long_prompts)
     _warm_up(engine, prompts, temps, keys, table, max_new_tokens)
     compiled_before, kernels_before = _compile_seconds(engine), fused_kernels_compiled()
-    chains_before = _draft_capture_seconds(engine)
+    drafts_before = _draft_capture_seconds(engine)
     with tqdm(total=len(prompts) * len(temps), desc=f"bench e2e T={','.join(keys)}", disable=not progress) as bar:
         for i, prompt in prompts:
             # Every method on this prompt first, then the tallies: a generation that fails drops this
@@ -316,8 +316,8 @@ def measure(
     out: dict[str, Any] = {"runs": summary, "skipped_prompts": skipped, "failed_prompts": run.errors}
     if compiled_before is not None:  # compiling inside the timed runs counts in their tok/s: said, not hidden
         out["compiled_while_timed_s"] = round(_compile_seconds(engine) - compiled_before, 2)
-    if chains_before is not None:  # chain graphs captured inside the timed runs (a depth or bucket the warm-up missed)
-        out["drafts_captured_while_timed_s"] = round(_draft_capture_seconds(engine) - chains_before, 3)
+    if drafts_before is not None:  # draft graphs captured inside the timed runs (a depth or bucket the warm-up missed)
+        out["drafts_captured_while_timed_s"] = round(_draft_capture_seconds(engine) - drafts_before, 3)
     if kernels_before is not None:  # the fused kernels' compiles inside the timed runs (a second or so each on a GPU)
         out["kernels_compiled_while_timed"] = fused_kernels_compiled() - kernels_before
     if keep_outputs:

@@ -57,24 +57,35 @@ def _timer(engine: Any, runner: Any, context: int) -> Callable[[int], float]:
     ids = torch.randint(3, vocab, (context + 128,), generator=g).to(device)
     with torch.inference_mode():
         runner.chain_forward(ids[:context], logits_to_keep=1)
-    cuda = device.type == "cuda"
 
     def timed(n: int) -> float:
         block = ids[context : context + n].tolist()
-        with torch.inference_mode():
-            if cuda:
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
+
+        def forward() -> None:
             anc = torch.ones(n, n, dtype=torch.bool, device=device).tril_()
             pos = torch.arange(context, context + n, device=device)
             runner.block_forward(torch.tensor(block, device=device), pos, anc, logits_to_keep=n)
-            if cuda:
-                torch.cuda.synchronize(device)
-            seconds = time.perf_counter() - t0
-            runner.rollback(context)
-        return seconds
+
+        return _seconds(device, runner, context, forward)
 
     return timed
+
+
+def _seconds(device: torch.device, runner: Any, context: int, work: Callable[[], Any]) -> float:
+    """Seconds of ``work()`` from a device sync to a device sync (on CUDA), the runner rolled back to ``context``
+    after it.
+    """
+    cuda = device.type == "cuda"
+    with torch.inference_mode():
+        if cuda:
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        work()
+        if cuda:
+            torch.cuda.synchronize(device)
+        seconds = time.perf_counter() - t0
+        runner.rollback(context)
+    return seconds
 
 
 def measure_passes(
@@ -209,12 +220,12 @@ def measure_chains(
     from tqdm.auto import tqdm
 
     from adaptive_spec.engine.drafting import draft_tree
+    from adaptive_spec.engine.eagle import is_eagle_head
     from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
     from adaptive_spec.trees import TreeShape
 
-    cuda = engine.device.type == "cuda"
     sampling = SamplingConfig(temperature=temperature)
-    token_ids = engine.draft.token_ids if hasattr(engine.draft, "token_ids") else None  # an EAGLE head's vocabulary
+    token_ids = engine.draft.token_ids if is_eagle_head(engine.draft) else None  # an EAGLE head's vocabulary
     probs_fn = ProbsFn(build_logits_processor(sampling.generation_config()), engine.vocab_size, False, token_ids)
     runners = {m: _runner(engine, "draft", True, context, drafts=m == "chain") for m in ("levels", "chain")}
     if not getattr(runners["chain"].slot, "graphs_on", False):  # nothing captured (off CUDA): level by level only
@@ -228,16 +239,13 @@ def measure_chains(
             r.chain_forward(ids[:context], logits_to_keep=1)
 
     def timed(runner: Any, depth: int) -> float:
-        with torch.inference_mode():
-            if cuda:
-                torch.cuda.synchronize(device)
-            t0 = time.perf_counter()
-            draft_tree(runner, ids[context:], TreeShape.chain(depth), probs_fn, generator, sampling.greedy)
-            if cuda:
-                torch.cuda.synchronize(device)
-            seconds = time.perf_counter() - t0
-            runner.rollback(context)
-        return seconds
+        shape = TreeShape.chain(depth)
+        return _seconds(
+            device,
+            runner,
+            context,
+            lambda: draft_tree(runner, ids[context:], shape, probs_fn, generator, sampling.greedy),
+        )
 
     out = []
     for depth in tqdm(depths, desc="chains", disable=not progress):

@@ -299,7 +299,7 @@ class EagleRunner(ModelRunner):
         m_before = sum(int(p.numel()) for p in self._block_pos)  # block rows fed earlier this step
         return self._parent_features(last, mask, position_ids, n, past, m_before)
 
-    def _chain_inputs(
+    def _draft_inputs(
         self, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None
     ) -> tuple[torch.Tensor, ...] | None:
         """The pending rows' features, as :meth:`_run_model` gives them; None when the root's own target feature is
@@ -310,14 +310,14 @@ class EagleRunner(ModelRunner):
             return None
         return (self._input_features(ids.numel(), pos, mask),)
 
-    def _chain_level_inputs(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def _draft_level_inputs(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return (hidden,)  # a drafted node's parent feature: the head's output there (the target has not run it)
 
-    def _chain_pending_most(self, depth: int) -> int:
+    def _draft_pending_most(self, depth: int) -> int:
         return depth + 1  # the accepted nodes are fed again, with the target's features, then the bonus token
 
-    def _chain_drafted(self) -> None:
-        # The chain's rows' features stay in the graph: a later forward of this step would read no parent's.
+    def _draft_made(self) -> None:
+        # The draft's rows' features stay in the graph: a later forward of this step would read no parent's.
         self._sealed = True
 
     def _parent_features(

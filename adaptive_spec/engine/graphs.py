@@ -179,13 +179,13 @@ class ModelSlot:
         self._spare: list[_Graph] = []
         self.form_failed: dict[str, str] = {}
         self._pool: Any = None
-        # whole chain drafts in one graph each (draft_graph), per (bucket, depth, sampling key); their kept form and
+        # whole drafts in one graph each (draft_graph), per (bucket, depth, draft and sampling key); their kept form and
         # every form's replay ms; why a draft capture failed (drafts made level by level from then on)
         self.drafts_on = os.environ.get("ADAPTIVE_SPEC_DRAFT_GRAPHS", "1").strip() != "0" if drafts is None else drafts
         self._drafts: dict[tuple, _DraftGraph] = {}
         self.draft_times: dict[tuple, dict[str, float]] = {}
         self.draft_failed: str | None = None
-        self.draft_capture_s = 0.0  # seconds spent capturing (and timing) chain graphs
+        self.draft_capture_s = 0.0  # seconds spent capturing (and timing) draft graphs
         self._constants: dict[str, torch.Tensor] = {}
 
     def _rows(self, capacity: int) -> int:
@@ -327,7 +327,8 @@ class ModelSlot:
         most: Callable[[int], int] = lambda d: d + 1,
     ) -> _DraftGraph | None:
         """The graph of a whole draft of ``depth`` levels after ``n`` pending rows, captured now if needed; None: draft
-        it level by level (no graphs, a capture failed, too deep or too many rows).
+        it level by level (no graphs, a capture failed, too deep or too many rows). Its block rows (``make(depth)``'s)
+        must be fewer than :data:`~.static_cache.SCRATCH`: a fresh graph's warm-up and timing write scratch rows only.
 
         ``make(d)`` is the drafter's draft of ``d`` levels (:mod:`~adaptive_spec.engine.drafting`: a chain of ``d``
         tokens, an EAGLE-style tree cut at depth ``d``): ``(core, (noise shape, noise dtype), block rows)``, where
@@ -354,8 +355,6 @@ class ModelSlot:
             try:
                 for d in range(1, depth + 1):
                     made, top = make(d), bucket_for(min(max(most(d), b if d == depth else 1), BUCKETS[-1]))
-                    if made[2] >= SCRATCH:  # a fresh graph's warm-up and timing write scratch rows only
-                        return None
                     for c in BUCKETS[: BUCKETS.index(top) + 1]:
                         if (c, d, key) not in self._drafts:
                             self._capture_draft_forms((c, d, key), made, extra, forms)
@@ -370,7 +369,8 @@ class ModelSlot:
 
     def _capture_draft_forms(self, k: tuple, made: tuple, extra: Sequence[torch.Tensor], forms: Sequence[str]) -> None:
         """Capture the draft graph ``k = (bucket, depth, key)`` in each attention form and keep the fastest."""
-        g, _, form, times = self._fastest_form(lambda: self._capture_draft(k[0], made, extra), forms)
+        core, noise, _ = made
+        g, _, form, times = self._fastest_form(lambda: self._capture(k[0], core, extra, noise), forms)
         self._drafts[k] = g
         self.draft_times[k] = {"kept": form, **times}
 
@@ -381,29 +381,6 @@ class ModelSlot:
         if name not in self._constants:
             self._constants[name] = value.clone() if isinstance(value, torch.Tensor) else value
         return self._constants[name]
-
-    def _capture_draft(self, b: int, made: tuple, extra: Sequence[torch.Tensor]) -> _DraftGraph:
-        """Capture ``made``'s draft (:meth:`draft_graph`) after a bucket of ``b`` pending rows.
-
-        As captured, and as :meth:`_time` replays it, the root is row 0 of the scratch rows and every level writes the
-        scratch rows after it: nothing committed is written.
-        """
-        core, (shape, dtype), _ = made
-        kv = self.kv
-        inputs, scratch = self._static_inputs(b, extra)
-        rows, form = scratch.clone(), kv.attention_form
-        last = torch.zeros(1, dtype=torch.long, device=kv.device)
-        noise = torch.ones(shape, dtype=dtype, device=kv.device)  # uniforms or exponentials: 1 is a valid one
-
-        def run() -> tuple[torch.Tensor, ...]:
-            kv.attention_form = form
-            try:
-                return tuple(core(*inputs, rows=rows, last=last, noise=noise))
-            finally:
-                kv.attention_form = "sdpa"
-
-        graph, outputs = self._record(run)
-        return _DraftGraph(graph, inputs, rows, scratch, outputs, last=last, noise=noise)
 
     def replay_draft(
         self,
@@ -486,22 +463,41 @@ class ModelSlot:
         more = [torch.zeros(b, *e.shape[1:], dtype=e.dtype, device=device) for e in extra]
         return [ids, pos, mask, *more], kv.capacity + torch.arange(b, device=device)
 
-    def _capture(self, b: int, core: Callable[..., tuple[torch.Tensor, ...]], extra: Sequence[torch.Tensor]) -> _Graph:
-        """Capture ``core`` over ``b`` rows (in the cache's attention form now): its static inputs, rows, outputs."""
+    def _capture(
+        self,
+        b: int,
+        core: Callable[..., tuple[torch.Tensor, ...]],
+        extra: Sequence[torch.Tensor],
+        noise: tuple[tuple[int, ...], torch.dtype] | None = None,
+    ) -> _Graph:
+        """Capture ``core`` over ``b`` rows (in the cache's attention form now): its static inputs, rows, outputs.
+
+        ``noise``: a whole draft's (:meth:`draft_graph`), ``(shape, dtype)``: ``core`` is also given ``rows=``,
+        ``last=`` (the root's row among the pending ones) and ``noise=``, a :class:`_DraftGraph`'s inputs. As
+        captured, and as :meth:`_time` replays it, the root is then row 0 of the scratch rows and every level writes
+        the scratch rows after it: nothing committed is written.
+        """
         kv = self.kv
         inputs, scratch = self._static_inputs(b, extra)
         rows, form = scratch.clone(), kv.attention_form
+        more: dict[str, torch.Tensor] = {}
+        if noise is not None:
+            last = torch.zeros(1, dtype=torch.long, device=kv.device)
+            # uniforms or exponentials: 1 is a valid value of both
+            more = {"rows": rows, "last": last, "noise": torch.ones(noise[0], dtype=noise[1], device=kv.device)}
 
         def run() -> tuple[torch.Tensor, ...]:
             kv.rows, kv.width = rows, None  # the whole capacity, the mask hiding what is not attended to
             kv.attention_form = form
             try:
-                return tuple(core(*inputs))
+                return tuple(core(*inputs, **more))
             finally:
                 kv.attention_form = "sdpa"
 
         graph, outputs = self._record(run)
-        return _Graph(graph, inputs, rows, scratch, outputs)
+        if noise is None:
+            return _Graph(graph, inputs, rows, scratch, outputs)
+        return _DraftGraph(graph, inputs, rows, scratch, outputs, last=more["last"], noise=more["noise"])
 
     def _record(self, run: Callable[[], tuple[torch.Tensor, ...]]) -> tuple[Any, tuple[torch.Tensor, ...]]:
         """``run``'s kernels as a CUDA graph in the slot's memory pool: ``(graph, its outputs)``, after two warm-up
@@ -509,7 +505,7 @@ class ModelSlot:
 
         ``run`` sets every Python-side state its kernels depend on (the cache's rows, width and attention form)
         itself, so that the recorded kernels are its own whatever ran before; a test's stand-in for the graph
-        (``tests/engine/test_static_cache.py``) replays by calling it again.
+        (``tests/helpers/graphs.py``) replays by calling it again.
         """
         device = self.kv.device
         stream = torch.cuda.Stream(device)

@@ -34,6 +34,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from adaptive_spec.engine.decoder import attention_forms, decoder_layers, lean_parts, rms
 from adaptive_spec.engine.graphs import ModelSlot
 from adaptive_spec.engine.logits import ProbsFn
+from adaptive_spec.engine.static_cache import SCRATCH
 from adaptive_spec.trees import additive_mask
 
 SUPPORTED_ATTENTION = ("eager", "sdpa")
@@ -221,23 +222,23 @@ class ModelRunner:
         if slot is None or not slot.graphs_on or self.keep_hidden or self.keep_features or self.length != self.cached:
             return None
         n, start = int(pending.numel()), self.length
-        if n < 1 or depth < 1:
+        if n < 1 or depth < 1 or block >= SCRATCH:  # a fresh graph's warm-up and timing write scratch rows only
             return None
         ids = pending if self.input_limit is None else pending.clamp(max=self.input_limit - 1)
         pos = torch.arange(start, start + n, device=pending.device)
         causal = None if n == 1 else torch.ones(n, n, dtype=torch.bool, device=pending.device).tril_()
         mask = None if causal is None else additive_mask(causal, start, self.dtype)
-        extra = self._chain_inputs(ids, pos, mask)
+        extra = self._draft_inputs(ids, pos, mask)
         if extra is None:
             return None
         slot.ensure(start + n + block, keep=start)
-        g = slot.draft_graph(n, depth, key, make, extra, self.attention_forms, self._chain_pending_most)
+        g = slot.draft_graph(n, depth, key, make, extra, self.attention_forms, self._draft_pending_most)
         if g is None:
             return None
         out = slot.replay_draft(g, n, start, ids, pos, mask, extra, fill)
         self.length = start + n + block
         self.forwards += depth
-        self._chain_drafted()
+        self._draft_made()
         return out
 
     @property
@@ -289,13 +290,13 @@ class ModelRunner:
         lowest = torch.full((), torch.finfo(zero.dtype).min, dtype=zero.dtype, device=rows.device)
         mask = torch.where(see, zero, lowest)[None, None]  # [1, 1, F, capacity]
         fed = tokens if self.input_limit is None else tokens.clamp(max=self.input_limit - 1)
-        return self._core(fed, pos, mask, *self._chain_level_inputs(parents))
+        return self._core(fed, pos, mask, *self._draft_level_inputs(parents))
 
     def cache_columns(self) -> torch.Tensor:
         """LongTensor[capacity]: the columns a captured pass attends over, ``0 .. capacity - 1``."""
         return torch.arange(self.slot.kv.capacity, device=self.device)
 
-    def _chain_inputs(
+    def _draft_inputs(
         self,
         ids: torch.Tensor,  # noqa: ARG002 - an EAGLE head's features read them
         pos: torch.Tensor,  # noqa: ARG002
@@ -306,16 +307,16 @@ class ModelRunner:
         """
         return ()
 
-    def _chain_level_inputs(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:  # noqa: ARG002 - a head's
+    def _draft_level_inputs(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:  # noqa: ARG002 - a head's
         """A drafted level's inputs to the core beyond ids, positions and mask, from its parents' final hidden states
         (an EAGLE head's features; none for a model).
         """
         return ()
 
-    def _chain_drafted(self) -> None:
+    def _draft_made(self) -> None:
         """Bookkeeping after :meth:`captured_draft`'s replay (an EAGLE head's)."""
 
-    def _chain_pending_most(self, depth: int) -> int:  # noqa: ARG002 - a head's depends on it
+    def _draft_pending_most(self, depth: int) -> int:  # noqa: ARG002 - a head's depends on it
         """The most pending tokens a step after a draft of ``depth`` leaves: a model keeps its accepted nodes' rows, so
         the bonus token and, when every node was accepted, the never-fed leaf.
         """

@@ -152,7 +152,7 @@ def test_a_failed_chain_capture_logs_one_line_and_drafts_level_by_level(monkeypa
         calls.append(1)
         raise RuntimeError("operation not permitted when stream is capturing\nmore")
 
-    monkeypatch.setattr(ModelSlot, "_capture_draft", broken)
+    monkeypatch.setattr(ModelSlot, "_capture_draft_forms", broken)
     probs_fn = _probs_fn(1.0, None)
     with torch.inference_mode(), caplog.at_level(logging.WARNING, logger="adaptive_spec.engine"):
         for r in (captured, eager):
