@@ -600,6 +600,10 @@ def draft_policy_tree(
             runner.undo_block(mark)
             runner.device_policy = False
             on_device = False
+    if device_path and chain_on_device(policy) and runner.captures_drafts and not isinstance(pending, DraftRoot):
+        outcome = captured_policy_chain(runner, pending, policy, probs_fn, generator, deterministic, temperature)
+        if outcome is not None:
+            return outcome
     root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
     if device_path and chain_on_device(policy):
         return draft_chain_on_device(runner, root, policy, probs_fn, generator, deterministic, temperature)
@@ -740,6 +744,44 @@ def draft_chain_on_device(
     return _chain_outcome(root, policy.shape, rows, drawn, device, G, depth=G)
 
 
+def captured_policy_chain(
+    runner: ModelRunner,
+    pending: torch.Tensor,
+    policy: ChainRule,
+    probs_fn: ProbsFn,
+    generator: torch.Generator,
+    greedy: bool,
+    temperature: float = 1.0,
+) -> DraftOutcome | None:
+    """A policy chain (``conf-chain``, ``cum-chain``, ``learned-chain``) drafted to its depth in one replay of the
+    chain's graph (:func:`captured_chain`), then cut at the policy's own stop: one host read. None: drafted level by
+    level (no graph for it).
+
+    Every node's decision is made after the replay, on the device, from the rows and tokens it returns, by the
+    arithmetic of the level-by-level drafter (:class:`_ChainRuleOnDevice`, over the whole chain at once); the one
+    read is how many leading nodes the policy feeds, and the rows the replay fed past the stop are dropped from the
+    draft cache. The look is the deepest (``depth - 1``): this is the host path's chain of the policy itself,
+    node for node (``LookedChain(policy, depth - 1)`` is the policy), whose law the exact tests check. Its cost is the
+    chain's forwards to the depth, a replay's worth; the generator gives the chain's ``depth`` uniforms each step, where
+    it stops or not.
+    """
+    G, base = policy.depth, runner.cached
+    captured = captured_chain(runner, pending, G, probs_fn, generator, greedy)
+    if captured is None:
+        return None
+    tokens, rows, ok = captured
+    root = DraftRoot(int(pending.numel()), base, rows[:1], ok)
+    s = G  # the chain's depth: nodes 1 .. s - 1 fed, node s a leaf
+    if G > 1:
+        feeds = _ChainRuleOnDevice(policy, runner.device, temperature)(1, rows[: G - 1], tokens[: G - 1, None])
+        s = int(feeds.cumprod(0).sum().item()) + 1  # the one read: a stop at the first node the policy does not feed
+        stops, _ = _look(runner, policy, G - 1)
+        stops.append(s)  # the stop itself, known (a level-by-level chain after this one looks that deep)
+        if s < G:
+            runner.cut_block(root.pending + s - 1)
+    return _chain_outcome(root, policy.shape, [rows[:s]], [tokens[:s]], runner.device, s, depth=s)
+
+
 def _look(
     runner: ModelRunner, policy: DraftPolicy, deepest: int, least: int = 1, first: int = FIRST_LOOK
 ) -> tuple[collections.deque, int]:
@@ -763,15 +805,16 @@ class _ChainRuleOnDevice:
             self.accept, self.expected = None, None  # the path's predicted acceptance, the expected tokens so far
 
     def __call__(self, depth: int, row: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-        """BoolTensor[1]: whether the policy feeds the node at ``depth`` (its ``token`` [1, 1] drawn from ``row``
-        [1, V]).
+        """BoolTensor[k]: whether the policy feeds the ``k`` nodes at depths ``depth .. depth + k - 1`` of one chain
+        (their tokens ``token`` [k, 1] drawn from the rows ``row`` [k, V]), each as if fed node by node after the ones
+        before it: a level's one node (the level-by-level drafter's calls) or a whole captured chain's
+        (:func:`captured_policy_chain`).
         """
         policy = self.policy
         if isinstance(policy, ConfidenceChain):
             return row.amax(-1).double() >= policy.threshold
         if isinstance(policy, CumulativeChain):
-            q = row.gather(-1, token)[:, 0].double()
-            self.path = q if self.path is None else self.path * q
+            self.path = _running(self.path, row.gather(-1, token)[:, 0].double(), product=True)
             return self.path >= policy.min_path_prob
         return self._learned(depth, row, token)
 
@@ -782,20 +825,40 @@ class _ChainRuleOnDevice:
         row per depth (:func:`_learned_net`); the others go in as ``[q, top-1, entropy, path]`` with the logs taken
         where the features are logs.
         """
-        net = self.net
+        net, k = self.net, row.shape[0]
         ent = torch.special.entr(row).sum(-1, keepdim=True)
         x = torch.cat([row.gather(-1, token), row.amax(-1, keepdim=True), ent], dim=1).double()  # q, top-1
-        self.path = x[:, :1] if self.path is None else self.path * x[:, :1]  # [1, 1]
+        self.path = _running(self.path, x[:, :1], product=True)  # [k, 1]
         x = torch.cat([x, self.path], dim=1)
-        h = torch.where(net.logs, x.clamp_min(PROB_FLOOR).log(), x)  # [1, 4]: log q, top-1, entropy, log path
-        h = torch.addmm(net.first[depth], h, net.weights[0])
+        h = torch.where(net.logs, x.clamp_min(PROB_FLOOR).log(), x)  # [k, 4]: log q, top-1, entropy, log path
+        first = net.first[depth] if k == 1 else torch.cat(net.first[depth : depth + k])
+        h = torch.addmm(first, h, net.weights[0])
         for W, b in zip(net.weights[1:], net.biases, strict=True):
             h = torch.addmm(b, h.clamp_min_(0.0), W)
-        a, b = torch.sigmoid(h).unbind(1)  # [1] each
-        self.accept = a if self.accept is None else self.accept * a
-        self.expected = 1.0 + self.accept if self.expected is None else self.expected + self.accept
+        a, b = torch.sigmoid(h).unbind(1)  # [k] each
+        self.accept = _running(self.accept, a, product=True)
+        self.expected = _running(1.0 if self.expected is None else self.expected, self.accept, product=False)
         rho = float(self.policy.cost_ratio)  # feed: accept · b · (1 + ρ · depth) > expected · ρ, i.e.
-        return torch.addcmul(self.expected, self.accept, b, value=-(1.0 + rho * depth) / rho) < 0.0  # E − a·b·k/ρ < 0
+        if k == 1:  # E − a·b·k/ρ < 0
+            return torch.addcmul(self.expected, self.accept, b, value=-(1.0 + rho * depth) / rho) < 0.0
+        scale = torch.arange(depth, depth + k, dtype=a.dtype, device=a.device).mul_(rho).add_(1.0).div_(-rho)
+        return torch.addcmul(self.expected, self.accept * scale, b) < 0.0
+
+
+def _running(before: torch.Tensor | float | None, x: torch.Tensor, product: bool) -> torch.Tensor:
+    """The running product (else sum) of ``x`` [k, ...] along its first dim, continuing from ``before`` (a tensor
+    whose last entry it continues, a number, or None: from ``x``'s first), each entry after the one before it, as a
+    node-by-node loop takes them.
+    """
+    if x.shape[0] == 1:  # one node: the level-by-level drafter's call
+        if before is None:
+            return x
+        last = before[-1:] if isinstance(before, torch.Tensor) and before.shape[0] > 1 else before
+        return last * x if product else last + x
+    if before is not None:
+        first = before[-1:] if isinstance(before, torch.Tensor) else torch.full_like(x[:1], before)
+        return _running(None, torch.cat([first, x]), product)[1:]
+    return x.cumprod(0) if product else x.cumsum(0)
 
 
 @dataclass(frozen=True)

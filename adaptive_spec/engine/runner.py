@@ -331,6 +331,12 @@ class ModelRunner:
         length, self.hidden, self.features = mark[:3]
         self._crop(length)
 
+    def cut_block(self, rows: int) -> None:
+        """Keep only the first ``rows`` rows of this step's block, as if the later ones had never been fed (a captured
+        draft cut at its policy's stop: its replay wrote every level).
+        """
+        self._crop(self.cached + rows)
+
     def _run_model(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, logits_to_keep: int
     ) -> torch.Tensor:

@@ -317,10 +317,25 @@ def test_a_captured_eagle_tree_is_the_level_by_level_tree_on_cuda(kind, temperat
     )
 
 
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+def test_a_captured_policy_chain_is_the_host_chain_of_the_policy_on_cuda(kind):
+    """At T = 0 a policy chain drafted in one replay of its CUDA graph and cut at its stop is the chain the host path
+    grows with the policy (the runner without draft graphs grows it there)."""
+    from adaptive_spec.engine.drafting import draft_policy_tree
+    from adaptive_spec.trees.policy import parse_policy
+
+    policy = parse_policy("conf-chain:5:0.05")
+
+    def draft_one(r, ids, p, g):  # the runner without draft graphs: the host path
+        return draft_policy_tree(r, ids, policy, p, g, True, on_device=None if r.captures_drafts else False)
+
+    _captured_against_level_by_level(kind, draft_one)
+
+
 def test_the_engine_is_lossless_through_captured_drafts_on_cuda():
     """The joint law of the first 3 tokens is the target's (chi-square, 1000 seeded runs at T = 0.9, top-k 6 each) with
     every chain drafted in one replay of its CUDA graph, its uniforms from the request's CUDA generator, then with an
-    EAGLE-style tree grown so."""
+    EAGLE-style tree grown so, then with policy chains cut at their stops."""
     from adaptive_spec.engine.logits import SamplingConfig
     from tests.helpers import laws
 
@@ -342,6 +357,12 @@ def test_the_engine_is_lossless_through_captured_drafts_on_cuda():
         )
         counts[tuple(out.token_ids)] += 1
     assert any(k[2][0] == "eagle" for k in slot._drafts) and slot.draft_failed is None
+    assert laws.chi_square_pvalue(counts, law) > 1e-3
+    counts.zero_()  # and through path-probability chains drafted in one replay and cut at their stops
+    for seed in range(1000):
+        out = engine.generate([3], max_new_tokens=3, temperature=0.9, top_k=6, plan="cum-chain:3:0.2/block", seed=seed)
+        counts[tuple(out.token_ids)] += 1
+    assert slot.draft_failed is None
     assert laws.chi_square_pvalue(counts, law) > 1e-3
 
 

@@ -24,18 +24,20 @@ from tests.helpers.tiny import perturbed, tiny_model
 V = 48
 
 
-def _head(target) -> EagleHead:
-    head = EagleHead(EagleConfig.for_target(target.config, draft_vocab_size=40)).eval()
+def _head(target, init: float | None = None) -> EagleHead:
+    kw = {} if init is None else {"initializer_range": init}  # larger weights: rows far from uniform
+    head = EagleHead(EagleConfig.for_target(target.config, draft_vocab_size=40, **kw)).eval()
     head.set_vocabulary(torch.arange(3, 43))  # a reduced vocabulary: ids 0-2 and 43-47 have draft probability 0
     return head.bind(target)
 
 
-def _runners(kind: str, monkeypatch):
-    """(captured, eager): two runners of one draft, the first's slot capturing as on CUDA."""
+def _runners(kind: str, monkeypatch, init: float | None = None):
+    """(captured, eager): two runners of one draft, the first's slot capturing as on CUDA (``init``: the head's
+    initializer range)."""
     slots_as_on_cuda(monkeypatch)
     target = tiny_model("llama", vocab=V, eos=None)
     if kind == "eagle":
-        head = _head(target)
+        head = _head(target, init)
         made = [EagleRunner(head, slot=ModelSlot(head, 64, drafts=c)) for c in (True, False)]
         token_ids = head.token_ids
     else:
@@ -344,3 +346,122 @@ def test_a_tree_with_a_child_of_probability_zero_is_grown_again_on_the_host(monk
     # with draft graphs each run's first tree is grown again on the host, which then grows the rest; without, no tree
     # is tried in a replay (the level-by-level device drafter meets the same child, as before)
     assert [type(m).__name__ for m in made] == ["EagleTree"] * 3
+
+
+# ---------------------------------------------------------------------- policy chains (conf-, cum-, learned-chain)
+
+# per rule, the policy for the model's rows and for the head's (peaked): chains that stop and chains to the depth
+_POLICY_CHAINS = {
+    "conf": {"model": "conf-chain:5:0.12", "eagle": "conf-chain:5:0.9"},
+    "cum": {"model": "cum-chain:5:0.0005", "eagle": "cum-chain:5:0.3"},
+    "learned": {"model": "learned-chain:4:0.05", "eagle": "learned-chain:4:0.2"},
+}
+
+
+def _policy(rule: str, kind: str):
+    from adaptive_spec.engine import Plan
+
+    return Plan.parse(f"{_POLICY_CHAINS[rule][kind]}/block").policy  # learned-chain: the installed acceptance model
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("rule", _POLICY_CHAINS)
+def test_a_captured_policy_chain_is_the_host_chain_of_the_policy(monkeypatch, kind, temperature, rule) -> None:
+    """From one generator state: the chain the host path grows with the policy itself (tokens, rows, fed nodes,
+    levels; the look is the deepest), drafted in one replay and cut at the stop with one host read; the draft cache
+    holds the pending rows and the fed nodes only (the rows past the stop dropped), its block rows the host path's;
+    over steps with commits between, chains that stop and chains that run to the depth."""
+    from adaptive_spec.engine.drafting import draft_policy_tree
+    from tests.helpers.reads import counted_reads
+
+    (captured, eager), token_ids = _runners(kind, monkeypatch, init=0.3)
+    probs_fn = _probs_fn(temperature, token_ids)
+    policy = _policy(rule, kind)
+    feats = torch.randn(80, 32, generator=torch.Generator().manual_seed(3))
+    prompt = torch.tensor([0, 5, 9, 3, 7, 11])
+    depths = []
+    with torch.inference_mode():
+        for r in (captured, eager):
+            if kind == "eagle":
+                r.set_target_features(0, feats[:5])
+            r.chain_forward(prompt[:3], logits_to_keep=1)
+        context = prompt.tolist()
+        for step in range(8):
+            pending = torch.tensor(context[captured.cached :])
+            g = [torch.Generator().manual_seed(step) for _ in range(2)]
+            with counted_reads() as reads:
+                a = draft_policy_tree(captured, pending, policy, probs_fn, g[0], temperature == 0, on_device=True)
+            b = draft_policy_tree(eager, pending, policy, probs_fn, g[1], temperature == 0, on_device=False)
+            assert reads == ([1] if policy.depth > 1 else [])  # the stop's one read
+            assert a.tree.tokens == b.tree.tokens and a.tree.parents == b.tree.parents
+            torch.testing.assert_close(a.tree.draft_probs, b.tree.draft_probs, rtol=1e-5, atol=1e-6)
+            assert (a.fed_nodes, a.policy_levels, a.pending_fed) == (b.fed_nodes, b.policy_levels, len(pending))
+            assert captured.length == eager.length == captured.cached + len(pending) + a.fed_nodes - 1
+            block = slice(captured.cached, captured.length)
+            kv_a, kv_b = (r.slot.kv.buffer[:, :, block] for r in (captured, eager))
+            torch.testing.assert_close(kv_a, kv_b, rtol=1e-5, atol=1e-5)
+            assert sum(g.graph.replays for g in captured.slot._drafts.values()) == step + 1
+            depth = a.tree.num_nodes - 1
+            depths.append(depth)
+            accept = min(depth, step % 3)
+            new = a.tree.tokens[1 : accept + 1] + [step + 20]
+            for r in (captured, eager):
+                if kind == "eagle":
+                    r.set_target_features(r.cached, feats[r.cached : len(context) + accept])
+                    r.commit(len(context), None)
+                else:
+                    r.commit(len(context), torch.arange(len(context), len(context) + min(accept, depth - 1)))
+            context += new
+    assert captured.slot.draft_failed is None and not eager.slot._drafts
+    if temperature > 0:  # both cases met: chains cut at a stop, and chains to the depth
+        assert min(depths) < policy.depth and policy.depth in depths, depths
+
+
+def test_the_engine_is_lossless_through_captured_policy_chains(monkeypatch) -> None:
+    """The joint law of the first 3 tokens is the target's (chi-square, 2000 seeded runs) with a path-probability
+    chain drafted in one replay and cut at its stop (a third are: the first node's draft probability decides), verified
+    by the block verifier, on the accelerator's path."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    real, cuts = runner.ModelRunner.cut_block, []
+    monkeypatch.setattr(runner.ModelRunner, "cut_block", lambda self, rows: cuts.append(rows) or real(self, rows))
+    with accelerator_path_on_cpu():
+        assert _chi_square(_law_engine(monkeypatch), "cum-chain:3:0.2/block", 2000) > 1e-3
+    assert len(cuts) > 400
+
+
+def test_the_captured_policy_chain_law_test_fails_for_draws_off_their_rows(monkeypatch) -> None:
+    """The negative control: the same captured path-probability chains with tokens not drawn from the rows they report
+    (each uniform cubed) make the engine's law wrong, and the same test says so."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    real = drafting.inverse_cdf_from
+    monkeypatch.setattr(drafting, "inverse_cdf_from", lambda rows, u: real(rows, u**3))
+    with accelerator_path_on_cpu():
+        assert _chi_square(_law_engine(monkeypatch), "cum-chain:3:0.2/block", 2000) < 1e-6
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+def test_the_engine_decodes_greedily_as_transformers_through_captured_policy_chains(monkeypatch, kind) -> None:
+    """Greedy tokens equal transformers' with policy chains drafted in one replay and cut at their stops (the draft
+    cache keeps the fed nodes only), on the accelerator's path: the target itself as the draft and an EAGLE head."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    slots_as_on_cuda(monkeypatch)
+    target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
+    draft = _head(target, 0.3) if kind == "eagle" else perturbed(target, scale=0.05, seed=2)
+    engine = SpecEngine(target, draft)
+    real, cuts = runner.ModelRunner.cut_block, []
+    monkeypatch.setattr(runner.ModelRunner, "cut_block", lambda self, rows: cuts.append(rows) or real(self, rows))
+    prompt = [0, 9, 3, 4, 11, 12, 13]
+    ids = torch.tensor([prompt])
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=30)
+    with accelerator_path_on_cpu():
+        plans = ("conf-chain:5:0.2/block", "conf-chain:5:0.9/block", "cum-chain:6:0.01/greedy", "cum-chain:6:0.3/block")
+        for plan in (*plans, "learned-chain:4:0.1/block"):  # thresholds for the model's rows and the head's
+            out = engine.generate(prompt, max_new_tokens=30, temperature=0, plan=plan)
+            assert out.token_ids == expected[0, len(prompt) :].tolist(), plan
+    slot = engine._idle_slots["draft"][0]
+    assert slot.draft_failed is None and sum(g.graph.replays for g in slot._drafts.values()) > 10
+    assert cuts  # some chains stopped before their depth
