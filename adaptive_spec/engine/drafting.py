@@ -501,15 +501,20 @@ def draft_hybrid(
         return draft_tree(runner, pending, TreeShape.chain(model_depth), probs_fn, generator, deterministic)
     a = len(found)
     ids = torch.tensor(found, dtype=torch.long, device=runner.device)  # the step's one copy to the device
-    root = _extend_root(runner, pending, ids, probs_fn, a + 1 if keep_rows else 1)
-    tail = draft_tree(runner, root, TreeShape.chain(model_depth), probs_fn, generator, deterministic)
+    chain = TreeShape.chain(model_depth)
+    rows = {}
+    if keep_rows or isinstance(runner, EagleRunner) or isinstance(pending, DraftRoot):
+        root = _extend_root(runner, pending, ids, probs_fn, a + 1 if keep_rows else 1)
+        tail = draft_tree(runner, root, chain, probs_fn, generator, deterministic)
+        kept = root.probs.shape[0] - 1  # rows over the nodes before node a (whose row is the tail's root row)
+        rows = {a - kept + i: root.probs[i] for i in range(kept)}
+    else:  # the looked-up tokens fed as pending ones, then the chain: one replay where the draft's chains are captured
+        tail = draft_tree(runner, torch.cat([pending, ids]), chain, probs_fn, generator, deterministic)
     tree = hybrid_tree(found, tail.tree, ids)
     n = tree.num_nodes
     ancestors = torch.ones(n, n, dtype=torch.bool, device=runner.device).tril_()
-    kept = root.probs.shape[0] - 1  # rows over the nodes before node a (whose row is the tail's root row)
-    rows = {a - kept + i: root.probs[i] for i in range(kept)}
     fed = a + tail.fed_nodes
-    return DraftOutcome(tree, ancestors, root.pending - a, fed, lookup_rows=a, model_rows=rows, ok=tail.ok)
+    return DraftOutcome(tree, ancestors, tail.pending_fed - a, fed, lookup_rows=a, model_rows=rows, ok=tail.ok)
 
 
 def _extend_root(

@@ -465,3 +465,33 @@ def test_the_engine_decodes_greedily_as_transformers_through_captured_policy_cha
     slot = engine._idle_slots["draft"][0]
     assert slot.draft_failed is None and sum(g.graph.replays for g in slot._drafts.values()) > 10
     assert cuts  # some chains stopped before their depth
+
+
+# ---------------------------------------------------------------------- hybrid drafts (a looked-up run, then a chain)
+
+
+def test_hybrid_drafts_capture_their_chain_after_the_looked_up_run(monkeypatch) -> None:
+    """A hybrid step feeds its looked-up run as pending tokens of the chain's replay (buckets past a model's 2 pending
+    rows): greedy tokens equal transformers', and a sampled run's tokens are those of the engine without draft graphs,
+    seed for seed (the chain's uniforms are the level-by-level drafter's)."""
+    slots_as_on_cuda(monkeypatch)
+    target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
+    engine = SpecEngine(target, perturbed(target, scale=0.05, seed=2))
+    prompt = [0, 9, 3, 4, 11, 12, 13, 9, 3, 4, 11, 12, 13, 9, 3]  # repeats: the lookup finds runs
+    ids = torch.tensor([prompt])
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24)
+    out = engine.generate(prompt, max_new_tokens=24, temperature=0, plan="hybrid:4:2/block")
+    assert out.token_ids == expected[0, len(prompt) :].tolist()
+    sampled = []
+    for on in (True, False):
+        monkeypatch.setenv("ADAPTIVE_SPEC_DRAFT_GRAPHS", "1" if on else "0")
+        engine._idle_slots = {"target": [], "draft": []}  # fresh slots, which read the setting
+        sampled.append([engine.generate(prompt, 24, temperature=1.0, plan="hybrid:4:2/block", seed=s) for s in (0, 1)])
+        slot = engine._idle_slots["draft"][0]
+        if on:  # the looked-up runs fed in the chain's replay: more pending rows than a chain step's
+            assert slot.draft_failed is None and max(k[0] for k in slot._drafts) >= 4
+            assert sum(g.graph.replays for g in slot._drafts.values()) >= sum(o.stats.steps for o in sampled[0]) // 2
+        else:
+            assert not slot._drafts
+    assert [o.token_ids for o in sampled[0]] == [o.token_ids for o in sampled[1]]
+    assert [o.stats.accept_lengths for o in sampled[0]] == [o.stats.accept_lengths for o in sampled[1]]
