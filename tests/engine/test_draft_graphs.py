@@ -495,3 +495,37 @@ def test_hybrid_drafts_capture_their_chain_after_the_looked_up_run(monkeypatch) 
             assert not slot._drafts
     assert [o.token_ids for o in sampled[0]] == [o.token_ids for o in sampled[1]]
     assert [o.stats.accept_lengths for o in sampled[0]] == [o.stats.accept_lengths for o in sampled[1]]
+
+
+# ---------------------------------------------------------------------- what a CUDA graph cannot record
+
+
+@pytest.mark.parametrize("unrecordable", ["item", "multinomial", "mask", "tolist", "factory"])
+def test_the_stand_in_graph_refuses_what_a_cuda_graph_cannot_record(monkeypatch, unrecordable) -> None:
+    """The stand-in graph runs every recorded function under tests.helpers.graphs.CaptureGuard, so that the tests of
+    this file fail where a real capture would: a chain core that reads the host, draws, or indexes by a boolean mask
+    fails to capture (one logged line, the chain drafted level by level), where the real core captures (asserted
+    throughout: ``draft_failed is None``)."""
+    real = drafting.inverse_cdf_from
+
+    def spoiled(rows, u):
+        if unrecordable == "item":
+            u = u * float(rows.amax().item())
+        elif unrecordable == "multinomial":
+            torch.multinomial(rows, 1)
+        elif unrecordable == "mask":
+            u = u + rows[rows > 2.0].sum()
+        elif unrecordable == "factory":  # on CUDA a host tensor
+            u = u + torch.zeros(1, dtype=u.dtype)
+        else:
+            u = u + sum(rows[0, :1].tolist())
+        return real(rows, u)
+
+    (captured, _), _ = _runners("model", monkeypatch)
+    monkeypatch.setattr(drafting, "inverse_cdf_from", spoiled)
+    with torch.inference_mode():
+        captured.chain_forward(torch.tensor([0, 5, 9]), logits_to_keep=1)
+        g = torch.Generator().manual_seed(0)
+        out = draft_tree(captured, torch.tensor([4]), TreeShape.chain(3), _probs_fn(1.0, None), g, False)
+    assert "a CUDA graph cannot record it" in captured.slot.draft_failed and not captured.slot._drafts
+    assert out.tree.num_nodes == 4  # drafted level by level
