@@ -263,6 +263,30 @@ def test_bench_overhead_repeats_the_plans_and_quotes_the_median_round(tiny_pair,
         main([*args, "--repeat", "0"])
 
 
+def test_bench_overhead_times_the_host_on_the_captured_path_with_stand_in_graphs(tiny_pair, tmp_path, capsys):
+    """``--stand-in-graphs``: the slots capture with the stand-in graph on the accelerator's paths, every forward,
+    replay and capture left out of the time; the patches are undone after the command."""
+    from adaptive_spec.bench.stand_in import StandInGraph
+    from adaptive_spec.engine.graphs import ModelSlot
+
+    before = dict(vars(ModelSlot))
+    out = tmp_path / "overhead.json"
+    plans = "autoregressive,chain:3/block,eagle:3:8:3:2:wor/traversal"
+    args = ["bench", "overhead", "--stand-in-graphs", "--plans", plans, "--max-new-tokens", "8", "--limit", "1"]
+    replays = StandInGraph.seconds
+    assert main([*args, "--json", str(out)]) == 0
+    assert StandInGraph.seconds > replays  # the engine replayed stand-in graphs
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["plan"] for r in rows] == plans.split(",")
+    for r in rows:  # the forwards run in replays: on the captured path they are left out, as replays
+        assert 0 < r["overhead_s"] < r["wall_s"] and r["target_forward_s"] > 0
+        assert r["replayed_s"] > r["target_forward_s"] - 1e-3  # the clocks' own entries apart, they hold the passes
+        assert abs(r["overhead_s"] - (r["wall_s"] - r["replayed_s"])) < 1e-9
+    assert dict(vars(ModelSlot)) == before  # undone
+    with pytest.raises(SystemExit, match="--stand-in-graphs runs the captured path on a CPU"):
+        main([*args, "--device", "cuda"])
+
+
 def test_bench_passes_writes_a_row_per_model_and_size(tiny_pair, tmp_path, capsys):
     out = tmp_path / "passes.json"
     args = ["bench", "passes", "--device", "cpu", "--repeats", "1", "--rows", "1,3", "--draft-rows", "2"]

@@ -831,8 +831,59 @@ def count_host_syncs(engine, prompts: list[str], plans: list, temperature: float
     return rows
 
 
+class ReplayClock:
+    """Wall time inside any runner forward, stand-in graph replay or stand-in capture (``bench overhead
+    --stand-in-graphs``, :mod:`adaptive_spec.bench.stand_in`), nested ones counted once: what the host would not
+    spend on an accelerator, where a replay is one launch. ``close()`` undoes its patches.
+    """
+
+    def __init__(self) -> None:
+        from adaptive_spec.bench.stand_in import StandInGraph
+        from adaptive_spec.engine.graphs import ModelSlot
+
+        self.seconds, self._depth, self._t0 = 0.0, 0, 0.0
+        self._saved = [(StandInGraph, "replay", StandInGraph.replay), (ModelSlot, "_record", ModelSlot._record)]
+        for owner, name, original in self._saved:
+            setattr(owner, name, self._timed(original))
+        _listen(self)
+
+    def _timed(self, original):
+        clock = self
+
+        @functools.wraps(original)
+        def timed(*args, **kwargs):
+            clock.enter_forward(None)
+            try:
+                return original(*args, **kwargs)
+            finally:
+                clock.exit_forward(None)
+
+        return timed
+
+    def enter_forward(self, runner) -> None:  # noqa: ARG002 - every runner's
+        self._depth += 1
+        if self._depth == 1:
+            self._t0 = time.perf_counter()
+
+    def exit_forward(self, runner) -> None:  # noqa: ARG002
+        self._depth -= 1
+        if self._depth == 0:
+            self.seconds += time.perf_counter() - self._t0
+
+    def close(self) -> None:
+        _unlisten(self)
+        for owner, name, original in self._saved:
+            setattr(owner, name, original)
+
+
 def measure_overhead(
-    engine, prompts: list[str], plans: list, temperature: float, max_new_tokens: int, repeat: int = 1
+    engine,
+    prompts: list[str],
+    plans: list,
+    temperature: float,
+    max_new_tokens: int,
+    repeat: int = 1,
+    stand_in: bool = False,
 ) -> list[dict]:
     """Per plan: wall time, time inside target and draft forwards, overhead fraction.
 
@@ -840,18 +891,25 @@ def measure_overhead(
     holds the sums over the rounds, its ms per step outside the forwards is the median round's
     (``overhead_ms_per_step``; every round's in ``rounds_ms_per_step``), so that a host's drift between
     rounds moves every plan alike and one slow round does not decide a figure.
+
+    ``stand_in``: the engine's slots capture with the stand-in graph, on the accelerator's paths
+    (:func:`~adaptive_spec.bench.stand_in.stand_in_graphs`, entered by the caller before the engine's first
+    request): the overhead leaves out every forward, replay and capture (:class:`ReplayClock`), so it is the host's
+    work a step on the captured path, as an accelerator's host does it (``replayed_s`` in each row).
     """
     if repeat < 1:
         raise ValueError(f"repeat must be at least 1, got {repeat}")
     for plan in plans:
         engine.generate(prompts[0], max_new_tokens=8, temperature=temperature, plan=plan, seed=0)  # warm-up
-    once = functools.partial(_measure_once, engine, prompts, temperature=temperature, max_new_tokens=max_new_tokens)
+    once = functools.partial(
+        _measure_once, engine, prompts, temperature=temperature, max_new_tokens=max_new_tokens, stand_in=stand_in
+    )
     rounds = [[once(plan) for plan in plans] for _ in range(repeat)]
     rows = []
     for i, plan in enumerate(plans):
         runs = [r[i] for r in rounds]
         row = {"plan": str(plan)}
-        for key in ("steps", "new_tokens", "wall_s", "target_forward_s", "draft_forward_s", "overhead_s"):
+        for key in ("steps", "new_tokens", "wall_s", "target_forward_s", "draft_forward_s", "replayed_s", "overhead_s"):
             row[key] = sum(r[key] for r in runs)
         row["phase_times_s"] = {k: sum(r["phase_times_s"].get(k, 0.0) for r in runs) for k in runs[0]["phase_times_s"]}
         row["overhead_fraction"] = row["overhead_s"] / row["wall_s"] if row["wall_s"] else None
@@ -862,10 +920,16 @@ def measure_overhead(
     return rows
 
 
-def _measure_once(engine, prompts: list[str], plan, *, temperature: float, max_new_tokens: int) -> dict:
-    """One pass of ``plan`` over ``prompts``: wall time, forwards' time, steps, phases."""
+def _measure_once(
+    engine, prompts: list[str], plan, *, temperature: float, max_new_tokens: int, stand_in: bool = False
+) -> dict:
+    """One pass of ``plan`` over ``prompts``: wall time, forwards' time, steps, phases (``stand_in``: see
+    :func:`measure_overhead`).
+    """
     sync = engine.device if engine.device.type == "cuda" else None
     clocks = {"target": ForwardClock(engine.target, sync), "draft": ForwardClock(engine.draft, sync)}
+    if stand_in:
+        clocks["replayed"] = ReplayClock()
     wall, tokens, steps, phases = 0.0, 0, 0, {}
     try:
         for i, prompt in enumerate(prompts):
@@ -878,13 +942,14 @@ def _measure_once(engine, prompts: list[str], plan, *, temperature: float, max_n
     finally:
         for c in clocks.values():
             c.close()
-    fwd = clocks["target"].seconds + clocks["draft"].seconds
+    fwd = clocks["replayed"].seconds if stand_in else clocks["target"].seconds + clocks["draft"].seconds
     return {
         "steps": steps,
         "new_tokens": tokens,
         "wall_s": wall,
         "target_forward_s": clocks["target"].seconds,
         "draft_forward_s": clocks["draft"].seconds,
+        "replayed_s": clocks["replayed"].seconds if stand_in else 0.0,
         "overhead_s": wall - fwd,
         "overhead_ms_per_step": 1e3 * (wall - fwd) / steps if steps else None,
         "phase_times_s": phases,

@@ -44,6 +44,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_options(parser, ("device",))
     add_json_option(parser, "the rows")
     parser.add_argument(
+        "--stand-in-graphs",
+        action="store_true",
+        help="on a CPU: run the accelerator's captured path, each graph replayed by running its recorded function, "
+        "and leave every forward, replay and capture out of the time (the host's work a step where a replay is one "
+        "launch; with --syncs: count on that path)",
+    )
+    parser.add_argument(
         "--syncs",
         "--ops",
         dest="syncs",
@@ -102,13 +109,24 @@ def print_counts(rows: list[dict]) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Measure each plan's share of step time outside the forwards (or count its syncs and ops), print a table."""
+    if args.repeat < 1:
+        raise ValueError(f"--repeat must be >= 1, got {args.repeat}")
+    if args.stand_in_graphs:
+        if args.device not in (None, "cpu"):
+            raise ValueError(f"--stand-in-graphs runs the captured path on a CPU; drop --device {args.device}")
+        from adaptive_spec.bench.stand_in import stand_in_graphs
+
+        with stand_in_graphs():
+            return _run(args)
+    return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from adaptive_spec.engine import Plan
     from adaptive_spec.engine.load import load_engine
     from adaptive_spec.files import default_prompts
     from adaptive_spec.planner.plan import AUTOREGRESSIVE
 
-    if args.repeat < 1:
-        raise ValueError(f"--repeat must be >= 1, got {args.repeat}")
     engine = load_engine(args.target, args.draft, args.device, None)
     prompts = default_prompts()[: args.limit]
     plans = [p if p == AUTOREGRESSIVE else Plan.parse(p) for p in plan_list(args.plans)]
@@ -116,7 +134,9 @@ def run(args: argparse.Namespace) -> int:
         rows = count_host_syncs(engine, prompts, plans, args.temperature, args.max_new_tokens)
         print_counts(rows)
     else:
-        rows = measure_overhead(engine, prompts, plans, args.temperature, args.max_new_tokens, args.repeat)
+        rows = measure_overhead(
+            engine, prompts, plans, args.temperature, args.max_new_tokens, args.repeat, args.stand_in_graphs
+        )
         print(
             f"{'plan':<28} {'overhead':>9} {'ms/step':>8} {'min-max':>11} {'target fwd':>11} {'draft fwd':>10} "
             f"{'steps':>6}"
