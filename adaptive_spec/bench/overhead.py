@@ -833,16 +833,20 @@ def count_host_syncs(engine, prompts: list[str], plans: list, temperature: float
 
 class ReplayClock:
     """Wall time inside any runner forward, stand-in graph replay or stand-in capture (``bench overhead
-    --stand-in-graphs``, :mod:`adaptive_spec.bench.stand_in`), nested ones counted once: what the host would not
-    spend on an accelerator, where a replay is one launch. ``close()`` undoes its patches.
+    --stand-in-graphs``, :mod:`adaptive_spec.bench.stand_in`) or fused kernel (Triton's interpreter on a CPU), nested
+    ones counted once: what the host would not spend on an accelerator, where a replay or a kernel is one launch.
+    ``close()`` undoes its patches.
     """
 
     def __init__(self) -> None:
         from adaptive_spec.bench.stand_in import StandInGraph
+        from adaptive_spec.engine import draft_kernels
         from adaptive_spec.engine.graphs import ModelSlot
+        from adaptive_spec.verifiers import kernels
 
         self.seconds, self._depth, self._t0 = 0.0, 0, 0.0
         self._saved = [(StandInGraph, "replay", StandInGraph.replay), (ModelSlot, "_record", ModelSlot._record)]
+        self._saved += [(m, name, getattr(m, name)) for m in (kernels, draft_kernels) for name in m.LAUNCHES]
         for owner, name, original in self._saved:
             setattr(owner, name, self._timed(original))
         _listen(self)
