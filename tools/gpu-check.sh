@@ -42,8 +42,9 @@
 #   trees_{off,on}_t{0,1}_{1,2}.json  the same for EAGLE-style trees without replacement grown in one replay
 #                  (eagle:6:48:6:4:wor/traversal, eagle:4:16:4:3:wor/traversal; about 5 minutes: not measured yet)
 #   policies_{off,on}_t{0,1}_{1,2}.json  the same for policy chains drafted whole in one replay and cut at their stop
-#                  (cum-chain:4:0.2/block, learned-chain:4:0.25/block) and hybrid drafts (hybrid:6:2/block: the head
-#                  drafts its tail level by level; about 5 minutes: not measured yet)
+#                  (cum-chain:4:0.2/block, learned-chain:4:0.25/block), hybrid drafts (hybrid:6:2/block: the head
+#                  drafts its tail level by level) and a static tree drafted in one replay (iid:3x4/specinfer; about
+#                  6 minutes: not measured yet)
 #   syncs.json     bench overhead --syncs --plans families with SmolLM2 on this device: host syncs (by kind and
 #                  where, inside the forwards too) and aten ops a step, one plan per family (about 60 s)
 #   capacity_512.json, capacity_2048.json  bench passes (1, 4 and 16 rows; the head at 1 and 4) with static caches
@@ -165,12 +166,12 @@ step trees 420 bash -c "for T in 0 1; do for r in 1 2; do for c in off on; do [ 
   --limit 4 --max-new-tokens $TOKENS --temperatures \$T --no-hf --no-lookup --no-hf-generate \
   --plans eagle:6:48:6:4:wor/traversal,eagle:4:16:4:3:wor/traversal --no-progress \
   --json $OUT/trees_\${c}_t\${T}_\$r.json || exit 1; done; done; done"
-# The same for policy chains (drafted to their depth in one replay, cut at the stop with one read) and a model's hybrid
-# drafts (the looked-up run fed in the chain's replay; the head's hybrid drafts stay level by level).
+# The same for policy chains (drafted to their depth in one replay, cut at the stop with one read), a model's hybrid
+# drafts (the looked-up run fed in the chain's replay; the head's hybrid drafts stay level by level) and a static tree.
 step policies 420 bash -c "for T in 0 1; do for r in 1 2; do for c in off on; do [ \$c = on ] && v=1 || v=0; \
   ADAPTIVE_SPEC_DRAFT_GRAPHS=\$v $PY -m adaptive_spec bench e2e --target smollm2 --device $DEVICE --prompts $PROMPTS \
   --limit 4 --max-new-tokens $TOKENS --temperatures \$T --no-hf --no-lookup --no-hf-generate \
-  --plans cum-chain:4:0.2/block,learned-chain:4:0.25/block,hybrid:6:2/block --no-progress \
+  --plans cum-chain:4:0.2/block,learned-chain:4:0.25/block,hybrid:6:2/block,iid:3x4/specinfer --no-progress \
   --json $OUT/policies_\${c}_t\${T}_\$r.json || exit 1; done; done; done"
 # Host syncs and aten ops a step on this device's own paths (captured forwards, fused kernels), one plan per family
 # (SmolLM2 with its head; about 60 s): the counts of issue 30's item 6, which a CPU counts on the accelerator's path.

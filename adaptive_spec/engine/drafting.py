@@ -217,10 +217,13 @@ def draft_tree(
     V, device, D = probs_fn.vocab_size, runner.device, shape.depth
     if D == 0:
         return _root_only(pending, shape, V, device)
-    if shape.law is DraftLaw.CHAIN and runner.captures_drafts and not isinstance(pending, DraftRoot):  # one replay
+    if runner.captures_drafts and not isinstance(pending, DraftRoot):  # the whole draft in one replay
         base = runner.cached
-        captured = captured_chain(runner, pending, D, probs_fn, generator, deterministic)
-        if captured is not None:
+        if shape.law is not DraftLaw.CHAIN:
+            captured = captured_slots(runner, pending, slot_layout(shape, V), probs_fn, generator, deterministic)
+            if captured is not None:
+                return captured
+        elif (captured := captured_chain(runner, pending, D, probs_fn, generator, deterministic)) is not None:
             tokens, rows, ok = captured
             return _chain_outcome(DraftRoot(int(pending.numel()), base, rows[:1], ok), shape, [rows], [tokens], device)
     root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
@@ -283,6 +286,109 @@ def _chain_core(runner: ModelRunner, depth: int, probs: ProbsFn, greedy: bool):
     return core
 
 
+def captured_slots(
+    runner: ModelRunner,
+    pending: torch.Tensor,
+    layout: SlotLayout,
+    probs_fn: ProbsFn,
+    generator: torch.Generator,
+    greedy: bool,
+) -> DraftOutcome | None:
+    """A static tree (i.i.d., delayed, without replacement) after the ``pending`` tokens in one replay of its captured
+    graph (:meth:`~adaptive_spec.engine.runner.ModelRunner.captured_draft`): the outcome, or None: drafted level by
+    level (:func:`_draft_slots`).
+
+    The graph grows the tree by :func:`slots_grow`, each level's forward on the device
+    (:meth:`~.runner.ModelRunner.level_forward`: the slots' cache rows after the root's, in slot order, their mask
+    over the capacity from the layout's ancestor rows, their parents' features gathered from the fed slots'
+    outputs), and draws as :func:`_draft_slots` draws on an accelerator: the argmax or the top ``k`` where greedy, else
+    the exponential race, its exponentials drawn before the replay, a level a call of the level-by-level drafter's
+    shape from the same generator, so the same tree from one generator state (tested).
+    """
+    probs = runner.graph_probs(probs_fn)
+    if probs is None:
+        return None
+    vocab, device, shape = probs_fn.vocab_size, runner.device, layout.shape
+
+    at, noisy = _slot_noise(layout, greedy)
+
+    def make(d: int):
+        if d < shape.depth:  # the shape's cuts at a budget's end are other shapes, with keys of their own
+            return None
+        tensors = runner.slot.constant(f"slot layout {shape} {vocab}", layout.tensors(device))
+        core = _slots_core(runner, layout, tensors, probs, greedy, at)
+        return core, ((max(noisy, 1), vocab), torch.float32), layout.fed - 1
+
+    def fill(noise: torch.Tensor) -> None:  # the race's exponentials, one call a level as the level-by-level drafter
+        for d, start in enumerate(at):
+            if start is not None:
+                end = next((a for a in at[d + 1 :] if a is not None), noisy)
+                noise[start:end].exponential_(generator=generator)
+
+    key = ("slots", shape, vocab, probs_fn.graph_key(), greedy)
+    out = runner.captured_draft(pending, shape.depth, key, make, fill if noisy else None, layout.fed - 1)
+    if out is None:
+        return None
+    tokens, valid, rows, ok = out
+    # the graph's outputs are overwritten by its next replay: the tokens and flags, read after this step's verification
+    # (the next step's pending tokens may view them), are copied; the rows are copied with the leaves' zero rows
+    return _slots_outcome(layout, layout.tensors(device)[0], tokens.clone(), valid.clone(), rows, ok, pending.numel())
+
+
+def _slot_noise(layout: SlotLayout, greedy: bool) -> tuple[list[int | None], int]:
+    """Where each level's exponentials start in a captured static tree's noise (None: a greedy level draws none), and
+    how many rows of them in all: a level draws one row of ``V`` for each frontier row (its slots' own rows, or the
+    one row its walkers spread from, repeated), as :func:`~adaptive_spec.trees.draw.draw_children` draws the race.
+    """
+    at, total, before = [], 0, 1  # the frontier rows of the first level: the root's
+    for d, (first, end) in enumerate(layout.levels):
+        width = end - first
+        rows = width if layout.spread[d] else before
+        if greedy and (not layout.walkers or width == 1):
+            at.append(None)
+        else:
+            at.append(total)
+            total += rows
+        before = width
+    return at, total
+
+
+def _slots_core(runner: ModelRunner, layout: SlotLayout, tensors, probs: ProbsFn, greedy: bool, at: list[int | None]):
+    """The function a static tree's graph records (:func:`captured_slots`)."""
+    ancestors, depths = tensors
+
+    def core(ids, pos, mask, *extra, rows, last, noise):
+        logits, r0, p0, h0 = runner.root_stage(ids, pos, mask, extra, rows, last)
+        R = probs(logits)
+        ok = finite_flag(logits, R)
+        cols = runner.cache_columns()
+        rel = cols - r0  # a slot's column: the root's row, then the fed slots' in slot order
+        before = cols < r0  # the context and the pending rows: every slot's ancestors
+        hidden = [h0]  # the fed slots' outputs, in slot order: their children's features
+
+        def draw(frontier: torch.Tensor, k: int, greedy_level: bool, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+            if greedy_level:  # as draw_children: the argmax for one child, the top k for more
+                drawn = frontier.argmax(dim=-1, keepdim=True) if k == 1 else frontier.topk(k, dim=-1).indices
+            else:  # the race (trees.draw._race) on the drawn exponentials
+                drawn = (frontier / noise[at[d] : at[d] + frontier.shape[0]]).topk(k, dim=-1).indices
+            return drawn, frontier.gather(-1, drawn) > 0
+
+        def forward(first: int, end: int, tokens: torch.Tensor) -> torch.Tensor:
+            allowed = ancestors[first:end, :end]
+            see = before | (((rel >= 0) & (rel < end)) & allowed[:, rel.clamp(0, end - 1)])  # [F, capacity]
+            # each slot's parent: its deepest ancestor before this level, the last of its earlier columns seen
+            parent = (allowed[:, :first] * torch.arange(1, first + 1, device=allowed.device)).argmax(dim=1)
+            at_rows = r0 + torch.arange(first, end, device=tokens.device)
+            logits, h = runner.level_forward(tokens, at_rows, p0 + depths[first:end], see, torch.cat(hidden)[parent])
+            hidden.append(h)
+            return probs(logits)
+
+        tokens, valid, fed = slots_grow(layout, R, draw, forward, greedy)
+        return tokens, valid, fed, ok & rows_ok(fed)
+
+    return core
+
+
 def _draft_slots(
     runner: ModelRunner,
     root: DraftRoot,
@@ -307,10 +413,59 @@ def _draft_slots(
     the policy's ``feed``); the draws of a walker whose node has none are flagged invalid (with everything under
     them, :meth:`SlotLayout.merge`), so the tree is the policy's, though every slot is still fed.
     """
-    p, base, device, D = root.pending, root.base, runner.device, layout.shape.depth
+    p, base, device = root.pending, root.base, runner.device
     ancestors, depths = layout.tensors(device)
     pending_cols = torch.ones(layout.num_slots, p - 1, dtype=torch.bool, device=device)  # every node sees them
-    rows, tokens = [root.probs[-1:]], [torch.full((1,), -1, dtype=torch.long, device=device)]
+
+    def draw(frontier: torch.Tensor, k: int, greedy: bool, d: int) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: ARG001
+        return draw_children(frontier, k, generator, replace=False, greedy=greedy)
+
+    def forward(first: int, end: int, tokens: torch.Tensor) -> torch.Tensor:
+        mask = torch.cat([pending_cols[first:end], ancestors[first:end, :end]], dim=1)
+        pos = depths[first:end] + (base + p - 1)
+        return probs_fn(runner.block_forward(tokens, pos, mask, logits_to_keep=end - first))
+
+    tokens, valid, rows = slots_grow(layout, root.probs[-1:], draw, forward, deterministic, trunk, branch_threshold)
+    # The rows are softmaxes: any NaN or +inf in a level's logits makes its row NaN (the root's is checked as fed).
+    return _slots_outcome(layout, ancestors, tokens, valid, rows, root.ok & rows_ok(rows), p)
+
+
+def _slots_outcome(
+    layout: SlotLayout,
+    ancestors: torch.Tensor,
+    tokens: torch.Tensor,
+    valid: torch.Tensor,
+    rows: torch.Tensor,
+    ok: torch.Tensor,
+    pending: int,
+) -> DraftOutcome:
+    """A static tree's outcome from :func:`slots_grow`'s tokens, validity and fed rows (the never-fed slots' rows
+    zero, appended here).
+    """
+    n, fed = layout.num_slots, layout.fed
+    probs = torch.cat([rows, _zero_rows(n - fed, rows.shape[1], rows.dtype, rows.device)])  # [N, V]; leaves: none
+    tree = DraftTree.from_slots(layout, tokens, valid, probs)
+    return DraftOutcome(tree, ancestors, pending, fed, ok=ok)
+
+
+def slots_grow(
+    layout: SlotLayout,
+    root_row: torch.Tensor,
+    draw,
+    forward,
+    deterministic: bool,
+    trunk: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]] | None = None,
+    branch_threshold: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A static tree's levels on the device (:func:`_draft_slots`, :func:`captured_slots`): ``(tokens [N], valid
+    [N], rows [F, V])`` in slot order, the root's token -1, the rows those of the ``F`` fed slots (the root's first).
+
+    ``root_row`` [1, V]: the root's; ``draw(frontier, k, greedy, level)``: ``k`` children per frontier row,
+    ``(tokens [W, k], valid [W, k])``; ``forward(first, end, tokens)``: the rows of slots ``first .. end - 1`` fed
+    (their tokens), attending to their ancestors. ``trunk`` and ``branch_threshold``: :func:`_draft_slots`'.
+    """
+    D, device = layout.shape.depth, root_row.device
+    rows, tokens = [root_row], [torch.full((1,), -1, dtype=torch.long, device=device)]
     valid = [torch.ones(1, dtype=torch.bool, device=device)]
     if trunk is not None:
         tokens, valid, rows = tokens + trunk[0], valid + trunk[1], rows + trunk[2]
@@ -318,11 +473,10 @@ def _draft_slots(
     for d, (first, end) in enumerate(layout.levels):
         if d < len(tokens) - 1:  # a trunk level, drawn and fed already
             continue
-        k = layout.draws[d]
         frontier = rows[-1].expand(end - first, -1) if layout.spread[d] else rows[-1]
         # without replacement every frontier slot draws k distinct children; a lone walker takes the argmax at T = 0
         greedy = deterministic and (not layout.walkers or end - first == 1)
-        drawn, ok = draw_children(frontier, k, generator, replace=False, greedy=greedy)
+        drawn, ok = draw(frontier, layout.draws[d], greedy, d)
         ok = ok.reshape(-1)
         if branch_threshold:  # a node below the branching point has children if it is fed
             ok = ok if fed_ok is None else ok & fed_ok
@@ -330,16 +484,8 @@ def _draft_slots(
         tokens.append(drawn.reshape(-1))
         valid.append(ok)
         if d + 1 < D:  # feed the new level so that it can be expanded
-            mask = torch.cat([pending_cols[first:end], ancestors[first:end, :end]], dim=1)
-            pos = depths[first:end] + (base + p - 1)
-            logits = runner.block_forward(tokens[-1], pos, mask, logits_to_keep=end - first)
-            rows.append(probs_fn(logits))
-    fed, n = layout.fed, layout.num_slots  # every slot above the last level is fed
-    probs = torch.cat([*rows, _zero_rows(n - fed, rows[0].shape[1], rows[0].dtype, device)])  # [N, V]; leaves: none
-    # The rows are softmaxes: any NaN or +inf in a level's logits makes its row NaN (the root's is checked as fed).
-    ok = root.ok & rows_ok(probs)
-    tree = DraftTree.from_slots(layout, torch.cat(tokens), torch.cat(valid), probs)
-    return DraftOutcome(tree, ancestors, p, fed, ok=ok)
+            rows.append(forward(first, end, tokens[-1]))
+    return torch.cat(tokens), torch.cat(valid), torch.cat(rows)  # every slot above the last level is fed
 
 
 def _draft_chain(

@@ -341,7 +341,8 @@ class ModelSlot:
         key, captured in each attention form and the fastest kept (:attr:`draft_times`).
 
         The first request of a depth and key captures, with it, the drafts of every depth below (a request's last
-        steps cut its drafts to its budget) after every bucket up to ``most(d)`` pending rows (the most a step of
+        steps cut its drafts to its budget; ``make(d)`` None: none of ``d`` levels shares the key, as a static tree's
+        cuts, which are other shapes) after every bucket up to ``most(d)`` pending rows (the most a step of
         that depth leaves: an EAGLE head feeds the accepted nodes again), so that later requests capture nothing. A
         failed capture logs one line and every later draft is made level by level.
         """
@@ -355,6 +356,8 @@ class ModelSlot:
             try:
                 for d in range(1, depth + 1):
                     made, top = make(d), bucket_for(min(max(most(d), b if d == depth else 1), BUCKETS[-1]))
+                    if made is None:  # no draft of d levels shares the key
+                        continue
                     for c in BUCKETS[: BUCKETS.index(top) + 1]:
                         if (c, d, key) not in self._drafts:
                             self._capture_draft_forms((c, d, key), made, extra, forms)

@@ -318,6 +318,19 @@ def test_a_captured_eagle_tree_is_the_level_by_level_tree_on_cuda(kind, temperat
 
 
 @pytest.mark.parametrize("kind", ["model", "eagle"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("plan", ["iid:3x4/specinfer", "delayed:1x3x2/traversal", "wor:2x2x1/rrsw"])
+def test_a_captured_static_tree_is_the_level_by_level_tree_on_cuda(kind, temperature, plan):
+    """A static tree drafted in one replay of its CUDA graph is the tree drafted level by level on the device from one
+    generator state (the race's exponentials drawn a level a call, as that drafter draws them)."""
+    from adaptive_spec.engine import Plan
+    from adaptive_spec.engine.drafting import draft_tree
+
+    shape = Plan.parse(plan).shape
+    _captured_against_level_by_level(kind, lambda r, ids, p, g: draft_tree(r, ids, shape, p, g, temperature == 0))
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle"])
 def test_a_captured_policy_chain_is_the_host_chain_of_the_policy_on_cuda(kind):
     """At T = 0 a policy chain drafted in one replay of its CUDA graph and cut at its stop is the chain the host path
     grows with the policy (the runner without draft graphs grows it there)."""
@@ -335,7 +348,7 @@ def test_a_captured_policy_chain_is_the_host_chain_of_the_policy_on_cuda(kind):
 def test_the_engine_is_lossless_through_captured_drafts_on_cuda():
     """The joint law of the first 3 tokens is the target's (chi-square, 1000 seeded runs at T = 0.9, top-k 6 each) with
     every chain drafted in one replay of its CUDA graph, its uniforms from the request's CUDA generator, then with an
-    EAGLE-style tree grown so, then with policy chains cut at their stops."""
+    EAGLE-style tree grown so, then with i.i.d. trees, then with policy chains cut at their stops."""
     from adaptive_spec.engine.logits import SamplingConfig
     from tests.helpers import laws
 
@@ -357,6 +370,12 @@ def test_the_engine_is_lossless_through_captured_drafts_on_cuda():
         )
         counts[tuple(out.token_ids)] += 1
     assert any(k[2][0] == "eagle" for k in slot._drafts) and slot.draft_failed is None
+    assert laws.chi_square_pvalue(counts, law) > 1e-3
+    counts.zero_()  # and through i.i.d. trees drafted in one replay, verified by SpecInfer
+    for seed in range(1000):
+        out = engine.generate([3], max_new_tokens=3, temperature=0.9, top_k=6, plan="iid:2x2/specinfer", seed=seed)
+        counts[tuple(out.token_ids)] += 1
+    assert any(k[2][0] == "slots" for k in slot._drafts) and slot.draft_failed is None
     assert laws.chi_square_pvalue(counts, law) > 1e-3
     counts.zero_()  # and through path-probability chains drafted in one replay and cut at their stops
     for seed in range(1000):

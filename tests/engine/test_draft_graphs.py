@@ -529,3 +529,112 @@ def test_the_stand_in_graph_refuses_what_a_cuda_graph_cannot_record(monkeypatch,
         out = draft_tree(captured, torch.tensor([4]), TreeShape.chain(3), _probs_fn(1.0, None), g, False)
     assert "a CUDA graph cannot record it" in captured.slot.draft_failed and not captured.slot._drafts
     assert out.tree.num_nodes == 4  # drafted level by level
+
+
+# ---------------------------------------------------------------------- static trees (i.i.d., delayed, wor)
+
+_STATIC = ("iid:3x4/specinfer", "delayed:1x3x2/traversal", "wor:2x2x1/rrsw", "delayed:2x2x2/specinfer")
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("plan", _STATIC)
+def test_a_captured_static_tree_is_the_level_by_level_tree(monkeypatch, kind, temperature, plan) -> None:
+    """The same tree (tokens, validity, rows, ancestors; from one generator state on the accelerator's path, whose
+    race both take) and the same block rows in the cache as the static tree drafted level by level, over steps whose
+    pending rows fall in several buckets; committed rows never written; each step one replay."""
+    from adaptive_spec.engine import Plan
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    (captured, eager), token_ids = _runners(kind, monkeypatch, init=0.3)
+    probs_fn = _probs_fn(temperature, token_ids)
+    shape = Plan.parse(plan).shape
+    feats = torch.randn(60, 32, generator=torch.Generator().manual_seed(3))
+    prompt = torch.tensor([0, 5, 9, 3, 7, 11])
+    with torch.inference_mode(), accelerator_path_on_cpu():
+        for r in (captured, eager):
+            if kind == "eagle":
+                r.set_target_features(0, feats[:5])
+            r.chain_forward(prompt[:3], logits_to_keep=1)
+        context = prompt.tolist()
+        for step, accept in enumerate([2, 0, 1, 2]):
+            pending = torch.tensor(context[captured.cached :])
+            outcomes = []
+            for r in (captured, eager):
+                before = r.slot.kv.buffer[:, :, : r.cached].clone()
+                g = torch.Generator().manual_seed(step)
+                outcomes.append(draft_tree(r, pending, shape, probs_fn, g, temperature == 0))
+                assert torch.equal(r.slot.kv.buffer[:, :, : r.cached], before)
+            a, b = outcomes
+            assert a.tree.tokens == b.tree.tokens and a.tree.parents == b.tree.parents
+            assert a.tree.child_draws == b.tree.child_draws and a.fed_nodes == b.fed_nodes
+            torch.testing.assert_close(a.tree.draft_probs, b.tree.draft_probs, rtol=1e-4, atol=1e-5)  # peaked rows
+            assert torch.equal(a.ancestors, b.ancestors) and bool(a.ok) and bool(b.ok)
+            assert captured.length == eager.length == captured.cached + len(pending) + a.fed_nodes - 1
+            block = slice(captured.cached, captured.length)
+            kv_a, kv_b = (r.slot.kv.buffer[:, :, block] for r in (captured, eager))
+            torch.testing.assert_close(kv_a, kv_b, rtol=1e-5, atol=1e-5)
+            assert sum(g.graph.replays for g in captured.slot._drafts.values()) == step + 1
+            # commit a path of `accept` nodes down the first children (EAGLE: context rows only)
+            path, node = [], 0
+            while len(path) < accept and a.tree.child_draws[node]:
+                node = a.tree.child_draws[node][0]
+                path.append(node)
+            new = [a.tree.tokens[i] for i in path] + [step + 20]
+            for r in (captured, eager):
+                if kind == "eagle":
+                    r.set_target_features(r.cached, feats[r.cached : len(context) + len(path)])
+                    r.commit(len(context), None)
+                else:
+                    fed = [a.draft_row(i) for i in path if a.draft_row(i) is not None]
+                    r.commit(len(context), torch.tensor([len(context) - 1 + f for f in fed], dtype=torch.long))
+            context += new
+    assert captured.slot.draft_failed is None and not eager.slot._drafts
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+def test_the_engine_decodes_greedily_as_transformers_through_captured_static_trees(monkeypatch, kind) -> None:
+    """Greedy tokens equal transformers' with static trees drafted in one replay (cut at the budget's end too)."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    slots_as_on_cuda(monkeypatch)
+    target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
+    draft = _head(target, 0.3) if kind == "eagle" else perturbed(target, scale=0.05, seed=2)
+    engine = SpecEngine(target, draft)
+    prompt = [0, 9, 3, 4, 11, 12, 13]
+    ids = torch.tensor([prompt])
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=23)
+    with accelerator_path_on_cpu():
+        for plan in _STATIC:
+            out = engine.generate(prompt, max_new_tokens=23, temperature=0, plan=plan)
+            assert out.token_ids == expected[0, len(prompt) :].tolist(), plan
+    slot = engine._idle_slots["draft"][0]
+    assert slot.draft_failed is None and sum(g.graph.replays for g in slot._drafts.values()) > 10
+    assert {k[2][0] for k in slot._drafts} == {"slots", "chain"}  # a delayed tree cut at the budget: a chain
+
+
+def test_the_engine_is_lossless_through_captured_static_trees(monkeypatch) -> None:
+    """The joint law of the first 3 tokens is the target's (chi-square, 2000 seeded runs) with i.i.d. trees drafted in
+    one replay and verified by SpecInfer, then trees without replacement verified by traversal, on the accelerator's
+    path."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    with accelerator_path_on_cpu():
+        engine = _law_engine(monkeypatch)
+        assert _chi_square(engine, "iid:2x2/specinfer", 2000) > 1e-3
+        assert _chi_square(engine, "wor:2x2/traversal", 2000) > 1e-3
+
+
+def test_the_captured_static_tree_law_test_fails_for_draws_off_their_rows(monkeypatch) -> None:
+    """The negative control: uniforms to the fourth where the race needs exponentials (the children are then not
+    draws from the rows reported) make the engine's law wrong through captured trees, and the same test says so."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    real = runner.ModelRunner.captured_draft
+
+    def uniform_noise(self, pending, depth, key, make, fill, block):
+        return real(self, pending, depth, key, make, None if fill is None else (lambda e: e.uniform_().pow_(4)), block)
+
+    monkeypatch.setattr(runner.ModelRunner, "captured_draft", uniform_noise)
+    with accelerator_path_on_cpu():
+        assert _chi_square(_law_engine(monkeypatch), "iid:2x2/specinfer", 2000) < 1e-6
