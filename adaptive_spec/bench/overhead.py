@@ -150,7 +150,9 @@ def _unlisten(listener) -> None:
 
 
 class ForwardClock:
-    """Accumulates the wall time spent inside ``model``'s forward passes through the engine's runners."""
+    """Accumulates the wall time spent inside ``model``'s forward passes through the engine's runners (``model``
+    None: every runner's), nested ones counted once.
+    """
 
     def __init__(self, model, sync_device=None) -> None:
         import torch
@@ -164,7 +166,7 @@ class ForwardClock:
         _listen(self)
 
     def enter_forward(self, runner) -> None:
-        if runner.model is not self._model:
+        if self._model is not None and runner.model is not self._model:
             return
         self._depth += 1
         if self._depth == 1:
@@ -172,7 +174,7 @@ class ForwardClock:
             self._t0 = time.perf_counter()
 
     def exit_forward(self, runner) -> None:
-        if runner.model is not self._model:
+        if self._model is not None and runner.model is not self._model:
             return
         self._depth -= 1
         if self._depth == 0:
@@ -831,11 +833,11 @@ def count_host_syncs(engine, prompts: list[str], plans: list, temperature: float
     return rows
 
 
-class ReplayClock:
-    """Wall time inside any runner forward, stand-in graph replay or stand-in capture (``bench overhead
-    --stand-in-graphs``, :mod:`adaptive_spec.bench.stand_in`) or fused kernel (Triton's interpreter on a CPU), nested
-    ones counted once: what the host would not spend on an accelerator, where a replay or a kernel is one launch.
-    ``close()`` undoes its patches.
+class ReplayClock(ForwardClock):
+    """A :class:`ForwardClock` of every runner's forwards that also times every stand-in graph replay or stand-in
+    capture (``bench overhead --stand-in-graphs``, :mod:`adaptive_spec.bench.stand_in`) and fused kernel (Triton's
+    interpreter on a CPU), nested ones counted once: what the host would not spend on an accelerator, where a replay
+    or a kernel is one launch. ``close()`` undoes its patches.
     """
 
     def __init__(self) -> None:
@@ -844,12 +846,11 @@ class ReplayClock:
         from adaptive_spec.engine.graphs import ModelSlot
         from adaptive_spec.verifiers import kernels
 
-        self.seconds, self._depth, self._t0 = 0.0, 0, 0.0
+        super().__init__(None)
         self._saved = [(StandInGraph, "replay", StandInGraph.replay), (ModelSlot, "_record", ModelSlot._record)]
         self._saved += [(m, name, getattr(m, name)) for m in (kernels, draft_kernels) for name in m.LAUNCHES]
         for owner, name, original in self._saved:
             setattr(owner, name, self._timed(original))
-        _listen(self)
 
     def _timed(self, original):
         clock = self
@@ -864,18 +865,8 @@ class ReplayClock:
 
         return timed
 
-    def enter_forward(self, runner) -> None:  # noqa: ARG002 - every runner's
-        self._depth += 1
-        if self._depth == 1:
-            self._t0 = time.perf_counter()
-
-    def exit_forward(self, runner) -> None:  # noqa: ARG002
-        self._depth -= 1
-        if self._depth == 0:
-            self.seconds += time.perf_counter() - self._t0
-
     def close(self) -> None:
-        _unlisten(self)
+        super().close()
         for owner, name, original in self._saved:
             setattr(owner, name, original)
 
