@@ -217,13 +217,14 @@ def draft_tree(
     V, device, D = probs_fn.vocab_size, runner.device, shape.depth
     if D == 0:
         return _root_only(pending, shape, V, device)
-    if runner.captures_drafts and not isinstance(pending, DraftRoot):  # the whole draft in one replay
+    if runner.captures_drafts and not isinstance(pending, DraftRoot) and shape.law is not DraftLaw.CHAIN:
+        captured = captured_slots(runner, pending, slot_layout(shape, V), probs_fn, generator, deterministic)
+        if captured is not None:  # the whole tree in one replay
+            return captured
+    elif runner.captures_drafts and not isinstance(pending, DraftRoot):  # the whole chain in one replay
         base = runner.cached
-        if shape.law is not DraftLaw.CHAIN:
-            captured = captured_slots(runner, pending, slot_layout(shape, V), probs_fn, generator, deterministic)
-            if captured is not None:
-                return captured
-        elif (captured := captured_chain(runner, pending, D, probs_fn, generator, deterministic)) is not None:
+        captured = captured_chain(runner, pending, D, probs_fn, generator, deterministic)
+        if captured is not None:
             tokens, rows, ok = captured
             return _chain_outcome(DraftRoot(int(pending.numel()), base, rows[:1], ok), shape, [rows], [tokens], device)
     root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
@@ -284,6 +285,49 @@ def _chain_core(runner: ModelRunner, depth: int, probs: ProbsFn, greedy: bool):
         return torch.cat(tokens), torch.cat(out), ok
 
     return core
+
+
+class _TreeInGraph:
+    """Inside a captured tree draft (:func:`_slots_core`, :func:`_tree_core`): the pending rows' forward as a bucket's
+    (:meth:`~adaptive_spec.engine.runner.ModelRunner.root_stage`), the root's row ``root`` [1, V] and its finite flag
+    ``ok``, then :meth:`level` a level at a time, each level's nodes written after the ones fed before them.
+    """
+
+    def __init__(self, runner: ModelRunner, probs: ProbsFn, ids, pos, mask, extra, rows, last) -> None:
+        logits, self.r0, self.p0, h0 = runner.root_stage(ids, pos, mask, extra, rows, last)
+        self.root = probs(logits)
+        self.ok = finite_flag(logits, self.root)
+        cols = runner.cache_columns()
+        self.rel = cols - self.r0  # a fed node's column: the root's row, then the fed nodes' in feed order
+        self.before = cols < self.r0  # the context and the pending rows: every node's ancestors
+        self.hidden = [h0]  # the fed nodes' outputs, in feed order: their children's features
+        self.runner = runner
+
+    def level(self, tokens: torch.Tensor, allowed: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """The logits [F, V'] of ``F`` new nodes (``tokens``, positions ``pos``), ``allowed`` [F, seen] their rows over
+        the ``seen`` nodes fed so far (the root first, these F last): cache rows after the fed ones, the mask over the
+        capacity, and each node's parent features (its deepest ancestor before this level).
+        """
+        F, seen, rel = tokens.numel(), allowed.shape[1], self.rel
+        see = self.before | (((rel >= 0) & (rel < seen)) & allowed[:, rel.clamp(0, seen - 1)])  # [F, capacity]
+        # each row's parent: its deepest ancestor before this level, the last of its earlier columns seen
+        earlier = allowed[:, : seen - F] * torch.arange(1, seen - F + 1, device=allowed.device)
+        parent = earlier.argmax(dim=1)
+        at = self.r0 + (seen - F) + torch.arange(F, device=tokens.device)
+        logits, h = self.runner.level_forward(tokens, at, pos, see, torch.cat(self.hidden)[parent])
+        self.hidden.append(h)
+        return logits
+
+
+def _drawn_in_graph(rows: torch.Tensor, k: int, exponentials: torch.Tensor | None) -> torch.Tensor:
+    """``k`` children per row of ``rows`` [W, V] inside a captured draft, as
+    :func:`~adaptive_spec.trees.draw.draw_tokens` draws them on an accelerator: the argmax for one child or the top
+    ``k`` (``exponentials`` None: greedy), else the exponential race (``trees.draw._race``) on the ``exponentials``
+    [W, V] drawn before the replay.
+    """
+    if exponentials is None:
+        return rows.argmax(dim=-1, keepdim=True) if k == 1 else rows.topk(k, dim=-1).indices
+    return (rows / exponentials).topk(k, dim=-1).indices
 
 
 def captured_slots(
@@ -358,33 +402,18 @@ def _slots_core(runner: ModelRunner, layout: SlotLayout, tensors, probs: ProbsFn
     ancestors, depths = tensors
 
     def core(ids, pos, mask, *extra, rows, last, noise):
-        logits, r0, p0, h0 = runner.root_stage(ids, pos, mask, extra, rows, last)
-        R = probs(logits)
-        ok = finite_flag(logits, R)
-        cols = runner.cache_columns()
-        rel = cols - r0  # a slot's column: the root's row, then the fed slots' in slot order
-        before = cols < r0  # the context and the pending rows: every slot's ancestors
-        hidden = [h0]  # the fed slots' outputs, in slot order: their children's features
+        tree = _TreeInGraph(runner, probs, ids, pos, mask, extra, rows, last)
 
         def draw(frontier: torch.Tensor, k: int, greedy_level: bool, d: int) -> tuple[torch.Tensor, torch.Tensor]:
-            if greedy_level:  # as draw_children: the argmax for one child, the top k for more
-                drawn = frontier.argmax(dim=-1, keepdim=True) if k == 1 else frontier.topk(k, dim=-1).indices
-            else:  # the race (trees.draw._race) on the drawn exponentials
-                drawn = (frontier / noise[at[d] : at[d] + frontier.shape[0]]).topk(k, dim=-1).indices
+            e = None if greedy_level else noise[at[d] : at[d] + frontier.shape[0]]
+            drawn = _drawn_in_graph(frontier, k, e)
             return drawn, frontier.gather(-1, drawn) > 0
 
         def forward(first: int, end: int, tokens: torch.Tensor) -> torch.Tensor:
-            allowed = ancestors[first:end, :end]
-            see = before | (((rel >= 0) & (rel < end)) & allowed[:, rel.clamp(0, end - 1)])  # [F, capacity]
-            # each slot's parent: its deepest ancestor before this level, the last of its earlier columns seen
-            parent = (allowed[:, :first] * torch.arange(1, first + 1, device=allowed.device)).argmax(dim=1)
-            at_rows = r0 + torch.arange(first, end, device=tokens.device)
-            logits, h = runner.level_forward(tokens, at_rows, p0 + depths[first:end], see, torch.cat(hidden)[parent])
-            hidden.append(h)
-            return probs(logits)
+            return probs(tree.level(tokens, ancestors[first:end, :end], tree.p0 + depths[first:end]))
 
-        tokens, valid, fed = slots_grow(layout, R, draw, forward, greedy)
-        return tokens, valid, fed, ok & rows_ok(fed)
+        tokens, valid, fed = slots_grow(layout, tree.root, draw, forward, greedy)
+        return tokens, valid, fed, tree.ok & rows_ok(fed)
 
     return core
 
@@ -1393,38 +1422,16 @@ def _tree_core(runner: ModelRunner, plan: _EaglePlan, width: int, probs: ProbsFn
     offsets = [sum(frontiers[:i]) for i in range(len(frontiers))]
 
     def core(ids, pos, mask, *extra, rows, last, noise):
-        logits, r0, p0, h0 = runner.root_stage(ids, pos, mask, extra, rows, last)
-        R = probs(logits)
-        ok = finite_flag(logits, R)
-        cols = runner.cache_columns()
-        rel = cols - r0  # a fed node's column: the root's row, then the fed nodes' in feed order
-        before = cols < r0  # the context and the pending rows: every node's ancestors
-        hidden = [h0]  # the fed nodes' outputs, in feed order: their children's features
+        tree = _TreeInGraph(runner, probs, ids, pos, mask, extra, rows, last)
 
         def forward(depth: int, tokens: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-            F, seen = tokens.numel(), allowed.shape[1]  # the fed nodes so far, these F last
-            see = before | (((rel >= 0) & (rel < seen)) & allowed[:, rel.clamp(0, seen - 1)])  # [F, capacity]
-            # each row's parent: its deepest ancestor before this level, the last of its earlier columns seen
-            earlier = allowed[:, : seen - F] * torch.arange(1, seen - F + 1, device=allowed.device)
-            parent_col = earlier.argmax(dim=1)
-            logits, h = runner.level_forward(
-                tokens,
-                r0 + (seen - F) + torch.arange(F, device=tokens.device),
-                (p0 + depth).expand(F),
-                see,
-                torch.cat(hidden)[parent_col],
-            )
-            hidden.append(h)
-            return logits
+            return tree.level(tokens, allowed, (tree.p0 + depth).expand(tokens.numel()))
 
         def draw(rows_: torch.Tensor, depth: int) -> torch.Tensor:
-            if greedy:  # as draw_tokens: the argmax for one child, the top width for more
-                return rows_.argmax(dim=-1, keepdim=True) if width == 1 else rows_.topk(width, dim=-1).indices
             start = offsets[depth - 1]
-            e = noise[start : start + rows_.shape[0]]
-            return (rows_ / e).topk(width, dim=-1).indices  # the race (trees.draw._race) on the drawn exponentials
+            return _drawn_in_graph(rows_, width, None if greedy else noise[start : start + rows_.shape[0]])
 
-        g = eagle_grow(plan, R, ok, probs, forward, draw)
+        g = eagle_grow(plan, tree.root, tree.ok, probs, forward, draw)
         return g.tokens, g.parents, g.fed, g.rows, g.ancestors, g.ok, g.bad
 
     return core
