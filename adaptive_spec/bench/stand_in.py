@@ -1,16 +1,27 @@
-"""The captured path on a CPU: a stand-in for a CUDA graph that replays by running its recorded function again.
+"""The captured path on a CPU: stand-ins for a CUDA graph.
 
 A :class:`~adaptive_spec.engine.graphs.ModelSlot` captures only on CUDA. :func:`capture_on_cpu` makes every slot made
-after it capture as on CUDA with the stand-in instead, so that a CPU runs the engine's captured path, the one an
+after it capture as on CUDA with a stand-in instead, so that a CPU runs the engine's captured path, the one an
 accelerator runs: the tests check it there (``tests/helpers/graphs.py``), and ``bench overhead --stand-in-graphs``
 times the host's work a step on it, the replays left out (on a GPU a replay is one launch).
+
+Two stand-ins. :func:`record_eagerly`'s replays run the recorded function again. :func:`record_ops`'s replays run the
+aten ops the function dispatched when it was recorded, with the arguments it gave them then, as a CUDA graph replays
+its kernels: every Python value the function read (an int, a flag, a length) is baked in, and every tensor it read or
+wrote is the same tensor at every replay. The tests record this way, so that a recorded function that reads state a
+replay cannot see (a position kept as a Python int, a tensor replaced rather than written in place) fails on a CPU
+as it would on a GPU, where the first stand-in would read it afresh.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+import weakref
 from collections.abc import Callable, Iterator
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from adaptive_spec.engine.graphs import ModelSlot
 from adaptive_spec.rng import accelerator_path_on_cpu
@@ -47,7 +58,139 @@ def record_eagerly(slot: ModelSlot, run: Callable, wrap: Callable[[Callable], Ca
     return StandInGraph(run, outputs, form), outputs
 
 
-def capture_on_cpu(set_attr: Callable, record: Callable = record_eagerly, replay_ms: Callable | None = None) -> None:
+class _Held:
+    """A tensor a recorded op read that no recorded op made (the caller's), held as a CUDA graph holds it: by its
+    memory, not by a reference. A replay finds it while something else keeps its memory alive (the tensor itself,
+    or for a view, the tensor it views); else it raises, where a graph would read memory freed and maybe reused.
+    """
+
+    __slots__ = ("_base", "_tensor", "_view")
+
+    def __init__(self, t: torch.Tensor) -> None:
+        self._tensor = weakref.ref(t)
+        base = t._base
+        self._base = None if base is None else weakref.ref(base)
+        self._view = None if base is None else (t.size(), t.stride(), t.storage_offset())
+
+    def get(self) -> torch.Tensor:
+        t = self._tensor()
+        if t is not None:
+            return t
+        base = None if self._base is None else self._base()
+        if base is None:
+            raise AssertionError(
+                "a tensor a captured function read is gone (nothing keeps it past the capture): a CUDA graph would "
+                "read its freed memory at each replay; keep it where the graph is kept (ModelSlot.constant)"
+            )
+        return base.as_strided(*self._view)
+
+
+def _outputs(out) -> tuple:
+    """An op's outputs as a flat tuple (a tensor, or a tuple or list of tensors and other values)."""
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Runs every aten op dispatched while active and records it (:class:`OpGraph`): its overload, and its arguments
+    with each tensor an earlier recorded op made as that op's output, every other one (the caller's) as itself.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple] = []
+        self.made: dict[int, tuple[int, int]] = {}  # id of a tensor an op made -> (op, output)
+        self._alive: list[object] = []  # every such tensor, kept alive while recording so that no id is reused
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        self.ops.append((func, *self._template(args, kwargs)))
+        i = len(self.ops) - 1
+        for j, t in enumerate(_outputs(out)):
+            if isinstance(t, torch.Tensor):
+                self.made[id(t)] = (i, j)
+        self._alive.append(out)
+        return out
+
+    def source(self, t) -> tuple[int, int] | None:
+        """``(op, output)`` of the recorded op that made ``t``, or None (the caller's, or not a tensor)."""
+        return self.made.get(id(t)) if isinstance(t, torch.Tensor) else None
+
+    def _template(self, args: tuple, kwargs: dict) -> tuple:
+        """``(args, kwargs, fills)``: the arguments as given, and where a replay puts an earlier op's output instead:
+        ``(position, op, output)`` for an argument, ``(position, index, op, output)`` in a list argument (a keyword's
+        position is its name); op -1 for the caller's tensors, found by their memory at each replay (:class:`_Held`).
+        """
+        fills = []
+        for where, value in [*enumerate(args), *kwargs.items()]:
+            made = self.source(value)
+            if made is not None:
+                fills.append((where, None, *made))
+            elif isinstance(value, (tuple, list)):
+                for k, item in enumerate(value):
+                    made = self.source(item)
+                    if made is not None:
+                        fills.append((where, k, *made))
+        args, kwargs = list(args), dict(kwargs)
+        for where, k, *_ in fills:  # no recorded tensor kept past the recording: each replay makes its own
+            held = kwargs if isinstance(where, str) else args
+            if k is None:
+                held[where] = None
+            else:
+                held[where] = [None if m == k else item for m, item in enumerate(held[where])]
+        for holder in (args, kwargs):  # the caller's tensors, held by their memory (:class:`_Held`)
+            for where, value in holder.items() if isinstance(holder, dict) else enumerate(holder):
+                if isinstance(value, torch.Tensor):
+                    holder[where] = _Held(value)
+                    fills.append((where, None, -1, 0))
+                elif isinstance(value, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in value):
+                    holder[where] = [_Held(x) if isinstance(x, torch.Tensor) else x for x in value]
+                    fills.extend((where, k, -1, 0) for k, x in enumerate(value) if isinstance(x, torch.Tensor))
+        return args, kwargs, fills
+
+
+class OpGraph:
+    """A recorded function's aten ops, replayed as a CUDA graph replays its kernels (:func:`record_ops`)."""
+
+    def __init__(self, ops: list[tuple], result: list[tuple[int, int]]) -> None:
+        self._ops, self._result = ops, result
+
+    def __call__(self) -> tuple:
+        made: list[tuple] = []
+        for func, args, kwargs, fills in self._ops:
+            if fills:
+                args, kwargs = list(args), dict(kwargs)
+                for where, k, i, j in fills:
+                    held = kwargs if isinstance(where, str) else args
+                    if k is None:
+                        held[where] = made[i][j] if i >= 0 else held[where].get()
+                    else:
+                        items = list(held[where])
+                        items[k] = made[i][j] if i >= 0 else items[k].get()
+                        held[where] = items
+            made.append(_outputs(func(*args, **kwargs)))
+        return tuple(made[i][j] for i, j in self._result)
+
+
+def record_ops(slot: ModelSlot, run: Callable, wrap: Callable[[Callable], Callable] | None = None):
+    """``ModelSlot._record`` with a stand-in that replays as a CUDA graph does (see the module's docstring): ``(graph,
+    outputs)``. ``wrap(run)``: what records instead of ``run`` itself (a test's guard). The recording runs ``run``
+    once, as :func:`record_eagerly`'s does.
+    """
+    form = slot.kv.attention_form
+    call = run if wrap is None else wrap(run)
+    recorder = _OpRecorder()
+    with recorder:
+        result = call()
+    made = [recorder.source(t) for t in result]
+    if None in made:
+        raise AssertionError("a recorded function returned a tensor no recorded op made")
+    graph = OpGraph(recorder.ops, made)
+    outputs = tuple(t.clone() for t in result)
+    return StandInGraph(graph, outputs, form), outputs
+
+
+def capture_on_cpu(set_attr: Callable, record: Callable = record_ops, replay_ms: Callable | None = None) -> None:
     """Every :class:`ModelSlot` made from now on captures as on CUDA, with the stand-in graph (``record``: its
     ``_record``), through ``set_attr(owner, name, value)`` (a test's ``monkeypatch.setattr``; :func:`stand_in_graphs`
     undoes its own). ``replay_ms(slot, graph)``: a replay's ms as a slot times its forms and buckets (default: the

@@ -507,8 +507,8 @@ class ModelSlot:
         calls on a side stream (lazy initialisation, cuBLAS workspaces) outside the capture.
 
         ``run`` sets every Python-side state its kernels depend on (the cache's rows, width and attention form)
-        itself, so that the recorded kernels are its own whatever ran before; a test's stand-in for the graph
-        (``tests/helpers/graphs.py``) replays by calling it again.
+        itself, so that the recorded kernels are its own whatever ran before; a CPU's stand-in for the graph
+        (:func:`adaptive_spec.bench.stand_in.record_ops`, the tests') records its aten ops and replays those.
         """
         device = self.kv.device
         stream = torch.cuda.Stream(device)

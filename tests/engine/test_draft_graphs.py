@@ -18,7 +18,7 @@ from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_pr
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.trees import TreeShape
 from tests.helpers import laws
-from tests.helpers.graphs import slots_as_on_cuda
+from tests.helpers.graphs import record_eagerly, record_ops, slots_as_on_cuda
 from tests.helpers.tiny import perturbed, tiny_model
 
 V = 48
@@ -31,10 +31,10 @@ def _head(target, init: float | None = None) -> EagleHead:
     return head.bind(target)
 
 
-def _runners(kind: str, monkeypatch, init: float | None = None):
-    """(captured, eager): two runners of one draft, the first's slot capturing as on CUDA (``init``: the head's
-    initializer range)."""
-    slots_as_on_cuda(monkeypatch)
+def _runners(kind: str, monkeypatch, init: float | None = None, record=record_ops):
+    """(captured, eager): two runners of one draft, the first's slot capturing as on CUDA with the stand-in ``record``
+    (``init``: the head's initializer range)."""
+    slots_as_on_cuda(monkeypatch, record=record)
     target = tiny_model("llama", vocab=V, eos=None)
     if kind == "eagle":
         head = _head(target, init)
@@ -546,6 +546,76 @@ def test_the_stand_in_graph_refuses_what_a_cuda_graph_cannot_record(monkeypatch,
         out = draft_tree(captured, torch.tensor([4]), TreeShape.chain(3), _probs_fn(1.0, None), g, False)
     assert "a CUDA graph cannot record it" in captured.slot.draft_failed and not captured.slot._drafts
     assert out.tree.num_nodes == 4  # drafted level by level
+
+
+def test_the_stand_in_replays_the_recorded_ops_with_the_values_they_were_recorded_with() -> None:
+    """As a CUDA graph's kernels: a Python value the recorded function read is baked in, and the tensors it read and
+    wrote are the same tensors at every replay (written in place, they are read afresh; replaced by a new tensor, the
+    replay still reads the old one, and refuses once nothing else keeps it, where a graph would read freed memory).
+    The other stand-in, which runs the function again, reads both afresh."""
+    from types import SimpleNamespace
+
+    from adaptive_spec.bench import stand_in
+
+    slot = SimpleNamespace(kv=SimpleNamespace(attention_form="sdpa"))
+    # after each of two replays: the cache and the output; the recording wrote 1 to the cache's first rows
+    want = {stand_in.record_ops: [([4.0, 4.0, 0.0], 16.0), ([7.0, 7.0, 0.0], 28.0)]}
+    want[stand_in.record_eagerly] = [([31.0, 31.0, 0.0], 124.0), ([531.0, 531.0, 0.0], 2124.0)]
+    for record, after in want.items():
+        state, cache = {"scale": 1.0, "x": torch.ones(2)}, torch.zeros(3)
+
+        def run(state=state, cache=cache):
+            cache[:2].add_(state["x"] * state["scale"])
+            return (cache.sum()[None] * 2,)
+
+        graph, (out,) = record(slot, run)
+        assert cache.tolist() == [1.0, 1.0, 0.0] and out.item() == 4.0  # recorded once, as a capture's warm-up
+        state["x"].fill_(3.0)  # written in place: every replay reads it
+        state["scale"] = 10.0  # a Python value: baked into the recorded ops
+        graph.replay()
+        assert (cache.tolist(), out.item()) == after[0], record
+        kept, state["x"] = state["x"], torch.full((2,), 50.0)  # a new tensor: the recorded ops read the old one
+        graph.replay()
+        assert (cache.tolist(), out.item()) == after[1], record
+        del kept  # the old tensor freed: a graph would read its freed memory, the recorded ops refuse to
+        if record is stand_in.record_ops:
+            with pytest.raises(AssertionError, match="a tensor a captured function read is gone"):
+                graph.replay()
+
+
+@pytest.mark.parametrize("record", ["ops", "eagerly"])
+def test_a_draft_core_reading_the_hosts_state_differs_from_level_by_level_only_when_the_ops_replay(
+    monkeypatch, record
+) -> None:
+    """The negative control of the recorded ops: a chain core that takes its positions from the runner's length (a
+    Python int the host moves each step, which a CUDA graph bakes in at its capture) instead of the graph's inputs
+    drafts rows other than the level-by-level drafter's after the first step, where its graph replays the recorded
+    ops, and the same rows where the stand-in runs the function again (which would hide it)."""
+    real = runner.ModelRunner.root_stage
+
+    def spoiled(self, ids, pos, mask, extra, rows, last):
+        pos = torch.arange(pos.numel(), device=pos.device) + self.length  # the host's length at the replay
+        return real(self, ids, pos, mask, extra, rows, last)
+
+    monkeypatch.setattr(runner.ModelRunner, "root_stage", spoiled)
+    (captured, eager), _ = _runners("model", monkeypatch, record=record_ops if record == "ops" else record_eagerly)
+    probs_fn = _probs_fn(1.0, None)
+    same = []
+    with torch.inference_mode():
+        for r in (captured, eager):
+            r.chain_forward(torch.tensor([0, 5, 9]), logits_to_keep=1)
+        context = [0, 5, 9, 3]
+        for step in range(4):
+            pending = torch.tensor(context[captured.cached :])
+            a, b = (
+                draft_tree(r, pending, TreeShape.chain(3), probs_fn, torch.Generator().manual_seed(step), False)
+                for r in (captured, eager)
+            )
+            same.append(torch.allclose(a.tree.draft_probs, b.tree.draft_probs, rtol=1e-5, atol=1e-6))
+            context = _commit_chain((captured, eager), "model", None, context, a.tree.tokens, 1, 3, step + 20)
+    assert sum(g.graph.replays for g in captured.slot._drafts.values()) == 4 and captured.slot.draft_failed is None
+    assert same[0]  # the capture's own step: the baked length is this step's
+    assert all(same) == (record == "eagerly")
 
 
 # ---------------------------------------------------------------------- static trees (i.i.d., delayed, wor)

@@ -12,7 +12,7 @@ from adaptive_spec.engine import SpecEngine
 from adaptive_spec.engine.graphs import BUCKETS, ModelSlot, bucket_for, fastest_bucket
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.engine.static_cache import SCRATCH, StaticKV, round_capacity
-from tests.helpers.graphs import record_eagerly, slots_as_on_cuda
+from tests.helpers.graphs import record_ops, slots_as_on_cuda
 from tests.helpers.tiny import perturbed, tiny_model
 
 
@@ -304,7 +304,7 @@ def test_replays_give_the_eager_logits_and_padding_rows_write_only_scratch_rows(
     committed rows and rows past the block are untouched, padding rows write scratch rows. Grouped keys (4 query
     heads, 2 key heads), the lean layers of engine.decoder in each attention form and the modules' own."""
     monkeypatch.setenv("ADAPTIVE_SPEC_ATTENTION", attention)
-    monkeypatch.setattr(ModelSlot, "_record", record_eagerly)
+    monkeypatch.setattr(ModelSlot, "_record", record_ops)
     monkeypatch.setattr(ModelSlot, "_time", lambda self, g: float(g.rows.numel()))  # smaller buckets are faster
     monkeypatch.setattr(ModelRunner, "lean_layers", lean)
     model = tiny_model("llama", vocab=48)
@@ -349,7 +349,7 @@ def test_a_captured_pass_reads_no_scratch_row(monkeypatch, attention) -> None:
     pass time on a GPU, masked or not): NaN keys and values in a scratch row no padding row writes leave the logits
     equal to the eager path's; the same NaN in a row of the capacity past the context would not (the control)."""
     monkeypatch.setenv("ADAPTIVE_SPEC_ATTENTION", attention)
-    monkeypatch.setattr(ModelSlot, "_record", record_eagerly)
+    monkeypatch.setattr(ModelSlot, "_record", record_ops)
     monkeypatch.setattr(ModelSlot, "_time", lambda self, g: float(g.rows.numel()))
     model = tiny_model("llama", vocab=48)
     slot = ModelSlot(model, 64)
@@ -374,7 +374,7 @@ def test_an_eagle_heads_replays_give_its_eager_logits(monkeypatch, attention) ->
     from adaptive_spec.engine.eagle import EagleConfig, EagleHead, EagleRunner
 
     monkeypatch.setenv("ADAPTIVE_SPEC_ATTENTION", attention)
-    monkeypatch.setattr(ModelSlot, "_record", record_eagerly)
+    monkeypatch.setattr(ModelSlot, "_record", record_ops)
     monkeypatch.setattr(ModelSlot, "_time", lambda self, g: float(g.rows.numel()))
     target = tiny_model("llama", vocab=48, eos=None)
     head = EagleHead(EagleConfig.for_target(target.config, draft_vocab_size=40)).eval()

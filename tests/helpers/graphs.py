@@ -1,5 +1,6 @@
-"""The captured path on a CPU in tests: the stand-in for a CUDA graph (:mod:`adaptive_spec.bench.stand_in`), which
-refuses here, as a capture would, what a CUDA graph cannot record (:class:`CaptureGuard`)."""
+"""The captured path on a CPU in tests: the stand-in for a CUDA graph (:mod:`adaptive_spec.bench.stand_in`) that
+replays the recorded aten ops with the values they were recorded with, as a graph replays its kernels, and refuses
+here, as a capture would, what a CUDA graph cannot record (:class:`CaptureGuard`)."""
 
 from __future__ import annotations
 
@@ -84,15 +85,23 @@ def guarded(run):
     return call
 
 
-def record_eagerly(self: ModelSlot, run):
-    """``ModelSlot._record`` with the stand-in graph (:mod:`adaptive_spec.bench.stand_in`): ``(graph, outputs)``; the
-    recording call and every replay refuse what a CUDA graph cannot record (:class:`CaptureGuard`).
+def record_ops(self: ModelSlot, run):
+    """``ModelSlot._record`` with the stand-in graph that replays the recorded ops (:func:`.stand_in.record_ops`):
+    ``(graph, outputs)``; the recording refuses what a CUDA graph cannot record (:class:`CaptureGuard`), and a replay
+    runs the ops recorded, nothing else.
     """
+    return stand_in.record_ops(self, run, guarded)
+
+
+def record_eagerly(self: ModelSlot, run):
+    """``ModelSlot._record`` with the stand-in graph that runs the recorded function again at each replay
+    (:func:`.stand_in.record_eagerly`), under a :class:`CaptureGuard` each time: a negative control's, since it
+    reads afresh at every replay what a graph would have baked in."""
     return stand_in.record_eagerly(self, run, guarded)
 
 
-def slots_as_on_cuda(monkeypatch, time=None) -> None:
-    """Every :class:`ModelSlot` made from now on captures as on CUDA, with the guarded stand-in graph; ``time(slot,
-    graph)``: a replay's ms (default: its bucket's rows, so that smaller buckets are faster).
+def slots_as_on_cuda(monkeypatch, time=None, record=record_ops) -> None:
+    """Every :class:`ModelSlot` made from now on captures as on CUDA, with the guarded stand-in graph (``record``);
+    ``time(slot, graph)``: a replay's ms (default: its bucket's rows, so that smaller buckets are faster).
     """
-    stand_in.capture_on_cpu(monkeypatch.setattr, record_eagerly, time)
+    stand_in.capture_on_cpu(monkeypatch.setattr, record, time)
