@@ -356,9 +356,7 @@ def captured_slots(
 
     at, noisy = _slot_noise(layout, greedy)
 
-    def make(d: int):
-        if d < shape.depth:  # the shape's cuts at a budget's end are other shapes, with keys of their own
-            return None
+    def make(d: int):  # noqa: ARG001 - only the shape's own depth: its cuts at a budget's end are other shapes
         tensors = runner.slot.constant(f"slot layout {shape} {vocab}", layout.tensors(device))
         core = _slots_core(runner, layout, tensors, probs, greedy, at)
         return core, ((max(noisy, 1), vocab), torch.float32), layout.fed - 1
@@ -370,7 +368,7 @@ def captured_slots(
                 noise[start:end].exponential_(generator=generator)
 
     key = ("slots", shape, vocab, probs_fn.graph_key(), greedy)
-    out = runner.captured_draft(pending, shape.depth, key, make, fill if noisy else None, layout.fed - 1)
+    out = runner.captured_draft(pending, shape.depth, key, make, fill if noisy else None, layout.fed - 1, cuts=False)
     if out is None:
         return None
     tokens, valid, rows, ok = out

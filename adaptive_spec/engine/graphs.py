@@ -76,9 +76,10 @@ def bucket_for(n: int) -> int | None:
 COMPILED = (1, 2, 4)
 
 
-#: The deepest draft made in one replay (:meth:`ModelSlot.draft_graph`); deeper ones are drafted level by level. Its
-#: first use captures every depth below it too, each capture running its levels three times eagerly (two warm-ups,
-#: the capture) in each attention form: a chain of 8 is 36 levels a bucket.
+#: The deepest draft made in one replay (:meth:`ModelSlot.draft_graph`) whose cuts share its key (chains, EAGLE-style
+#: trees); deeper ones are drafted level by level. Its first use captures every depth below it too, each capture
+#: running its levels three times eagerly (two warm-ups, the capture) in each attention form: a chain of 8 is 36
+#: levels a bucket. A static tree, whose cuts are other shapes, captures its own depth alone, at any depth.
 DRAFT_DEPTH = 8
 
 
@@ -325,6 +326,7 @@ class ModelSlot:
         extra: Sequence[torch.Tensor],
         forms: Sequence[str] = ("sdpa",),
         most: Callable[[int], int] = lambda d: d + 1,
+        cuts: bool = True,
     ) -> _DraftGraph | None:
         """The graph of a whole draft of ``depth`` levels after ``n`` pending rows, captured now if needed; None: draft
         it level by level (no graphs, a capture failed, too deep or too many rows). Its block rows (``make(depth)``'s)
@@ -341,23 +343,22 @@ class ModelSlot:
         key, captured in each attention form and the fastest kept (:attr:`draft_times`).
 
         The first request of a depth and key captures, with it, the drafts of every depth below (a request's last
-        steps cut its drafts to its budget; ``make(d)`` None: none of ``d`` levels shares the key, as a static tree's
-        cuts, which are other shapes) after every bucket up to ``most(d)`` pending rows (the most a step of
-        that depth leaves: an EAGLE head feeds the accepted nodes again), so that later requests capture nothing. A
-        failed capture logs one line and every later draft is made level by level.
+        steps cut its drafts to its budget) after every bucket up to ``most(d)`` pending rows (the most a step of
+        that depth leaves: an EAGLE head feeds the accepted nodes again), so that later requests capture nothing; up
+        to :data:`DRAFT_DEPTH`. ``cuts`` False: the draft's cuts are other drafts with keys of their own (a static
+        tree's are other shapes), so only ``depth`` is captured, at any depth. A failed capture logs one line and every
+        later draft is made level by level.
         """
         if not (self.graphs_on and self.drafts_on) or self.failed is not None or self.draft_failed is not None:
             return None
         b = bucket_for(n)
-        if b is None or depth > DRAFT_DEPTH:
+        if b is None or (cuts and depth > DRAFT_DEPTH):
             return None
         if (b, depth, key) not in self._drafts:
             t0 = time.perf_counter()
             try:
-                for d in range(1, depth + 1):
+                for d in range(1 if cuts else depth, depth + 1):
                     made, top = make(d), bucket_for(min(max(most(d), b if d == depth else 1), BUCKETS[-1]))
-                    if made is None:  # no draft of d levels shares the key
-                        continue
                     for c in BUCKETS[: BUCKETS.index(top) + 1]:
                         if (c, d, key) not in self._drafts:
                             self._capture_draft_forms((c, d, key), made, extra, forms)

@@ -208,12 +208,14 @@ class ModelRunner:
         make: Callable[[int], tuple],
         fill: Callable[[torch.Tensor], None] | None,
         block: int,
+        cuts: bool = True,
     ) -> tuple[torch.Tensor, ...] | None:
         """Feed the ``pending`` tokens (LongTensor[n], root last) and draft after them in one replay of a captured graph
         (:meth:`~adaptive_spec.engine.graphs.ModelSlot.draft_graph`, whose ``make``, ``key`` and ``depth`` the drafter
         gives: :func:`~adaptive_spec.engine.drafting.draft_tree`'s chains, :func:`~.drafting.draft_policy_tree`'s
         EAGLE-style trees); ``fill(noise)`` draws the draft's randomness before the replay (None at temperature 0);
-        ``block``: the rows the draft writes after the pending ones (``make(depth)``'s).
+        ``block``: the rows the draft writes after the pending ones (``make(depth)``'s); ``cuts``: whether its cuts at
+        lower depths share ``key`` (``draft_graph``'s).
         Returns the graph's outputs, which its next replay overwrites; None: not captured here (no graphs, hidden
         states kept, a block already begun, a failed capture): draft level by level. The pending rows and the fed
         nodes are left in the cache as block rows, as the level-by-level drafter leaves them.
@@ -232,7 +234,7 @@ class ModelRunner:
         if extra is None:
             return None
         slot.ensure(start + n + block, keep=start)
-        g = slot.draft_graph(n, depth, key, make, extra, self.attention_forms, self._draft_pending_most)
+        g = slot.draft_graph(n, depth, key, make, extra, self.attention_forms, self._draft_pending_most, cuts)
         if g is None:
             return None
         out = slot.replay_draft(g, n, start, ids, pos, mask, extra, fill)

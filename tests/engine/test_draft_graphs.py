@@ -335,8 +335,9 @@ def test_the_captured_tree_law_test_fails_for_draws_off_their_rows(monkeypatch, 
 
     real = runner.ModelRunner.captured_draft
 
-    def uniform_noise(self, pending, depth, key, make, fill, block):
-        return real(self, pending, depth, key, make, None if fill is None else (lambda e: e.uniform_().pow_(4)), block)
+    def uniform_noise(self, pending, depth, key, make, fill, block, cuts=True):
+        spoiled = None if fill is None else (lambda e: e.uniform_().pow_(4))
+        return real(self, pending, depth, key, make, spoiled, block, cuts)
 
     monkeypatch.setattr(runner.ModelRunner, "captured_draft", uniform_noise)
     with accelerator_path_on_cpu():
@@ -620,7 +621,13 @@ def test_a_draft_core_reading_the_hosts_state_differs_from_level_by_level_only_w
 
 # ---------------------------------------------------------------------- static trees (i.i.d., delayed, wor)
 
-_STATIC = ("iid:3x4/specinfer", "delayed:1x3x2/traversal", "wor:2x2x1/rrsw", "delayed:2x2x2/specinfer")
+_STATIC = (
+    "iid:3x4/specinfer",
+    "delayed:1x3x2/traversal",
+    "wor:2x2x1/rrsw",
+    "delayed:2x2x2/specinfer",
+    "iid:2x10/traversal",
+)
 
 
 @pytest.mark.parametrize("kind", ["model", "eagle"])
@@ -658,6 +665,7 @@ def test_the_engine_decodes_greedily_as_transformers_through_captured_static_tre
     slot = engine._idle_slots["draft"][0]
     assert slot.draft_failed is None and sum(g.graph.replays for g in slot._drafts.values()) > 10
     assert {k[2][0] for k in slot._drafts} == {"slots", "chain"}  # a delayed tree cut at the budget: a chain
+    assert max(k[1] for k in slot._drafts) == 10 > DRAFT_DEPTH  # a static tree deeper than a chain's graphs go
 
 
 def test_the_engine_is_lossless_through_captured_static_trees(monkeypatch) -> None:
