@@ -28,9 +28,9 @@ from adaptive_spec.rng import accelerator_path_on_cpu
 
 
 class StandInGraph:
-    """A CUDA graph's stand-in on a CPU: each replay runs the recorded function again (it sets the cache's rows, width
-    and attention form itself, as the recorded kernels have them) and writes its outputs in place, as a replay of the
-    recorded kernels does. ``replays`` counts them; ``seconds`` (the class's) adds up the time every replay took.
+    """A CUDA graph's stand-in on a CPU: each replay runs what was recorded (the function again, :func:`record_eagerly`;
+    its recorded ops, :func:`record_ops`) and writes its outputs in place, as a replay of the recorded kernels does.
+    ``replays`` counts them; ``seconds`` (the class's) adds up the time every replay took.
     """
 
     seconds = 0.0
@@ -117,35 +117,28 @@ class _OpRecorder(TorchDispatchMode):
         return self.made.get(id(t)) if isinstance(t, torch.Tensor) else None
 
     def _template(self, args: tuple, kwargs: dict) -> tuple:
-        """``(args, kwargs, fills)``: the arguments as given, and where a replay puts an earlier op's output instead:
-        ``(position, op, output)`` for an argument, ``(position, index, op, output)`` in a list argument (a keyword's
-        position is its name); op -1 for the caller's tensors, found by their memory at each replay (:class:`_Held`).
+        """``(args, kwargs, fills)``: the arguments as given, with each tensor replaced by what a replay puts there:
+        ``(position, index, op, output)``, ``index`` None for an argument and its place in a list argument (a
+        keyword's position is its name). ``op`` -1: the caller's tensor, found by its memory at each replay
+        (:class:`_Held`); else an earlier op's output (no recorded tensor kept past the recording: each replay makes
+        its own).
         """
-        fills = []
-        for where, value in [*enumerate(args), *kwargs.items()]:
+        fills: list[tuple] = []
+
+        def place(where, k, value):
+            if not isinstance(value, torch.Tensor):
+                return value
             made = self.source(value)
-            if made is not None:
-                fills.append((where, None, *made))
-            elif isinstance(value, (tuple, list)):
-                for k, item in enumerate(value):
-                    made = self.source(item)
-                    if made is not None:
-                        fills.append((where, k, *made))
-        args, kwargs = list(args), dict(kwargs)
-        for where, k, *_ in fills:  # no recorded tensor kept past the recording: each replay makes its own
-            held = kwargs if isinstance(where, str) else args
-            if k is None:
-                held[where] = None
-            else:
-                held[where] = [None if m == k else item for m, item in enumerate(held[where])]
-        for holder in (args, kwargs):  # the caller's tensors, held by their memory (:class:`_Held`)
-            for where, value in holder.items() if isinstance(holder, dict) else enumerate(holder):
-                if isinstance(value, torch.Tensor):
-                    holder[where] = _Held(value)
-                    fills.append((where, None, -1, 0))
-                elif isinstance(value, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in value):
-                    holder[where] = [_Held(x) if isinstance(x, torch.Tensor) else x for x in value]
-                    fills.extend((where, k, -1, 0) for k, x in enumerate(value) if isinstance(x, torch.Tensor))
+            fills.append((where, k, *(made or (-1, 0))))
+            return None if made else _Held(value)
+
+        def template(where, value):
+            if isinstance(value, (tuple, list)) and any(isinstance(x, torch.Tensor) for x in value):
+                return [place(where, k, x) for k, x in enumerate(value)]
+            return place(where, None, value)
+
+        args = [template(where, value) for where, value in enumerate(args)]
+        kwargs = {where: template(where, value) for where, value in kwargs.items()}
         return args, kwargs, fills
 
 

@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stand-in-graphs",
         action="store_true",
-        help="on a CPU: run the accelerator's captured path, each graph replayed by running its recorded function, "
+        help="on a CPU: run the accelerator's captured path, each graph replayed as the aten ops it recorded, "
         "and leave every forward, replay and capture out of the time (the host's work a step where a replay is one "
         "launch; with --syncs: count on that path)",
     )
