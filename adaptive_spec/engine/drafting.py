@@ -767,10 +767,13 @@ def draft_policy_tree(
     """
     device_path = runner.device_policy and (on_device or (on_device is None and accelerator_path(runner.device)))
     tree_on_device = on_device is not False and runner.device_policy and eagle_on_device(policy, probs_fn.vocab_size)
-    captured = tree_on_device and policy.without_replacement and runner.captures_drafts
-    if captured and not isinstance(pending, DraftRoot):  # the whole tree in one replay
+    # the whole tree in one replay (i.i.d. children: where the device drafter would grow it, an accelerator's path)
+    captured = tree_on_device and runner.captures_drafts
+    captured = captured and (policy.without_replacement or accelerator_path(runner.device))
+    if captured and not isinstance(pending, DraftRoot):
         state, mark = generator.get_state(), runner.block_mark()
-        outcome = captured_eagle_tree(runner, pending, policy, probs_fn, generator, deterministic)
+        grow = captured_eagle_tree if policy.without_replacement else captured_eagle_iid_tree
+        outcome = grow(runner, pending, policy, probs_fn, generator, deterministic)
         if isinstance(outcome, DraftOutcome):
             return outcome
         if outcome is not None:  # a drawn child of probability 0: the host path below, from the same generator state
@@ -778,6 +781,7 @@ def draft_policy_tree(
             runner.undo_block(mark)
             runner.device_policy = False
             on_device = False
+            policy = outcome  # the policy itself, or an i.i.d. tree's cut at its look
     if device_path and chain_on_device(policy) and runner.captures_drafts and not isinstance(pending, DraftRoot):
         outcome = captured_policy_chain(runner, pending, policy, probs_fn, generator, deterministic, temperature)
         if outcome is not None:
@@ -1669,8 +1673,7 @@ def draft_eagle_iid_on_device(
     """
     device = runner.device
     p, base = root.pending, root.base
-    plan = _iid_plan(policy, device)
-    m, w = plan.m, policy.width
+    plan, w = _iid_plan(policy, device), policy.width
     # the level after which the tree is read, and where it ends: the deepest past tree (one deeper if it was cut),
     # at least the first uncertain level (before any tree: that level)
     stops, look = _look(runner, policy, policy.depth, least=plan.certain + 1, first=plan.certain + 1)
@@ -1690,6 +1693,26 @@ def draft_eagle_iid_on_device(
         level_logits.append(logits)
         rows.append(R)
     host = _read_iid(grow, ok, level_logits, rows, look < policy.depth)  # the one read
+    return _iid_outcome(plan, policy, host, torch.cat(rows), grow.ancestors, stops, look, p, probs_fn.vocab_size)
+
+
+def _iid_outcome(
+    plan: _IidPlan,
+    policy: EagleTree,
+    host: _IidRead,
+    fed_rows: torch.Tensor,
+    ancestors: torch.Tensor,
+    stops: collections.deque,
+    look: int,
+    p: int,
+    vocab: int,
+) -> DraftOutcome | EagleTree:
+    """The tree of :func:`draft_eagle_iid_on_device` or :func:`captured_eagle_iid_tree` after its one read ``host``
+    (``plan``: the one its tables were written by; ``fed_rows``: the fed slots' rows, padding's too; ``ancestors``:
+    [M + 1, M + 1]), its depth added to the past ``stops``; or ``policy.truncated(look)`` when a drawn child had
+    probability 0 (the caller draws the tree again on the host).
+    """
+    m, w, device = plan.m, policy.width, fed_rows.device
     tokens, parents, draws, fed_order, n, flag, bad, cut = host
     check_finite(bool(flag), "draft")
     if bad:
@@ -1700,8 +1723,8 @@ def draft_eagle_iid_on_device(
     for j in range(1, n):
         depths[j] = depths[parents[j]] + 1
     stops.append(look + 1 if cut else max(depths))  # the levels with nodes; a tree cut at its look: one more
-    fed_d, fed_rows = host.fed, torch.cat(rows)
-    probs = torch.zeros(m + 1, probs_fn.vocab_size, dtype=fed_rows.dtype, device=device)
+    fed_d = host.fed
+    probs = torch.zeros(m + 1, vocab, dtype=fed_rows.dtype, device=device)
     probs[fed_d] = fed_rows  # padding rows land on the dummy's
     tree = DraftTree(tokens, parents, depths, probs[:n], child_draws, policy.shape)
     widest = max(1, max(len(set(c)) for c in child_draws))
@@ -1711,16 +1734,116 @@ def draft_eagle_iid_on_device(
         tokens=nodes[0][:n],
         parents=nodes[1][:n],
         depths=nodes[2][:n],
-        ancestors=grow.ancestors[:n, :n],
+        ancestors=ancestors[:n, :n],
         children=tables[1, :, :widest],
         draws=tables[0, :, :most],
     )
     cache_rows = {node: j for j, node in enumerate(fed_order) if node < m}
     rows_d = torch.full((m + 1,), -1, dtype=torch.long, device=device)
     rows_d[fed_d] = torch.arange(len(fed_order), device=device)
-    outcome = DraftOutcome(tree, grow.ancestors[:n, :n], p, len(cache_rows), cache_rows, grow.levels, 0.0)
+    outcome = DraftOutcome(tree, ancestors[:n, :n], p, len(cache_rows), cache_rows, look, 0.0)
     outcome.cache_rows_tensor = rows_d[:n]
     return outcome
+
+
+def captured_eagle_iid_tree(
+    runner: ModelRunner,
+    pending: torch.Tensor,
+    policy: EagleTree,
+    probs_fn: ProbsFn,
+    generator: torch.Generator,
+    greedy: bool,
+) -> DraftOutcome | EagleTree | None:
+    """An EAGLE-style tree with i.i.d. children after the ``pending`` tokens, grown to its look in one replay of its
+    captured graph (:meth:`~adaptive_spec.engine.runner.ModelRunner.captured_draft`) and read once: the outcome,
+    ``policy.truncated(look)`` when a drawn child had probability 0 (as :func:`draft_eagle_iid_on_device`), or None:
+    drafted level by level.
+
+    The tree is :func:`draft_eagle_iid_on_device`'s, to the same look (from the same past trees): the torch code's
+    bookkeeping (:class:`_IidTorch`, padding rows and all) with every level's forward on the device
+    (:meth:`~.runner.ModelRunner.level_forward`, through :class:`_TreeInGraph`), and the draws as
+    :func:`~adaptive_spec.trees.draw.draw_tokens` makes them on an accelerator: inverse-CDF draws (the first child the
+    argmax at temperature 0) from ``width`` uniforms a frontier row, or the exponential race for one child at
+    temperature > 0, the noise drawn before the replay a level a call of the level-by-level drafter's shape from the
+    same generator, so the same tree from one generator state (tested). A graph grows a tree of ``d`` levels with the
+    plan of ``policy.truncated(d)`` and always counts what its last level would feed, so the policy's cuts share it:
+    a look before the depth reads that count, a tree of the policy's own depth does not.
+    """
+    probs = runner.graph_probs(probs_fn)
+    if probs is None:
+        return None
+    vocab, device, w = probs_fn.vocab_size, runner.device, policy.width
+    full = _iid_plan(policy, device)
+    stops, look = _look(runner, policy, policy.depth, least=full.certain + 1, first=full.certain + 1)
+    race, noiseless = w == 1 and not greedy, w == 1 and greedy  # one child a row: the race, or the argmax
+
+    def make(d: int):
+        cut = policy.truncated(d)
+        plan = runner.slot.constant(f"eagle iid plan {cut} {device}", _iid_plan(cut, device))
+        core = _iid_core(runner, plan, cut, probs, greedy, race)
+        rows = sum(plan.slots)
+        noise = ((rows, vocab), torch.float32) if race else ((max(1, rows * w),), torch.float64)
+        return core, noise, sum(plan.slots[1:])
+
+    def fill(noise: torch.Tensor) -> None:  # one call a level, as the level-by-level drafter draws
+        start = 0
+        for f in full.slots[:look]:
+            if race:
+                noise[start : start + f].exponential_(generator=generator)
+                start += f
+            else:
+                noise[start : start + f * w].uniform_(generator=generator)
+                start += f * w
+
+    key = ("eagle-iid", dataclasses.replace(policy, depth=1), probs_fn.graph_key(), greedy)  # its cuts share it
+    block = sum(full.slots[1:look])
+    out = runner.captured_draft(pending, look, key, make, None if noiseless else fill, block)
+    if out is None:
+        return None
+    flat, nodes, tables, fed, rows, ancestors = out
+    plan = _iid_plan(policy.truncated(look), device)  # the graph's
+    # the graph's outputs are overwritten by its next replay: the nodes' tokens, which the next step's pending ones may
+    # view, are copied; the rest lives within this step
+    host = _iid_values(plan, flat, nodes.clone(), tables, fed, mid=look < policy.depth)
+    return _iid_outcome(plan, policy, host, rows, ancestors, stops, look, int(pending.numel()), vocab)
+
+
+def _iid_core(runner: ModelRunner, plan: _IidPlan, policy: EagleTree, probs: ProbsFn, greedy: bool, race: bool):
+    """The function an EAGLE-style tree with i.i.d. children records (:func:`captured_eagle_iid_tree`): ``policy``'s
+    tree to its depth, ``plan``'s."""
+    w, depth = policy.width, len(plan.slots)
+
+    def core(ids, pos, mask, *extra, rows, last, noise):
+        tree = _TreeInGraph(runner, probs, ids, pos, mask, extra, rows, last)
+        grow = _IidTorch(plan, policy, tree.root.device, 0)  # the pending rows: every node sees them (the tree's own)
+        R, fed_rows, level_logits, start = tree.root, [tree.root], [], 0
+        for d in range(1, depth + 1):
+            f = plan.slots[d - 1]
+            if race:
+                cand = _drawn_in_graph(R, 1, noise[start : start + f])
+                start += f
+            elif greedy and w == 1:
+                cand = R.argmax(dim=-1, keepdim=True)
+            else:
+                cand = inverse_cdf_from(R, noise[start : start + f * w].view(f, w))
+                start += f * w
+                if greedy:  # the first child the argmax, the others drawn (draw_tokens)
+                    cand = torch.cat([R.argmax(dim=-1, keepdim=True), cand[:, 1:]], dim=1)
+            grow.level(d, R, cand, last=d == depth, count=True)
+            if d == depth:
+                break
+            tokens, allowed = grow.feed()
+            logits = tree.level(tokens, allowed, (tree.p0 + d).expand(tokens.numel()))
+            R = probs(logits)
+            level_logits.append(logits)
+            fed_rows.append(R)
+        ok = tree.ok
+        if level_logits:  # every fed level's logits and rows, checked once (the root's row rides along)
+            ok = ok & finite_flag(torch.cat(level_logits), torch.cat(fed_rows))
+        flat, nodes, tables, fed = grow.written(ok, mid=True)
+        return flat, nodes, tables, fed, torch.cat(fed_rows), grow.ancestors
+
+    return core
 
 
 class _IidRead(tuple):
@@ -1754,8 +1877,10 @@ class _IidTorch:
         self.fed_ids, self.drawn = [plan.root], []
         self.pending = torch.ones(1, pending, dtype=torch.bool, device=device) if pending else None
 
-    def level(self, d: int, R: torch.Tensor, cand: torch.Tensor, last: bool) -> None:
-        """Level ``d``'s draws ``cand`` from the frontier's rows ``R``: its nodes, and the next frontier."""
+    def level(self, d: int, R: torch.Tensor, cand: torch.Tensor, last: bool, count: bool = False) -> None:
+        """Level ``d``'s draws ``cand`` from the frontier's rows ``R``: its nodes, and the next frontier (none when
+        ``last``; ``count``: how many nodes it would feed, all the same, as a look before the depth reads).
+        """
         plan, i, w = self.plan, d - 1, cand.shape[1]
         f, self.levels = plan.slots[i], d
         q = R.gather(1, cand)
@@ -1764,18 +1889,20 @@ class _IidTorch:
         same = cand[:, :, None] == cand[:, None, :]  # [f, W, W]
         new = (valid > (same & plan.earlier).any(dim=-1)).view(-1)  # a token's first valid draw at its row
         ids = torch.where(new, new.cumsum(0) + self.nxt, plan.m)  # new nodes numbered in the order made
-        count = new.sum()
-        self.nxt, self.left = self.nxt + count, self.left - drawn
+        made = new.sum()
+        self.nxt, self.left = self.nxt + made, self.left - drawn
         par = self.fr[plan.row[i]]
         self.ancestors[ids] = self.ancestors[par]
-        self.ancestors[ids, ids] = True  # each node its own ancestor (padding: the dummy's)
+        self.ancestors[ids, ids] = plan.ancestors[0, 0]  # each its own ancestor (padding: the dummy's); True on the device
         self.drawn.append((cand, q, valid, same, ids, self.fr, par))
+        if last and not count:
+            return
+        self.fed = torch.where(self.left > 0, made.clamp_max(self.top_k), 0)  # none once the budget is spent
         if last:
             return
         pp = (self.fr_pp[:, None] * q).view(-1)  # float64: the host path's products
         g = plan.slots[d]
         order = torch.where(new, pp, -1.0).argsort(descending=True, stable=True)[:g]  # the top k, ties: first made
-        self.fed = torch.where(self.left > 0, count.clamp_max(self.top_k), 0)  # none once the budget is spent
         order = torch.where(plan.rank[d] < self.fed, order, f * w).sort().values  # in the order made, padding last
         self.fr = torch.cat([ids, plan.pad])[order]  # m for padding
         self._next = order.clamp_max(f * w - 1), pp, cand
@@ -1792,6 +1919,12 @@ class _IidTorch:
 
     def read(self, ok: torch.Tensor, mid: bool) -> _IidRead:
         """The tree so far, written into its tables, and its one read."""
+        return _iid_values(self.plan, *self.written(ok, mid))
+
+    def written(self, ok: torch.Tensor, mid: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The tree so far written into its tables, on the device: ``(the read's values in one tensor, nodes, tables,
+        fed slots' nodes)`` (:class:`_IidRead`'s; no host read: a captured tree's graph ends here).
+        """
         plan, m = self.plan, self.plan.m
         w = plan.tables.shape[-1]
         cand, q, valid, same, ids, fr, par = (torch.cat(t) for t in zip(*self.drawn, strict=True))  # every level's
@@ -1805,11 +1938,22 @@ class _IidTorch:
         bad = ((q <= 0) & valid).any()  # a drawn child of probability 0 (a row of zeros)
         fed_d = torch.cat(self.fed_ids)
         tail = [self.nxt + 1, ok.long()[None], bad.long()[None], self.fed.reshape(1) if mid else self.nxt.new_zeros(1)]
-        flat = torch.cat([nodes[:2, :m].flatten(), tables[0, :m].flatten(), fed_d, *tail]).tolist()  # the one read
-        a, b, c, k = m, 2 * m, 2 * m + m * w, len(fed_d)
-        out = _IidRead((flat[:a], flat[a:b], flat[b:c], flat[c : c + k], *flat[c + k :]))
-        out.nodes, out.tables, out.fed = nodes, tables, fed_d
-        return out
+        flat = torch.cat([nodes[:2, :m].flatten(), tables[0, :m].flatten(), fed_d, *tail])
+        return flat, nodes, tables, fed_d
+
+
+def _iid_values(plan: _IidPlan, flat: torch.Tensor, nodes, tables, fed_d: torch.Tensor, mid: bool = True) -> _IidRead:
+    """:meth:`_IidTorch.written`'s tree read: its one host read (``flat``'s values), sliced (``mid`` False: the count
+    of what a level after the tree would feed is 0, as a tree of its policy's depth has none).
+    """
+    m, w = plan.m, plan.tables.shape[-1]
+    values = flat.tolist()  # the one read
+    if not mid:
+        values[-1] = 0
+    a, b, c, k = m, 2 * m, 2 * m + m * w, fed_d.numel()
+    out = _IidRead((values[:a], values[a:b], values[b:c], values[c : c + k], *values[c + k :]))
+    out.nodes, out.tables, out.fed = nodes, tables, fed_d
+    return out
 
 
 class _IidFused:

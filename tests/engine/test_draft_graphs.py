@@ -244,12 +244,15 @@ def test_the_captured_chain_law_test_fails_for_draws_off_their_rows(monkeypatch)
 # ---------------------------------------------------------------------- EAGLE-style trees without replacement
 
 
-def _trees_against_level_by_level(monkeypatch, kind, temperature, draft_one, accepts, init=None, tol=1e-5) -> None:
+def _trees_against_level_by_level(
+    monkeypatch, kind, temperature, draft_one, accepts, init=None, tol=1e-5, padded=False
+) -> None:
     """``draft_one(runner, pending, probs_fn, generator, greedy)`` on the captured runner and the level-by-level one
     over steps whose pending rows fall in several buckets, each from one generator state on the accelerator's path
     (whose race both take), a path of ``accepts[step]`` nodes down the first children committed between: the same
     tree (tokens, parents, child draws, rows, ancestors, the fed nodes' cache rows) and the same block rows in the
-    cache; committed rows never written; every step one replay."""
+    cache; committed rows never written; every step one replay. ``padded``: the drafts feed padding rows too (more
+    block rows than fed nodes)."""
     from adaptive_spec.rng import accelerator_path_on_cpu
 
     (captured, eager), token_ids = _runners(kind, monkeypatch, init)
@@ -279,8 +282,13 @@ def _trees_against_level_by_level(monkeypatch, kind, temperature, draft_one, acc
             assert torch.equal(a.ancestors, b.ancestors) and all(o.ok is None or bool(o.ok) for o in (a, b))
             if a.cache_rows_tensor is not None or b.cache_rows_tensor is not None:
                 assert torch.equal(a.cache_rows_tensor, b.cache_rows_tensor)
-            assert captured.length == eager.length == captured.cached + len(pending) + a.fed_nodes - 1
-            block = slice(captured.cached, captured.length)
+            assert captured.length == eager.length >= captured.cached + len(pending) + a.fed_nodes - 1
+            if not padded:
+                assert captured.length == captured.cached + len(pending) + a.fed_nodes - 1
+            block = torch.arange(captured.cached, captured.length)
+            if padded:  # the pending rows and the fed nodes' (a padding row's are never read)
+                root = captured.cached + len(pending) - 1
+                block = torch.tensor([*block[: len(pending)].tolist(), *(root + j for j in a.cache_rows.values())])
             kv_a, kv_b = (r.slot.kv.buffer[:, :, block] for r in (captured, eager))
             torch.testing.assert_close(kv_a, kv_b, rtol=1e-5, atol=1e-5)
             assert sum(g.graph.replays for g in captured.slot._drafts.values()) == step + 1
@@ -317,6 +325,55 @@ def test_a_captured_eagle_tree_is_the_level_by_level_tree(monkeypatch, kind, tem
     _trees_against_level_by_level(monkeypatch, kind, temperature, draft_one, [2, 0, 3, 1])
 
 
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("width", [2, 1])
+def test_a_captured_eagle_tree_with_iid_children_is_the_level_by_level_tree(monkeypatch, kind, temperature, width):
+    """An EAGLE-style tree with i.i.d. children grown to its look in one replay is the device drafter's tree, padding
+    rows and all (:func:`_trees_against_level_by_level`), at a look before the policy's depth (trees cut there) and at
+    its depth (a past tree's stop put in the history), each look a graph of its own depth."""
+    from adaptive_spec.engine.drafting import draft_policy_tree
+    from adaptive_spec.trees.policy import EagleTree
+
+    policy = EagleTree(depth=4, budget=9, top_k=2, width=width, without_replacement=False)
+    looks = []
+
+    def draft_one(r, pending, probs_fn, g, greedy):
+        if len(looks) in (4, 5):  # the third step: as if a past tree had been cut at its look, to the depth
+            r.chain_look[str(policy)].append(policy.depth)
+        out = draft_policy_tree(r, pending, policy, probs_fn, g, greedy)
+        looks.append(out.policy_levels)
+        return out
+
+    init = 0.3 if kind == "eagle" else None  # peaked rows: draws that merge
+    _trees_against_level_by_level(monkeypatch, kind, temperature, draft_one, [2, 0, 3, 1, 1, 0], init, padded=True)
+    if width > 1:  # one child a node never merges: every tree is grown to the policy's depth
+        assert looks[:2] == [3, 3] and looks[4:6] == [4, 4], looks
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+def test_the_engine_decodes_greedily_as_transformers_through_captured_iid_eagle_trees(monkeypatch, kind) -> None:
+    """Greedy tokens equal transformers' with EAGLE-style trees with i.i.d. children grown in one replay on the
+    accelerator's path (looks before the depth and at it, cut at the budget's end), every tree a replay."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    slots_as_on_cuda(monkeypatch)
+    target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
+    draft = _head(target, 0.3) if kind == "eagle" else perturbed(target, scale=0.05, seed=2)
+    engine = SpecEngine(target, draft)
+    prompt = [0, 9, 3, 4, 11, 12, 13]
+    ids = torch.tensor([prompt])
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=23)
+    with accelerator_path_on_cpu():
+        for plan in ("eagle:4:9:2:2/specinfer", "eagle:3:6:3:1/greedy"):
+            out = engine.generate(prompt, max_new_tokens=23, temperature=0, plan=plan)
+            assert out.token_ids == expected[0, len(prompt) :].tolist(), plan
+    slot = engine._idle_slots["draft"][0]
+    kinds = {k[2][0] for k in slot._drafts}
+    assert slot.draft_failed is None and kinds == {"eagle-iid"}, (slot.draft_failed, kinds)
+    assert sum(g.graph.replays for g in slot._drafts.values()) >= len(out.stats.accept_lengths)
+
+
 def test_the_engine_is_lossless_through_captured_eagle_trees(monkeypatch) -> None:
     """The joint law of the first 3 tokens is the target's (chi-square, 2000 seeded runs) with an EAGLE-style tree
     without replacement grown in one replay and verified by traversal, on the accelerator's path."""
@@ -326,11 +383,20 @@ def test_the_engine_is_lossless_through_captured_eagle_trees(monkeypatch) -> Non
         assert _chi_square(_law_engine(monkeypatch), "eagle:2:4:1:2:wor/traversal", 2000) > 1e-3
 
 
-@pytest.mark.parametrize("plan", ["eagle:2:4:1:2:wor/traversal", "iid:2x2/specinfer"])
+def test_the_engine_is_lossless_through_captured_iid_eagle_trees(monkeypatch) -> None:
+    """The same with an EAGLE-style tree with i.i.d. children grown to its look in one replay and verified by
+    SpecInfer on its draws table."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    with accelerator_path_on_cpu():
+        assert _chi_square(_law_engine(monkeypatch), "eagle:2:4:2:2/specinfer", 2000) > 1e-3
+
+
+@pytest.mark.parametrize("plan", ["eagle:2:4:1:2:wor/traversal", "iid:2x2/specinfer", "eagle:2:4:2:2/specinfer"])
 def test_the_captured_tree_law_test_fails_for_draws_off_their_rows(monkeypatch, plan) -> None:
-    """The negative control: uniforms to the fourth where the race needs exponentials (the children are then not
-    draws from the rows reported) make the engine's law wrong through captured EAGLE-style and static trees, and the
-    same test says so."""
+    """The negative control: uniforms to the fourth where the race needs exponentials or the inverse CDF uniforms
+    (the children are then not draws from the rows reported) make the engine's law wrong through captured EAGLE-style
+    trees (without replacement and with i.i.d. children) and static trees, and the same test says so."""
     from adaptive_spec.rng import accelerator_path_on_cpu
 
     real = runner.ModelRunner.captured_draft
