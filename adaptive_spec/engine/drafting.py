@@ -1810,7 +1810,8 @@ def captured_eagle_iid_tree(
 
 def _iid_core(runner: ModelRunner, plan: _IidPlan, policy: EagleTree, probs: ProbsFn, greedy: bool, race: bool):
     """The function an EAGLE-style tree with i.i.d. children records (:func:`captured_eagle_iid_tree`): ``policy``'s
-    tree to its depth, ``plan``'s."""
+    tree to its depth, ``plan``'s.
+    """
     w, depth = policy.width, len(plan.slots)
 
     def core(ids, pos, mask, *extra, rows, last, noise):
@@ -1893,7 +1894,7 @@ class _IidTorch:
         self.nxt, self.left = self.nxt + made, self.left - drawn
         par = self.fr[plan.row[i]]
         self.ancestors[ids] = self.ancestors[par]
-        self.ancestors[ids, ids] = plan.ancestors[0, 0]  # each its own ancestor (padding: the dummy's); True on the device
+        self.ancestors[ids, ids] = plan.ancestors[0, 0]  # its own ancestor (padding: the dummy), a True on the device
         self.drawn.append((cand, q, valid, same, ids, self.fr, par))
         if last and not count:
             return
