@@ -319,6 +319,22 @@ def test_a_captured_eagle_tree_is_the_level_by_level_tree_on_cuda(kind, temperat
 
 @pytest.mark.parametrize("kind", ["model", "eagle"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("width", [2, 1])
+def test_a_captured_eagle_tree_with_iid_children_is_the_level_by_level_tree_on_cuda(kind, temperature, width):
+    """An EAGLE-style tree with i.i.d. children grown to its look in one replay of its CUDA graph (the torch code's
+    bookkeeping) is the device drafter's tree (its fused kernel where Triton runs) from one generator state (the
+    uniforms, or the race's exponentials for one child, drawn a level a call)."""
+    from adaptive_spec.engine.drafting import draft_policy_tree
+    from adaptive_spec.trees.policy import EagleTree
+
+    policy = EagleTree(depth=4, budget=9, top_k=2, width=width, without_replacement=False)
+    _captured_against_level_by_level(
+        kind, lambda r, ids, p, g: draft_policy_tree(r, ids, policy, p, g, temperature == 0)
+    )
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("plan", ["iid:3x4/specinfer", "delayed:1x3x2/traversal", "wor:2x2x1/rrsw"])
 def test_a_captured_static_tree_is_the_level_by_level_tree_on_cuda(kind, temperature, plan):
     """A static tree drafted in one replay of its CUDA graph is the tree drafted level by level on the device from one
