@@ -240,6 +240,7 @@ def captured_chain(
     probs_fn: ProbsFn,
     generator: torch.Generator,
     greedy: bool,
+    given: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
     """A chain of ``depth`` tokens after the ``pending`` ones in one replay of its captured graph
     (:meth:`~adaptive_spec.engine.runner.ModelRunner.captured_draft`): ``(tokens [depth], rows [depth, V] (the
@@ -249,29 +250,48 @@ def captured_chain(
     The law is :func:`_draft_chain`'s: each token the argmax of its row at temperature 0, else an inverse-CDF draw
     from the row with a uniform from ``generator``, the chain's ``depth`` uniforms drawn before the replay (on a CPU
     from one generator state the same uniforms, so the same tokens: tested).
+
+    ``given`` (LongTensor[a], a hybrid draft's looked-up tokens for an EAGLE-style head, :func:`draft_hybrid`): fed
+    one at a time after the pending ones, each level reading the head's output for the one before, and the chain
+    drawn after the last of them (the root's row is then the row over it, as :func:`_extend_root` makes it). They
+    travel in the graph's noise, ahead of the uniforms (float64 holds every token id exactly): one graph per ``a``.
     """
     probs = runner.graph_probs(probs_fn)
     if probs is None:
         return None
+    a = 0 if given is None else int(given.numel())
 
     def make(d: int):
-        return _chain_core(runner, d, probs, greedy), ((d,), torch.float64), d - 1
+        return _chain_core(runner, d, probs, greedy, a), ((a + d,), torch.float64), a + d - 1
 
-    fill = None if greedy else (lambda u: u.uniform_(generator=generator))
-    return runner.captured_draft(pending, depth, ("chain", probs_fn.graph_key(), greedy), make, fill, depth - 1)
+    def fill(u: torch.Tensor) -> None:
+        if a:
+            u[:a].copy_(given)
+        if not greedy:
+            u[a:].uniform_(generator=generator)
+
+    key = ("chain", probs_fn.graph_key(), greedy) if not a else ("hybrid", a, probs_fn.graph_key(), greedy)
+    noisy = a or not greedy
+    return runner.captured_draft(pending, depth, key, make, fill if noisy else None, a + depth - 1)
 
 
-def _chain_core(runner: ModelRunner, depth: int, probs: ProbsFn, greedy: bool):
-    """The function a chain's graph records (:func:`captured_chain`): the pending rows' forward, then ``depth`` draws
-    and ``depth - 1`` one-row forwards, each attending to every row before it. It reads only the model, the slot's
-    cache and the slot's copies of constants (a captured kernel outlives the request that captured it).
+def _chain_core(runner: ModelRunner, depth: int, probs: ProbsFn, greedy: bool, given: int = 0):
+    """The function a chain's graph records (:func:`captured_chain`): the pending rows' forward, the ``given`` tokens'
+    one-row forwards (the noise's first values), then ``depth`` draws and ``depth - 1`` one-row forwards, each
+    attending to every row before it. It reads only the model, the slot's cache and the slot's copies of constants (a
+    captured kernel outlives the request that captured it).
     """
 
     def core(ids, pos, mask, *extra, rows, last, noise):
         logits, r, p, hidden = runner.root_stage(ids, pos, mask, extra, rows, last)
-        row = probs(logits)  # [1, V]: the root's
-        ok = finite_flag(logits, row)
         cols = runner.cache_columns()
+        ok = None if not given else finite_flag(logits)  # the pending root's logits, checked with the last given's
+        for i in range(given):  # one token attending to every row before it, reading the head's output before it
+            r, p = r + 1, p + 1
+            logits, hidden = runner.level_forward(noise[i : i + 1].long(), r, p, (cols <= r)[None], hidden)
+        row = probs(logits)  # [1, V]: the root's (the last given token's)
+        ok = finite_flag(logits, row) if ok is None else ok & finite_flag(logits, row)
+        noise = noise[given:]
         tokens, out = [], [row]
         for d in range(depth):
             token = row.argmax(-1) if greedy else inverse_cdf_from(row, noise[d : d + 1, None])[:, 0]  # [1]
@@ -675,13 +695,20 @@ def draft_hybrid(
     a = len(found)
     ids = torch.tensor(found, dtype=torch.long, device=runner.device)  # the step's one copy to the device
     chain = TreeShape.chain(model_depth)
-    rows = {}
-    if keep_rows or isinstance(runner, EagleRunner) or isinstance(pending, DraftRoot):
+    rows, tail = {}, None
+    if isinstance(runner, EagleRunner) and not (keep_rows or isinstance(pending, DraftRoot)) and runner.captures_drafts:
+        base = runner.cached  # the looked-up tokens fed one at a time, then the chain: one replay (captured_chain)
+        captured = captured_chain(runner, pending, model_depth, probs_fn, generator, deterministic, given=ids)
+        if captured is not None:
+            tokens, tail_rows, ok = captured
+            root = DraftRoot(int(pending.numel()) + a, base, tail_rows[:1], ok)
+            tail = _chain_outcome(root, chain, [tail_rows], [tokens], runner.device)
+    if tail is None and (keep_rows or isinstance(runner, EagleRunner) or isinstance(pending, DraftRoot)):
         root = _extend_root(runner, pending, ids, probs_fn, a + 1 if keep_rows else 1)
         tail = draft_tree(runner, root, chain, probs_fn, generator, deterministic)
         kept = root.probs.shape[0] - 1  # rows over the nodes before node a (whose row is the tail's root row)
         rows = {a - kept + i: root.probs[i] for i in range(kept)}
-    else:  # the looked-up tokens fed as pending ones, then the chain: one replay where the draft's chains are captured
+    elif tail is None:  # the looked-up tokens fed as pending ones, then the chain: one replay where chains are captured
         tail = draft_tree(runner, torch.cat([pending, ids]), chain, probs_fn, generator, deterministic)
     tree = hybrid_tree(found, tail.tree, ids)
     n = tree.num_nodes

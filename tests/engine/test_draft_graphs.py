@@ -245,21 +245,23 @@ def test_the_captured_chain_law_test_fails_for_draws_off_their_rows(monkeypatch)
 
 
 def _trees_against_level_by_level(
-    monkeypatch, kind, temperature, draft_one, accepts, init=None, tol=1e-5, padded=False
+    monkeypatch, kind, temperature, draft_one, accepts, init=None, tol=1e-5, padded=False, accelerator=True
 ) -> None:
     """``draft_one(runner, pending, probs_fn, generator, greedy)`` on the captured runner and the level-by-level one
     over steps whose pending rows fall in several buckets, each from one generator state on the accelerator's path
     (whose race both take), a path of ``accepts[step]`` nodes down the first children committed between: the same
     tree (tokens, parents, child draws, rows, ancestors, the fed nodes' cache rows) and the same block rows in the
     cache; committed rows never written; every step one replay. ``padded``: the drafts feed padding rows too (more
-    block rows than fed nodes)."""
+    block rows than fed nodes); ``accelerator`` False: the CPU's path (its draws: inverse-CDF uniforms)."""
+    import contextlib
+
     from adaptive_spec.rng import accelerator_path_on_cpu
 
     (captured, eager), token_ids = _runners(kind, monkeypatch, init)
     probs_fn = _probs_fn(temperature, token_ids)
     feats = torch.randn(60, 32, generator=torch.Generator().manual_seed(3))
     prompt = torch.tensor([0, 5, 9, 3, 7, 11])
-    with torch.inference_mode(), accelerator_path_on_cpu():
+    with torch.inference_mode(), accelerator_path_on_cpu() if accelerator else contextlib.nullcontext():
         for r in (captured, eager):
             if kind == "eagle":
                 r.set_target_features(0, feats[:5])
@@ -575,6 +577,56 @@ def test_hybrid_drafts_capture_their_chain_after_the_looked_up_run(monkeypatch) 
         if on:  # the looked-up runs fed in the chain's replay: more pending rows than a chain step's
             assert slot.draft_failed is None and max(k[0] for k in slot._drafts) >= 4
             assert sum(g.graph.replays for g in slot._drafts.values()) >= sum(o.stats.steps for o in sampled[0]) // 2
+        else:
+            assert not slot._drafts
+    assert [o.token_ids for o in sampled[0]] == [o.token_ids for o in sampled[1]]
+    assert [o.stats.accept_lengths for o in sampled[0]] == [o.stats.accept_lengths for o in sampled[1]]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_an_eagle_heads_captured_hybrid_draft_is_the_level_by_level_draft(monkeypatch, temperature) -> None:
+    """An EAGLE-style head's hybrid draft in one replay (the looked-up run fed a token at a time, then the chain) is
+    the level-by-level draft from one generator state: looked-up runs of 4, 3, 2 and 1 tokens and none, the same tree,
+    rows and block rows (:func:`_trees_against_level_by_level`, on the CPU's path: the captured chain's uniforms are
+    its draws)."""
+    from adaptive_spec.engine.drafting import draft_hybrid
+
+    contexts = [[5, 9, 3, 7, 11, 5, 9], [5, 9, 3, 5, 9], [3, 6, 3], [1, 2, 3, 4, 5, 6, 7, 1, 2], [8, 6], [3, 8, 3]]
+    calls = []
+
+    def draft_one(r, pending, probs_fn, g, greedy):
+        calls.append(1)
+        return draft_hybrid(r, pending, contexts[(len(calls) - 1) // 2], 4, 2, probs_fn, g, greedy)
+
+    _trees_against_level_by_level(
+        monkeypatch, "eagle", temperature, draft_one, [2, 0, 5, 1, 0, 3], 0.3, accelerator=False
+    )
+
+
+def test_an_eagle_heads_hybrid_drafts_feed_the_looked_up_run_and_the_chain_in_one_replay(monkeypatch) -> None:
+    """An EAGLE-style head takes a hybrid step's looked-up run one token at a time (no target features for them) in
+    the chain's replay, the run's tokens carried in the graph's noise (one graph per run length): greedy tokens equal
+    transformers', and a sampled run's tokens and accepted lengths are those of the engine without draft graphs, seed
+    for seed, every hybrid step a replay."""
+    slots_as_on_cuda(monkeypatch)
+    target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
+    engine = SpecEngine(target, _head(target, 0.3))
+    prompt = [0, 9, 3, 4, 11, 12, 13, 9, 3, 4, 11, 12, 13, 9, 3]  # repeats: the lookup finds runs
+    ids = torch.tensor([prompt])
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24)
+    out = engine.generate(prompt, max_new_tokens=24, temperature=0, plan="hybrid:4:2/block")
+    assert out.token_ids == expected[0, len(prompt) :].tolist()
+    runs = {k[2][1] for k in engine._idle_slots["draft"][0]._drafts if k[2][0] == "hybrid"}
+    assert runs and max(runs) > 1, runs  # looked-up runs of several lengths, each its graph
+    sampled = []
+    for on in (True, False):
+        monkeypatch.setenv("ADAPTIVE_SPEC_DRAFT_GRAPHS", "1" if on else "0")
+        engine._idle_slots = {"target": [], "draft": []}  # fresh slots, which read the setting
+        sampled.append([engine.generate(prompt, 24, temperature=1.0, plan="hybrid:4:2/block", seed=s) for s in (0, 1)])
+        slot = engine._idle_slots["draft"][0]
+        hybrid = sum(g.graph.replays for k, g in slot._drafts.items() if k[2][0] == "hybrid")
+        if on:
+            assert slot.draft_failed is None and hybrid >= 2, slot.draft_failed
         else:
             assert not slot._drafts
     assert [o.token_ids for o in sampled[0]] == [o.token_ids for o in sampled[1]]
