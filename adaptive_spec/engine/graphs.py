@@ -20,8 +20,8 @@ the choice is made among all of them, once per slot.
 A capture that fails (an operation that cannot be captured, out of memory, ...) logs one line
 saying why, and the slot runs eagerly from then on: same results, slower.
 
-A whole draft is one graph too (:meth:`ModelSlot.draft_graph`, recorded from
-:func:`~adaptive_spec.engine.drafting.captured_chain` and :func:`~adaptive_spec.engine.drafting.captured_eagle_tree`):
+A whole draft is one graph too (:meth:`ModelSlot.draft_graph`, recorded from the drafters' ``captured_*`` functions
+in :mod:`~adaptive_spec.engine.drafting`: chains, hybrid drafts, static trees, EAGLE-style trees of either law):
 the pending rows' forward as a bucket's, then every draw and every level, each level's cache rows, positions and mask
 computed on the device from the graph's inputs. Replayed once a step, it drafts with no Python a level: on an H200 a
 ``chain:3/block`` step spent 1.9 ms of host time launching three levels whose kernels ran 0.1 ms each, and the
