@@ -42,13 +42,14 @@
 #   trees_{off,on}_t{0,1}_{1,2}.json  the same for EAGLE-style trees without replacement grown in one replay
 #                  (eagle:6:48:6:4:wor/traversal, eagle:4:16:4:3:wor/traversal; about 5 minutes: not measured yet)
 #   policies_{off,on}_t{0,1}_{1,2}.json  the same for policy chains drafted whole in one replay and cut at their stop
-#                  (cum-chain:4:0.2/block, learned-chain:4:0.25/block), hybrid drafts (hybrid:6:2/block: the head
-#                  drafts its tail level by level) and a static tree drafted in one replay (iid:3x4/specinfer; about
-#                  6 minutes: not measured yet)
+#                  (cum-chain:4:0.2/block, learned-chain:4:0.25/block), hybrid drafts (hybrid:6:2/block: the head's
+#                  looked-up run and tail in one replay, level by level before 2026-12-02) and a static tree drafted
+#                  in one replay (iid:3x4/specinfer; about 6 minutes: not measured yet)
 #   graphs_{off,on}_t{0,1}.json  the three steps above in one (about 4 minutes: not measured yet): bench e2e on 2
 #                  prompts with every captured family's plans (chains, the two EAGLE-style trees without
 #                  replacement and one with i.i.d. children, eagle:6:48:6:4/specinfer, cum- and learned-chain,
-#                  hybrid, iid:3x4/specinfer), draft graphs off then on at each temperature, one round
+#                  hybrid, iid:3x4/specinfer, conf-delayed:6:0.5:3/traversal), draft graphs off then on at each
+#                  temperature, one round
 #   syncs.json     bench overhead --syncs --plans families with SmolLM2 on this device: host syncs (by kind and
 #                  where, inside the forwards too) and aten ops a step, one plan per family (about 60 s)
 #   capacity_512.json, capacity_2048.json  bench passes (1, 4 and 16 rows; the head at 1 and 4) with static caches
@@ -182,7 +183,7 @@ step policies 420 bash -c "for T in 0 1; do for r in 1 2; do for c in off on; do
 # call each).
 GRAPH_PLANS="chain:2/block,chain:3/block,chain:4/block,eagle:6:48:6:4:wor/traversal,eagle:4:16:4:3:wor/traversal"
 GRAPH_PLANS="$GRAPH_PLANS,eagle:6:48:6:4/specinfer,cum-chain:4:0.2/block,learned-chain:4:0.25/block,hybrid:6:2/block"
-GRAPH_PLANS="$GRAPH_PLANS,iid:3x4/specinfer"
+GRAPH_PLANS="$GRAPH_PLANS,iid:3x4/specinfer,conf-delayed:6:0.5:3/traversal"
 step graphs 330 bash -c "for T in 0 1; do for c in off on; do [ \$c = on ] && v=1 || v=0; \
   ADAPTIVE_SPEC_DRAFT_GRAPHS=\$v $PY -m adaptive_spec bench e2e --target smollm2 --device $DEVICE --prompts $PROMPTS \
   --limit 2 --max-new-tokens $TOKENS --temperatures \$T --no-hf --no-lookup --no-hf-generate \

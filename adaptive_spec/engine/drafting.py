@@ -313,11 +313,17 @@ class _TreeInGraph:
     ``ok``, then :meth:`level` a level at a time, each level's nodes written after the ones fed before them.
     """
 
-    def __init__(self, runner: ModelRunner, probs: ProbsFn, ids, pos, mask, extra, rows, last) -> None:
+    def __init__(self, runner: ModelRunner, probs: ProbsFn, ids, pos, mask, extra, rows, last, given=None) -> None:
         logits, self.r0, self.p0, h0 = runner.root_stage(ids, pos, mask, extra, rows, last)
-        self.root = probs(logits)
-        self.ok = finite_flag(logits, self.root)
         cols = runner.cache_columns()
+        ok = None
+        if given is not None:  # a trunk's tokens (LongTensor[t]), fed as a chain after the root: the last is the root
+            ok = finite_flag(logits)
+            for i in range(given.numel()):
+                self.r0, self.p0 = self.r0 + 1, self.p0 + 1
+                logits, h0 = runner.level_forward(given[i : i + 1], self.r0, self.p0, (cols <= self.r0)[None], h0)
+        self.root = probs(logits)
+        self.ok = finite_flag(logits, self.root) if ok is None else ok & finite_flag(logits, self.root)
         self.rel = cols - self.r0  # a fed node's column: the root's row, then the fed nodes' in feed order
         self.before = cols < self.r0  # the context and the pending rows: every node's ancestors
         self.hidden = [h0]  # the fed nodes' outputs, in feed order: their children's features
@@ -369,32 +375,55 @@ def captured_slots(
     the exponential race, its exponentials drawn before the replay, a level a call of the level-by-level drafter's
     shape from the same generator, so the same tree from one generator state (tested).
     """
-    probs = runner.graph_probs(probs_fn)
-    if probs is None:
+    out = _replay_slots(runner, pending, layout, probs_fn, generator, greedy)
+    if out is None:
         return None
-    vocab, device, shape = probs_fn.vocab_size, runner.device, layout.shape
+    tokens, valid, rows, ok = out
+    # the graph's outputs are overwritten by its next replay: the tokens and flags, read after this step's verification
+    # (the next step's pending tokens may view them), are copied; the rows are copied with the leaves' zero rows
+    ancestors = layout.tensors(runner.device)[0]
+    return _slots_outcome(layout, ancestors, tokens.clone(), valid.clone(), rows, ok, pending.numel())
 
+
+def _replay_slots(
+    runner: ModelRunner,
+    pending: torch.Tensor,
+    layout: SlotLayout,
+    probs_fn: ProbsFn,
+    generator: torch.Generator,
+    greedy: bool,
+    trunk: torch.Tensor | None = None,
+    branch_threshold: float = 0.0,
+) -> tuple[torch.Tensor, ...] | None:
+    """:func:`captured_slots`'s replay: the graph's outputs ``(tokens, valid, rows, ok)`` (:func:`slots_grow`'s, and
+    whether every row was finite), or None: not captured. ``trunk`` (LongTensor[t], :func:`captured_conf_delayed`): a
+    trunk's tokens fed as a chain after the pending ones, the layout's root its last; they travel in the graph's noise,
+    a row after the exponentials (float32 holds every token id below 2**24 exactly), one graph per trunk length.
+    ``branch_threshold``: :func:`slots_grow`'s.
+    """
+    probs = runner.graph_probs(probs_fn)
+    vocab, device, shape = probs_fn.vocab_size, runner.device, layout.shape
+    t = 0 if trunk is None else int(trunk.numel())
+    if probs is None or vocab >= 1 << 24 or t > vocab:
+        return None
     at, noisy = _slot_noise(layout, greedy)
 
     def make(d: int):  # noqa: ARG001 - only the shape's own depth: its cuts at a budget's end are other shapes
         tensors = runner.slot.constant(f"slot layout {shape} {vocab}", layout.tensors(device))
-        core = _slots_core(runner, layout, tensors, probs, greedy, at)
-        return core, ((max(noisy, 1), vocab), torch.float32), layout.fed - 1
+        core = _slots_core(runner, layout, tensors, probs, greedy, at, t, branch_threshold)
+        return core, ((max(noisy, 1) + (1 if t else 0), vocab), torch.float32), t + layout.fed - 1
 
     def fill(noise: torch.Tensor) -> None:  # the race's exponentials, one call a level as the level-by-level drafter
         for d, start in enumerate(at):
             if start is not None:
                 end = next((a for a in at[d + 1 :] if a is not None), noisy)
                 noise[start:end].exponential_(generator=generator)
+        if t:
+            noise[-1, :t].copy_(trunk)
 
-    key = ("slots", shape, vocab, probs_fn.graph_key(), greedy)
-    out = runner.captured_draft(pending, shape.depth, key, make, fill if noisy else None, layout.fed - 1, cuts=False)
-    if out is None:
-        return None
-    tokens, valid, rows, ok = out
-    # the graph's outputs are overwritten by its next replay: the tokens and flags, read after this step's verification
-    # (the next step's pending tokens may view them), are copied; the rows are copied with the leaves' zero rows
-    return _slots_outcome(layout, layout.tensors(device)[0], tokens.clone(), valid.clone(), rows, ok, pending.numel())
+    key = ("slots", shape, vocab, probs_fn.graph_key(), greedy, t, branch_threshold)
+    block = t + layout.fed - 1
+    return runner.captured_draft(pending, shape.depth, key, make, fill if noisy or t else None, block, cuts=False)
 
 
 def _slot_noise(layout: SlotLayout, greedy: bool) -> tuple[list[int | None], int]:
@@ -415,12 +444,24 @@ def _slot_noise(layout: SlotLayout, greedy: bool) -> tuple[list[int | None], int
     return at, total
 
 
-def _slots_core(runner: ModelRunner, layout: SlotLayout, tensors, probs: ProbsFn, greedy: bool, at: list[int | None]):
-    """The function a static tree's graph records (:func:`captured_slots`)."""
+def _slots_core(
+    runner: ModelRunner,
+    layout: SlotLayout,
+    tensors,
+    probs: ProbsFn,
+    greedy: bool,
+    at: list[int | None],
+    trunk: int = 0,
+    branch_threshold: float = 0.0,
+):
+    """The function a static tree's graph records (:func:`captured_slots`; ``trunk``, ``branch_threshold``:
+    :func:`_replay_slots`').
+    """
     ancestors, depths = tensors
 
     def core(ids, pos, mask, *extra, rows, last, noise):
-        tree = _TreeInGraph(runner, probs, ids, pos, mask, extra, rows, last)
+        given = noise[-1, :trunk].long() if trunk else None
+        tree = _TreeInGraph(runner, probs, ids, pos, mask, extra, rows, last, given)
 
         def draw(frontier: torch.Tensor, k: int, greedy_level: bool, d: int) -> tuple[torch.Tensor, torch.Tensor]:
             e = None if greedy_level else noise[at[d] : at[d] + frontier.shape[0]]
@@ -430,7 +471,7 @@ def _slots_core(runner: ModelRunner, layout: SlotLayout, tensors, probs: ProbsFn
         def forward(first: int, end: int, tokens: torch.Tensor) -> torch.Tensor:
             return probs(tree.level(tokens, ancestors[first:end, :end], tree.p0 + depths[first:end]))
 
-        tokens, valid, fed = slots_grow(layout, tree.root, draw, forward, greedy)
+        tokens, valid, fed = slots_grow(layout, tree.root, draw, forward, greedy, None, branch_threshold)
         return tokens, valid, fed, tree.ok & rows_ok(fed)
 
     return core
@@ -811,6 +852,11 @@ def draft_policy_tree(
             policy = outcome  # the policy itself, or an i.i.d. tree's cut at its look
     if device_path and chain_on_device(policy) and runner.captures_drafts and not isinstance(pending, DraftRoot):
         outcome = captured_policy_chain(runner, pending, policy, probs_fn, generator, deterministic, temperature)
+        if outcome is not None:
+            return outcome
+    two_replays = device_path and runner.captures_drafts and not isinstance(pending, DraftRoot)
+    if two_replays and on_device is not False and delayed_on_slots(policy, True):  # a trunk's, then the paths'
+        outcome = captured_conf_delayed(runner, pending, policy, probs_fn, generator, deterministic)
         if outcome is not None:
             return outcome
     root = pending if isinstance(pending, DraftRoot) else draft_root(runner, pending, probs_fn)
@@ -1203,6 +1249,98 @@ def draft_conf_delayed(
     out = _draft_slots(runner, root, layout, probs_fn, generator, deterministic, trunk, policy.branch_threshold)
     out.policy_levels = t + 1  # the trunk's decisions: the rest is the static shape's
     return out
+
+
+def captured_conf_delayed(
+    runner: ModelRunner,
+    pending: torch.Tensor,
+    policy: ConfidenceDelayed,
+    probs_fn: ProbsFn,
+    generator: torch.Generator,
+    greedy: bool,
+) -> DraftOutcome | None:
+    """A ``conf-delayed`` tree in two replays and one read: :func:`draft_conf_delayed`'s tree on an accelerator
+    (``looked``), or None: drafted there (no graph for it).
+
+    The trunk's graph (:func:`_trunk_core`) feeds the pending tokens and drafts the trunk to the look (the same look,
+    from the same past steps), each node drawn as the level-by-level drafter draws it (the argmax at temperature 0,
+    else the exponential race, a level a call) and every decision made on the device; the one read is the trunk's
+    length ``t`` where it stopped (or the look) and the finite flag. The paths' graph then feeds the pending tokens
+    and the ``t`` trunk tokens again as a chain (:func:`_replay_slots`, the tokens in its noise) and drafts the paths
+    from the branch node as the static ``delayed(0, paths, depth - t)`` shape's slots, ``branch_threshold`` flagged
+    on the device: the slots of ``delayed(t, paths, depth - t)`` after its trunk, in the same order, with the same
+    draws. The second replay rewrites the first's rows with the same values, so the cache holds what the
+    level-by-level drafter leaves.
+    """
+    D, K, vocab = policy.depth, policy.paths, probs_fn.vocab_size
+    probs = runner.graph_probs(probs_fn)
+    if probs is None or D < 2:
+        return None
+    stops, look = _look(runner, policy, D - 1)
+    n, mark, state = int(pending.numel()), runner.block_mark(), generator.get_state()
+
+    def make(d: int):
+        return _trunk_core(runner, d, probs, greedy, policy.threshold), ((d, vocab), torch.float32), d
+
+    def fill(noise: torch.Tensor) -> None:  # the race's exponentials, one call a level as the level-by-level drafter
+        for j in range(look):
+            noise[j : j + 1].exponential_(generator=generator)
+
+    key = ("trunk", policy.threshold, probs_fn.graph_key(), greedy)
+    out = runner.captured_draft(pending, look, key, make, None if greedy else fill, look)
+    if out is None:
+        return None
+    tokens, valid, rows, count, ok = out
+    t, good = torch.stack([count.double(), ok.double()]).tolist()  # the trunk's one read
+    check_finite(good, "draft")
+    t = int(t)  # the trunk branches at depth t: where it stopped, or at the look
+    trunk = tokens[:t].clone()  # the next replay of the trunk's graph overwrites its outputs
+    runner.undo_block(mark)
+    paths = slot_layout(TreeShape.delayed(0, K, D - t), vocab)
+    out = _replay_slots(runner, pending, paths, probs_fn, generator, greedy, trunk, policy.branch_threshold)
+    if out is None:  # the paths' capture failed (logged): the whole tree drafted again, level by level
+        generator.set_state(state)
+        return None
+    stops.append(t if t < look else look + 1)
+    p_tokens, p_valid, p_rows, p_ok = out
+    layout = slot_layout(TreeShape.delayed(t, K, D - t), vocab)
+    ancestors, _ = layout.tensors(runner.device)
+    all_tokens = torch.cat([p_tokens[:1], trunk, p_tokens[1:]])
+    all_valid = torch.cat([p_valid[:1], valid[:t], p_valid[1:]])
+    all_rows = torch.cat([rows[:t], p_rows])  # the root's and the trunk's but the branch node's, then the paths'
+    outcome = _slots_outcome(layout, ancestors, all_tokens, all_valid, all_rows, p_ok & rows_ok(rows[:t]), n)
+    outcome.policy_levels = t + 1  # the trunk's decisions: the rest is the static shape's
+    return outcome
+
+
+def _trunk_core(runner: ModelRunner, look: int, probs: ProbsFn, greedy: bool, threshold: float):
+    """The function a ``conf-delayed`` trunk's graph records (:func:`captured_conf_delayed`): the pending rows'
+    forward, then ``look`` decisions, each the row's top-1 against ``threshold`` and its node drawn and fed.
+    Returns ``(tokens [look], valid [look], rows [look + 1, V] (the root's first), how many leading decisions were
+    confident (0-dim), ok)``.
+    """
+
+    def core(ids, pos, mask, *extra, rows, last, noise):
+        logits, r, p, hidden = runner.root_stage(ids, pos, mask, extra, rows, last)
+        cols = runner.cache_columns()
+        row = probs(logits)
+        ok = finite_flag(logits, row)
+        out, tokens, valid, going = [row], [], [], []
+        for j in range(look):
+            confident = row.amax(-1).double() >= threshold
+            going.append(confident if j == 0 else going[-1] & confident)
+            drawn = _drawn_in_graph(row, 1, None if greedy else noise[j : j + 1])  # [1, 1]
+            tokens.append(drawn[0])
+            valid.append(row.gather(-1, drawn)[0] > 0)
+            r, p = r + 1, p + 1
+            logits, hidden = runner.level_forward(drawn[0], r, p, (cols <= r)[None], hidden)
+            row = probs(logits)
+            ok = ok & finite_flag(logits, row)
+            out.append(row)
+        count = torch.cat(going).long().sum()
+        return torch.cat(tokens), torch.cat(valid), torch.cat(out), count, ok
+
+    return core
 
 
 @functools.lru_cache(maxsize=64)

@@ -335,6 +335,19 @@ def test_a_captured_eagle_tree_with_iid_children_is_the_level_by_level_tree_on_c
 
 @pytest.mark.parametrize("kind", ["model", "eagle"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("policy", ["conf-delayed:4:0.05:2", "conf-delayed:4:0.05:2:0.02"])
+def test_a_captured_conf_delayed_tree_is_the_level_by_level_tree_on_cuda(kind, temperature, policy):
+    """A ``conf-delayed`` tree in two replays of its CUDA graphs (the trunk's, read once, then the paths') is the tree
+    the device drafts level by level from one generator state."""
+    from adaptive_spec.engine.drafting import draft_policy_tree
+    from adaptive_spec.trees.policy import parse_policy
+
+    rule = parse_policy(policy)
+    _captured_against_level_by_level(kind, lambda r, ids, p, g: draft_policy_tree(r, ids, rule, p, g, temperature == 0))
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("plan", ["iid:3x4/specinfer", "delayed:1x3x2/traversal", "wor:2x2x1/rrsw"])
 def test_a_captured_static_tree_is_the_level_by_level_tree_on_cuda(kind, temperature, plan):
     """A static tree drafted in one replay of its CUDA graph is the tree drafted level by level on the device from one

@@ -245,14 +245,15 @@ def test_the_captured_chain_law_test_fails_for_draws_off_their_rows(monkeypatch)
 
 
 def _trees_against_level_by_level(
-    monkeypatch, kind, temperature, draft_one, accepts, init=None, tol=1e-5, padded=False, accelerator=True
+    monkeypatch, kind, temperature, draft_one, accepts, init=None, tol=1e-5, padded=False, accelerator=True, replays=1
 ) -> None:
     """``draft_one(runner, pending, probs_fn, generator, greedy)`` on the captured runner and the level-by-level one
     over steps whose pending rows fall in several buckets, each from one generator state on the accelerator's path
     (whose race both take), a path of ``accepts[step]`` nodes down the first children committed between: the same
     tree (tokens, parents, child draws, rows, ancestors, the fed nodes' cache rows) and the same block rows in the
     cache; committed rows never written; every step one replay. ``padded``: the drafts feed padding rows too (more
-    block rows than fed nodes); ``accelerator`` False: the CPU's path (its draws: inverse-CDF uniforms)."""
+    block rows than fed nodes); ``accelerator`` False: the CPU's path (its draws: inverse-CDF uniforms); ``replays``: a
+    step's (a ``conf-delayed`` tree's two)."""
     import contextlib
 
     from adaptive_spec.rng import accelerator_path_on_cpu
@@ -293,7 +294,7 @@ def _trees_against_level_by_level(
                 block = torch.tensor([*block[: len(pending)].tolist(), *(root + j for j in a.cache_rows.values())])
             kv_a, kv_b = (r.slot.kv.buffer[:, :, block] for r in (captured, eager))
             torch.testing.assert_close(kv_a, kv_b, rtol=1e-5, atol=1e-5)
-            assert sum(g.graph.replays for g in captured.slot._drafts.values()) == step + 1
+            assert sum(g.graph.replays for g in captured.slot._drafts.values()) == replays * (step + 1)
             # commit a path of `accept` nodes from the root down its first children (EAGLE: context rows only)
             path, node = [], 0
             while len(path) < accept and a.tree.child_draws[node]:
@@ -394,7 +395,10 @@ def test_the_engine_is_lossless_through_captured_iid_eagle_trees(monkeypatch) ->
         assert _chi_square(_law_engine(monkeypatch), "eagle:2:4:2:2/specinfer", 2000) > 1e-3
 
 
-@pytest.mark.parametrize("plan", ["eagle:2:4:1:2:wor/traversal", "iid:2x2/specinfer", "eagle:2:4:2:2/specinfer"])
+@pytest.mark.parametrize(
+    "plan",
+    ["eagle:2:4:1:2:wor/traversal", "iid:2x2/specinfer", "eagle:2:4:2:2/specinfer", "conf-delayed:2:0.3:2/traversal"],
+)
 def test_the_captured_tree_law_test_fails_for_draws_off_their_rows(monkeypatch, plan) -> None:
     """The negative control: uniforms to the fourth where the race needs exponentials or the inverse CDF uniforms
     (the children are then not draws from the rows reported) make the engine's law wrong through captured EAGLE-style
@@ -581,6 +585,68 @@ def test_hybrid_drafts_capture_their_chain_after_the_looked_up_run(monkeypatch) 
             assert not slot._drafts
     assert [o.token_ids for o in sampled[0]] == [o.token_ids for o in sampled[1]]
     assert [o.stats.accept_lengths for o in sampled[0]] == [o.stats.accept_lengths for o in sampled[1]]
+
+
+# ---------------------------------------------------------------------- conf-delayed (a confident trunk, then paths)
+
+_CONF_DELAYED = [  # policies for the model's rows and the head's (peaked): paths that go on, and that may stop
+    ("model", "conf-delayed:4:0.12:2"),
+    ("model", "conf-delayed:4:0.12:2:0.1"),
+    ("eagle", "conf-delayed:4:0.6:2"),
+]
+
+
+@pytest.mark.parametrize(("kind", "plan"), _CONF_DELAYED)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_captured_conf_delayed_tree_is_the_level_by_level_tree(monkeypatch, kind, plan, temperature) -> None:
+    """A ``conf-delayed`` tree in two replays (its trunk to the look, read once, then the paths after the trunk fed
+    again) is the level-by-level drafter's tree on the accelerator's path (:func:`_trees_against_level_by_level`):
+    trunks of several lengths, paths that go on and paths that may stop (a branch threshold)."""
+    from adaptive_spec.engine.drafting import draft_policy_tree
+    from adaptive_spec.trees.policy import parse_policy
+
+    policy = parse_policy(plan)
+    trunks = []
+
+    def draft_one(r, pending, probs_fn, g, greedy):
+        out = draft_policy_tree(r, pending, policy, probs_fn, g, greedy)
+        trunks.append(out.policy_levels - 1)
+        return out
+
+    init = 0.3 if kind == "eagle" else None
+    _trees_against_level_by_level(monkeypatch, kind, temperature, draft_one, [2, 0, 3, 1, 1, 0, 2, 1], init, replays=2)
+    assert len(set(trunks)) > 1, trunks
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+def test_the_engine_decodes_greedily_as_transformers_through_captured_conf_delayed_trees(monkeypatch, kind) -> None:
+    """Greedy tokens equal transformers' with ``conf-delayed`` trees drafted in two replays on the accelerator's path
+    (cut at the budget's end too), no capture failed."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    slots_as_on_cuda(monkeypatch)
+    target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
+    draft = _head(target, 0.3) if kind == "eagle" else perturbed(target, scale=0.05, seed=2)
+    engine = SpecEngine(target, draft)
+    prompt = [0, 9, 3, 4, 11, 12, 13]
+    ids = torch.tensor([prompt])
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=23)
+    with accelerator_path_on_cpu():
+        for plan in ("conf-delayed:4:0.3:2/traversal", "conf-delayed:3:0.2:3:0.1/greedy"):
+            out = engine.generate(prompt, max_new_tokens=23, temperature=0, plan=plan)
+            assert out.token_ids == expected[0, len(prompt) :].tolist(), plan
+    slot = engine._idle_slots["draft"][0]
+    kinds = {k[2][0] for k in slot._drafts}
+    assert slot.draft_failed is None and kinds == {"trunk", "slots"}, (slot.draft_failed, kinds)
+
+
+def test_the_engine_is_lossless_through_captured_conf_delayed_trees(monkeypatch) -> None:
+    """The joint law of the first 3 tokens is the target's with ``conf-delayed`` trees in two replays, verified by
+    traversal."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    with accelerator_path_on_cpu():
+        assert _chi_square(_law_engine(monkeypatch), "conf-delayed:2:0.3:2/traversal", 2000) > 1e-3
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
