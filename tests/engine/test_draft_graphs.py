@@ -354,10 +354,16 @@ def test_a_captured_eagle_tree_with_iid_children_is_the_level_by_level_tree(monk
         assert looks[:2] == [3, 3] and looks[4:6] == [4, 4], looks
 
 
-@pytest.mark.parametrize("kind", ["model", "eagle"])
-def test_the_engine_decodes_greedily_as_transformers_through_captured_iid_eagle_trees(monkeypatch, kind) -> None:
-    """Greedy tokens equal transformers' with EAGLE-style trees with i.i.d. children grown in one replay on the
-    accelerator's path (looks before the depth and at it, cut at the budget's end), every tree a replay."""
+#: per family drafted on the captured path: plans, and the kinds of graph they replay
+_GREEDY_FAMILIES = {
+    "eagle-iid": (("eagle:4:9:2:2/specinfer", "eagle:3:6:3:1/greedy"), {"eagle-iid"}),
+    "conf-delayed": (("conf-delayed:4:0.3:2/traversal", "conf-delayed:3:0.2:3:0.1/greedy"), {"trunk", "slots"}),
+}
+
+
+def _greedy_through(monkeypatch, kind: str, plans) -> tuple[SpecEngine, int]:
+    """Greedy tokens equal transformers' with ``plans`` on the accelerator's path, drafts captured (a model close to
+    the target, or a head with peaked rows): the engine and the steps taken."""
     from adaptive_spec.rng import accelerator_path_on_cpu
 
     slots_as_on_cuda(monkeypatch)
@@ -367,14 +373,28 @@ def test_the_engine_decodes_greedily_as_transformers_through_captured_iid_eagle_
     prompt = [0, 9, 3, 4, 11, 12, 13]
     ids = torch.tensor([prompt])
     expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=23)
+    steps = 0
     with accelerator_path_on_cpu():
-        for plan in ("eagle:4:9:2:2/specinfer", "eagle:3:6:3:1/greedy"):
+        for plan in plans:
             out = engine.generate(prompt, max_new_tokens=23, temperature=0, plan=plan)
             assert out.token_ids == expected[0, len(prompt) :].tolist(), plan
+            steps += len(out.stats.accept_lengths)
+    return engine, steps
+
+
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+@pytest.mark.parametrize("family", list(_GREEDY_FAMILIES))
+def test_the_engine_decodes_greedily_as_transformers_through_captured_policy_trees(monkeypatch, kind, family) -> None:
+    """Greedy tokens equal transformers' with EAGLE-style trees with i.i.d. children grown in one replay (looks before
+    the depth and at it) and ``conf-delayed`` trees in two, on the accelerator's path (cut at the budget's end too):
+    every draft replayed, no capture failed."""
+    plans, graphs = _GREEDY_FAMILIES[family]
+    engine, steps = _greedy_through(monkeypatch, kind, plans)
     slot = engine._idle_slots["draft"][0]
     kinds = {k[2][0] for k in slot._drafts}
-    assert slot.draft_failed is None and kinds == {"eagle-iid"}, (slot.draft_failed, kinds)
-    assert sum(g.graph.replays for g in slot._drafts.values()) >= len(out.stats.accept_lengths)
+    assert slot.draft_failed is None and kinds == graphs, (slot.draft_failed, kinds)
+    # every step a replay (two for conf-delayed) but each request's last, whose one token left needs no draft
+    assert sum(g.graph.replays for g in slot._drafts.values()) >= steps - len(plans)
 
 
 def test_the_engine_is_lossless_through_captured_eagle_trees(monkeypatch) -> None:
@@ -560,31 +580,60 @@ def test_the_engine_decodes_greedily_as_transformers_through_captured_policy_cha
 # ---------------------------------------------------------------------- hybrid drafts (a looked-up run, then a chain)
 
 
-def test_hybrid_drafts_capture_their_chain_after_the_looked_up_run(monkeypatch) -> None:
-    """A hybrid step feeds its looked-up run as pending tokens of the chain's replay (buckets past a model's 2 pending
-    rows): greedy tokens equal transformers', and a sampled run's tokens are those of the engine without draft graphs,
+@pytest.mark.parametrize("kind", ["model", "eagle"])
+def test_hybrid_drafts_capture_their_chain_after_the_looked_up_run(monkeypatch, kind) -> None:
+    """A model's hybrid step feeds its looked-up run as pending tokens of the chain's replay (buckets past a model's 2
+    pending rows); an EAGLE-style head's takes the run one token at a time (no target features for them) in the
+    chain's replay, the run's tokens carried in the graph's noise (one graph per run length). Greedy tokens equal
+    transformers', and a sampled run's tokens and accepted lengths are those of the engine without draft graphs,
     seed for seed (the chain's uniforms are the level-by-level drafter's)."""
     slots_as_on_cuda(monkeypatch)
     target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
-    engine = SpecEngine(target, perturbed(target, scale=0.05, seed=2))
+    engine = SpecEngine(target, _head(target, 0.3) if kind == "eagle" else perturbed(target, scale=0.05, seed=2))
     prompt = [0, 9, 3, 4, 11, 12, 13, 9, 3, 4, 11, 12, 13, 9, 3]  # repeats: the lookup finds runs
     ids = torch.tensor([prompt])
     expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24)
     out = engine.generate(prompt, max_new_tokens=24, temperature=0, plan="hybrid:4:2/block")
     assert out.token_ids == expected[0, len(prompt) :].tolist()
+    if kind == "eagle":
+        runs = {k[2][1] for k in engine._idle_slots["draft"][0]._drafts if k[2][0] == "hybrid"}
+        assert runs and max(runs) > 1, runs  # looked-up runs of several lengths, each its graph
     sampled = []
     for on in (True, False):
         monkeypatch.setenv("ADAPTIVE_SPEC_DRAFT_GRAPHS", "1" if on else "0")
         engine._idle_slots = {"target": [], "draft": []}  # fresh slots, which read the setting
         sampled.append([engine.generate(prompt, 24, temperature=1.0, plan="hybrid:4:2/block", seed=s) for s in (0, 1)])
         slot = engine._idle_slots["draft"][0]
-        if on:  # the looked-up runs fed in the chain's replay: more pending rows than a chain step's
+        if not on:
+            assert not slot._drafts
+        elif kind == "eagle":
+            hybrid = sum(g.graph.replays for k, g in slot._drafts.items() if k[2][0] == "hybrid")
+            assert slot.draft_failed is None and hybrid >= 2, slot.draft_failed
+        else:  # the looked-up runs fed in the chain's replay: more pending rows than a chain step's
             assert slot.draft_failed is None and max(k[0] for k in slot._drafts) >= 4
             assert sum(g.graph.replays for g in slot._drafts.values()) >= sum(o.stats.steps for o in sampled[0]) // 2
-        else:
-            assert not slot._drafts
     assert [o.token_ids for o in sampled[0]] == [o.token_ids for o in sampled[1]]
     assert [o.stats.accept_lengths for o in sampled[0]] == [o.stats.accept_lengths for o in sampled[1]]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_an_eagle_heads_captured_hybrid_draft_is_the_level_by_level_draft(monkeypatch, temperature) -> None:
+    """An EAGLE-style head's hybrid draft in one replay (the looked-up run fed a token at a time, then the chain) is
+    the level-by-level draft from one generator state: looked-up runs of 4, 3, 2 and 1 tokens and none, the same tree,
+    rows and block rows (:func:`_trees_against_level_by_level`, on the CPU's path: the captured chain's uniforms are
+    its draws)."""
+    from adaptive_spec.engine.drafting import draft_hybrid
+
+    contexts = [[5, 9, 3, 7, 11, 5, 9], [5, 9, 3, 5, 9], [3, 6, 3], [1, 2, 3, 4, 5, 6, 7, 1, 2], [8, 6], [3, 8, 3]]
+    calls = []
+
+    def draft_one(r, pending, probs_fn, g, greedy):
+        calls.append(1)
+        return draft_hybrid(r, pending, contexts[(len(calls) - 1) // 2], 4, 2, probs_fn, g, greedy)
+
+    _trees_against_level_by_level(
+        monkeypatch, "eagle", temperature, draft_one, [2, 0, 5, 1, 0, 3], 0.3, accelerator=False
+    )
 
 
 # ---------------------------------------------------------------------- conf-delayed (a confident trunk, then paths)
@@ -618,28 +667,6 @@ def test_a_captured_conf_delayed_tree_is_the_level_by_level_tree(monkeypatch, ki
     assert len(set(trunks)) > 1, trunks
 
 
-@pytest.mark.parametrize("kind", ["model", "eagle"])
-def test_the_engine_decodes_greedily_as_transformers_through_captured_conf_delayed_trees(monkeypatch, kind) -> None:
-    """Greedy tokens equal transformers' with ``conf-delayed`` trees drafted in two replays on the accelerator's path
-    (cut at the budget's end too), no capture failed."""
-    from adaptive_spec.rng import accelerator_path_on_cpu
-
-    slots_as_on_cuda(monkeypatch)
-    target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
-    draft = _head(target, 0.3) if kind == "eagle" else perturbed(target, scale=0.05, seed=2)
-    engine = SpecEngine(target, draft)
-    prompt = [0, 9, 3, 4, 11, 12, 13]
-    ids = torch.tensor([prompt])
-    expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=23)
-    with accelerator_path_on_cpu():
-        for plan in ("conf-delayed:4:0.3:2/traversal", "conf-delayed:3:0.2:3:0.1/greedy"):
-            out = engine.generate(prompt, max_new_tokens=23, temperature=0, plan=plan)
-            assert out.token_ids == expected[0, len(prompt) :].tolist(), plan
-    slot = engine._idle_slots["draft"][0]
-    kinds = {k[2][0] for k in slot._drafts}
-    assert slot.draft_failed is None and kinds == {"trunk", "slots"}, (slot.draft_failed, kinds)
-
-
 def test_the_engine_is_lossless_through_captured_conf_delayed_trees(monkeypatch) -> None:
     """The joint law of the first 3 tokens is the target's with ``conf-delayed`` trees in two replays, verified by
     traversal."""
@@ -647,56 +674,6 @@ def test_the_engine_is_lossless_through_captured_conf_delayed_trees(monkeypatch)
 
     with accelerator_path_on_cpu():
         assert _chi_square(_law_engine(monkeypatch), "conf-delayed:2:0.3:2/traversal", 2000) > 1e-3
-
-
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_an_eagle_heads_captured_hybrid_draft_is_the_level_by_level_draft(monkeypatch, temperature) -> None:
-    """An EAGLE-style head's hybrid draft in one replay (the looked-up run fed a token at a time, then the chain) is
-    the level-by-level draft from one generator state: looked-up runs of 4, 3, 2 and 1 tokens and none, the same tree,
-    rows and block rows (:func:`_trees_against_level_by_level`, on the CPU's path: the captured chain's uniforms are
-    its draws)."""
-    from adaptive_spec.engine.drafting import draft_hybrid
-
-    contexts = [[5, 9, 3, 7, 11, 5, 9], [5, 9, 3, 5, 9], [3, 6, 3], [1, 2, 3, 4, 5, 6, 7, 1, 2], [8, 6], [3, 8, 3]]
-    calls = []
-
-    def draft_one(r, pending, probs_fn, g, greedy):
-        calls.append(1)
-        return draft_hybrid(r, pending, contexts[(len(calls) - 1) // 2], 4, 2, probs_fn, g, greedy)
-
-    _trees_against_level_by_level(
-        monkeypatch, "eagle", temperature, draft_one, [2, 0, 5, 1, 0, 3], 0.3, accelerator=False
-    )
-
-
-def test_an_eagle_heads_hybrid_drafts_feed_the_looked_up_run_and_the_chain_in_one_replay(monkeypatch) -> None:
-    """An EAGLE-style head takes a hybrid step's looked-up run one token at a time (no target features for them) in
-    the chain's replay, the run's tokens carried in the graph's noise (one graph per run length): greedy tokens equal
-    transformers', and a sampled run's tokens and accepted lengths are those of the engine without draft graphs, seed
-    for seed, every hybrid step a replay."""
-    slots_as_on_cuda(monkeypatch)
-    target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
-    engine = SpecEngine(target, _head(target, 0.3))
-    prompt = [0, 9, 3, 4, 11, 12, 13, 9, 3, 4, 11, 12, 13, 9, 3]  # repeats: the lookup finds runs
-    ids = torch.tensor([prompt])
-    expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24)
-    out = engine.generate(prompt, max_new_tokens=24, temperature=0, plan="hybrid:4:2/block")
-    assert out.token_ids == expected[0, len(prompt) :].tolist()
-    runs = {k[2][1] for k in engine._idle_slots["draft"][0]._drafts if k[2][0] == "hybrid"}
-    assert runs and max(runs) > 1, runs  # looked-up runs of several lengths, each its graph
-    sampled = []
-    for on in (True, False):
-        monkeypatch.setenv("ADAPTIVE_SPEC_DRAFT_GRAPHS", "1" if on else "0")
-        engine._idle_slots = {"target": [], "draft": []}  # fresh slots, which read the setting
-        sampled.append([engine.generate(prompt, 24, temperature=1.0, plan="hybrid:4:2/block", seed=s) for s in (0, 1)])
-        slot = engine._idle_slots["draft"][0]
-        hybrid = sum(g.graph.replays for k, g in slot._drafts.items() if k[2][0] == "hybrid")
-        if on:
-            assert slot.draft_failed is None and hybrid >= 2, slot.draft_failed
-        else:
-            assert not slot._drafts
-    assert [o.token_ids for o in sampled[0]] == [o.token_ids for o in sampled[1]]
-    assert [o.stats.accept_lengths for o in sampled[0]] == [o.stats.accept_lengths for o in sampled[1]]
 
 
 # ---------------------------------------------------------------------- what a CUDA graph cannot record
@@ -833,19 +810,7 @@ def test_a_captured_static_tree_is_the_level_by_level_tree(monkeypatch, kind, te
 @pytest.mark.parametrize("kind", ["model", "eagle"])
 def test_the_engine_decodes_greedily_as_transformers_through_captured_static_trees(monkeypatch, kind) -> None:
     """Greedy tokens equal transformers' with static trees drafted in one replay (cut at the budget's end too)."""
-    from adaptive_spec.rng import accelerator_path_on_cpu
-
-    slots_as_on_cuda(monkeypatch)
-    target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
-    draft = _head(target, 0.3) if kind == "eagle" else perturbed(target, scale=0.05, seed=2)
-    engine = SpecEngine(target, draft)
-    prompt = [0, 9, 3, 4, 11, 12, 13]
-    ids = torch.tensor([prompt])
-    expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=23)
-    with accelerator_path_on_cpu():
-        for plan in _STATIC:
-            out = engine.generate(prompt, max_new_tokens=23, temperature=0, plan=plan)
-            assert out.token_ids == expected[0, len(prompt) :].tolist(), plan
+    engine, _ = _greedy_through(monkeypatch, kind, _STATIC)
     slot = engine._idle_slots["draft"][0]
     assert slot.draft_failed is None and sum(g.graph.replays for g in slot._drafts.values()) > 10
     assert {k[2][0] for k in slot._drafts} == {"slots", "chain"}  # a delayed tree cut at the budget: a chain
