@@ -45,7 +45,7 @@
 #                  (cum-chain:4:0.2/block, learned-chain:4:0.25/block), hybrid drafts (hybrid:6:2/block: the head's
 #                  looked-up run and tail in one replay, level by level before 2026-12-02) and a static tree drafted
 #                  in one replay (iid:3x4/specinfer; about 6 minutes: not measured yet)
-#   graphs_{off,on}_t{0,1}.json  the three steps above in one (about 4 minutes: not measured yet): bench e2e on 2
+#   graphs_{off,on}_t{0,1}.json  the three steps above in one (about 5 minutes: not measured yet): bench e2e on 2
 #                  prompts with every captured family's plans (chains, the two EAGLE-style trees without
 #                  replacement and one with i.i.d. children, eagle:6:48:6:4/specinfer, cum- and learned-chain,
 #                  hybrid, iid:3x4/specinfer, conf-delayed:6:0.5:3/traversal), draft graphs off then on at each
