@@ -283,28 +283,48 @@ def _chain_core(runner: ModelRunner, depth: int, probs: ProbsFn, greedy: bool, g
     """
 
     def core(ids, pos, mask, *extra, rows, last, noise):
-        logits, r, p, hidden = runner.root_stage(ids, pos, mask, extra, rows, last)
-        cols = runner.cache_columns()
-        ok = None if not given else finite_flag(logits)  # the pending root's logits, checked with the last given's
-        for i in range(given):  # one token attending to every row before it, reading the head's output before it
-            r, p = r + 1, p + 1
-            logits, hidden = runner.level_forward(noise[i : i + 1].long(), r, p, (cols <= r)[None], hidden)
-        row = probs(logits)  # [1, V]: the root's (the last given token's)
-        ok = finite_flag(logits, row) if ok is None else ok & finite_flag(logits, row)
+        fed = noise[:given].long() if given else None  # the given tokens, ahead of the uniforms
+        row, ok, r, p, hidden, cols = _graph_root(runner, probs, ids, pos, mask, extra, rows, last, fed)
         noise = noise[given:]
-        tokens, out = [], [row]
+        tokens, out = [], [row]  # the root's row (the last given token's)
         for d in range(depth):
             token = row.argmax(-1) if greedy else inverse_cdf_from(row, noise[d : d + 1, None])[:, 0]  # [1]
             tokens.append(token)
             if d + 1 == depth:
                 break
-            r, p = r + 1, p + 1  # the node's cache row and position: after every row before it
-            logits, hidden = runner.level_forward(token, r, p, (cols <= r)[None], hidden)
+            logits, hidden, r, p = _chain_step(runner, cols, token, r, p, hidden)
             row = probs(logits)
             out.append(row)
         return torch.cat(tokens), torch.cat(out), ok
 
     return core
+
+
+def _graph_root(runner: ModelRunner, probs: ProbsFn, ids, pos, mask, extra, rows, last, given=None):
+    """Inside a captured draft: the pending rows' forward as a bucket's
+    (:meth:`~adaptive_spec.engine.runner.ModelRunner.root_stage`), then the ``given`` tokens (LongTensor[t]: a hybrid
+    draft's looked-up run, a trunk) fed as a chain after it, the last of them the draft's root. ``(the root's row
+    [1, V], whether the pending root's and the root's logits were finite, the root's cache row, its position, its
+    final hidden state, the cache's columns)``.
+    """
+    logits, r, p, hidden = runner.root_stage(ids, pos, mask, extra, rows, last)
+    cols = runner.cache_columns()
+    ok = None if given is None else finite_flag(logits)  # the pending root's logits, checked with the last given's
+    for i in range(0 if given is None else given.numel()):  # reading the output before it (an EAGLE head's feature)
+        logits, hidden, r, p = _chain_step(runner, cols, given[i : i + 1], r, p, hidden)
+    row = probs(logits)
+    ok = finite_flag(logits, row) if ok is None else ok & finite_flag(logits, row)
+    return row, ok, r, p, hidden, cols
+
+
+def _chain_step(runner: ModelRunner, cols: torch.Tensor, token: torch.Tensor, r, p, hidden):
+    """Inside a captured draft: one ``token`` [1] after the row at cache row ``r`` and position ``p``, attending to
+    every row before it, its parent feature ``hidden`` (the row before's output). ``(logits, hidden, its cache row,
+    its position)``.
+    """
+    r, p = r + 1, p + 1
+    logits, hidden = runner.level_forward(token, r, p, (cols <= r)[None], hidden)
+    return logits, hidden, r, p
 
 
 class _TreeInGraph:
@@ -314,16 +334,10 @@ class _TreeInGraph:
     """
 
     def __init__(self, runner: ModelRunner, probs: ProbsFn, ids, pos, mask, extra, rows, last, given=None) -> None:
-        logits, self.r0, self.p0, h0 = runner.root_stage(ids, pos, mask, extra, rows, last)
-        cols = runner.cache_columns()
-        ok = None
-        if given is not None:  # a trunk's tokens (LongTensor[t]), fed as a chain after the root: the last is the root
-            ok = finite_flag(logits)
-            for i in range(given.numel()):
-                self.r0, self.p0 = self.r0 + 1, self.p0 + 1
-                logits, h0 = runner.level_forward(given[i : i + 1], self.r0, self.p0, (cols <= self.r0)[None], h0)
-        self.root = probs(logits)
-        self.ok = finite_flag(logits, self.root) if ok is None else ok & finite_flag(logits, self.root)
+        # given: a trunk's tokens, fed as a chain after the pending ones, the last of them the root (_graph_root)
+        self.root, self.ok, self.r0, self.p0, h0, cols = _graph_root(
+            runner, probs, ids, pos, mask, extra, rows, last, given
+        )
         self.rel = cols - self.r0  # a fed node's column: the root's row, then the fed nodes' in feed order
         self.before = cols < self.r0  # the context and the pending rows: every node's ancestors
         self.hidden = [h0]  # the fed nodes' outputs, in feed order: their children's features
@@ -398,13 +412,14 @@ def _replay_slots(
     """:func:`captured_slots`'s replay: the graph's outputs ``(tokens, valid, rows, ok)`` (:func:`slots_grow`'s, and
     whether every row was finite), or None: not captured. ``trunk`` (LongTensor[t], :func:`captured_conf_delayed`): a
     trunk's tokens fed as a chain after the pending ones, the layout's root its last; they travel in the graph's noise,
-    a row after the exponentials (float32 holds every token id below 2**24 exactly), one graph per trunk length.
+    a row after the exponentials (float32 holds every token id below 2**24 exactly: a larger vocabulary drafts level by
+    level), one graph per trunk length.
     ``branch_threshold``: :func:`slots_grow`'s.
     """
     probs = runner.graph_probs(probs_fn)
     vocab, device, shape = probs_fn.vocab_size, runner.device, layout.shape
     t = 0 if trunk is None else int(trunk.numel())
-    if probs is None or vocab >= 1 << 24 or t > vocab:
+    if probs is None or (t and vocab > 1 << 24):  # a trunk's ids in float32, exact below 2**24
         return None
     at, noisy = _slot_noise(layout, greedy)
 
@@ -1321,10 +1336,7 @@ def _trunk_core(runner: ModelRunner, look: int, probs: ProbsFn, greedy: bool, th
     """
 
     def core(ids, pos, mask, *extra, rows, last, noise):
-        logits, r, p, hidden = runner.root_stage(ids, pos, mask, extra, rows, last)
-        cols = runner.cache_columns()
-        row = probs(logits)
-        ok = finite_flag(logits, row)
+        row, ok, r, p, hidden, cols = _graph_root(runner, probs, ids, pos, mask, extra, rows, last)
         out, tokens, valid, going = [row], [], [], []
         for j in range(look):
             confident = row.amax(-1).double() >= threshold
@@ -1332,8 +1344,7 @@ def _trunk_core(runner: ModelRunner, look: int, probs: ProbsFn, greedy: bool, th
             drawn = _drawn_in_graph(row, 1, None if greedy else noise[j : j + 1])  # [1, 1]
             tokens.append(drawn[0])
             valid.append(row.gather(-1, drawn)[0] > 0)
-            r, p = r + 1, p + 1
-            logits, hidden = runner.level_forward(drawn[0], r, p, (cols <= r)[None], hidden)
+            logits, hidden, r, p = _chain_step(runner, cols, drawn[0], r, p, hidden)
             row = probs(logits)
             ok = ok & finite_flag(logits, row)
             out.append(row)
