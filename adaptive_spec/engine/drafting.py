@@ -62,6 +62,7 @@ from adaptive_spec.formats.nodes import PROB_FLOOR
 from adaptive_spec.rng import TorchSampler, accelerator_path, inverse_cdf_from
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.trees.draw import draw_children, draw_tokens
+from adaptive_spec.trees.datastore import Datastore
 from adaptive_spec.trees.lookup import hybrid_tree, lookup_trie, ngram_candidates, ngram_lookup, within_vocab
 from adaptive_spec.trees.policy import (
     ChainRule,
@@ -704,16 +705,27 @@ class _Builder:
 
 
 def lookup_outcome(
-    context: list[int], shape: TreeShape, vocab_size: int, device: torch.device, root: DraftRoot | None
+    context: list[int],
+    shape: TreeShape,
+    vocab_size: int,
+    device: torch.device,
+    root: DraftRoot | None,
+    corpus: tuple[Datastore, int] | None = None,
 ) -> DraftOutcome:
     """A lookup step's chain or trie (:mod:`adaptive_spec.trees.lookup`): no draft forward.
 
     ``root``: the step's first draft forward, when it was run for the root features (else None);
     its last row is the draft model's row over the root, kept as the outcome's ``model_rows``.
+    ``corpus``: ``(datastore, K)``: K of the shape's paths are found in the datastore
+    (:mod:`adaptive_spec.trees.datastore`), the others in the context; still a function of the context.
     """
     # one path (lookup:L) is the chain of the most recent longest match, several (lookup:WxL) its trie
     # (ids outside the LM head, possible in a prompt, are never drafted: the target gives them probability 0)
-    found = within_vocab(ngram_candidates(context, shape.paths, shape.depth), vocab_size)
+    k = corpus[1] if corpus is not None else 0
+    found = ngram_candidates(context, shape.paths - k, shape.depth)
+    if corpus is not None:
+        found += corpus[0].candidates(context, k, shape.depth)
+    found = within_vocab(found, vocab_size)
     tree = lookup_trie(found, vocab_size, shape.paths, device)  # with its device copies, made in one copy
     ancestors = tree.ancestors_tensor(device)
     n = tree.num_nodes

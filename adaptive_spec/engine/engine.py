@@ -39,6 +39,7 @@ from adaptive_spec.engine.features import LatencyFeatures, RootTracker
 from adaptive_spec.engine.graphs import BUCKETS, ModelSlot
 from adaptive_spec.engine.logits import ProbsFn, build_logits_processor
 from adaptive_spec.engine.metrics import GenerationStats, PhaseTimer
+from adaptive_spec.engine.models import shipped_datastore
 from adaptive_spec.engine.outputs import DeviceTail, EngineState, GenerationResult
 from adaptive_spec.engine.pretrained import (
     check_same_tokenizer,
@@ -56,6 +57,7 @@ from adaptive_spec.engine.stopping import cut_at_stop, emit
 from adaptive_spec.engine.weight_order import arrange_linears
 from adaptive_spec.formats.feature_log import prompt_key
 from adaptive_spec.planner.plan import Plan
+from adaptive_spec.trees.datastore import Datastore
 
 if TYPE_CHECKING:
     from adaptive_spec.formats.feature_log import FeatureLogger
@@ -100,6 +102,10 @@ class SpecEngine(StepMixin):
             each phase (a phase that reads the host absorbs the device's queue) and only their
             sum per step is the step's time. Each phase sync stalls that overlap. No effect
             on a CPU.
+        datastore: a corpus the plans ``lookup:WxL+K/nss`` draft from (:mod:`adaptive_spec.trees.datastore`):
+            a :class:`~adaptive_spec.trees.datastore.Datastore` or the path of a file it saved (built by
+            ``adaptive-spec zoo datastore``). :meth:`from_pretrained` loads the one shipped for a fetched model
+            (``adaptive_spec/zoo/smollm2/datastore.npz``) unless given ``datastore=None``. Default None.
 
     Raises:
         ValueError: unsupported attention implementation or cache type, mismatched
@@ -121,6 +127,7 @@ class SpecEngine(StepMixin):
         cuda_graphs: bool | None = None,
         compile_forwards: bool = False,
         phase_sync: bool = False,
+        datastore: Datastore | str | os.PathLike | None = None,
     ) -> None:
         device = torch.device(device) if device is not None else target.device
         if is_eagle_head(draft) and not draft.bound:
@@ -161,6 +168,7 @@ class SpecEngine(StepMixin):
         self.hidden_sizes = tuple(m.get_output_embeddings().weight.shape[1] for m in (self.draft, self.target))
         self.planner = planner
         self.latency_model = latency_model
+        self.datastore = self._datastore(datastore)
         # Tuned plan files tried by default_plan() (None: configs/plans/in-draft.yaml, then best-static.yaml).
         self.tuned_plan_files: Sequence[str | os.PathLike] | None = None
         self._fingerprints: dict[str, str] | None = None
@@ -186,6 +194,22 @@ class SpecEngine(StepMixin):
             log = feature_log if isinstance(feature_log, FeatureLogger) else FeatureLogger(feature_log)
             log.attach(self.describe())
             self.feature_log = log
+
+    def _datastore(self, datastore: Datastore | str | os.PathLike | None) -> Datastore | None:
+        """The datastore given (loaded from its file), checked against the target's vocabulary."""
+        if datastore is None or isinstance(datastore, Datastore):
+            store = datastore
+        else:
+            try:
+                store = Datastore.load(datastore)
+            except (FileNotFoundError, ValueError) as err:
+                raise ValueError(f"datastore: {err}") from None
+        if store is not None and store.vocab_size not in (self.vocab_size, self.input_vocab_size):
+            raise ValueError(
+                f"the datastore was built for a vocabulary of {store.vocab_size} ids and the target has "
+                f"{self.vocab_size}: build it with the target's tokenizer (adaptive-spec zoo datastore)"
+            )
+        return store
 
     def describe(self) -> dict[str, Any]:
         """The engine's configuration, as recorded in a feature log's manifest.
@@ -279,6 +303,9 @@ class SpecEngine(StepMixin):
             device_map=device_map,
             offload_folder=offload_folder,
         )
+        if "datastore" not in engine_kwargs and isinstance(target, str):  # the corpus shipped for a fetched model
+            shipped = shipped_datastore(target)
+            engine_kwargs["datastore"] = shipped if shipped is not None and shipped.is_file() else None
         kw = {"device": device, "draft_tokenizer": draft_tokenizer, **engine_kwargs}
         engine = cls(target_model, draft_model, tokenizer, **kw)
         arrange_linears(engine.target, engine.draft)  # the models are ours: on a CPU, this host's faster weight order

@@ -46,6 +46,7 @@ __all__ = [
     "models_dir",
     "resolve_model",
     "resolve_pair",
+    "shipped_datastore",
     "shipped_drafts_dir",
 ]
 
@@ -264,6 +265,12 @@ PAIRED_DRAFT = {"builtin": "builtin", "smollm2": "smollm2-eagle"}
 def shipped_drafts_dir(name: str = "smollm2") -> Path:
     """The committed drafts of a fetched model: ``adaptive_spec/zoo/<name>/{eagle,draft}``."""
     return Path(__file__).resolve().parents[1] / "zoo" / name
+
+
+def shipped_datastore(name: str) -> Path | None:
+    """The datastore file shipped for a fetched model (``adaptive_spec/zoo/<name>/datastore.npz``; it may not
+    exist), or None for another name."""
+    return shipped_drafts_dir(name) / "datastore.npz" if name in MODELS else None
 
 
 def resolve_model(name: str, role: str = "draft") -> str:

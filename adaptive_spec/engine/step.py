@@ -8,7 +8,7 @@ in one target pass under the tree mask, verifies it with the plan's verifier
 (:mod:`adaptive_spec.verifiers`) and commits the accepted path to both caches. Plain decoding
 (:meth:`StepMixin._autoregressive_step`) is the same target pass over one row.
 
-The mixin reads the engine's ``device``, ``vocab_size``, ``draft_data`` and ``node_log``.
+The mixin reads the engine's ``device``, ``vocab_size``, ``datastore``, ``draft_data`` and ``node_log``.
 """
 
 from __future__ import annotations
@@ -222,7 +222,15 @@ class StepMixin:
         state, sampling, draft = run.state, run.request.sampling, run.state.draft
         if plan.source == "lookup":  # found in the context: one-hot rows, no draft forward
             root = pending if isinstance(pending, DraftRoot) else None
-            return lookup_outcome(state.context, plan.shape, self.vocab_size, self.device, root)
+            corpus = None
+            if plan.corpus_paths:
+                if self.datastore is None:
+                    raise ValueError(
+                        f"plan {plan} drafts from a datastore and the engine has none: give SpecEngine(..., "
+                        "datastore=FILE) (built by adaptive-spec zoo datastore), or drop the '+K'"
+                    )
+                corpus = (self.datastore, plan.corpus_paths)
+            return lookup_outcome(state.context, plan.shape, self.vocab_size, self.device, root, corpus)
         law = (run.draft_probs_fn, state.generator, sampling.greedy)
         if plan.source == "hybrid":  # looked up, then extended by the model
             b = plan.shape.depth - plan.lookup_depth

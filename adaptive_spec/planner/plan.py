@@ -5,6 +5,7 @@ A :class:`Plan` says how one speculative step drafts and verifies. Text form::
     <tree shape>/<verifier>        e.g.  "delayed:2x3x3/traversal", "chain:4/block", "wor:3x2x1/rrsw"
     lookup:L/<verifier>            e.g.  "lookup:8/block": a chain of up to L tokens found in the context
     lookup:WxL/<verifier>          e.g.  "lookup:3x8/nss": a trie of up to W distinct continuations found there
+    lookup:WxL+K/<verifier>        e.g.  "lookup:3x8+2/nss": and K more found in the engine's datastore (a corpus)
     hybrid:A:B/<verifier>          e.g.  "hybrid:6:2/block": up to A looked-up tokens, then B drafted by the model
 
 where ``<tree shape>`` is anything :meth:`TreeShape.parse` accepts (``chain:L``, ``iid:KxL``,
@@ -71,6 +72,9 @@ class Plan:
             draft forward) or ``"hybrid"`` (up to
             ``lookup_depth`` looked-up tokens, then the model drafts the rest of the chain).
         lookup_depth: a hybrid plan's most looked-up tokens (0 for the other sources).
+        corpus_paths: a lookup plan's continuations found in the engine's datastore
+            (:mod:`adaptive_spec.trees.datastore`), among the shape's ``paths``; the other
+            ``shape.paths - corpus_paths`` are found in the context (0: the context alone).
 
     Raises:
         ValueError: unknown verifier, or a verifier that cannot verify the shape's law
@@ -83,6 +87,7 @@ class Plan:
     policy: DraftPolicy | None = None
     source: str = "model"
     lookup_depth: int = 0
+    corpus_paths: int = 0
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -100,6 +105,15 @@ class Plan:
             raise ValueError(
                 "a hybrid plan looks up 1 <= A tokens and then drafts B >= 1 with the model (hybrid:A:B); "
                 "lookup_depth is for hybrid plans only"
+            )
+        if self.corpus_paths and (
+            self.source != "lookup"
+            or self.shape.law is not DraftLaw.DETERMINISTIC
+            or self.corpus_paths > self.shape.paths
+        ):
+            raise ValueError(
+                "corpus_paths is for lookup tries: lookup:WxL+K/nss finds W continuations in the context and K in the "
+                "datastore (W >= 0, K >= 1)"
             )
         if isinstance(self.shape, DraftPolicy) and self.policy is None:  # Plan(policy, verifier)
             object.__setattr__(self, "policy", self.shape)
@@ -130,16 +144,27 @@ class Plan:
             raise ValueError(f"plan {text!r}: missing verifier name after '/'")
         kind, colon, size = shape_text.strip().partition(":")
         if kind == "lookup":
+            size, plus, k = size.partition("+")
             w, x, length = size.rpartition("x")
-            if not (colon and length.isdigit() and int(length) >= 1 and (not x or (w.isdigit() and int(w) >= 1))):
+            ok = (
+                colon
+                and length.isdigit()
+                and int(length) >= 1
+                and (not x or (w.isdigit() and int(w) >= 1 - bool(plus)))
+            )
+            if not ok or (plus and not (k.isdigit() and int(k) >= 1)):
                 raise ValueError(
-                    f"plan {text!r}: a lookup plan is lookup:L (a chain of L >= 1 tokens, e.g. 'lookup:8/block') "
-                    "or lookup:WxL (a trie of up to W continuations, e.g. 'lookup:3x8/nss')"
+                    f"plan {text!r}: a lookup plan is lookup:L (a chain of L >= 1 tokens, e.g. 'lookup:8/block'), "
+                    "lookup:WxL (a trie of up to W continuations, e.g. 'lookup:3x8/nss') or lookup:WxL+K (and K "
+                    "more found in the datastore, e.g. 'lookup:3x8+2/nss')"
                 )
-            shape = TreeShape.lookup(int(w) if x else 1, int(length))
+            corpus = int(k) if plus else 0
+            shape = TreeShape.lookup((int(w) if x else 1) + corpus, int(length))
+            if plus and shape.law is not DraftLaw.DETERMINISTIC:  # lookup:0x8+1: one corpus path is still a trie
+                shape = TreeShape(DraftLaw.DETERMINISTIC, trunk=0, paths=shape.paths, branch_len=int(length))
             if shape.law is DraftLaw.DETERMINISTIC and not sep:
                 verifier = "nss"  # the default traversal reads draft rows a trie does not have
-            return cls(shape, verifier, source="lookup")
+            return cls(shape, verifier, source="lookup", corpus_paths=corpus)
         if kind == "hybrid":
             a, _, b = size.partition(":")
             if not (a.isdigit() and b.isdigit() and int(a) >= 1 and int(b) >= 1):
@@ -168,8 +193,10 @@ class Plan:
 
     def __str__(self) -> str:
         if self.source == "lookup":
-            paths = f"{self.shape.paths}x" if self.shape.law is DraftLaw.DETERMINISTIC else ""
-            return f"lookup:{paths}{self.shape.depth}/{self.verifier}"
+            context_paths = self.shape.paths - self.corpus_paths
+            paths = f"{context_paths}x" if self.shape.law is DraftLaw.DETERMINISTIC else ""
+            corpus = f"+{self.corpus_paths}" if self.corpus_paths else ""
+            return f"lookup:{paths}{self.shape.depth}{corpus}/{self.verifier}"
         if self.source == "hybrid":
             return f"hybrid:{self.lookup_depth}:{self.shape.depth - self.lookup_depth}/{self.verifier}"
         return f"{self.policy if self.policy is not None else self.shape}/{self.verifier}"
@@ -199,7 +226,10 @@ class Plan:
                 return Plan(truncate_shape(self.shape, max_depth), self.verifier, self.allow_lossy)
             a = min(self.lookup_depth, max_depth - 1)
             return Plan(TreeShape.chain(max_depth), self.verifier, self.allow_lossy, source="hybrid", lookup_depth=a)
-        return Plan(truncate_shape(self.shape, max_depth), self.verifier, self.allow_lossy, source=self.source)
+        shape, corpus = truncate_shape(self.shape, max_depth), self.corpus_paths if max_depth > 0 else 0
+        if corpus and shape.law is not DraftLaw.DETERMINISTIC:  # keep the trie a corpus plan drafts
+            shape = TreeShape(DraftLaw.DETERMINISTIC, trunk=0, paths=self.shape.paths, branch_len=max_depth)
+        return Plan(shape, self.verifier, self.allow_lossy, source=self.source, corpus_paths=corpus)
 
 
 def truncate_shape(shape: TreeShape, max_depth: int) -> TreeShape:

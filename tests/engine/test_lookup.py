@@ -13,6 +13,7 @@ from adaptive_spec.engine.logits import SamplingConfig
 from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_planner
 from adaptive_spec.planner.sources import SourceRule, parse_source_rule
 from adaptive_spec.rng import as_sampler
+from adaptive_spec.trees.datastore import Datastore
 from tests.helpers.laws import chi_square_pvalue, exact_law
 from tests.helpers.tiny import perturbed, tiny_model
 
@@ -42,13 +43,26 @@ def _eagle(target):
 @pytest.mark.parametrize("draft", ["model", "eagle"])
 @pytest.mark.parametrize(
     "plan",
-    ["lookup:6/block", "lookup:3/token", "lookup:3x4/nss", "alternate", "source:chain:3/block", "hybrid:3:2/block"],
+    [
+        "lookup:6/block",
+        "lookup:3/token",
+        "lookup:3x4/nss",
+        "alternate",
+        "source:chain:3/block",
+        "hybrid:3:2/block",
+        "lookup:1x4+2/nss",
+        "lookup:0x4+2/greedy",
+    ],
 )
 def test_greedy_equals_transformers(plan, draft) -> None:
     target = tiny_model("llama", vocab=8, hidden=16, eos=None, init_range=0.5, seed=11, layers=1)
-    engine = SpecEngine(target, perturbed(target, 0.3, 12) if draft == "model" else _eagle(target))
     prompt = [3, 5, 2, 3, 5, 2, 3, 5]
     ref = target.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False)[0, len(prompt) :].tolist()
+    # a corpus of the target's greedy text after other prompts (and noise), for the plans that read one
+    texts = [target.generate(torch.tensor([p]), max_new_tokens=30, do_sample=False)[0].tolist() for p in ([1, 4], [6])]
+    store = Datastore.from_texts([*texts, [5, 2, 7, 7, 1]], 8)
+    draft_model = perturbed(target, 0.3, 12) if draft == "model" else _eagle(target)
+    engine = SpecEngine(target, draft_model, datastore=store if "+" in plan else None)
     out = engine.generate(
         prompt, max_new_tokens=40, temperature=0, plan=Alternate("chain:3/block") if plan == "alternate" else plan
     )
@@ -69,12 +83,16 @@ RUNS = 1000  # a law test through the engine; the exact tests by enumeration are
 
 
 @pytest.mark.parametrize(
-    "plan", ["lookup:2/block", "lookup:2x2/nss", "alternate", "source", "hybrid:1:1/token", "hybrid-after-root"]
+    "plan",
+    ["lookup:2/block", "lookup:2x2/nss", "alternate", "source", "hybrid:1:1/token", "hybrid-after-root", "corpus"],
 )
-def test_lossless_lookup(engine, plan) -> None:
+def test_lossless_lookup(engine, plan, monkeypatch) -> None:
     prompt = [3, 5, 3, 5]  # a repeat, so that the lookup proposes something
     if plan == "lookup:2x2/nss":
         prompt = [3, 5, 3, 6, 3]  # "3" recurs with two continuations: a trie 3 -> {6 3, 5 3}
+    if plan == "corpus":  # the corpus's continuations of "6 3": a trie 3 -> {1 2, 4 4}, and the context's 3 -> 5 3
+        monkeypatch.setattr(engine, "datastore", CORPUS)
+        prompt, plan = [3, 5, 3, 6, 3], "lookup:1x2+2/nss"
     counts = torch.zeros(V, V, V, dtype=torch.long)
     proposed = 0
     for seed in range(RUNS):
@@ -85,9 +103,22 @@ def test_lossless_lookup(engine, plan) -> None:
             prompt, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k, plan=p, seed=seed
         )
         counts[tuple(out.token_ids)] += 1
-        proposed += out.stats.tree_sizes[0] > (4 if plan == "lookup:2x2/nss" else 1)
+        proposed += out.stats.tree_sizes[0] > {"lookup:2x2/nss": 4, "lookup:1x2+2/nss": 6}.get(plan, 1)
     assert proposed == RUNS  # the first step always found "3 5 -> 3 5"
     assert chi_square_pvalue(counts, exact_law(engine.target, SAMPLING, prompt, V)) > 1e-3
+
+
+CORPUS = Datastore.from_texts([[6, 3, 1, 2], [6, 3, 4, 4], [6, 3, 1, 7]], V)
+
+
+def test_corpus_plans_need_a_datastore(engine) -> None:
+    with pytest.raises(ValueError, match="drafts from a datastore and the engine has none") as err:
+        engine.generate([3, 5, 3, 6, 3], max_new_tokens=3, plan="lookup:1x2+2/nss")
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="built for a vocabulary of 9 ids and the target has 8"):
+        SpecEngine(engine.target, engine.draft, datastore=Datastore.from_texts([[1, 8]], 9))
+    with pytest.raises(ValueError, match="datastore: datastore nowhere.npz not found"):
+        SpecEngine(engine.target, engine.draft, datastore="nowhere.npz")
 
 
 class HybridWithFeatures:
@@ -255,8 +286,10 @@ def test_negative_control_wrong_rows(engine, monkeypatch, plan, wrong) -> None:
 
 
 @pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong"])
-def test_negative_control_row_reading_verifier_on_a_trie(engine, monkeypatch, wrong) -> None:
-    """A lookup trie verified by traversal verification, which reads the trie's (uniform) rows as a draw's law."""
+@pytest.mark.parametrize("plan", ["lookup:2x2/nss", "lookup:0x2+2/nss"])
+def test_negative_control_row_reading_verifier_on_a_trie(engine, monkeypatch, wrong, plan) -> None:
+    """A lookup trie (in the context, or in a corpus) verified by traversal verification, which reads the trie's
+    (uniform) rows as a draw's law."""
     import dataclasses
 
     import adaptive_spec.engine.step as step_module
@@ -272,7 +305,9 @@ def test_negative_control_row_reading_verifier_on_a_trie(engine, monkeypatch, wr
         return dataclasses.replace(result, ride=checks)
 
     monkeypatch.setattr(step_module, "verify", verifier)
-    assert (law_pvalue(engine, "lookup:2x2/nss", [3, 5, 3, 6, 3], CONTROL_RUNS) < 1e-3) == wrong
+    # the corpus's continuations of "6 3" make the context's trie 3 -> {6 3, 5 3}, found in the corpus alone
+    monkeypatch.setattr(engine, "datastore", Datastore.from_texts([[6, 3, 6, 3], [6, 3, 5, 3]], V))
+    assert (law_pvalue(engine, plan, [3, 5, 3, 6, 3], CONTROL_RUNS) < 1e-3) == wrong
     assert max(played) > 3  # tries were drafted (a chain of two has 3 nodes)
 
 
