@@ -61,8 +61,8 @@ from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.formats.nodes import PROB_FLOOR
 from adaptive_spec.rng import TorchSampler, accelerator_path, inverse_cdf_from
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
-from adaptive_spec.trees.draw import draw_children, draw_tokens
 from adaptive_spec.trees.datastore import Datastore
+from adaptive_spec.trees.draw import draw_children, draw_tokens
 from adaptive_spec.trees.lookup import hybrid_tree, lookup_trie, ngram_candidates, ngram_lookup, within_vocab
 from adaptive_spec.trees.policy import (
     ChainRule,

@@ -269,7 +269,8 @@ def shipped_drafts_dir(name: str = "smollm2") -> Path:
 
 def shipped_datastore(name: str) -> Path | None:
     """The datastore file shipped for a fetched model (``adaptive_spec/zoo/<name>/datastore.npz``; it may not
-    exist), or None for another name."""
+    exist), or None for another name.
+    """
     return shipped_drafts_dir(name) / "datastore.npz" if name in MODELS else None
 
 

@@ -119,7 +119,8 @@ class Datastore:
 
     def _build(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The sorted hashes of every n-gram that crosses no separator and is followed by an id (not the end of its
-        text), and where each starts (in order)."""
+        text), and where each starts (in order).
+        """
         arr = self.tokens
         if arr.size < n + 1:
             return np.zeros(0, np.uint64), np.zeros(0, np.int64)
