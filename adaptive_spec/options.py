@@ -3,6 +3,7 @@
 - :func:`add_model_options`: ``--target``, ``--draft``, ``--device``, ``--dtype``;
 - :func:`add_temperatures_option`: ``--temperatures 0,0.7,1`` (parsed by
   :func:`adaptive_spec.temperatures.parse_temperatures`);
+- :func:`add_datastore_option` and :func:`datastore_kwargs`: ``--datastore FILE``, the corpus of ``lookup:WxL+K``;
 - :func:`add_progress_option`: ``--no-progress`` (``--quiet`` is a hidden alias);
 - :func:`add_json_option`: ``--json PATH``, a file the verb writes;
 - :func:`add_limit_option`: ``--limit N``, the first N prompts;
@@ -19,6 +20,7 @@ from pathlib import Path
 
 __all__ = [
     "MODEL_OPTIONS",
+    "add_datastore_option",
     "add_draft_data_option",
     "add_json_option",
     "add_limit_option",
@@ -26,6 +28,7 @@ __all__ = [
     "add_out_dir_option",
     "add_progress_option",
     "add_temperatures_option",
+    "datastore_kwargs",
     "out_file",
 ]
 
@@ -59,6 +62,24 @@ def add_temperatures_option(parser: argparse.ArgumentParser, default: str | None
     """Add ``--temperatures``: comma-separated sampling temperatures, 0 = greedy (``note`` adds to the help)."""
     text = "comma-separated sampling temperatures, 0 = greedy, " + (note or "e.g. 0,0.7,1")
     parser.add_argument("--temperatures", default=default, help=f"{text} (default: %(default)s)")
+
+
+def add_datastore_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--datastore FILE``: the corpus the plans ``lookup:WxL+K/nss`` draft from."""
+    parser.add_argument(
+        "--datastore",
+        default=None,
+        metavar="FILE",
+        help="the datastore lookup:WxL+K/nss plans draft from (adaptive-spec zoo datastore); 'none' for none "
+        "(default: the one shipped for a fetched --target, e.g. smollm2's)",
+    )
+
+
+def datastore_kwargs(value: str | None) -> dict[str, object]:
+    """The engine keyword of ``--datastore``: nothing (the shipped default), ``datastore=None`` or the path."""
+    if value is None:
+        return {}
+    return {"datastore": None if value == "none" else Path(value)}
 
 
 def add_progress_option(parser: argparse.ArgumentParser) -> None:

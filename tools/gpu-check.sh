@@ -134,9 +134,9 @@ if [ "$DEVICE" = cpu ]; then PASSES="--repeats 1 --rows 1,2 --draft-rows 1 --con
 step passes 150 $PY -m adaptive_spec bench passes --target smollm2 --device "$DEVICE" $PASSES --layers-too \
   --no-progress --json "$OUT/passes.json"
 PROMPTS=adaptive_spec/zoo/smollm2/prompts.jsonl
-PLANS="chain:3/block,eagle:6:48:6:4:wor/traversal,lookup:8/block,adaptive"
+PLANS="chain:3/block,eagle:6:48:6:4:wor/traversal,lookup:8/block,lookup:3x8+2/nss,adaptive"
 for T in 0 1; do
-  step "e2e_t$T" 200 $PY -m adaptive_spec bench e2e --target smollm2 --device "$DEVICE" --prompts "$PROMPTS" \
+  step "e2e_t$T" 250 $PY -m adaptive_spec bench e2e --target smollm2 --device "$DEVICE" --prompts "$PROMPTS" \
     --limit "$LIMIT" --max-new-tokens "$TOKENS" --temperatures "$T" --plans "$PLANS" --no-progress \
     --json "$OUT/e2e_t$T.json"
 done

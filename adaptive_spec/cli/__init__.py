@@ -130,6 +130,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.cli.zoo_drafts",
         "train a real target's EAGLE-style head and standalone draft (self-distillation; resumable)",
     ),
+    ("zoo", "datastore"): (
+        "adaptive_spec.cli.zoo_datastore",
+        "a real target's datastore: its greedy answers, which lookup:WxL+K/nss plans draft from (resumable)",
+    ),
     ("zoo", "prompts"): (
         "adaptive_spec.cli.zoo_prompts",
         "write prompt sets from the built-in pair's corpus split: training files (for tuning) or a second held-out set",
@@ -140,7 +144,7 @@ GROUPS: dict[str, str] = {
     "bench": "benchmarks: end-to-end speed, verifiers, per-step overhead, the latency model",
     "selector": "the learned plan selector and acceptance model: train, export, the whole pipeline",
     "tune": "Optuna searches and tuned plan files: plans, selector, policies, stamp",
-    "zoo": "models: build the built-in pair, fetch a real model, train its drafts, write prompt sets",
+    "zoo": "models: build the built-in pair, fetch a real model, train its drafts and datastore, write prompt sets",
 }
 
 DEBUG_ENV = "ADAPTIVE_SPEC_DEBUG"

@@ -13,12 +13,14 @@ from adaptive_spec.bench.e2e import ADAPTIVE, BEST_STATIC, IN_DRAFT, measure, pr
 from adaptive_spec.engine.load import load_engine
 from adaptive_spec.files import write_json_atomic
 from adaptive_spec.options import (
+    add_datastore_option,
     add_json_option,
     add_limit_option,
     add_model_options,
     add_profile_option,
     add_progress_option,
     add_temperatures_option,
+    datastore_kwargs,
     device_type,
 )
 from adaptive_spec.planner.presets import DEFAULT_PLANS
@@ -59,6 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_limit_option(parser)
     parser.add_argument("--seed", type=int, default=0, help="base seed; prompt i uses seed + i (default: %(default)s)")
     add_model_options(parser, ("device", "dtype"))
+    add_datastore_option(parser)
     parser.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
     parser.add_argument(
         "--hf-draft",
@@ -166,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"bench e2e: {err}") from None
     plans, info, latency = bench_plans(args, temps, "bench e2e")
     prompts = _prompts(args)  # first: a missing or malformed prompt file is reported before the models load
-    engine = load_engine(args.target, args.draft, args.device, args.dtype, latency_model=latency.model)
+    kw = datastore_kwargs(args.datastore)
+    engine = load_engine(args.target, args.draft, args.device, args.dtype, latency_model=latency.model, **kw)
     latency.complete(engine, progress=not args.no_progress)
     engine.phase_sync = args.phase_sync
     engine.compile_forwards = args.compile_forwards

@@ -14,7 +14,13 @@ import json
 import sys
 from typing import Any
 
-from adaptive_spec.options import add_draft_data_option, add_model_options, add_profile_option
+from adaptive_spec.options import (
+    add_datastore_option,
+    add_draft_data_option,
+    add_model_options,
+    add_profile_option,
+    datastore_kwargs,
+)
 
 DEFAULT_PLAN = "auto"  # the tuned plan for the loaded pair, else a default static plan (SpecEngine.default_plan)
 
@@ -52,6 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random)")
     add_model_options(parser, ("device", "dtype"))
+    add_datastore_option(parser)
     parser.add_argument("--trust-remote-code", action="store_true", help="allow custom model code from the hub")
     parser.add_argument("--stream", action="store_true", help="print text as it is generated")
     add_draft_data_option(parser)
@@ -94,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             trust_remote_code=args.trust_remote_code,
             latency_model=latency,
+            **datastore_kwargs(args.datastore),
         )
     except ValueError as err:  # a missing directory, an offline hub name, mismatched tokenizers
         raise SystemExit(f"generate: {err}") from None

@@ -203,7 +203,7 @@ class SpecEngine(StepMixin):
             try:
                 store = Datastore.load(datastore)
             except (FileNotFoundError, ValueError) as err:
-                raise ValueError(f"datastore: {err}") from None
+                raise ValueError(str(err)) from None
         if store is not None and store.vocab_size not in (self.vocab_size, self.input_vocab_size):
             raise ValueError(
                 f"the datastore was built for a vocabulary of {store.vocab_size} ids and the target has "

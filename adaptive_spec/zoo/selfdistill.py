@@ -48,6 +48,7 @@ def generate_conversations(
     user_prompts: Sequence[str] = (),
     deadline: float | None = None,
     first: Sequence[int] = (),
+    answer_temperatures: Sequence[float] = ANSWER_TEMPERATURES,
 ) -> dict[str, Any]:
     """Write ``shards`` shards of ``batch`` self-generated conversations each into ``out`` (resumable).
 
@@ -55,7 +56,8 @@ def generate_conversations(
     odd-numbered shard takes its requests from them instead (the next ``batch`` of them, in turn); the target
     still writes every answer. No new shard is started after ``deadline`` (a ``time.time()`` value).
     ``first``: shard numbers written before the others (a shard's text depends on its number only, so the
-    order changes which shards a stopped run has, not what they hold).
+    order changes which shards a stopped run has, not what they hold). ``answer_temperatures``: shard ``i``
+    answers at ``answer_temperatures[i % len(answer_temperatures)]`` (default :data:`ANSWER_TEMPERATURES`).
     Returns totals: shards present, conversations and answer tokens in them, seconds spent here, and the
     generation speed of this run (answer tokens per second, on the model's device).
     """
@@ -72,7 +74,7 @@ def generate_conversations(
         if deadline is not None and time.time() >= deadline:
             break
         ts = time.time()
-        temperature = ANSWER_TEMPERATURES[i % len(ANSWER_TEMPERATURES)]
+        temperature = answer_temperatures[i % len(answer_temperatures)]
         requests = None
         if user_prompts and i % 2 == 1:
             k = (i // 2) * batch

@@ -117,7 +117,7 @@ def test_corpus_plans_need_a_datastore(engine) -> None:
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="built for a vocabulary of 9 ids and the target has 8"):
         SpecEngine(engine.target, engine.draft, datastore=Datastore.from_texts([[1, 8]], 9))
-    with pytest.raises(ValueError, match=r"datastore: datastore nowhere\.npz not found"):
+    with pytest.raises(ValueError, match=r"^datastore nowhere\.npz not found"):
         SpecEngine(engine.target, engine.draft, datastore="nowhere.npz")
 
 

@@ -1,0 +1,115 @@
+"""A real target's datastore: its own greedy answers to requests, for the corpus lookup ``lookup:WxL+K/nss``.
+
+:func:`build_datastore` has the target answer requests at temperature 0 (every other shard's
+requests written by the target itself, the others taken from public prompt sets, as for its drafts:
+:mod:`adaptive_spec.zoo.selfdistill`; Spec-Bench's and the demo's prompts are never used), then
+indexes the answers' token ids as a :class:`~adaptive_spec.trees.datastore.Datastore`, saved where
+:meth:`SpecEngine.from_pretrained <adaptive_spec.engine.SpecEngine.from_pretrained>` finds it for the
+model (``adaptive_spec/zoo/<name>/datastore.npz``, the committed copy). Generation is resumable: a
+stopped build keeps its finished shards, and a rerun starts where it stopped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DATASTORE_SEED", "build_datastore", "datastore_from_conversations"]
+
+DATASTORE_SEED = 7000  # shard i of a datastore's conversations uses seed DATASTORE_SEED + i (its drafts' use 0 up)
+
+
+def datastore_from_conversations(folder: str | Path, vocab_size: int, name: str = "smollm2") -> tuple[Any, dict]:
+    """The datastore of the greedy answers in ``folder``'s conversation shards, and what went into it.
+
+    Conversations at a temperature above 0 are left out (the corpus predicts what greedy decoding writes),
+    and so is any whose request is an evaluation text (a Spec-Bench turn or a demo prompt).
+
+    Raises:
+        ValueError: no greedy conversation in ``folder``.
+    """
+    from adaptive_spec.trees.datastore import Datastore
+    from adaptive_spec.zoo.selfdistill import read_conversations
+    from adaptive_spec.zoo.user_prompts import evaluation_hit
+
+    convs = [c for c in read_conversations(folder) if c["temperature"] == 0]
+    kept = [c for c in convs if evaluation_hit(c["request"], name) is None]
+    if not kept:
+        raise ValueError(f"no greedy conversation in {folder}: generate some first (adaptive-spec zoo datastore)")
+    info = {
+        "text": "the target's greedy answers (self-written requests and public prompt sets); no benchmark text",
+        "conversations": len(kept),
+        "dropped_evaluation": len(convs) - len(kept),
+        "user_prompt_conversations": sum(c.get("source") == "user prompts" for c in kept),
+    }
+    store = Datastore.from_texts([c["answer_ids"] for c in kept], vocab_size, info=info)
+    info["tokens"] = len(store)
+    return store, info
+
+
+def build_datastore(
+    name: str = "smollm2",
+    *,
+    work: str | Path | None = None,
+    out: str | Path | None = None,
+    shards: int = 24,
+    batch: int = 48,
+    answer_tokens: int = 256,
+    prompt_files: Sequence[str | Path] = (),
+    minutes: float | None = None,
+    device: str = "cpu",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Generate ``shards`` shards of ``batch`` greedy conversations into ``work``/conv, then write the datastore.
+
+    ``work``: default ``<user data>/datastore/<name>``. ``out``: the datastore file (default the package's
+    ``zoo/<name>/datastore.npz``). ``prompt_files``: JSONL prompt sets whose prompts make every other shard's
+    requests (:func:`~adaptive_spec.zoo.user_prompts.read_prompt_file`). ``minutes``: no new shard starts
+    after that long; the datastore is written from the shards there are. Returns the build's record (also
+    kept in the file's ``info``).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from adaptive_spec.engine.models import MODELS, fetch_model, shipped_drafts_dir
+    from adaptive_spec.files import user_data_dir
+    from adaptive_spec.zoo.selfdistill import generate_conversations
+    from adaptive_spec.zoo.user_prompts import read_prompt_file
+
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}")
+    t0 = time.time()
+    work = Path(work) if work is not None else user_data_dir() / "datastore" / name
+    out = Path(out) if out is not None else shipped_drafts_dir(name) / "datastore.npz"
+    prompts: list[str] = []
+    for f in prompt_files:
+        prompts += read_prompt_file(f, name=name)[0]
+    path = fetch_model(name)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).to(device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    conv = generate_conversations(
+        model,
+        tokenizer,
+        work / "conv",
+        shards=shards,
+        batch=batch,
+        answer_tokens=answer_tokens,
+        seed=DATASTORE_SEED,
+        progress=progress,
+        user_prompts=prompts,
+        deadline=t0 + 60 * minutes if minutes is not None else None,
+        answer_temperatures=(0.0,),
+    )
+    store, info = datastore_from_conversations(work / "conv", len(tokenizer), name)
+    store.info.update(
+        info,
+        model=name,
+        command=f"adaptive-spec zoo datastore {name} --shards {shards} --batch {batch} --answer-tokens {answer_tokens}",
+        shards=conv["shards"],
+        answer_tokens_per_conversation=answer_tokens,
+        prompt_files=[str(Path(f).name) for f in prompt_files],
+    )
+    store.save(out)
+    return {"out": str(out), **store.info, "seconds": round(time.time() - t0, 1)}

@@ -1,0 +1,32 @@
+"""A real target's datastore from its conversation shards: greedy answers only, evaluation texts left out."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from adaptive_spec.zoo.datastore import datastore_from_conversations
+from adaptive_spec.zoo.user_prompts import demo_prompts
+
+
+def _shard(folder, i, convs) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"request": r, "prompt_ids": [1], "answer_ids": a, "temperature": t}) for r, a, t in convs]
+    (folder / f"conv-{i:05d}.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def test_greedy_answers_only_and_no_evaluation_text(tmp_path) -> None:
+    conv = tmp_path / "conv"
+    _shard(conv, 0, [("Write a haiku about rain.", [4, 5, 6, 7], 0.0), ("Tell me a joke.", [4, 5, 9, 9], 1.0)])
+    _shard(conv, 1, [(demo_prompts()[1], [4, 5, 8, 8], 0.0), ("Name three rivers.", [2, 3, 4, 5, 6, 2], 0.0)])
+    store, info = datastore_from_conversations(conv, 10)
+    assert info["conversations"] == 2 and info["dropped_evaluation"] == 1 and info["tokens"] == len(store) == 10
+    # "4 5" was followed by 6 twice in the kept answers; 9 (sampled) and 8 (a demo prompt's answer) are not there
+    assert store.candidates([0, 4, 5], 3, 2) == [[6, 7], [6, 2]]
+
+
+def test_no_greedy_conversation(tmp_path) -> None:
+    _shard(tmp_path / "conv", 0, [("Tell me a joke.", [4, 5], 1.0)])
+    with pytest.raises(ValueError, match="no greedy conversation in"):
+        datastore_from_conversations(tmp_path / "conv", 10)
