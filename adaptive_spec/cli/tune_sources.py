@@ -34,7 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--static",
         default=",".join(DEFAULT_STATIC),
-        help="static plans measured for the pair's best static plan (default: %(default)s)",
+        help="static plans measured for the pair's best static plan; by default the corpus lookup (+K) only "
+        "where the pair has a datastore (default: %(default)s)",
     )
     parser.add_argument(
         "--gate",
@@ -98,6 +99,12 @@ def run(args: argparse.Namespace) -> int:
         tried = ", ".join(f"T={k} {p}" for k, p in current.items())
         print(f"tune sources: the plans of {args.out_file} are tried too: {tried}")
     engine = load_engine(args.target, args.draft, args.device, None)
+    if engine.datastore is None:  # lookup:WxL+K drafts from a datastore: not for a pair without one
+        corpus = [name for name, plan in statics.items() if plan.corpus_paths]
+        if corpus and args.static == ",".join(DEFAULT_STATIC):
+            statics = {name: plan for name, plan in statics.items() if not plan.corpus_paths}
+        elif corpus:
+            raise SystemExit(f"tune sources: {', '.join(corpus)} drafts from a datastore, and this pair has none")
     static_res = measure(
         engine, prompts, statics, temps, args.max_new_tokens, args.seed, hf=False, progress=not args.no_progress
     )

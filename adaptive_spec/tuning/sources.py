@@ -36,8 +36,16 @@ from adaptive_spec.planner.gate import GatedSource
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.planner.sources import parse_source_rule
 
-# Static plans measured for the pair's best static plan: model chains and lookup plans.
-DEFAULT_STATIC = ("chain:1/block", "chain:2/block", "chain:3/block", "lookup:8/block", "lookup:3x8/nss")
+# Static plans measured for the pair's best static plan: model chains and lookup plans (the corpus lookup where the
+# engine has a datastore).
+DEFAULT_STATIC = (
+    "chain:1/block",
+    "chain:2/block",
+    "chain:3/block",
+    "lookup:8/block",
+    "lookup:3x8/nss",
+    "lookup:3x8+2/nss",
+)
 # Known-good starting points of every study: the rule's defaults over a chain lookup and a trie.
 KNOWN_RULES = ("source:chain:2/block", "source:chain:2/block+lookup:3x8/nss")
 GATE_MARGINS = (1.0, 0.8, 1.25)  # a learned gate's margins tried first (tokens per second, lookup over model)
