@@ -167,12 +167,7 @@ class Datastore:
         if not valid[:, 0].any():
             return []
         # a prefix's id: the hash of its ids (rows of equal prefixes share it); its weight: how many hits share it
-        prefix = np.zeros(conts.shape, np.uint64)
-        h = np.zeros(conts.shape[0], np.uint64)
-        with np.errstate(over="ignore"):
-            for d in range(max_tokens):
-                h = h * _P + conts[:, d].astype(np.uint64) + np.uint64(1)
-                prefix[:, d] = h
+        prefix = _prefix_hashes(conts)
         ids = prefix[valid]
         uniq, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
         weight = np.zeros(prefix.shape, np.int64)
@@ -192,10 +187,17 @@ class Datastore:
         return out
 
 
-def _hash(rows: np.ndarray) -> np.ndarray:
-    """A 64-bit hash of each row of ids (wrapping arithmetic; equal rows, equal hashes)."""
+def _prefix_hashes(rows: np.ndarray) -> np.ndarray:
+    """``out[i, j]``: a 64-bit hash of ``rows[i, : j + 1]`` (wrapping arithmetic; equal prefixes, equal hashes)."""
+    out = np.zeros(rows.shape, np.uint64)
     h = np.zeros(rows.shape[0], np.uint64)
     with np.errstate(over="ignore"):
         for j in range(rows.shape[1]):
             h = h * _P + rows[:, j].astype(np.uint64) + np.uint64(1)
-    return h
+            out[:, j] = h
+    return out
+
+
+def _hash(rows: np.ndarray) -> np.ndarray:
+    """A 64-bit hash of each row of ids."""
+    return _prefix_hashes(rows)[:, -1]
