@@ -348,3 +348,24 @@ def test_lossless_learned_gate(engine) -> None:
         played |= {(s.plan.source, s.plan.shape.depth > 0) for s in out.steps}
     assert {("lookup", True), ("model", True), ("model", False)} <= played
     assert chi_square_pvalue(counts, exact_law(engine.target, SAMPLING, prompt, V)) > 1e-3
+
+
+def test_from_pretrained_loads_the_shipped_datastore(monkeypatch, tmp_path) -> None:
+    """``from_pretrained("smollm2")`` loads ``zoo/smollm2/datastore.npz`` unless told otherwise (``datastore=None``
+    or a file); another name loads none."""
+    import adaptive_spec.engine.engine as engine_module
+    from adaptive_spec.engine.models import shipped_datastore
+
+    target = tiny_model("llama", vocab=V, hidden=16, eos=None, seed=3, layers=1)
+    monkeypatch.setattr(engine_module, "load_pair", lambda *a, **k: (target, perturbed(target, 0.1), None, None))
+    shipped = tmp_path / "zoo" / "datastore.npz"
+    CORPUS.save(shipped)
+    monkeypatch.setattr(engine_module, "shipped_datastore", lambda name: shipped if name == "smollm2" else None)
+    assert SpecEngine.from_pretrained("smollm2").datastore.tokens.tolist() == CORPUS.tokens.tolist()
+    assert SpecEngine.from_pretrained("smollm2", datastore=None).datastore is None
+    assert SpecEngine.from_pretrained("some/model").datastore is None
+    mine = Datastore.from_texts([[1, 2, 3]], V)
+    assert SpecEngine.from_pretrained("smollm2", datastore=mine).datastore is mine
+    shipped.unlink()  # not built: none, and a +K plan then says so
+    assert SpecEngine.from_pretrained("smollm2").datastore is None
+    assert shipped_datastore("smollm2").name == "datastore.npz" and shipped_datastore("builtin") is None
