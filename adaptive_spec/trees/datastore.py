@@ -51,7 +51,7 @@ class Datastore:
         vocab_size: int,
         *,
         max_ngram: int = 4,
-        min_ngram: int = 2,
+        min_ngram: int = 1,
         info: dict | None = None,
     ) -> None:
         if not 1 <= min_ngram <= max_ngram:

@@ -18,7 +18,8 @@ def test_the_longest_ngram_wins_and_texts_are_not_crossed() -> None:
     assert ds.candidates([4, 5], 2, 3) == []  # "4 5" ends a text: nothing followed it
     ends = Datastore.from_texts([[6, 3, 6, 3], [6, 3, 5, 3]], 8)
     assert ends.candidates([5, 3, 6, 3], 2, 2) == [[6, 3], [5, 3]]  # "3 6 3" ends a text: the shorter "6 3" is used
-    assert ds.candidates([3, 7], 2, 3) == []  # "3 7" never occurs (a single token is below min_ngram)
+    assert ds.candidates([3, 7], 2, 3) == []  # "3 7" and "7" never occur
+    assert ds.candidates([3, 8], 2, 3) == [] and ds.candidates([2], 1, 2) == [[3, 4]]  # one token matches too
     assert ds.candidates([1, 2], 0, 3) == [] and ds.candidates([1, 2], 2, 0) == []
 
 
@@ -45,7 +46,7 @@ def test_save_and_load(tmp_path) -> None:
         ds.save(tmp_path / "ds.npz")
         back = Datastore.load(tmp_path / "ds.npz")
         assert np.array_equal(back.tokens, ds.tokens) and back.vocab_size == vocab and back.info == {"text": "test"}
-        assert (back.max_ngram, back.min_ngram) == (3, 2)
+        assert (back.max_ngram, back.min_ngram) == (3, 1)
         assert back.candidates([0, 2, 3], 2, 2) == ds.candidates([0, 2, 3], 2, 2) == [[4], [9]]
 
 
