@@ -106,10 +106,12 @@ def build_datastore(
     store.info.update(
         info,
         model=name,
-        command=f"adaptive-spec zoo datastore {name} --shards {shards} --batch {batch} --answer-tokens {answer_tokens}",
+        # the shards there are (a budget may stop early): the command that writes these conversations again
+        command=f"adaptive-spec zoo datastore {name} --shards {conv['shards']} --batch {batch} "
+        f"--answer-tokens {answer_tokens}",
         shards=conv["shards"],
         answer_tokens_per_conversation=answer_tokens,
         prompt_files=[str(Path(f).name) for f in prompt_files],
     )
     store.save(out)
-    return {"out": str(out), **store.info, "seconds": round(time.time() - t0, 1)}
+    return {"out": str(out), **store.info, "seconds_this_run": round(time.time() - t0, 1)}
