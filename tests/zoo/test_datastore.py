@@ -30,3 +30,15 @@ def test_no_greedy_conversation(tmp_path) -> None:
     _shard(tmp_path / "conv", 0, [("Tell me a joke.", [4, 5], 1.0)])
     with pytest.raises(ValueError, match="no greedy conversation in"):
         datastore_from_conversations(tmp_path / "conv", 10)
+
+
+def test_the_committed_smollm2_datastore() -> None:
+    """The shipped file loads, matches SmolLM2's vocabulary and says what it holds."""
+    from adaptive_spec.engine.models import shipped_datastore
+    from adaptive_spec.trees.datastore import Datastore
+
+    store = Datastore.load(shipped_datastore("smollm2"))
+    assert store.vocab_size == 49152 and len(store) == store.info["tokens"] > 100_000
+    assert store.info["dropped_evaluation"] == 0 and "no benchmark text" in store.info["text"]
+    assert store.info["command"].startswith("adaptive-spec zoo datastore smollm2 --shards ")
+    assert store.candidates([28, 253], 2, 4)  # a common bigram of its text is followed by something
