@@ -159,9 +159,8 @@ class Plan:
                     "more found in the datastore, e.g. 'lookup:3x8+2/nss')"
                 )
             corpus = int(k) if plus else 0
-            shape = TreeShape.lookup((int(w) if x else 1) + corpus, int(length))
-            if plus and shape.law is not DraftLaw.DETERMINISTIC:  # lookup:0x8+1: one corpus path is still a trie
-                shape = TreeShape(DraftLaw.DETERMINISTIC, trunk=0, paths=shape.paths, branch_len=int(length))
+            paths = (int(w) if x else 1) + corpus
+            shape = _corpus_trie(paths, int(length)) if corpus else TreeShape.lookup(paths, int(length))
             if shape.law is DraftLaw.DETERMINISTIC and not sep:
                 verifier = "nss"  # the default traversal reads draft rows a trie does not have
             return cls(shape, verifier, source="lookup", corpus_paths=corpus)
@@ -226,10 +225,16 @@ class Plan:
                 return Plan(truncate_shape(self.shape, max_depth), self.verifier, self.allow_lossy)
             a = min(self.lookup_depth, max_depth - 1)
             return Plan(TreeShape.chain(max_depth), self.verifier, self.allow_lossy, source="hybrid", lookup_depth=a)
-        shape, corpus = truncate_shape(self.shape, max_depth), self.corpus_paths if max_depth > 0 else 0
-        if corpus and shape.law is not DraftLaw.DETERMINISTIC:  # keep the trie a corpus plan drafts
-            shape = TreeShape(DraftLaw.DETERMINISTIC, trunk=0, paths=self.shape.paths, branch_len=max_depth)
+        corpus = self.corpus_paths if max_depth > 0 else 0
+        shape = _corpus_trie(self.shape.paths, max_depth) if corpus else truncate_shape(self.shape, max_depth)
         return Plan(shape, self.verifier, self.allow_lossy, source=self.source, corpus_paths=corpus)
+
+
+def _corpus_trie(paths: int, length: int) -> TreeShape:
+    """The shape of a corpus lookup plan (``lookup:WxL+K``): a trie of up to ``paths`` continuations, even of one
+    (``lookup:0xL+1``; ``TreeShape.lookup`` makes one path a chain).
+    """
+    return TreeShape(DraftLaw.DETERMINISTIC, trunk=0, paths=paths, branch_len=length)
 
 
 def truncate_shape(shape: TreeShape, max_depth: int) -> TreeShape:

@@ -21,8 +21,8 @@ __all__ = ["DATASTORE_SEED", "build_datastore", "datastore_from_conversations"]
 DATASTORE_SEED = 7000  # shard i of a datastore's conversations uses seed DATASTORE_SEED + i (its drafts' use 0 up)
 
 
-def datastore_from_conversations(folder: str | Path, vocab_size: int, name: str = "smollm2") -> tuple[Any, dict]:
-    """The datastore of the greedy answers in ``folder``'s conversation shards, and what went into it.
+def datastore_from_conversations(folder: str | Path, vocab_size: int, name: str = "smollm2") -> Any:
+    """The datastore of the greedy answers in ``folder``'s conversation shards; its ``info`` says what went in.
 
     Conversations at a temperature above 0 are left out (the corpus predicts what greedy decoding writes),
     and so is any whose request is an evaluation text (a Spec-Bench turn or a demo prompt).
@@ -45,8 +45,8 @@ def datastore_from_conversations(folder: str | Path, vocab_size: int, name: str 
         "user_prompt_conversations": sum(c.get("source") == "user prompts" for c in kept),
     }
     store = Datastore.from_texts([c["answer_ids"] for c in kept], vocab_size, info=info)
-    info["tokens"] = len(store)
-    return store, info
+    store.info["tokens"] = len(store)
+    return store
 
 
 def build_datastore(
@@ -71,9 +71,10 @@ def build_datastore(
     kept in the file's ``info``).
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from adaptive_spec.engine.models import MODELS, fetch_model, shipped_drafts_dir
+    from adaptive_spec.engine.pretrained import load_causal_lm
     from adaptive_spec.files import user_data_dir
     from adaptive_spec.zoo.selfdistill import generate_conversations
     from adaptive_spec.zoo.user_prompts import read_prompt_file
@@ -87,7 +88,7 @@ def build_datastore(
     for f in prompt_files:
         prompts += read_prompt_file(f, name=name)[0]
     path = fetch_model(name)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).to(device).eval()
+    model = load_causal_lm(path, "target", dtype=torch.float32, local_files_only=True).to(device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
     conv = generate_conversations(
         model,
@@ -102,16 +103,25 @@ def build_datastore(
         deadline=t0 + 60 * minutes if minutes is not None else None,
         answer_temperatures=(0.0,),
     )
-    store, info = datastore_from_conversations(work / "conv", len(tokenizer), name)
+    store = datastore_from_conversations(work / "conv", len(tokenizer), name)
     store.info.update(
-        info,
         model=name,
         # the shards there are (a budget may stop early): the command that writes these conversations again
         command=f"adaptive-spec zoo datastore {name} --shards {conv['shards']} --batch {batch} "
-        f"--answer-tokens {answer_tokens}",
+        f"--answer-tokens {answer_tokens}{_prompts_flags(prompt_files)}",
         shards=conv["shards"],
         answer_tokens_per_conversation=answer_tokens,
         prompt_files=[str(Path(f).name) for f in prompt_files],
     )
     store.save(out)
     return {"out": str(out), **store.info, "seconds_this_run": round(time.time() - t0, 1)}
+
+
+def _prompts_flags(prompt_files: Sequence[str | Path]) -> str:
+    """The ``--prompts`` flags of ``zoo datastore`` that read ``prompt_files`` (none for its default set)."""
+    from adaptive_spec.zoo.user_prompts import PROMPT_SETS
+
+    files = [Path(f).resolve() for f in prompt_files]
+    if files == [PROMPT_SETS["self-instruct"].resolve()]:
+        return ""
+    return "".join(f" --prompts {f}" for f in files) or " --prompts none"

@@ -20,7 +20,8 @@ def test_greedy_answers_only_and_no_evaluation_text(tmp_path) -> None:
     conv = tmp_path / "conv"
     _shard(conv, 0, [("Write a haiku about rain.", [4, 5, 6, 7], 0.0), ("Tell me a joke.", [4, 5, 9, 9], 1.0)])
     _shard(conv, 1, [(demo_prompts()[1], [4, 5, 8, 8], 0.0), ("Name three rivers.", [2, 3, 4, 5, 6, 2], 0.0)])
-    store, info = datastore_from_conversations(conv, 10)
+    store = datastore_from_conversations(conv, 10)
+    info = store.info
     assert info["conversations"] == 2 and info["dropped_evaluation"] == 1 and info["tokens"] == len(store) == 10
     # "4 5" was followed by 6 twice in the kept answers; 9 (sampled) and 8 (a demo prompt's answer) are not there
     assert store.candidates([0, 4, 5], 3, 2) == [[6, 7], [6, 2]]
