@@ -74,6 +74,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
         "adaptive_spec.cli.bench_passes",
         "milliseconds of one target pass and one draft level per row count, eager and as captured CUDA graphs",
     ),
+    ("bench", "datastore"): (
+        "adaptive_spec.cli.bench_datastore",
+        "lookup plans' block efficiency at T=0 by datastore size (random shares of it), replayed on greedy answers",
+    ),
     ("bench", "latency-model"): (
         "adaptive_spec.cli.bench_latency_model",
         "compare the latency model's predicted step times with measured engine steps (MAPE per plan)",

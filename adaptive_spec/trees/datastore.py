@@ -110,6 +110,29 @@ class Datastore:
         kw = {"max_ngram": meta["max_ngram"], "min_ngram": meta["min_ngram"], "info": meta.get("info")}
         return cls(tokens, meta["vocab_size"], **kw)
 
+    def texts(self) -> list[list[int]]:
+        """The corpus's texts, in order (each a list of ids, separators dropped)."""
+        cuts = np.flatnonzero(self.tokens == SEPARATOR)
+        starts = np.concatenate([[0], cuts[:-1] + 1])
+        return [self.tokens[a:b].tolist() for a, b in zip(starts, cuts, strict=True) if b > a]
+
+    def sample(self, fraction: float, seed: int = 0) -> Datastore:
+        """A datastore of a random ``fraction`` of the texts (at least one; seeded; their order kept), same settings.
+
+        Raises:
+            ValueError: ``fraction`` outside ``(0, 1]``.
+        """
+        if not 0 < fraction <= 1:
+            raise ValueError(f"datastore: a fraction of its texts is in (0, 1], got {fraction}")
+        texts = self.texts()
+        if fraction == 1 or not texts:
+            return self
+        k = max(1, round(len(texts) * fraction))
+        keep = np.sort(np.random.default_rng(seed).choice(len(texts), size=k, replace=False))
+        info = {**self.info, "sampled": {"fraction": fraction, "seed": seed, "texts": k}}
+        kw = {"max_ngram": self.max_ngram, "min_ngram": self.min_ngram, "info": info}
+        return Datastore.from_texts([texts[i] for i in keep], self.vocab_size, **kw)
+
     def __len__(self) -> int:
         """Tokens in the corpus (separators excluded)."""
         return int((self.tokens != SEPARATOR).sum())
