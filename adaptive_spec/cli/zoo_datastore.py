@@ -33,6 +33,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "repeatable; 'self-instruct' (the shipped set) by default; 'none' for self-written requests only",
     )
     parser.add_argument(
+        "--repeat-prompts",
+        action="store_true",
+        help="once the prompt sets are used up, start them again (their greedy answers repeat and are dropped; "
+        "the committed file was built so); by default the later prompt shards are self-written",
+    )
+    parser.add_argument(
+        "--extend",
+        action="store_true",
+        help="grow the datastore at --out: keep its texts and add the shards after those it holds, up to --shards",
+    )
+    parser.add_argument(
         "--work", type=Path, default=None, help="the conversations (default: datastore/NAME in the user data folder)"
     )
     parser.add_argument(
@@ -63,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
             minutes=args.minutes,
             device=args.device,
             progress=not args.no_progress,
+            repeat_prompts=args.repeat_prompts,
+            extend=args.extend,
         )
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"zoo datastore: {err}") from None

@@ -49,12 +49,19 @@ def generate_conversations(
     deadline: float | None = None,
     first: Sequence[int] = (),
     answer_temperatures: Sequence[float] = ANSWER_TEMPERATURES,
+    repeat_prompts: bool = True,
+    start: int = 0,
+    prompt_offset: int = 0,
 ) -> dict[str, Any]:
     """Write ``shards`` shards of ``batch`` self-generated conversations each into ``out`` (resumable).
 
     With ``user_prompts`` (public instruction or chat prompts, evaluation texts already excluded), every
     odd-numbered shard takes its requests from them instead (the next ``batch`` of them, in turn); the target
-    still writes every answer. No new shard is started after ``deadline`` (a ``time.time()`` value).
+    still writes every answer. ``repeat_prompts``: once all are used, start again from the first (answers
+    sampled anew); if False, the odd shards after that are self-written like the others (greedy answers to a
+    prompt already answered would repeat it word for word). No new shard is started after ``deadline`` (a
+    ``time.time()`` value). ``start``: the shards below it are not written (another build has them).
+    ``prompt_offset``: odd shard ``i`` takes the user prompts from ``(i // 2) * batch + prompt_offset`` on.
     ``first``: shard numbers written before the others (a shard's text depends on its number only, so the
     order changes which shards a stopped run has, not what they hold). ``answer_temperatures``: shard ``i``
     answers at ``answer_temperatures[i % len(answer_temperatures)]`` (default :data:`ANSWER_TEMPERATURES`).
@@ -66,8 +73,8 @@ def generate_conversations(
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     tokenizer.padding_side = "left"
     t0, made = time.time(), 0
-    order = [i for i in first if 0 <= i < shards]
-    for i in [*order, *(i for i in range(shards) if i not in order)]:
+    order = [i for i in first if start <= i < shards]
+    for i in [*order, *(i for i in range(start, shards) if i not in order)]:
         path = out / f"conv-{i:05d}.jsonl"
         if path.exists():
             continue
@@ -76,9 +83,11 @@ def generate_conversations(
         ts = time.time()
         temperature = answer_temperatures[i % len(answer_temperatures)]
         requests = None
-        if user_prompts and i % 2 == 1:
-            k = (i // 2) * batch
+        k = (i // 2) * batch + prompt_offset
+        if user_prompts and i % 2 == 1 and repeat_prompts:
             requests = [user_prompts[(k + j) % len(user_prompts)] for j in range(min(batch, len(user_prompts)))]
+        elif user_prompts and i % 2 == 1 and k < len(user_prompts):
+            requests = list(user_prompts[k : k + batch])  # the last of them (fewer than a batch, maybe)
         lines, n_requests, n_tok = _one_shard(
             model, tokenizer, eos, batch, request_tokens, answer_tokens, temperature, seed + i, requests
         )

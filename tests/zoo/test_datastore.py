@@ -27,6 +27,17 @@ def test_greedy_answers_only_and_no_evaluation_text(tmp_path) -> None:
     assert store.candidates([0, 4, 5], 3, 2) == [[6, 7], [6, 2]]
 
 
+def test_an_answer_repeated_word_for_word_is_kept_once(tmp_path) -> None:
+    conv = tmp_path / "conv"
+    _shard(conv, 0, [("Write a haiku about rain.", [4, 5, 6, 7], 0.0), ("Name a river.", [4, 5, 9], 0.0)])
+    _shard(conv, 1, [("Write a haiku about rain.", [4, 5, 6, 7], 0.0), ("Name a lake.", [4, 5, 6], 0.0)])
+    store = datastore_from_conversations(conv, 10)
+    assert store.texts() == [[4, 5, 6, 7], [4, 5, 9], [4, 5, 6]]
+    assert store.info["conversations"] == 3 and store.info["dropped_duplicates"] == 1
+    # "4 5" was followed by 6 twice (two texts, not three) and by 9 once
+    assert store.candidates([4, 5], 2, 2) == [[6, 7], [9]]
+
+
 def test_no_greedy_conversation(tmp_path) -> None:
     _shard(tmp_path / "conv", 0, [("Tell me a joke.", [4, 5], 1.0)])
     with pytest.raises(ValueError, match="no greedy conversation in"):
@@ -43,3 +54,5 @@ def test_the_committed_smollm2_datastore() -> None:
     assert store.info["dropped_evaluation"] == 0 and "no benchmark text" in store.info["text"]
     assert store.info["command"].startswith("adaptive-spec zoo datastore smollm2 --shards ")
     assert store.candidates([28, 253], 2, 4)  # a common bigram of its text is followed by something
+    texts = store.texts()
+    assert len({tuple(t) for t in texts}) == len(texts) == store.info["conversations"]  # no answer twice

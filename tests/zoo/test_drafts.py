@@ -97,3 +97,40 @@ def test_shards_named_first_are_written_first_so_a_stopped_build_has_a_held_out_
     assert got["shards"] == 3
     shards = sorted(int(p.stem.split("-")[1]) for p in tmp_path.glob("conv-*.jsonl"))
     assert shards == [0, 1, HELD_OUT - 1] and [s for s in shards if held_out(s)] == [HELD_OUT - 1]
+
+
+@pytest.mark.parametrize("repeat", [True, False])
+def test_prompt_shards_repeat_the_prompts_only_when_asked(tmp_path, monkeypatch, repeat) -> None:
+    """Odd shards take the next batch of the user prompts; used up, they start again or are self-written."""
+    import json
+
+    from adaptive_spec.zoo import selfdistill
+
+    given = {}
+
+    def one_shard(model, tokenizer, eos, batch, request_tokens, answer_tokens, temperature, seed, requests):
+        given[seed] = requests
+        return [json.dumps({"answer_ids": [1, 2], "seed": seed})], 1, 2
+
+    class Tok:
+        padding_side = "right"
+
+        def convert_tokens_to_ids(self, token):
+            return 0
+
+    monkeypatch.setattr(selfdistill, "_one_shard", one_shard)
+    prompts = [f"p{i}" for i in range(5)]
+    selfdistill.generate_conversations(
+        torch.nn.Linear(1, 1),
+        Tok(),
+        tmp_path,
+        shards=8,
+        batch=2,
+        progress=False,
+        user_prompts=prompts,
+        repeat_prompts=repeat,
+    )
+    assert [given[i] for i in (0, 2, 4, 6)] == [None] * 4  # even shards: self-written
+    assert given[1] == ["p0", "p1"] and given[3] == ["p2", "p3"]
+    assert given[5] == (["p4", "p0"] if repeat else ["p4"])  # the last of them: a short batch
+    assert given[7] == (["p1", "p2"] if repeat else None)  # used up: again, or self-written
