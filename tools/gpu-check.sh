@@ -70,12 +70,12 @@
 #   drafts.tar.*   `zoo drafts --device cuda --minutes 7 --init shipped`: the SmolLM2 head and draft trained
 #                  further on the device, with build_info.json (the figures before and after), as a tar
 #                  split into 15 MiB parts (the machine returns files of at most 16 MiB)
-#   datastore.npz, datastore_curve.json, datastore_curve.png  `zoo datastore --device cuda` writing a larger corpus
-#                  for lookup:WxL+K/nss (DS_SHARDS shards of DS_BATCH requests, by default 160 x 96, up to about
-#                  1.5 M tokens, stopping new shards after DS_MINUTES, by default 5), then `bench datastore` with it:
-#                  the lookup plans' block efficiency at T = 0 by its size on the demo prompts
-#                  (../docs/measurements/cpu-2026-12-02d/: the committed 0.26 M tokens gained 0.02-0.10 a doubling).
-#                  To keep it, copy datastore.npz to adaptive_spec/zoo/smollm2/ (its info records its build).
+#   datastore.npz, datastore_curve.json, datastore_curve.png  `zoo datastore --extend --device cuda`: the committed
+#                  corpus of lookup:WxL+K/nss grown by DS_SHARDS more shards of DS_BATCH self-written requests (by
+#                  default 60 x 192, up to about 2.5 M tokens), no new shard after DS_MINUTES (by default 5), then
+#                  `bench datastore` with it: the lookup plans' block efficiency at T = 0 by its size on the demo
+#                  prompts (docs/measurements/cpu-2026-12-02d/: about 0.1 a doubling of distinct text on this corpus).
+#                  To keep it, copy datastore.npz to adaptive_spec/zoo/smollm2/ (its info records every build).
 # --device cpu is the dry run (the same steps, fewer prompts and tokens): it must pass anywhere.
 # On the GPU machine the whole check takes about 6 minutes (budget: 7): on an H100 on 2026-11-27, the set-up
 # 45 s, pytest 60 s, passes 23 s (before --layers-too, which times twice as many forwards), e2e_t0 136 s,
@@ -253,13 +253,17 @@ case ",$STEPS," in *",drafts,"*)
   [ -d "$OUT/drafts" ] && tar -cf - -C "$OUT" drafts | split -b 15M - "$OUT/drafts.tar." && rm -rf "$OUT/drafts";;
 esac
 # A larger datastore, written on the device, and its curve (the bench decodes the demo prompts' greedy answers once).
+case ",$STEPS," in *",datastore,"*)
+  cp adaptive_spec/zoo/smollm2/datastore.npz "$OUT/datastore.npz"
+  DS_BASE=$($PY -c "from adaptive_spec.trees.datastore import Datastore as D; print(D.load('$OUT/datastore.npz').info['shards'])");;
+esac
 if [ "$DEVICE" = cpu ]; then
-  DS="--shards 1 --batch 2 --answer-tokens 16 --prompts none"; DSB="--fractions 0.5,1 --samples 1"
+  DS="--shards $((${DS_BASE:-0} + 1)) --batch 2 --answer-tokens 16"; DSB="--fractions 0.5,1 --samples 1"
 else
-  DS="--shards ${DS_SHARDS:-160} --batch ${DS_BATCH:-96} --minutes ${DS_MINUTES:-5}"; DSB=""
+  DS="--shards $((${DS_BASE:-0} + ${DS_SHARDS:-60})) --batch ${DS_BATCH:-192} --minutes ${DS_MINUTES:-5}"; DSB=""
 fi
-step datastore 420 $PY -m adaptive_spec zoo datastore smollm2 --device "$DEVICE" $DS --work "$OUT/datastore-work" \
-  --out "$OUT/datastore.npz" --no-progress
+step datastore 420 $PY -m adaptive_spec zoo datastore smollm2 --extend --device "$DEVICE" $DS \
+  --work "$OUT/datastore-work" --out "$OUT/datastore.npz" --no-progress
 step datastore 120 $PY -m adaptive_spec bench datastore --target smollm2 --device "$DEVICE" --datastore \
   "$OUT/datastore.npz" --limit "$LIMIT" --max-new-tokens "$TOKENS" $DSB --json "$OUT/datastore_curve.json" \
   --plot "$OUT/datastore_curve.png" --no-progress

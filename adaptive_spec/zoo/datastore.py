@@ -29,7 +29,7 @@ def datastore_from_conversations(
     Conversations at a temperature above 0 are left out (the corpus predicts what greedy decoding writes),
     and so is any whose request is an evaluation text (a Spec-Bench turn or a demo prompt). An answer that
     repeats an earlier one word for word (a prompt answered twice) is kept once: a copy adds no continuation,
-    only weight to that text's in the picks. ``base``: a datastore whose texts come first (the new answers are
+    only weight to that text in the picks. ``base``: a datastore whose texts come first (the new answers are
     appended, those it holds dropped as copies); its ``info`` counts add up with the new ones. ``shards``: read
     only the shards with these numbers (default: all).
 

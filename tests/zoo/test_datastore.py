@@ -56,3 +56,54 @@ def test_the_committed_smollm2_datastore() -> None:
     assert store.candidates([28, 253], 2, 4)  # a common bigram of its text is followed by something
     texts = store.texts()
     assert len({tuple(t) for t in texts}) == len(texts) == store.info["conversations"]  # no answer twice
+
+
+def test_extend_keeps_the_base_and_adds_the_shards_after_it(tmp_path, monkeypatch) -> None:
+    """``--extend``: the base's texts first, only the shards after its own generated and read, its command chained,
+    the prompt shards going on after the prompts it answered."""
+    import transformers
+
+    from adaptive_spec.engine import models, pretrained
+    from adaptive_spec.trees.datastore import Datastore
+    from adaptive_spec.zoo import datastore as zds
+    from adaptive_spec.zoo import selfdistill
+
+    calls = []
+
+    def generate(model, tokenizer, out, *, shards, start, prompt_offset, user_prompts, **kw):
+        calls.append((start, shards, prompt_offset, len(user_prompts)))
+        for i in range(start, shards):
+            _shard(out, i, [(f"request {i}", [4, 5, i % 3], 0.0), (f"again {i}", [2, 2, 2], 0.0)])
+        return {"shards": shards, "new_answer_tokens": 6, "tok_per_s": 1.0, "device": "cpu"}
+
+    class Tok:
+        def __len__(self):
+            return 10
+
+    monkeypatch.setattr(selfdistill, "generate_conversations", generate)
+    monkeypatch.setattr(models, "fetch_model", lambda name: tmp_path)
+    monkeypatch.setattr(pretrained, "load_causal_lm", lambda *a, **k: __import__("torch").nn.Linear(1, 1))
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: Tok())
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"prompt": "question number {i}"}}\n' for i in range(7)))
+    out, work = tmp_path / "ds.npz", tmp_path / "work"
+    with pytest.raises(FileNotFoundError, match="--extend: no datastore at"):
+        zds.build_datastore(out=out, work=work, shards=2, extend=True, prompt_files=[prompts], progress=False)
+    _shard(work / "conv", 7, [("a stray shard past --shards", [9, 9], 0.0)])
+    first = zds.build_datastore(out=out, work=work, shards=2, batch=2, prompt_files=[prompts], progress=False)
+    assert calls[-1] == (0, 2, 0, 7) and first["shards"] == 2 and first["prompts_used"] == 2
+    assert Datastore.load(out).texts() == [[4, 5, 0], [2, 2, 2], [4, 5, 1]]  # shard 7 unread, [2, 2, 2] once
+    assert first["dropped_duplicates"] == 1 and first["conversations"] == 3
+    with pytest.raises(ValueError, match=r"already holds shards 0..1; give --shards above 2"):
+        zds.build_datastore(out=out, work=work, shards=2, extend=True, prompt_files=[prompts], progress=False)
+    grown = zds.build_datastore(
+        out=out, work=work, shards=5, batch=3, extend=True, prompt_files=[prompts], progress=False
+    )
+    # shards 2..4 only; odd shard 3 takes prompts from (3 // 2) * 3 + offset = 2 on: after the base's two
+    assert calls[-1] == (2, 5, 2 - 1 * 3, 7) and grown["shards"] == 5 and grown["prompts_used"] == 5
+    assert Datastore.load(out).texts() == [[4, 5, 0], [2, 2, 2], [4, 5, 1], [4, 5, 2]]
+    assert grown["conversations"] == 4 and grown["dropped_duplicates"] == 1 + 5  # the base's, then 5 of 6 new
+    assert grown["command"] == (
+        f"adaptive-spec zoo datastore smollm2 --shards 2 --batch 2 --answer-tokens 256 --prompts {prompts} && "
+        f"adaptive-spec zoo datastore smollm2 --extend --shards 5 --batch 3 --answer-tokens 256 --prompts {prompts}"
+    )
