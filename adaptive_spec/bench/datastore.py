@@ -25,9 +25,17 @@ from adaptive_spec.engine.drafting import lookup_outcome
 from adaptive_spec.planner.plan import Plan, as_plan
 from adaptive_spec.trees.datastore import Datastore
 
-__all__ = ["DEFAULT_FRACTIONS", "datastore_curve", "greedy_answers", "plot_curve", "replay_lookup"]
+__all__ = ["DEFAULT_FRACTIONS", "datastore_curve", "greedy_answers", "lookup_plan", "plot_curve", "replay_lookup"]
 
 DEFAULT_FRACTIONS = (0.125, 0.25, 0.5, 1.0)
+
+
+def lookup_plan(plan: Plan | str) -> Plan:
+    """``plan`` as a :class:`Plan`, checked to be a lookup plan (a one-line ``ValueError`` otherwise)."""
+    plan = as_plan(plan)
+    if plan.source != "lookup":
+        raise ValueError(f"bench datastore replays lookup plans (lookup:L, lookup:WxL, lookup:WxL+K), got {plan}")
+    return plan
 
 
 def greedy_answers(engine: Any, prompts: Sequence[Any], max_new_tokens: int, progress: bool = True) -> list[dict]:
@@ -50,9 +58,7 @@ def replay_lookup(plan: Plan | str, answers: Sequence[dict], datastore: Datastor
 
     Returns its block efficiency (tokens a step), nodes a step (the trie's drafted tokens), steps and tokens.
     """
-    plan = as_plan(plan)
-    if plan.source != "lookup":
-        raise ValueError(f"bench datastore replays lookup plans (lookup:L, lookup:WxL, lookup:WxL+K), got {plan}")
+    plan = lookup_plan(plan)
     if plan.corpus_paths and datastore is None:
         raise ValueError(f"plan {plan} drafts from a datastore and none was given")
     cpu = torch.device("cpu")
@@ -104,10 +110,7 @@ def datastore_curve(
     store = engine.datastore
     if store is None:
         raise ValueError("the engine has no datastore: give --datastore FILE (adaptive-spec zoo datastore builds one)")
-    plans = [as_plan(p) for p in plans]
-    for p in plans:
-        if p.source != "lookup":
-            raise ValueError(f"bench datastore replays lookup plans (lookup:L, lookup:WxL, lookup:WxL+K), got {p}")
+    plans = [lookup_plan(p) for p in plans]
     bad = [f for f in fractions if not 0 < f <= 1]
     if bad or not fractions:
         raise ValueError(f"fractions of the datastore are in (0, 1], got {list(fractions)}")

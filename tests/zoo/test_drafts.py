@@ -61,8 +61,29 @@ def test_a_continued_build_knows_which_shard_seeds_the_committed_builds_used(tmp
     assert unused_seed(tmp_path) == 2000
 
 
-def test_shards_named_first_are_written_first_so_a_stopped_build_has_a_held_out_shard(tmp_path, monkeypatch) -> None:
+class _Tok:
+    """The tokenizer ``generate_conversations`` reads before its shards (the shards themselves are stubbed)."""
+
+    padding_side = "right"
+
+    def convert_tokens_to_ids(self, token):
+        return 0
+
+
+def _stub_shards(monkeypatch, seen) -> None:
+    """Stub ``selfdistill._one_shard``: each shard calls ``seen(seed, requests)`` and writes one conversation."""
     import json
+
+    from adaptive_spec.zoo import selfdistill
+
+    def one_shard(model, tokenizer, eos, batch, request_tokens, answer_tokens, temperature, seed, requests):
+        seen(seed, requests)
+        return [json.dumps({"answer_ids": [1, 2], "seed": seed})], 1, 2
+
+    monkeypatch.setattr(selfdistill, "_one_shard", one_shard)
+
+
+def test_shards_named_first_are_written_first_so_a_stopped_build_has_a_held_out_shard(tmp_path, monkeypatch) -> None:
     import time
 
     from adaptive_spec.zoo import selfdistill
@@ -70,22 +91,15 @@ def test_shards_named_first_are_written_first_so_a_stopped_build_has_a_held_out_
 
     written = []
 
-    def one_shard(model, tokenizer, eos, batch, request_tokens, answer_tokens, temperature, seed, requests):
+    def seen(seed, requests):
         written.append(seed)
         if len(written) == 3:  # the budget runs out after the third shard
             monkeypatch.setattr(time, "time", lambda: float("inf"))
-        return [json.dumps({"answer_ids": [1, 2], "seed": seed})], 1, 2
 
-    class Tok:
-        padding_side = "right"
-
-        def convert_tokens_to_ids(self, token):
-            return 0
-
-    monkeypatch.setattr(selfdistill, "_one_shard", one_shard)
+    _stub_shards(monkeypatch, seen)
     got = selfdistill.generate_conversations(
         torch.nn.Linear(1, 1),
-        Tok(),
+        _Tok(),
         tmp_path,
         shards=40,
         seed=100,
@@ -102,27 +116,14 @@ def test_shards_named_first_are_written_first_so_a_stopped_build_has_a_held_out_
 @pytest.mark.parametrize("repeat", [True, False])
 def test_prompt_shards_repeat_the_prompts_only_when_asked(tmp_path, monkeypatch, repeat) -> None:
     """Odd shards take the next batch of the user prompts; used up, they start again or are self-written."""
-    import json
-
     from adaptive_spec.zoo import selfdistill
 
     given = {}
-
-    def one_shard(model, tokenizer, eos, batch, request_tokens, answer_tokens, temperature, seed, requests):
-        given[seed] = requests
-        return [json.dumps({"answer_ids": [1, 2], "seed": seed})], 1, 2
-
-    class Tok:
-        padding_side = "right"
-
-        def convert_tokens_to_ids(self, token):
-            return 0
-
-    monkeypatch.setattr(selfdistill, "_one_shard", one_shard)
+    _stub_shards(monkeypatch, given.__setitem__)
     prompts = [f"p{i}" for i in range(5)]
     selfdistill.generate_conversations(
         torch.nn.Linear(1, 1),
-        Tok(),
+        _Tok(),
         tmp_path,
         shards=8,
         batch=2,
