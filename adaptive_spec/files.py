@@ -159,9 +159,11 @@ def resolve_config(path: str | os.PathLike) -> Path:
     return shipped if shipped.exists() else path
 
 
-def default_prompts() -> list[str]:
-    """The committed pair's built-in prompts: function headers with a docstring start, from held-out files."""
-    return read_prompts(default_pair_path())
+def default_prompts(limit: int | None = None) -> list[str]:
+    """The committed pair's built-in prompts (the first ``limit`` of them): function headers with a docstring
+    start, from held-out files.
+    """
+    return read_prompts(default_pair_path(), limit)
 
 
 def read_prompts(path: str | Path, limit: int | None = None) -> list[str]:

@@ -6,7 +6,7 @@
 - :func:`add_datastore_option` and :func:`datastore_kwargs`: ``--datastore FILE``, the corpus of ``lookup:WxL+K``;
 - :func:`add_progress_option`: ``--no-progress`` (``--quiet`` is a hidden alias);
 - :func:`add_json_option`: ``--json PATH``, a file the verb writes;
-- :func:`add_limit_option`: ``--limit N``, the first N prompts;
+- :func:`add_limit_option`: ``--limit N``, the first N prompts (:func:`positive_int`: N >= 1);
 - :func:`add_out_dir_option` and :func:`out_file`: ``--out DIR``, the folder a verb creates and
   writes its files into, under fixed names (``--json PATH`` is the option that names one file).
 
@@ -30,6 +30,7 @@ __all__ = [
     "add_temperatures_option",
     "datastore_kwargs",
     "out_file",
+    "positive_int",
 ]
 
 MODEL_OPTIONS = ("target", "draft", "device", "dtype")
@@ -104,10 +105,21 @@ def add_profile_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def positive_int(text: str) -> int:
+    """An argparse ``type``: a whole number >= 1, else argparse's one-line usage error naming the option."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"takes a whole number >= 1, got {value}")
+    return value
+
+
 def add_limit_option(parser: argparse.ArgumentParser, default: int | None = None, what: str = "prompts") -> None:
-    """Add ``--limit N``: use only the first N ``what``."""
+    """Add ``--limit N`` (N >= 1): use only the first N ``what``."""
     tail = " (default: %(default)s)" if default is not None else " (default: all)"
-    parser.add_argument("--limit", type=int, default=default, help=f"use only the first N {what}{tail}")
+    parser.add_argument("--limit", type=positive_int, default=default, help=f"use only the first N {what}{tail}")
 
 
 def add_out_dir_option(

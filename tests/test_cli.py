@@ -177,6 +177,34 @@ def test_a_bad_option_is_one_line_with_exit_status_2(capsys):
     assert "see `adaptive-spec label --help`" in err[0]
 
 
+def test_every_limit_option_takes_a_whole_number_of_at_least_one(capsys):
+    import argparse as ap
+    import importlib
+
+    from adaptive_spec.cli import COMMANDS
+
+    verbs = []
+    for path, (module, _) in COMMANDS.items():
+        parser = ap.ArgumentParser()
+        importlib.import_module(module).add_arguments(parser)
+        if any("--limit" in a.option_strings for a in parser._actions):
+            verbs.append(path)
+    assert {("bench", "e2e"), ("bench", "overhead"), ("demo",), ("tune", "sources")} <= set(verbs)
+    for path in verbs:
+        for bad in ("0", "-2", "x"):
+            with pytest.raises(SystemExit) as exc:
+                main([*path, "--limit", bad])
+            assert exc.value.code == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and err[0].startswith(f"adaptive-spec {' '.join(path)}: error: argument --limit: "), (
+                err
+            )
+            assert "takes a whole number >= 1" in err[0], err
+    from adaptive_spec.files import default_prompts
+
+    assert default_prompts(2) == default_prompts()[:2] and len(default_prompts(2)) == 2
+
+
 # ----------------------------------------------------------------------------- --out is a folder
 def test_out_file_is_a_file_in_the_folder_and_a_file_suffix_is_refused(tmp_path, capsys):
     from adaptive_spec.options import out_file

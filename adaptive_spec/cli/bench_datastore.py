@@ -69,7 +69,7 @@ def _prompts(args: argparse.Namespace, target: str) -> list:
             return read_prompts(args.prompts, args.limit)
         if target in MODELS and (shipped_drafts_dir(target) / "prompts.jsonl").is_file():
             return read_prompts(shipped_drafts_dir(target) / "prompts.jsonl", args.limit)
-        return default_prompts()[: args.limit] if args.limit else default_prompts()
+        return default_prompts(args.limit)
     except (FileNotFoundError, ValueError) as err:
         raise SystemExit(f"bench datastore: {err}") from None
 

@@ -143,7 +143,7 @@ def _prompts(args: argparse.Namespace) -> list:
         if args.prompts is None:
             from adaptive_spec.files import default_prompts
 
-            return default_prompts()[: args.limit] if args.limit else default_prompts()
+            return default_prompts(args.limit)
         from adaptive_spec.files import read_prompts
 
         return read_prompts(args.prompts, args.limit)

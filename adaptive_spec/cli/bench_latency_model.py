@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     there = model.profile.get("device", {})
     if (here["type"], here["name"]) != (there.get("type"), there.get("name")):
         print(f"warning: the profile was measured on {there.get('name')} ({there.get('type')}), this is {here['name']}")
-    prompts = default_prompts()[: args.limit]
+    prompts = default_prompts(args.limit)
     steps = measure_steps(
         engine,
         prompts,

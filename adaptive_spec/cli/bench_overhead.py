@@ -128,7 +128,7 @@ def _run(args: argparse.Namespace) -> int:
     from adaptive_spec.planner.plan import AUTOREGRESSIVE
 
     engine = load_engine(args.target, args.draft, args.device, None)
-    prompts = default_prompts()[: args.limit]
+    prompts = default_prompts(args.limit)
     plans = [p if p == AUTOREGRESSIVE else Plan.parse(p) for p in plan_list(args.plans)]
     if args.syncs:
         rows = count_host_syncs(engine, prompts, plans, args.temperature, args.max_new_tokens)

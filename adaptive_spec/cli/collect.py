@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         if args.prompts is None:
             from adaptive_spec.files import default_prompts
 
-            prompts = default_prompts()[: args.limit] if args.limit else default_prompts()
+            prompts = default_prompts(args.limit)
         else:
             from adaptive_spec.files import read_prompts
 

@@ -101,7 +101,7 @@ def _pair_inputs(args: argparse.Namespace, engine: Any, real: bool) -> tuple[lis
     from adaptive_spec.files import default_pair_path, default_prompts
 
     if not real:
-        prompts = default_prompts()[: args.limit] if args.limit else default_prompts()
+        prompts = default_prompts(args.limit)
         return prompts, default_pair_path() / "build_info.json", None
     from adaptive_spec.engine.load import load_hf_draft
     from adaptive_spec.engine.models import shipped_drafts_dir

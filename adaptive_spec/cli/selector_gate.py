@@ -13,7 +13,13 @@ import datetime as _dt
 import json
 from pathlib import Path
 
-from adaptive_spec.options import add_json_option, add_model_options, add_progress_option, add_temperatures_option
+from adaptive_spec.options import (
+    add_json_option,
+    add_model_options,
+    add_progress_option,
+    add_temperatures_option,
+    positive_int,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prompts", required=True, action="append", help="training prompts (JSONL or .txt); repeat to mix files"
     )
-    parser.add_argument("--limit", type=int, default=None, help="prompts used per file (default: all)")
+    parser.add_argument("--limit", type=positive_int, default=None, help="prompts used per file (default: all)")
     add_temperatures_option(parser)
     parser.add_argument("--model-plan", default="chain:1/block", help="the model source's plan (default: %(default)s)")
     parser.add_argument("--lookup", default="lookup:3x8/nss", help="the lookup source's plan (default: %(default)s)")

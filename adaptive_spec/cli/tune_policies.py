@@ -10,7 +10,13 @@ import datetime as _dt
 import json
 from pathlib import Path
 
-from adaptive_spec.options import add_json_option, add_model_options, add_progress_option, add_temperatures_option
+from adaptive_spec.options import (
+    add_json_option,
+    add_model_options,
+    add_progress_option,
+    add_temperatures_option,
+    positive_int,
+)
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.planner.presets import IN_DRAFT_RELPATH, in_draft_path, write_in_draft
 from adaptive_spec.tuning.policies import choose, default_grid, optuna_search
@@ -20,7 +26,7 @@ from adaptive_spec.tuning.storage import DEFAULT_STORAGE
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Register the ``tune policies`` options."""
     parser.add_argument("--prompts", required=True, help="tuning prompts (JSONL or .txt), from training files")
-    parser.add_argument("--limit", type=int, default=12, help="prompts used (default: %(default)s)")
+    parser.add_argument("--limit", type=positive_int, default=12, help="prompts used (default: %(default)s)")
     add_temperatures_option(parser)
     parser.add_argument("--grid", default=None, help="comma-separated candidate plans (default: the built-in grid)")
     parser.add_argument(

@@ -17,6 +17,7 @@ from adaptive_spec.options import (
     add_progress_option,
     add_temperatures_option,
     device_type,
+    positive_int,
 )
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.tuning.sources import DEFAULT_STATIC, choose, incumbents, search
@@ -28,7 +29,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--prompts", required=True, action="append", help="tuning prompts (JSONL or .txt); repeat to mix files"
     )
-    parser.add_argument("--limit", type=int, default=None, help="prompts used per file (default: all)")
+    parser.add_argument("--limit", type=positive_int, default=None, help="prompts used per file (default: all)")
     add_temperatures_option(parser)
     parser.add_argument("--trials", type=int, default=10, help="Optuna trials per temperature (default: %(default)s)")
     parser.add_argument(

@@ -270,7 +270,7 @@ def _inputs(cfg: PlanTuningConfig, engine: Any) -> tuple[Any, list[str] | None, 
     if cfg.prompts is None:
         from adaptive_spec.files import default_prompts
 
-        return engine, default_prompts()[: cfg.num_prompts], None
+        return engine, default_prompts(cfg.num_prompts), None
     from adaptive_spec.files import read_prompts
 
     return engine, read_prompts(cfg.prompts, cfg.num_prompts), None
