@@ -711,29 +711,64 @@ def lookup_outcome(
     device: torch.device,
     root: DraftRoot | None,
     corpus: tuple[Datastore, int] | None = None,
+    chain: DraftOutcome | None = None,
 ) -> DraftOutcome:
-    """A lookup step's chain or trie (:mod:`adaptive_spec.trees.lookup`): no draft forward.
+    """A lookup step's chain or trie (:mod:`adaptive_spec.trees.lookup`): no draft forward but ``chain``'s.
 
     ``root``: the step's first draft forward, when it was run for the root features (else None);
     its last row is the draft model's row over the root, kept as the outcome's ``model_rows``.
     ``corpus``: ``(datastore, K)``: K of the shape's paths are found in the datastore
     (:mod:`adaptive_spec.trees.datastore`), the others in the context; still a function of the context.
+    ``chain``: the draft model's greedy chain (:func:`draft_lookup_model`), one more of the shape's paths; its
+    tokens are read here (the step's one extra host read) and merged into the trie.
     """
     # one path (lookup:L) is the chain of the most recent longest match, several (lookup:WxL) its trie
     # (ids outside the LM head, possible in a prompt, are never drafted: the target gives them probability 0)
     k = corpus[1] if corpus is not None else 0
-    found = ngram_candidates(context, shape.paths - k, shape.depth)
+    found = ngram_candidates(context, shape.paths - k - (chain is not None), shape.depth)
     if corpus is not None:
         found += corpus[0].candidates(context, k, shape.depth)
     found = within_vocab(found, vocab_size)
-    tree = lookup_trie(found, vocab_size, shape.paths, device)  # with its device copies, made in one copy
+    drafted = chain.tree.tokens[1:] if chain is not None else []  # the model's path: read to merge it
+    tree = lookup_trie([*found, drafted] if drafted else found, vocab_size, shape.paths, device)  # one copy
     ancestors = tree.ancestors_tensor(device)
     n = tree.num_nodes
+    if chain is not None:  # the chain's fed nodes are the trie's nodes along its path, at the chain's cache rows
+        nodes = [0]
+        for tok in drafted:
+            nodes.append(tree.child_with_token(nodes[-1], tok))
+        fed = {nodes[i]: i for i in range(chain.fed_nodes)}
+        rows = {nodes[i]: chain.tree.draft_probs[i] for i in range(chain.fed_nodes)}
+        return DraftOutcome(
+            tree, ancestors, chain.pending_fed, len(fed), cache_rows=fed, lookup_rows=n, model_rows=rows, ok=chain.ok
+        )
     if root is None:  # the draft model was not run: its pending tokens wait for the next model step
         return DraftOutcome(tree, ancestors, pending_fed=0, fed_nodes=0, lookup_rows=n)
     # only the root is in the draft cache; the tree's row there is the lookup's, the model's is root.probs[-1]
     rows = {0: root.probs[-1]}
     return DraftOutcome(tree, ancestors, pending_fed=root.pending, fed_nodes=1, lookup_rows=n, model_rows=rows)
+
+
+def draft_lookup_model(
+    runner: ModelRunner,
+    pending: torch.Tensor | DraftRoot,
+    context: list[int],
+    shape: TreeShape,
+    depth: int,
+    probs_fn: ProbsFn,
+    generator: torch.Generator,
+    corpus: tuple[Datastore, int] | None = None,
+) -> DraftOutcome:
+    """A lookup trie with the draft model's greedy chain of ``depth`` tokens as one more path (``lookup:WxL+mD``).
+
+    The chain is drafted as a ``chain:D`` plan's at temperature 0 (one replay where chains are captured): each
+    token the argmax of the draft's row, whatever the step's temperature. It is a function of the committed
+    context like the looked-up paths, so the trie is one too and NSS and greedy verification stay exact
+    (docs/algorithms.md §8). The draft's cache keeps the chain's rows; the accepted path's share of the chain
+    (a prefix of it) is committed there as a chain plan's.
+    """
+    chain = draft_tree(runner, pending, TreeShape.chain(depth), probs_fn, generator, deterministic=True)
+    return lookup_outcome(context, shape, probs_fn.vocab_size, runner.device, None, corpus, chain=chain)
 
 
 def draft_hybrid(

@@ -25,6 +25,7 @@ from adaptive_spec.engine.drafting import (
     DraftRoot,
     check_finite,
     draft_hybrid,
+    draft_lookup_model,
     draft_policy_tree,
     draft_root,
     draft_tree,
@@ -145,7 +146,7 @@ class StepMixin:
 
         # pending tokens (root last): the draft's (when it is fed) and the target's, on the device together (the
         # last step's tokens are there already; anything older is copied once)
-        fed = root is None and state.draft is not None and plan.source != "lookup"
+        fed = root is None and state.draft is not None and (plan.source != "lookup" or plan.model_depth > 0)
         lo = min(base, state.draft.cached) if fed else base
         tail = state.pending(lo, self.device)
         pending = tail if base == lo else tail[base - lo :]
@@ -230,6 +231,9 @@ class StepMixin:
                         "datastore=FILE) (built by adaptive-spec zoo datastore), or drop the '+K'"
                     )
                 corpus = (self.datastore, plan.corpus_paths)
+            if plan.model_depth:  # and the draft's greedy chain, merged into the trie
+                law = (run.draft_probs_fn, state.generator)
+                return draft_lookup_model(draft, pending, state.context, plan.shape, plan.model_depth, *law, corpus)
             return lookup_outcome(state.context, plan.shape, self.vocab_size, self.device, root, corpus)
         law = (run.draft_probs_fn, state.generator, sampling.greedy)
         if plan.source == "hybrid":  # looked up, then extended by the model

@@ -6,6 +6,7 @@ A :class:`Plan` says how one speculative step drafts and verifies. Text form::
     lookup:L/<verifier>            e.g.  "lookup:8/block": a chain of up to L tokens found in the context
     lookup:WxL/<verifier>          e.g.  "lookup:3x8/nss": a trie of up to W distinct continuations found there
     lookup:WxL+K/<verifier>        e.g.  "lookup:3x8+2/nss": and K more found in the engine's datastore (a corpus)
+    lookup:WxL[+K]+mD/<verifier>   e.g.  "lookup:3x8+2+m3/nss": and the draft model's greedy chain of D <= L tokens
     hybrid:A:B/<verifier>          e.g.  "hybrid:6:2/block": up to A looked-up tokens, then B drafted by the model
 
 where ``<tree shape>`` is anything :meth:`TreeShape.parse` accepts (``chain:L``, ``iid:KxL``,
@@ -75,6 +76,9 @@ class Plan:
         corpus_paths: a lookup plan's continuations found in the engine's datastore
             (:mod:`adaptive_spec.trees.datastore`), among the shape's ``paths``; the other
             ``shape.paths - corpus_paths`` are found in the context (0: the context alone).
+        model_depth: a lookup trie's branch drafted by the draft model: its greedy chain (each token the argmax
+            of the draft's row, at any temperature) of this many tokens joins the trie as one more of the shape's
+            ``paths`` (0: none). Still a function of the context, so NSS and greedy verification stay exact.
 
     Raises:
         ValueError: unknown verifier, or a verifier that cannot verify the shape's law
@@ -88,6 +92,7 @@ class Plan:
     source: str = "model"
     lookup_depth: int = 0
     corpus_paths: int = 0
+    model_depth: int = 0
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -114,6 +119,16 @@ class Plan:
             raise ValueError(
                 "corpus_paths is for lookup tries: lookup:WxL+K/nss finds W continuations in the context and K in the "
                 "datastore (W >= 0, K >= 1)"
+            )
+        if self.model_depth and (
+            self.source != "lookup"
+            or self.shape.law is not DraftLaw.DETERMINISTIC
+            or not 1 <= self.model_depth <= self.shape.depth
+            or self.corpus_paths + 1 > self.shape.paths
+        ):
+            raise ValueError(
+                "model_depth is for lookup tries: lookup:WxL+mD/nss adds the draft model's greedy chain of 1 <= D <= L "
+                "tokens to the W continuations found in the context (and K in the datastore: lookup:WxL+K+mD)"
             )
         if isinstance(self.shape, DraftPolicy) and self.policy is None:  # Plan(policy, verifier)
             object.__setattr__(self, "policy", self.shape)
@@ -144,26 +159,34 @@ class Plan:
             raise ValueError(f"plan {text!r}: missing verifier name after '/'")
         kind, colon, size = shape_text.strip().partition(":")
         if kind == "lookup":
-            size, plus, k = size.partition("+")
+            size, *extra = size.split("+")
+            model = extra.pop() if extra and extra[-1].startswith("m") else ""
+            k = extra[0] if len(extra) == 1 else ""
             w, x, length = size.rpartition("x")
             ok = (
                 colon
+                and len(extra) <= 1
                 and length.isdigit()
                 and int(length) >= 1
-                and (not x or (w.isdigit() and int(w) >= 1 - bool(plus)))
+                and (not x or (w.isdigit() and int(w) >= 1 - bool(extra or model)))
+                and (not extra or (k.isdigit() and int(k) >= 1))
+                and (not model or (model[1:].isdigit() and 1 <= int(model[1:]) <= int(length)))
             )
-            if not ok or (plus and not (k.isdigit() and int(k) >= 1)):
+            if not ok:
                 raise ValueError(
                     f"plan {text!r}: a lookup plan is lookup:L (a chain of L >= 1 tokens, e.g. 'lookup:8/block'), "
-                    "lookup:WxL (a trie of up to W continuations, e.g. 'lookup:3x8/nss') or lookup:WxL+K (and K "
-                    "more found in the datastore, e.g. 'lookup:3x8+2/nss')"
+                    "lookup:WxL (a trie of up to W continuations, e.g. 'lookup:3x8/nss'), lookup:WxL+K (and K "
+                    "more found in the datastore, e.g. 'lookup:3x8+2/nss'), with +mD for the draft model's greedy "
+                    "chain of 1 <= D <= L tokens (e.g. 'lookup:3x8+2+m3/nss')"
                 )
-            corpus = int(k) if plus else 0
-            paths = (int(w) if x else 1) + corpus
-            shape = _corpus_trie(paths, int(length)) if corpus else TreeShape.lookup(paths, int(length))
+            corpus = int(k) if extra else 0
+            depth = int(model[1:]) if model else 0
+            paths = (int(w) if x else 1) + corpus + bool(depth)
+            trie = corpus or depth
+            shape = _corpus_trie(paths, int(length)) if trie else TreeShape.lookup(paths, int(length))
             if shape.law is DraftLaw.DETERMINISTIC and not sep:
                 verifier = "nss"  # the default traversal reads draft rows a trie does not have
-            return cls(shape, verifier, source="lookup", corpus_paths=corpus)
+            return cls(shape, verifier, source="lookup", corpus_paths=corpus, model_depth=depth)
         if kind == "hybrid":
             a, _, b = size.partition(":")
             if not (a.isdigit() and b.isdigit() and int(a) >= 1 and int(b) >= 1):
@@ -192,10 +215,11 @@ class Plan:
 
     def __str__(self) -> str:
         if self.source == "lookup":
-            context_paths = self.shape.paths - self.corpus_paths
+            context_paths = self.shape.paths - self.corpus_paths - bool(self.model_depth)
             paths = f"{context_paths}x" if self.shape.law is DraftLaw.DETERMINISTIC else ""
             corpus = f"+{self.corpus_paths}" if self.corpus_paths else ""
-            return f"lookup:{paths}{self.shape.depth}{corpus}/{self.verifier}"
+            model = f"+m{self.model_depth}" if self.model_depth else ""
+            return f"lookup:{paths}{self.shape.depth}{corpus}{model}/{self.verifier}"
         if self.source == "hybrid":
             return f"hybrid:{self.lookup_depth}:{self.shape.depth - self.lookup_depth}/{self.verifier}"
         return f"{self.policy if self.policy is not None else self.shape}/{self.verifier}"
@@ -226,8 +250,10 @@ class Plan:
             a = min(self.lookup_depth, max_depth - 1)
             return Plan(TreeShape.chain(max_depth), self.verifier, self.allow_lossy, source="hybrid", lookup_depth=a)
         corpus = self.corpus_paths if max_depth > 0 else 0
-        shape = _corpus_trie(self.shape.paths, max_depth) if corpus else truncate_shape(self.shape, max_depth)
-        return Plan(shape, self.verifier, self.allow_lossy, source=self.source, corpus_paths=corpus)
+        model = min(self.model_depth, max_depth)
+        trie = corpus or model
+        shape = _corpus_trie(self.shape.paths, max_depth) if trie else truncate_shape(self.shape, max_depth)
+        return Plan(shape, self.verifier, self.allow_lossy, source=self.source, corpus_paths=corpus, model_depth=model)
 
 
 def _corpus_trie(paths: int, length: int) -> TreeShape:

@@ -36,7 +36,9 @@ def _fresh_logits(model, context: list[int]) -> torch.Tensor:
         return model(input_ids=torch.tensor([context])).logits[0, -1].float()
 
 
-@pytest.mark.parametrize("plan", ["delayed:2x3x2/traversal", "wor:3x2x1/rrsw", "chain:5/block", "iid:3x3/spectr"])
+@pytest.mark.parametrize(
+    "plan", ["delayed:2x3x2/traversal", "wor:3x2x1/rrsw", "chain:5/block", "iid:3x3/spectr", "lookup:2x4+m3/nss"]
+)
 def test_caches_match_a_fresh_prefill_after_many_steps(models, plan: str) -> None:
     engine = SpecEngine(*models)  # no tokenizer, so no EOS: all 60 tokens are generated
     out = engine.generate([0, 4, 9], max_new_tokens=60, temperature=1.0, plan=plan, seed=3, keep_state=True)

@@ -52,6 +52,9 @@ def _eagle(target):
         "hybrid:3:2/block",
         "lookup:1x4+2/nss",
         "lookup:0x4+2/greedy",
+        "lookup:2x4+m3/nss",
+        "lookup:1x4+2+m2/greedy",
+        "alternate-model-branch",
     ],
 )
 def test_greedy_equals_transformers(plan, draft) -> None:
@@ -63,9 +66,9 @@ def test_greedy_equals_transformers(plan, draft) -> None:
     store = Datastore.from_texts([*texts, [5, 2, 7, 7, 1]], 8)
     draft_model = perturbed(target, 0.3, 12) if draft == "model" else _eagle(target)
     engine = SpecEngine(target, draft_model, datastore=store if "+" in plan else None)
-    out = engine.generate(
-        prompt, max_new_tokens=40, temperature=0, plan=Alternate("chain:3/block") if plan == "alternate" else plan
-    )
+    # lookup steps (no draft forward) between steps whose trie has the draft's path: pending tokens pile up
+    alternates = {"alternate": Alternate("chain:3/block"), "alternate-model-branch": Alternate("lookup:1x4+m3/nss")}
+    out = engine.generate(prompt, max_new_tokens=40, temperature=0, plan=alternates.get(plan, plan))
     assert out.token_ids == ref
     assert sum(out.stats.accept_lengths) > 0  # looked-up tokens were accepted
 
@@ -84,11 +87,21 @@ RUNS = 1000  # a law test through the engine; the exact tests by enumeration are
 
 @pytest.mark.parametrize(
     "plan",
-    ["lookup:2/block", "lookup:2x2/nss", "alternate", "source", "hybrid:1:1/token", "hybrid-after-root", "corpus"],
+    [
+        "lookup:2/block",
+        "lookup:2x2/nss",
+        "alternate",
+        "source",
+        "hybrid:1:1/token",
+        "hybrid-after-root",
+        "corpus",
+        "lookup:1x2+m2/nss",
+        "model-branch-after-root",
+    ],
 )
 def test_lossless_lookup(engine, plan, monkeypatch) -> None:
     prompt = [3, 5, 3, 5]  # a repeat, so that the lookup proposes something
-    if plan == "lookup:2x2/nss":
+    if plan in ("lookup:2x2/nss", "lookup:1x2+m2/nss", "model-branch-after-root"):
         prompt = [3, 5, 3, 6, 3]  # "3" recurs with two continuations: a trie 3 -> {6 3, 5 3}
     if plan == "corpus":  # the corpus's continuations of "6 3": a trie 3 -> {1 2, 4 4}, and the context's 3 -> 5 3
         monkeypatch.setattr(engine, "datastore", CORPUS)
@@ -99,6 +112,7 @@ def test_lossless_lookup(engine, plan, monkeypatch) -> None:
         p = Alternate("wor:2x1/traversal", "lookup:2/block") if plan == "alternate" else plan
         p = SourceRule("wor:2x1/traversal", "lookup:2/block", min_ngram=1) if plan == "source" else p
         p = HybridWithFeatures() if plan == "hybrid-after-root" else p
+        p = HybridWithFeatures("lookup:1x2+m2/nss") if plan == "model-branch-after-root" else p
         out = engine.generate(
             prompt, max_new_tokens=3, temperature=SAMPLING.temperature, top_k=SAMPLING.top_k, plan=p, seed=seed
         )
@@ -122,13 +136,17 @@ def test_corpus_plans_need_a_datastore(engine) -> None:
 
 
 class HybridWithFeatures:
-    """A hybrid plan played by a planner that asks for root features: the lookup is fed after the root's forward."""
+    """A hybrid plan (or another) played by a planner that asks for root features: the draft's first forward runs
+    before the plan is chosen, and the lookup (or the draft's chain) goes on after it."""
 
     needs_features = True
 
+    def __init__(self, plan: str = "hybrid:1:1/block") -> None:
+        self.plan = Plan.parse(plan)
+
     def choose(self, state):
         assert state.features is not None
-        return Plan.parse("hybrid:1:1/block")
+        return self.plan
 
 
 def test_hybrid_plan_strings() -> None:
@@ -147,6 +165,18 @@ def test_lookup_plan_strings() -> None:
     plan = Plan.parse("lookup:8/block")
     assert plan.source == "lookup" and plan.shape.depth == 8 and str(plan) == "lookup:8/block"
     assert str(plan.truncated(3)) == "lookup:3/block"
+    # the draft's greedy chain as one more path of a trie: NSS by default, D <= L, cut with the trie
+    plan = Plan.parse("lookup:3x8+2+m3")
+    assert (plan.verifier, plan.shape.paths, plan.shape.depth) == ("nss", 6, 8)
+    assert (plan.corpus_paths, plan.model_depth) == (2, 3)
+    assert str(plan) == "lookup:3x8+2+m3/nss" and Plan.parse(str(plan)) == plan
+    assert str(plan.truncated(2)) == "lookup:3x2+2+m2/nss" and str(Plan.parse("lookup:8+m4/nss")) == "lookup:1x8+m4/nss"
+    assert str(Plan.parse("lookup:0x3+m3/greedy").truncated(1)) == "lookup:0x1+m1/greedy"
+    for bad in ("lookup:3x4+m5/nss", "lookup:3x4+m0/nss", "lookup:3x4+mx/nss", "lookup:3x4+1+2+m1/nss"):
+        with pytest.raises(ValueError, match=r"with \+mD for the draft model's greedy chain of 1 <= D <= L tokens"):
+            Plan.parse(bad)
+    with pytest.raises(ValueError, match="is not lossless"):
+        Plan.parse("lookup:3x4+m2/block")
     with pytest.raises(ValueError, match="a chain of L >= 1 tokens"):
         Plan.parse("lookup:x/block")
     with pytest.raises(ValueError, match="is not lossless"):
@@ -286,10 +316,10 @@ def test_negative_control_wrong_rows(engine, monkeypatch, plan, wrong) -> None:
 
 
 @pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong"])
-@pytest.mark.parametrize("plan", ["lookup:2x2/nss", "lookup:0x2+2/nss"])
+@pytest.mark.parametrize("plan", ["lookup:2x2/nss", "lookup:0x2+2/nss", "lookup:1x2+m2/nss"])
 def test_negative_control_row_reading_verifier_on_a_trie(engine, monkeypatch, wrong, plan) -> None:
-    """A lookup trie (in the context, or in a corpus) verified by traversal verification, which reads the trie's
-    (uniform) rows as a draw's law."""
+    """A lookup trie (in the context, in a corpus, or with the draft's greedy path) verified by traversal
+    verification, which reads the trie's (uniform) rows as a draw's law."""
     import dataclasses
 
     import adaptive_spec.engine.step as step_module
@@ -369,3 +399,18 @@ def test_from_pretrained_loads_the_shipped_datastore(monkeypatch, tmp_path) -> N
     shipped.unlink()  # not built: none, and a +K plan then says so
     assert SpecEngine.from_pretrained("smollm2").datastore is None
     assert shipped_datastore("smollm2").name == "datastore.npz" and shipped_datastore("builtin") is None
+
+
+@pytest.mark.parametrize("draft", ["model", "eagle"])
+def test_the_draft_path_alone_plays_a_greedy_chain_step_for_step(draft) -> None:
+    """``lookup:0xD+mD`` is the draft's greedy chain alone: at T = 0 it accepts what ``chain:D`` accepts, step for
+    step, only if the draft's cache keeps the accepted share of the chain (and nothing else) after every step."""
+    target = tiny_model("llama", vocab=8, hidden=16, eos=None, init_range=0.5, seed=11, layers=1)
+    draft_model = perturbed(target, 0.3, 12) if draft == "model" else _eagle(target)
+    engine = SpecEngine(target, draft_model)
+    prompt = [3, 5, 2, 3, 5, 2, 3, 5]
+    chain = engine.generate(prompt, max_new_tokens=40, temperature=0, plan="chain:3/block")
+    alone = engine.generate(prompt, max_new_tokens=40, temperature=0, plan="lookup:0x3+m3/nss")
+    assert alone.token_ids == chain.token_ids
+    assert alone.stats.accept_lengths == chain.stats.accept_lengths
+    assert 0 < sum(chain.stats.accept_lengths) < 3 * len(chain.stats.accept_lengths)  # some, not all, accepted
