@@ -59,8 +59,9 @@ def test_the_curve_and_its_plot(engine, tmp_path) -> None:
 
 
 def test_bad_input(engine) -> None:
-    with pytest.raises(ValueError, match="replays lookup plans"):
-        datastore_curve(engine, PROMPTS, ["chain:3/block"], progress=False)
+    for plan in ("chain:3/block", "lookup:1x4+1+m2/nss"):  # a model's path cannot be replayed without the model
+        with pytest.raises(ValueError, match="replays lookup plans without a draft model's path"):
+            datastore_curve(engine, PROMPTS, [plan], progress=False)
     with pytest.raises(ValueError, match=r"fractions of the datastore are in \(0, 1\]"):
         datastore_curve(engine, PROMPTS, ["lookup:1x4+1/nss"], [0, 1], progress=False)
     with pytest.raises(ValueError, match="samples must be at least 1"):
@@ -91,8 +92,9 @@ def test_cli_errors_before_loading_models() -> None:
         cmd = [sys.executable, "-m", "adaptive_spec", "bench", "datastore", *args, "--no-progress"]
         return subprocess.run(cmd, capture_output=True, text=True)
 
-    res = run("--plans", "chain:3/block")
-    assert res.returncode != 0 and "--plans takes lookup plans" in res.stderr and "Traceback" not in res.stderr
+    for plan in ("chain:3/block", "lookup:3x8+m3/nss"):
+        res = run("--plans", plan)
+        assert res.returncode != 0 and "--plans takes lookup plans" in res.stderr and "Traceback" not in res.stderr
     res = run("--fractions", "0.5,2")
     assert res.returncode != 0 and "fractions of the datastore are in (0, 1]" in res.stderr
     res = run("--prompts", "nowhere.jsonl")

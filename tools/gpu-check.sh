@@ -11,7 +11,7 @@
 #                  decoder layers' own modules (--layers-too: the engine runs them in fewer kernels, engine.decoder)
 #   e2e_t0.json    bench e2e at T=0: transformers' generate, assisted and prompt lookup, the
 #                  engine's plain decoding and plans, on the 12 demo prompts, interleaved
-#   e2e_t1.json    the same at T=1
+#   e2e_t1.json    the same at T=1 (each step at most 280 s: with the three plans of 2026-12-06, about 45 s more)
 #   status.txt     one line per step: its exit status and seconds
 # and, only when named in --steps:
 #   phases.json    bench e2e --phase-sync on 3 prompts at T=0 (chain:2/block, lookup:8/block, the 48-node
@@ -140,9 +140,13 @@ if [ "$DEVICE" = cpu ]; then PASSES="--repeats 1 --rows 1,2 --draft-rows 1 --con
 step passes 150 $PY -m adaptive_spec bench passes --target smollm2 --device "$DEVICE" $PASSES --layers-too \
   --no-progress --json "$OUT/passes.json"
 PROMPTS=adaptive_spec/zoo/smollm2/prompts.jsonl
-PLANS="chain:3/block,eagle:6:48:6:4:wor/traversal,lookup:8/block,lookup:3x8+2/nss,adaptive"
+# lookup:3x8+2+m3/nss and lookup:8+m3/nss: lookup tries with the head's greedy path; eagle:5:16:4:3:wor: a third of
+# the 48-node tree's rows (16-row bucket) for about its block efficiency at T = 1 on this CPU (2026-12-06, not yet
+# on a GPU: docs/measurements/cpu-2026-12-06/)
+PLANS="chain:3/block,eagle:6:48:6:4:wor/traversal,eagle:5:16:4:3:wor/traversal,lookup:8/block,lookup:3x8+2/nss"
+PLANS="$PLANS,lookup:3x8+2+m3/nss,lookup:8+m3/nss,adaptive"
 for T in 0 1; do
-  step "e2e_t$T" 250 $PY -m adaptive_spec bench e2e --target smollm2 --device "$DEVICE" --prompts "$PROMPTS" \
+  step "e2e_t$T" 280 $PY -m adaptive_spec bench e2e --target smollm2 --device "$DEVICE" --prompts "$PROMPTS" \
     --limit "$LIMIT" --max-new-tokens "$TOKENS" --temperatures "$T" --plans "$PLANS" --no-progress \
     --json "$OUT/e2e_t$T.json"
 done

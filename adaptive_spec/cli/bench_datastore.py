@@ -87,8 +87,11 @@ def run(args: argparse.Namespace) -> int:
         plans = [as_plan(p.strip()) for p in args.plans.split(",") if p.strip()]
     except ValueError as err:
         raise SystemExit(f"bench datastore: {err}") from None
-    if not plans or any(p.source != "lookup" for p in plans):
-        raise SystemExit("bench datastore: --plans takes lookup plans (lookup:L, lookup:WxL, lookup:WxL+K)")
+    if not plans or any(p.source != "lookup" or p.model_depth for p in plans):
+        raise SystemExit(
+            "bench datastore: --plans takes lookup plans without a draft model's path (lookup:L, lookup:WxL, "
+            "lookup:WxL+K): it replays them without running a model"
+        )
     target = args.target or "smollm2"
     prompts = _prompts(args, target)  # before the models load: a bad file is reported at once
     engine = load_engine(target, args.draft, args.device, args.dtype, **datastore_kwargs(args.datastore))

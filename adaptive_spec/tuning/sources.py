@@ -37,14 +37,18 @@ from adaptive_spec.planner.plan import Plan
 from adaptive_spec.planner.sources import parse_source_rule
 
 # Static plans measured for the pair's best static plan: model chains and lookup plans (the corpus lookup where the
-# engine has a datastore).
+# engine has a datastore), lookup tries with the draft's greedy path (+m3), and a 16-row EAGLE-style tree (at T = 1 on
+# a CPU about the 48-node tree's block efficiency).
 DEFAULT_STATIC = (
     "chain:1/block",
     "chain:2/block",
     "chain:3/block",
+    "eagle:5:16:4:3:wor/traversal",
     "lookup:8/block",
     "lookup:3x8/nss",
     "lookup:3x8+2/nss",
+    "lookup:8+m3/nss",
+    "lookup:3x8+2+m3/nss",
 )
 # Known-good starting points of every study: the rule's defaults over a chain lookup and a trie.
 KNOWN_RULES = ("source:chain:2/block", "source:chain:2/block+lookup:3x8/nss")
