@@ -63,7 +63,14 @@ from adaptive_spec.rng import TorchSampler, accelerator_path, inverse_cdf_from
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.trees.datastore import Datastore
 from adaptive_spec.trees.draw import draw_children, draw_tokens
-from adaptive_spec.trees.lookup import hybrid_tree, lookup_trie, ngram_candidates, ngram_lookup, within_vocab
+from adaptive_spec.trees.lookup import (
+    hybrid_tree,
+    lookup_trie,
+    ngram_candidates,
+    ngram_lookup,
+    trie_with_path,
+    within_vocab,
+)
 from adaptive_spec.trees.policy import (
     ChainRule,
     ConfidenceChain,
@@ -719,8 +726,9 @@ def lookup_outcome(
     its last row is the draft model's row over the root, kept as the outcome's ``model_rows``.
     ``corpus``: ``(datastore, K)``: K of the shape's paths are found in the datastore
     (:mod:`adaptive_spec.trees.datastore`), the others in the context; still a function of the context.
-    ``chain``: the draft model's greedy chain (:func:`draft_lookup_model`), one more of the shape's paths; its
-    tokens are read here (the step's one extra host read) and merged into the trie.
+    ``chain``: the draft model's greedy chain (:func:`draft_lookup_model`), one more of the shape's paths: nodes
+    ``1 .. D`` of the tree, its tokens left on the device (:func:`~adaptive_spec.trees.lookup.trie_with_path`), so
+    they come back with the verifier's read and the draft's cache keeps the chain's rows as a chain plan's.
     """
     # one path (lookup:L) is the chain of the most recent longest match, several (lookup:WxL) its trie
     # (ids outside the LM head, possible in a prompt, are never drafted: the target gives them probability 0)
@@ -729,19 +737,16 @@ def lookup_outcome(
     if corpus is not None:
         found += corpus[0].candidates(context, k, shape.depth)
     found = within_vocab(found, vocab_size)
-    drafted = chain.tree.tokens[1:] if chain is not None else []  # the model's path: read to merge it
-    tree = lookup_trie([*found, drafted] if drafted else found, vocab_size, shape.paths, device)  # one copy
+    if chain is not None:  # the chain's nodes keep their numbers (1 .. D), so its fed rows are a chain plan's
+        path = chain.tree.tokens_tensor(device)[1:]
+        tree = trie_with_path(found, path, vocab_size, shape.paths, device)
+        n, fed = tree.num_nodes, chain.fed_nodes
+        rows = {i: chain.tree.draft_probs[i] for i in range(fed)}  # the model's own rows, for features
+        ancestors = tree.ancestors_tensor(device)
+        return DraftOutcome(tree, ancestors, chain.pending_fed, fed, lookup_rows=n, model_rows=rows, ok=chain.ok)
+    tree = lookup_trie(found, vocab_size, shape.paths, device)  # with its device copies, made in one copy
     ancestors = tree.ancestors_tensor(device)
     n = tree.num_nodes
-    if chain is not None:  # the chain's fed nodes are the trie's nodes along its path, at the chain's cache rows
-        nodes = [0]
-        for tok in drafted:
-            nodes.append(tree.child_with_token(nodes[-1], tok))
-        fed = {nodes[i]: i for i in range(chain.fed_nodes)}
-        rows = {nodes[i]: chain.tree.draft_probs[i] for i in range(chain.fed_nodes)}
-        return DraftOutcome(
-            tree, ancestors, chain.pending_fed, len(fed), cache_rows=fed, lookup_rows=n, model_rows=rows, ok=chain.ok
-        )
     if root is None:  # the draft model was not run: its pending tokens wait for the next model step
         return DraftOutcome(tree, ancestors, pending_fed=0, fed_nodes=0, lookup_rows=n)
     # only the root is in the draft cache; the tree's row there is the lookup's, the model's is root.probs[-1]

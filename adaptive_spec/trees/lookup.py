@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from adaptive_spec.trees.shapes import TreeShape
+from adaptive_spec.trees.shapes import DraftLaw, TreeShape
 from adaptive_spec.trees.tree import DraftTree, ancestor_rows
 
 __all__ = [
@@ -178,6 +178,13 @@ def lookup_trie(
     shape = TreeShape.lookup(paths, depth)
     if len(candidates) <= 1:
         return lookup_tree(candidates[0] if candidates else [], vocab_size, device)
+    tokens, parents, depths, child_draws = _trie_structure(candidates)
+    weights = [(node, tokens[c], 1.0 / len(kids)) for node, kids in enumerate(child_draws) for c in kids]
+    return _on_device(tokens, parents, depths, child_draws, weights, vocab_size, shape, device)
+
+
+def _trie_structure(candidates: Sequence[Sequence[int]]) -> tuple[list[int], list[int], list[int], list[list[int]]]:
+    """``(tokens, parents, depths, child_draws)`` of the trie of ``candidates`` (:func:`lookup_trie`'s numbering)."""
     tokens, parents, depths, child_draws = [-1], [-1], [0], [[]]
     index: dict[tuple[int, int], int] = {}  # (parent, token) -> node
     for cand in candidates:
@@ -192,8 +199,48 @@ def lookup_trie(
                 child_draws.append([])
                 child_draws[node].append(child)
             node = child
-    weights = [(node, tokens[c], 1.0 / len(kids)) for node, kids in enumerate(child_draws) for c in kids]
-    return _on_device(tokens, parents, depths, child_draws, weights, vocab_size, shape, device)
+    return tokens, parents, depths, child_draws
+
+
+def trie_with_path(
+    candidates: Sequence[Sequence[int]], path: torch.Tensor, vocab_size: int, paths: int, device: torch.device | str
+) -> DraftTree:
+    """The trie of ``candidates`` with a path drafted apart, ``path`` (LongTensor[D] on ``device``, not read).
+
+    Nodes ``1 .. D`` are the path's (node ``i`` its ``i``-th token, the root's first child), then the trie's
+    nodes as :func:`lookup_trie` numbers them after the root. The path is not merged into the trie, since its
+    tokens stay on the device: a trie child holding the same token as a path node is its sibling, and the walks
+    of NSS and greedy verification take such siblings as one node (:func:`adaptive_spec.verifiers.walk.
+    follow_choices`), so the tree verifies as the merged trie would. The structure and the trie's tokens go
+    over in one copy; the tokens are read with the verifier's read. Law ``DETERMINISTIC`` (a path that is a
+    function of the context, the draft model's greedy chain: ``lookup:WxL+mD``).
+    """
+    d = int(path.numel())
+    tokens, parents, depths = [-1, *([0] * d)], [-1, *range(d)], list(range(d + 1))
+    child_draws = [[1], *([[i + 2] for i in range(d - 1)]), []]  # the path's first token is the root's first child
+    trie_tokens, trie_parents, trie_depths, trie_draws = _trie_structure(candidates)  # trie node j > 0: node j + d
+    tokens += trie_tokens[1:]
+    parents += [par + d if par > 0 else 0 for par in trie_parents[1:]]
+    depths += trie_depths[1:]
+    child_draws[0] += [c + d for c in trie_draws[0]]
+    child_draws += [[c + d for c in kids] for kids in trie_draws[1:]]
+    n = len(tokens)
+    edges = [(node, c, 1.0 / len(kids)) for node, kids in enumerate(child_draws) for c in kids]
+    anc = ancestor_rows(parents)
+    host = [*tokens, *parents, *depths, *(float(x) for row in anc for x in row)]
+    host += [e[0] for e in edges] + [e[1] for e in edges] + [e[2] for e in edges]
+    flat = torch.tensor(host, dtype=torch.float64, device=device)  # ids < 2**53: exact in float64; the one copy
+    ints = flat[: 3 * n].long()
+    t, par, dep = ints.split(n)
+    t = torch.cat([t[:1], path.to(torch.long), t[1 + d :]])  # the path's tokens, on the device
+    ancestors = flat[3 * n : 3 * n + n * n].view(n, n).bool()
+    at, m = flat[3 * n + n * n :], len(edges)
+    probs = torch.zeros(n, vocab_size, dtype=torch.float32, device=flat.device)
+    probs[at[:m].long(), t[at[m : 2 * m].long()]] = at[2 * m :].float()  # each row even over its children
+    shape = TreeShape(DraftLaw.DETERMINISTIC, trunk=0, paths=paths, branch_len=max(depths))
+    tree = DraftTree(t, parents, depths, probs, child_draws, shape)
+    tree.keep_tensors(parents=par, depths=dep, ancestors=ancestors)
+    return tree
 
 
 def lookup_tree(tokens: Sequence[int], vocab_size: int, device: torch.device | str | None = None) -> DraftTree:

@@ -55,15 +55,23 @@ def top_down_walk(
 def follow_choices(tree: DraftTree, choices: torch.Tensor, ride: torch.Tensor | None = None) -> VerifyResult:
     """Walk from the root to the child holding each node's chosen token; emit the choice where none does.
 
+    Siblings that hold the same token (a tree with a path drafted apart from a trie's, ``lookup:WxL+mD``; an
+    i.i.d. tree's repeated draws) stand for one prefix, so the walk treats them as one node of the merged trie:
+    it takes the choice of the first of them (a rule of the tree alone: their rows are the same law, p after
+    that prefix) and looks for the next token among all their children. A tree without such siblings walks
+    child by child as before.
+
     ``choices``: LongTensor[N] on the rows' device, a token per node drawn from the target's row there
     (its argmax at T = 0, a sample for NSS), so the emitted token is a bonus. One host read brings back the
     choices, ``ride`` and the tree's tokens if they are still on the device; the next token stays on the
     device as well (the result's ``next_on_device``).
     """
     chosen, *rest = host_read(tree, choices, *([] if ride is None else [ride]))
-    node = 0
+    children, tokens = tree.children, tree.tokens
+    group = [0]  # the nodes that stand for the walk's prefix: siblings holding one token are one trie node
     while True:
-        child = tree.child_with_token(node, chosen[node])
-        if child is None:
-            return result_for(tree, node, chosen[node], True, rest[0] if rest else (), choices[node : node + 1])
-        node = child
+        node = group[0]  # whose choice is taken: fixed by the tree, never by the choices (every node's row is p there)
+        token = chosen[node]
+        group = [c for g in group for c in children[g] if tokens[c] == token]
+        if not group:
+            return result_for(tree, node, token, True, rest[0] if rest else (), choices[node : node + 1])

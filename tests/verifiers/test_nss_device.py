@@ -13,7 +13,8 @@ import torch
 
 from adaptive_spec.analysis.instances import random_instance
 from adaptive_spec.rng import TorchSampler
-from adaptive_spec.trees.lookup import lookup_trie
+from adaptive_spec.trees.draw import draw_tokens
+from adaptive_spec.trees.lookup import lookup_trie, trie_with_path
 from adaptive_spec.verifiers.nss import verify_nss
 from tests.helpers.reads import counted_reads
 
@@ -73,3 +74,31 @@ def test_the_device_walk_reads_the_host_once_with_the_ride() -> None:
     with counted_reads() as reads:
         r = verify_nss(tree, target, TorchSampler(torch.Generator().manual_seed(1)), ride=torch.tensor([7, 1]))
     assert len(reads) == 1 and r.ride == (7, 1)
+
+
+def test_siblings_holding_one_token_walk_as_one_node_of_the_merged_trie() -> None:
+    """A trie with a path drafted apart (``trie_with_path``: the path's "1" and the trie's "1" are siblings) has
+    the NSS law of the merged trie: the walk takes the first sibling's draw and looks for the next token among
+    both siblings' children. A walk that follows the first sibling alone has another law (the check has power)."""
+    tree = trie_with_path([[1, 2, 0], [2, 2]], torch.tensor([1, 3]), 4, 3, "cpu")
+    merged = lookup_trie([[1, 3], [1, 2, 0], [2, 2]], 4, 3)
+    assert tree.num_nodes == merged.num_nodes + 1 and tree.children[0] == [1, 3, 6]  # "1" (the path), "1", "2"
+    row = torch.tensor([0.1, 0.5, 0.3, 0.1])  # after any prefix: "1" then "2" (on the trie's "1" alone) is likely
+    target = row.expand(tree.num_nodes, -1)
+    exact = _exact(merged, row.expand(merged.num_nodes, -1))
+
+    def frequencies(first_sibling_only: bool) -> dict:
+        gen, counts = torch.Generator().manual_seed(0), {}
+        for _ in range(RUNS):
+            if first_sibling_only:
+                draws, node = draw_tokens(target, 1, gen)[:, 0].tolist(), 0
+                while (child := tree.child_with_token(node, draws[node])) is not None:
+                    node = child
+                out = (*tree.prefixes[node], draws[node])
+            else:
+                out = verify_nss(tree, target, TorchSampler(gen)).tokens
+            counts[out] = counts.get(out, 0) + 1
+        return {k: v / RUNS for k, v in counts.items()}
+
+    assert _tv(frequencies(False), exact) < 0.035
+    assert _tv(frequencies(True), exact) > 0.1
