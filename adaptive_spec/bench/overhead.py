@@ -32,12 +32,14 @@ from collections import Counter
 
 SIXTEEN_NODE_PLANS = "delayed:3x3x4/traversal,iid:3x5/specinfer,chain:15/block,wor:3x2x2x1/traversal"  # 16-node trees
 # One plan per family: static (chain, iid, delayed, wor, and a 48-node i.i.d. tree), policy-grown
-# (conf-chain, cum-chain, conf-delayed, eagle, learned-chain), lookup (chain and trie) and hybrid.
+# (conf-chain, cum-chain, conf-delayed, eagle, learned-chain), lookup (chain, trie, and trie with the draft's path)
+# and hybrid.
 FAMILY_PLANS = (
     "chain:4/block,iid:3x5/specinfer,delayed:1x3x2/traversal,wor:2x2x1/rrsw,iid:4x12/specinfer,"
     "conf-chain:6:0.3/block,cum-chain:6:0.2/block,conf-delayed:6:0.5:3/traversal,eagle:5:12:3:2:wor/traversal,"
     "eagle:5:12:3:2/specinfer,"
-    "learned-chain:6:0.15/block,lookup:8/block,lookup:3x8/nss,hybrid:2:2/block,conf-delayed:6:0.5:3:0.3/specinfer"
+    "learned-chain:6:0.15/block,lookup:8/block,lookup:3x8/nss,lookup:3x8+m3/nss,hybrid:2:2/block,"
+    "conf-delayed:6:0.5:3:0.3/specinfer"
 )
 PLAN_PRESETS = {"families": FAMILY_PLANS, "sixteen": SIXTEEN_NODE_PLANS}
 

@@ -179,8 +179,7 @@ def lookup_trie(
     if len(candidates) <= 1:
         return lookup_tree(candidates[0] if candidates else [], vocab_size, device)
     tokens, parents, depths, child_draws = _trie_structure(candidates)
-    weights = [(node, tokens[c], 1.0 / len(kids)) for node, kids in enumerate(child_draws) for c in kids]
-    return _on_device(tokens, parents, depths, child_draws, weights, vocab_size, shape, device)
+    return _on_device(tokens, parents, depths, child_draws, vocab_size, shape, device)
 
 
 def _trie_structure(candidates: Sequence[Sequence[int]]) -> tuple[list[int], list[int], list[int], list[list[int]]]:
@@ -224,34 +223,16 @@ def trie_with_path(
     depths += trie_depths[1:]
     child_draws[0] += [c + d for c in trie_draws[0]]
     child_draws += [[c + d for c in kids] for kids in trie_draws[1:]]
-    n = len(tokens)
-    edges = [(node, c, 1.0 / len(kids)) for node, kids in enumerate(child_draws) for c in kids]
-    anc = ancestor_rows(parents)
-    host = [*tokens, *parents, *depths, *(float(x) for row in anc for x in row)]
-    host += [e[0] for e in edges] + [e[1] for e in edges] + [e[2] for e in edges]
-    flat = torch.tensor(host, dtype=torch.float64, device=device)  # ids < 2**53: exact in float64; the one copy
-    ints = flat[: 3 * n].long()
-    t, par, dep = ints.split(n)
-    t = torch.cat([t[:1], path.to(torch.long), t[1 + d :]])  # the path's tokens, on the device
-    ancestors = flat[3 * n : 3 * n + n * n].view(n, n).bool()
-    at, m = flat[3 * n + n * n :], len(edges)
-    probs = torch.zeros(n, vocab_size, dtype=torch.float32, device=flat.device)
-    probs[at[:m].long(), t[at[m : 2 * m].long()]] = at[2 * m :].float()  # each row even over its children
     shape = TreeShape(DraftLaw.DETERMINISTIC, trunk=0, paths=paths, branch_len=max(depths))
-    tree = DraftTree(t, parents, depths, probs, child_draws, shape)
-    tree.keep_tensors(parents=par, depths=dep, ancestors=ancestors)
-    return tree
+    return _on_device(tokens, parents, depths, child_draws, vocab_size, shape, device, path=path)
 
 
 def lookup_tree(tokens: Sequence[int], vocab_size: int, device: torch.device | str | None = None) -> DraftTree:
     """The chain drafting ``tokens`` with one-hot draft rows (law ``CHAIN``; no tokens: the root alone)."""
     n = len(tokens)
     toks = [-1, *map(int, tokens)]
-    weights = [(i, toks[i + 1], 1.0) for i in range(n)]
     child_draws = [[i + 1] for i in range(n)] + [[]]
-    return _on_device(
-        toks, [-1, *range(n)], list(range(n + 1)), child_draws, weights, vocab_size, TreeShape.chain(n), device
-    )
+    return _on_device(toks, [-1, *range(n)], list(range(n + 1)), child_draws, vocab_size, TreeShape.chain(n), device)
 
 
 def _on_device(
@@ -259,27 +240,33 @@ def _on_device(
     parents: list[int],
     depths: list[int],
     child_draws: list[list[int]],
-    weights: list[tuple[int, int, float]],
     vocab_size: int,
     shape: TreeShape,
     device: torch.device | str | None,
+    path: torch.Tensor | None = None,
 ) -> DraftTree:
-    """A looked-up tree whose device copies (tokens, parents, depths, ancestor matrix, the rows' nonzero entries
-    ``(node, token, weight)``) go over in one copy; the tree keeps them, so nothing copies them again.
+    """A looked-up tree whose device copies (tokens, parents, depths, ancestor matrix, the rows' nonzero entries:
+    each row even over its children) go over in one copy; the tree keeps them, so nothing copies them again.
+
+    ``path``: nodes ``1 .. D``'s tokens, already on the device (:func:`trie_with_path`; ``tokens`` holds
+    placeholders there): the tree's tokens stay on the device and come back with the verifier's read.
     """
-    n, m = len(tokens), len(weights)
+    n = len(tokens)
+    edges = [(node, c, 1.0 / len(kids)) for node, kids in enumerate(child_draws) for c in kids]
+    m = len(edges)
     anc = ancestor_rows(parents)
     host = [*tokens, *parents, *depths, *(float(x) for row in anc for x in row)]
-    host += [w[0] for w in weights] + [w[1] for w in weights] + [w[2] for w in weights]
+    host += [e[0] for e in edges] + [e[1] for e in edges] + [e[2] for e in edges]
     flat = torch.tensor(host, dtype=torch.float64, device=device)  # ids < 2**53: exact in float64; the one copy
-    ints = flat[: 3 * n].long()
+    t, par, dep = flat[: 3 * n].long().split(n)
+    if path is not None:
+        t = torch.cat([t[:1], path.to(torch.long), t[1 + path.numel() :]])
     ancestors = flat[3 * n : 3 * n + n * n].view(n, n).bool()
     at = flat[3 * n + n * n :]
     probs = torch.zeros(n, vocab_size, dtype=torch.float32, device=flat.device)
     if m:
-        probs[at[:m].long(), at[m : 2 * m].long()] = at[2 * m :].float()
-    tree = DraftTree(tokens, parents, depths, probs, child_draws, shape)
-    t, par, dep = ints.split(n)
+        probs[at[:m].long(), t[at[m : 2 * m].long()]] = at[2 * m :].float()
+    tree = DraftTree(tokens if path is None else t, parents, depths, probs, child_draws, shape)
     tree.keep_tensors(tokens=t, parents=par, depths=dep, ancestors=ancestors)
     return tree
 
