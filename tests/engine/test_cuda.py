@@ -156,6 +156,7 @@ def _graph_pair(V: int = 48):
 # 2, 4, 8, 16, 32 (chains), 64 and 128 (without-replacement trees of 37 and 73 nodes).
 BUCKET_PLANS = (
     "autoregressive",
+    "lookup:2x4+m3/nss",  # a trie with the draft's greedy path beside it, its tokens left on the device
     "chain:1/block",
     "chain:3/block",
     "chain:7/block",
@@ -377,7 +378,8 @@ def test_a_captured_policy_chain_is_the_host_chain_of_the_policy_on_cuda(kind):
 def test_the_engine_is_lossless_through_captured_drafts_on_cuda():
     """The joint law of the first 3 tokens is the target's (chi-square, 1000 seeded runs at T = 0.9, top-k 6 each) with
     every chain drafted in one replay of its CUDA graph, its uniforms from the request's CUDA generator, then with an
-    EAGLE-style tree grown so, then with i.i.d. trees, then with policy chains cut at their stops."""
+    EAGLE-style tree grown so, then with i.i.d. trees, then with policy chains cut at their stops, then with lookup
+    tries beside the draft's greedy path."""
     from adaptive_spec.engine.logits import SamplingConfig
     from tests.helpers import laws
 
@@ -409,6 +411,12 @@ def test_the_engine_is_lossless_through_captured_drafts_on_cuda():
     counts.zero_()  # and through path-probability chains drafted in one replay and cut at their stops
     for seed in range(1000):
         out = engine.generate([3], max_new_tokens=3, temperature=0.9, top_k=6, plan="cum-chain:3:0.2/block", seed=seed)
+        counts[tuple(out.token_ids)] += 1
+    assert slot.draft_failed is None
+    assert laws.chi_square_pvalue(counts, law) > 1e-3
+    counts.zero_()  # and through lookup tries with the draft's greedy path (its chain's graph at T = 0), by NSS
+    for seed in range(1000):
+        out = engine.generate([3], max_new_tokens=3, temperature=0.9, top_k=6, plan="lookup:1x2+m2/nss", seed=seed)
         counts[tuple(out.token_ids)] += 1
     assert slot.draft_failed is None
     assert laws.chi_square_pvalue(counts, law) > 1e-3

@@ -358,6 +358,7 @@ def test_a_captured_eagle_tree_with_iid_children_is_the_level_by_level_tree(monk
 _GREEDY_FAMILIES = {
     "eagle-iid": (("eagle:4:9:2:2/specinfer", "eagle:3:6:3:1/greedy"), {"eagle-iid"}),
     "conf-delayed": (("conf-delayed:4:0.3:2/traversal", "conf-delayed:3:0.2:3:0.1/greedy"), {"trunk", "slots"}),
+    "lookup-path": (("lookup:2x4+m3/nss", "lookup:1x4+m2/greedy"), {"chain"}),  # the draft's greedy chain, replayed
 }
 
 
@@ -386,8 +387,8 @@ def _greedy_through(monkeypatch, kind: str, plans) -> tuple[SpecEngine, int]:
 @pytest.mark.parametrize("family", list(_GREEDY_FAMILIES))
 def test_the_engine_decodes_greedily_as_transformers_through_captured_policy_trees(monkeypatch, kind, family) -> None:
     """Greedy tokens equal transformers' with EAGLE-style trees with i.i.d. children grown in one replay (looks before
-    the depth and at it) and ``conf-delayed`` trees in two, on the accelerator's path (cut at the budget's end too):
-    every draft replayed, no capture failed."""
+    the depth and at it), ``conf-delayed`` trees in two and lookup tries beside the draft's greedy chain in one, on the
+    accelerator's path (cut at the budget's end too): every draft replayed, no capture failed."""
     plans, graphs = _GREEDY_FAMILIES[family]
     engine, steps = _greedy_through(monkeypatch, kind, plans)
     slot = engine._idle_slots["draft"][0]
@@ -395,6 +396,15 @@ def test_the_engine_decodes_greedily_as_transformers_through_captured_policy_tre
     assert slot.draft_failed is None and kinds == graphs, (slot.draft_failed, kinds)
     # every step a replay (two for conf-delayed) but each request's last, whose one token left needs no draft
     assert sum(g.graph.replays for g in slot._drafts.values()) >= steps - len(plans)
+
+
+def test_the_engine_is_lossless_through_captured_lookup_paths(monkeypatch) -> None:
+    """The same with lookup tries beside the draft's greedy path, its chain replayed at temperature 0 from its graph
+    whatever the step's temperature, verified by NSS, on the accelerator's path."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    with accelerator_path_on_cpu():
+        assert _chi_square(_law_engine(monkeypatch), "lookup:1x2+m2/nss", 2000) > 1e-3
 
 
 def test_the_engine_is_lossless_through_captured_eagle_trees(monkeypatch) -> None:
