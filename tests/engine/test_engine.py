@@ -72,7 +72,9 @@ def test_eos_inside_an_accepted_block_ends_generation() -> None:
     assert greedy[0] not in out.token_ids[:-1]
 
 
-@pytest.mark.parametrize("plan", [None, "chain:4/token", "iid:2x2/gbv", "delayed:1x2x2/nss", "wor:2x2/traversal"])
+@pytest.mark.parametrize(
+    "plan", [None, "chain:4/token", "iid:2x2/gbv", "delayed:1x2x2/nss", "wor:2x2/traversal", "lookup:2x4+m3/nss"]
+)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_max_new_tokens_is_exact(models, plan: str | None, temperature: float) -> None:
     engine = SpecEngine(*models)  # no tokenizer, and the models have no EOS: only the budget stops a sampled run
