@@ -33,7 +33,7 @@ DEFAULT_FRACTIONS = (0.125, 0.25, 0.5, 1.0)
 def lookup_plan(plan: Plan | str) -> Plan:
     """``plan`` as a :class:`Plan`, checked to be a lookup plan (a one-line ``ValueError`` otherwise)."""
     plan = as_plan(plan)
-    if plan.source != "lookup" or plan.model_depth:
+    if plan.runs_draft:
         raise ValueError(
             f"bench datastore replays lookup plans without a draft model's path (lookup:L, lookup:WxL, lookup:WxL+K), "
             f"got {plan}"

@@ -87,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         plans = [as_plan(p.strip()) for p in args.plans.split(",") if p.strip()]
     except ValueError as err:
         raise SystemExit(f"bench datastore: {err}") from None
-    if not plans or any(p.source != "lookup" or p.model_depth for p in plans):
+    if not plans or any(p.runs_draft for p in plans):
         raise SystemExit(
             "bench datastore: --plans takes lookup plans without a draft model's path (lookup:L, lookup:WxL, "
             "lookup:WxL+K): it replays them without running a model"

@@ -146,7 +146,7 @@ class StepMixin:
 
         # pending tokens (root last): the draft's (when it is fed) and the target's, on the device together (the
         # last step's tokens are there already; anything older is copied once)
-        fed = root is None and state.draft is not None and (plan.source != "lookup" or plan.model_depth > 0)
+        fed = root is None and state.draft is not None and plan.runs_draft
         lo = min(base, state.draft.cached) if fed else base
         tail = state.pending(lo, self.device)
         pending = tail if base == lo else tail[base - lo :]

@@ -209,6 +209,13 @@ class Plan:
         return cls(shape, verifier)
 
     @property
+    def runs_draft(self) -> bool:
+        """Whether a step of this plan runs the draft model: every source but a lookup without the draft's path
+        (``lookup:WxL+mD`` runs it), which leaves the draft's pending tokens to the next step that does.
+        """
+        return self.source != "lookup" or self.model_depth > 0
+
+    @property
     def dynamic(self) -> bool:
         """Whether a drafting policy grows the tree while drafting."""
         return self.policy is not None
