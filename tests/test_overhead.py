@@ -237,6 +237,20 @@ def test_bench_overhead_counts_every_plan_family(tiny_pair, tmp_path, capsys):
     assert "ver+com" in capsys.readouterr().out
 
 
+def test_bench_overhead_checks_every_plan_before_the_first_runs(tiny_pair, tmp_path, capsys, monkeypatch):
+    import adaptive_spec.cli.bench_overhead as cli
+
+    ran = []
+    monkeypatch.setattr(cli, "measure_overhead", lambda *a, **k: ran.append(1) or [])
+    args = ["bench", "overhead", "--limit", "1", "--max-new-tokens", "4"]
+    with pytest.raises(SystemExit, match=r"plan lookup:3x8\+2/nss drafts from a datastore and the engine has none"):
+        main([*args, "--plans", "chain:2/block,lookup:3x8+2/nss"])
+    with pytest.raises(SystemExit, match="'greedy' is only lossless at temperature 0"):
+        main([*args, "--plans", "chain:2/block,chain:2/greedy"])
+    assert not ran
+    assert main([*args, "--plans", "chain:2/greedy", "--temperature", "0"]) == 0 and ran
+
+
 def test_bench_overhead_times_plain_decoding_beside_the_plans(tiny_pair, tmp_path, capsys):
     out = tmp_path / "overhead.json"
     args = ["bench", "overhead", "--plans", "autoregressive,chain:2/block", "--max-new-tokens", "6", "--limit", "1"]

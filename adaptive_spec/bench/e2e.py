@@ -231,6 +231,19 @@ def _per_temperature(plans: Sequence[Any] | Mapping[str, Any], keys: list[str]) 
     return out
 
 
+def _check_plans(engine: Any, table: dict[str, dict[str, Any]], temps: list[float], keys: list[str]) -> None:
+    """Every static plan checked against the engine at its temperatures (``SpecEngine.check_plan``) before anything
+    runs: one that the engine cannot play (a datastore it lacks, a greedy-only verifier at T > 0) fails at once.
+    """
+    from adaptive_spec.planner.plan import StaticPlanner, as_planner
+
+    for by_key in table.values():
+        for t, k in zip(temps, keys, strict=True):
+            planner = as_planner(by_key[k])
+            if isinstance(planner, StaticPlanner):
+                engine.check_plan(planner.plan, t == 0)
+
+
 def measure(
     engine,
     prompts: list[str],
@@ -290,6 +303,7 @@ def measure(
     temps = [float(temperatures)] if isinstance(temperatures, (int, float)) else [float(t) for t in temperatures]
     keys = [temperature_key(t) for t in temps]
     table = _per_temperature(plans, keys)
+    _check_plans(engine, table, temps, keys)
     baselines = _hf_baselines(engine, hf, hf_draft, lookup, lookup_tokens, hf_generate)
     hf = HF in baselines
     run = _Run(keys, table, keep_outputs)

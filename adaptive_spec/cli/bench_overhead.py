@@ -127,9 +127,12 @@ def _run(args: argparse.Namespace) -> int:
     from adaptive_spec.files import default_prompts
     from adaptive_spec.planner.plan import AUTOREGRESSIVE
 
+    plans = [p if p == AUTOREGRESSIVE else Plan.parse(p) for p in plan_list(args.plans)]  # before the models load
     engine = load_engine(args.target, args.draft, args.device, None)
     prompts = default_prompts(args.limit)
-    plans = [p if p == AUTOREGRESSIVE else Plan.parse(p) for p in plan_list(args.plans)]
+    for plan in plans:  # every plan checked before the first is measured
+        if plan != AUTOREGRESSIVE:
+            engine.check_plan(plan, args.temperature == 0)
     if args.syncs:
         rows = count_host_syncs(engine, prompts, plans, args.temperature, args.max_new_tokens)
         print_counts(rows)

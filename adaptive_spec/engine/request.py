@@ -18,7 +18,7 @@ from adaptive_spec.engine.pretrained import eos_ids
 from adaptive_spec.engine.prompts import chat_prompt, prompt_ids
 from adaptive_spec.engine.settings import as_int, resolve_generation
 from adaptive_spec.engine.stopping import check_stopping_criteria, split_stop
-from adaptive_spec.planner.plan import Planner, as_planner
+from adaptive_spec.planner.plan import Planner, StaticPlanner, as_planner
 
 if TYPE_CHECKING:
     from adaptive_spec.engine.engine import SpecEngine
@@ -116,13 +116,16 @@ def build_request(
     if stop_strings and engine.tokenizer is None:
         raise ValueError("stop strings need a tokenizer; pass token ids instead")
     eos = gen.eos_token_ids if gen.eos_token_ids is not None else eos_ids(engine.target, engine.tokenizer)
+    planner = as_planner(plan)
+    if isinstance(planner, StaticPlanner):  # a plan the engine cannot play fails before the prompt is fed
+        engine.check_plan(planner.plan, sampling.greedy)
     return GenerationRequest(
         prompt_ids=tuple(ids),
         max_new_tokens=max_new,
         budget=_budget(max_new, len(ids), engine.max_positions),
         sampling=sampling,
         processors=(*gen.processors, *extra),
-        planner=as_planner(plan),
+        planner=planner,
         seed=seed,
         eos=frozenset(eos | stop_ids),
         stop_strings=tuple(stop_strings),

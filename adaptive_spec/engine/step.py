@@ -83,6 +83,7 @@ class StepMixin:
 
     device: torch.device
     vocab_size: int
+    datastore: Any
     draft_data: Any
     node_log: Any
 
@@ -109,11 +110,25 @@ class StepMixin:
     def _plan(self, run: Run, step_state: StepState) -> Plan:
         """The planner's plan for this step, cut to the budget (the bonus token counts) and checked."""
         plan = as_plan(run.request.planner.choose(step_state)).truncated(step_state.remaining - 1)
-        if not run.request.greedy and REGISTRY[plan.verifier].greedy_only:
+        self.check_plan(plan, run.request.greedy)
+        return plan
+
+    def check_plan(self, plan: Plan, greedy: bool) -> None:
+        """Raise a one-line ``ValueError`` if this engine cannot play ``plan`` (greedy: at temperature 0).
+
+        A plan that drafts from a datastore needs the engine's (``lookup:WxL+K``); a verifier that is lossless
+        only at temperature 0 needs ``greedy``. :meth:`generate` checks a static plan before the prompt is fed,
+        the step every plan a planner chooses, and the benchmarks every plan before the first is timed.
+        """
+        if plan.corpus_paths and self.datastore is None:
+            raise ValueError(
+                f"plan {plan} drafts from a datastore and the engine has none: give SpecEngine(..., "
+                "datastore=FILE) (built by adaptive-spec zoo datastore), or drop the '+K'"
+            )
+        if not greedy and REGISTRY[plan.verifier].greedy_only:
             raise ValueError(
                 f"verifier {plan.verifier!r} is only lossless at temperature 0; use temperature=0 or another verifier"
             )
-        return plan
 
     @torch.inference_mode()
     def _autoregressive_step(self, run: Run) -> list[int]:
@@ -224,12 +239,7 @@ class StepMixin:
         if plan.source == "lookup":  # found in the context: one-hot rows, no draft forward
             root = pending if isinstance(pending, DraftRoot) else None
             corpus = None
-            if plan.corpus_paths:
-                if self.datastore is None:
-                    raise ValueError(
-                        f"plan {plan} drafts from a datastore and the engine has none: give SpecEngine(..., "
-                        "datastore=FILE) (built by adaptive-spec zoo datastore), or drop the '+K'"
-                    )
+            if plan.corpus_paths:  # the engine has one (checked with the plan: check_plan)
                 corpus = (self.datastore, plan.corpus_paths)
             if plan.model_depth:  # and the draft's greedy chain, merged into the trie
                 law = (run.draft_probs_fn, state.generator)

@@ -37,8 +37,8 @@ from adaptive_spec.planner.plan import Plan
 from adaptive_spec.planner.sources import parse_source_rule
 
 # Static plans measured for the pair's best static plan: model chains and lookup plans (the corpus lookup where the
-# engine has a datastore), lookup tries with the draft's greedy path (+m3), and a 16-row EAGLE-style tree (at T = 1 on
-# a CPU about the 48-node tree's block efficiency).
+# engine has a datastore), lookup tries with the draft's greedy path (+m3), and a 16-node EAGLE-style tree (at T = 1 on
+# a CPU about the 48-node tree's block efficiency with a third of its rows).
 DEFAULT_STATIC = (
     "chain:1/block",
     "chain:2/block",

@@ -245,6 +245,23 @@ def test_one_prompt_never_loses_the_benchmark(engine, capsys):
     assert row["new_tokens"] == 16 and res["runs"]["0"]["baselines"]["autoregressive"]["new_tokens"] == 16
 
 
+def test_a_plan_the_engine_cannot_play_fails_the_benchmark_before_it_runs(engine):
+    from adaptive_spec.bench.e2e import measure
+
+    calls = []
+    original = engine.generate
+    engine.generate = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        plans = ["chain:2/block", "lookup:2x3+2/nss"]
+        with pytest.raises(ValueError, match=r"plan lookup:2x3\+2/nss drafts from a datastore and the engine has none"):
+            measure(engine, ["w5 w6"], plans, [0.0], 4, hf=False, progress=False)
+        with pytest.raises(ValueError, match="'greedy' is only lossless at temperature 0"):  # at T = 1 only
+            measure(engine, ["w5 w6"], ["chain:2/block", "chain:2/greedy"], [0.0, 1.0], 4, hf=False, progress=False)
+    finally:
+        del engine.generate
+    assert not calls  # nothing generated, not even the warm-up
+
+
 # ----------------------------------------------------------------------------- storage, selector
 def test_postgres_urls_name_the_missing_driver(monkeypatch):
     import importlib.util

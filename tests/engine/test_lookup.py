@@ -126,9 +126,20 @@ CORPUS = Datastore.from_texts([[6, 3, 1, 2], [6, 3, 4, 4], [6, 3, 1, 7]], V)
 
 
 def test_corpus_plans_need_a_datastore(engine) -> None:
-    with pytest.raises(ValueError, match="drafts from a datastore and the engine has none") as err:
-        engine.generate([3, 5, 3, 6, 3], max_new_tokens=3, plan="lookup:1x2+2/nss")
-    assert "\n" not in str(err.value)
+    calls = []
+    hook = engine.target.register_forward_hook(lambda *_: calls.append(1))
+    try:  # a static plan is refused before the prompt is fed; a planner's choice at the step it makes it
+        with pytest.raises(ValueError, match="drafts from a datastore and the engine has none") as err:
+            engine.generate([3, 5, 3, 6, 3], max_new_tokens=3, plan="lookup:1x2+2/nss")
+        assert "\n" not in str(err.value) and not calls
+        with pytest.raises(ValueError, match="only lossless at temperature 0"):
+            engine.generate([3, 5, 3, 6, 3], max_new_tokens=3, plan="chain:2/greedy", temperature=1.0)
+        assert not calls
+        with pytest.raises(ValueError, match="drafts from a datastore and the engine has none"):
+            engine.generate([3, 5, 3, 6, 3], max_new_tokens=3, plan=HybridWithFeatures("lookup:1x2+2/nss"))
+        assert calls  # the prefill ran: the planner chose the plan at the first step
+    finally:
+        hook.remove()
     with pytest.raises(ValueError, match="built for a vocabulary of 9 ids and the target has 8"):
         SpecEngine(engine.target, engine.draft, datastore=Datastore.from_texts([[1, 8]], 9))
     with pytest.raises(ValueError, match=r"^datastore nowhere\.npz not found"):
