@@ -249,6 +249,12 @@ def test_bench_overhead_checks_every_plan_before_the_first_runs(tiny_pair, tmp_p
         main([*args, "--plans", "chain:2/block,chain:2/greedy"])
     assert not ran
     assert main([*args, "--plans", "chain:2/greedy", "--temperature", "0"]) == 0 and ran
+    from adaptive_spec.engine.load import load_engine
+    from adaptive_spec.trees.datastore import Datastore
+
+    store = tmp_path / "store.npz"
+    Datastore.from_texts([[5, 6, 7, 8]], load_engine(None, None, "cpu", None).vocab_size).save(store)
+    assert main([*args, "--plans", "lookup:3x8+2/nss", "--datastore", str(store)]) == 0 and len(ran) == 2
 
 
 def test_bench_overhead_times_plain_decoding_beside_the_plans(tiny_pair, tmp_path, capsys):

@@ -18,7 +18,13 @@ from adaptive_spec.bench.overhead import (
     count_host_syncs,
     measure_overhead,
 )
-from adaptive_spec.options import add_json_option, add_limit_option, add_model_options
+from adaptive_spec.options import (
+    add_datastore_option,
+    add_json_option,
+    add_limit_option,
+    add_model_options,
+    datastore_kwargs,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "5 or more for a figure to quote; default: %(default)s)",
     )
     add_model_options(parser, ("device",))
+    add_datastore_option(parser)
     add_json_option(parser, "the rows")
     parser.add_argument(
         "--stand-in-graphs",
@@ -128,7 +135,7 @@ def _run(args: argparse.Namespace) -> int:
     from adaptive_spec.planner.plan import AUTOREGRESSIVE
 
     plans = [p if p == AUTOREGRESSIVE else Plan.parse(p) for p in plan_list(args.plans)]  # before the models load
-    engine = load_engine(args.target, args.draft, args.device, None)
+    engine = load_engine(args.target, args.draft, args.device, None, **datastore_kwargs(args.datastore))
     prompts = default_prompts(args.limit)
     for plan in plans:  # every plan checked before the first is measured
         if plan != AUTOREGRESSIVE:

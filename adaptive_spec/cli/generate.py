@@ -74,7 +74,16 @@ def _plan(args: argparse.Namespace) -> tuple[Any, Any, str | None]:
         if args.profile is not None:
             raise SystemExit("generate: --profile feeds the selector's latency features; it needs --selector")
         name = args.plan or DEFAULT_PLAN
-        return (None if name.lower() in ("ar", "none", "autoregressive") else name), None, None
+        if name.lower() in ("ar", "none", "autoregressive"):
+            return None, None, None
+        if name != DEFAULT_PLAN:  # a malformed plan fails before the models load
+            from adaptive_spec.planner.plan import as_planner
+
+            try:
+                as_planner(name)
+            except ValueError as err:
+                raise SystemExit(f"generate: {err}") from None
+        return name, None, None
     if args.plan is not None:
         raise SystemExit("generate: give --plan or --selector, not both")
     from adaptive_spec.selector.runtime import AdaptivePlanner, find_selector, latency_model_for

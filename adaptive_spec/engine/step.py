@@ -122,8 +122,9 @@ class StepMixin:
         """
         if plan.corpus_paths and self.datastore is None:
             raise ValueError(
-                f"plan {plan} drafts from a datastore and the engine has none: give SpecEngine(..., "
-                "datastore=FILE) (built by adaptive-spec zoo datastore), or drop the '+K'"
+                f"plan {plan} drafts from a datastore and the engine has none: give it one (SpecEngine(..., "
+                "datastore=FILE), --datastore FILE on the command line; built by adaptive-spec zoo datastore), or "
+                "drop the '+K'"
             )
         if not greedy and REGISTRY[plan.verifier].greedy_only:
             raise ValueError(

@@ -245,3 +245,19 @@ def test_hf_baselines_print_no_generation_config_deprecation() -> None:
     finally:
         hf_log.removeHandler(records)
         hf_log.setLevel(level)
+
+
+@pytest.mark.parametrize(
+    ("plan", "match"),
+    [("lookup:3x8+m9/nss", r"1 <= D <= L"), ("chain:3/nowhere", "nowhere"), ("source:x", "tree shape .x.")],
+)
+def test_generate_refuses_a_malformed_plan_before_loading_the_models(plan, match, monkeypatch) -> None:
+    from adaptive_spec.engine import SpecEngine
+
+    def never(*_a, **_k):
+        raise AssertionError("the models were loaded")
+
+    monkeypatch.setattr(SpecEngine, "from_pretrained", never)
+    with pytest.raises(SystemExit, match=f"^generate: .*{match}") as err:
+        main(["generate", "--prompt", "w3", "--plan", plan])
+    assert "\n" not in str(err.value.code)
