@@ -34,8 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="'<tree shape>/<verifier>' (shapes: chain:L, iid:KxL, delayed:TxKxB, wor:W1xW2x...), a drafting "
         "policy (e.g. eagle:5:16:4:3:wor/traversal), a lookup plan (lookup:8/block, lookup:3x8+2/nss; +mD adds the "
-        "draft's greedy chain of D tokens: lookup:3x8+m3/nss) or 'ar' for plain autoregressive decoding (default: "
-        "auto, the plan tuned for this model pair if a plan file was stamped for it, else chain:2/block)",
+        "draft's greedy chain of D tokens: lookup:3x8+m3/nss; +mAxD its top A tokens at the root too: "
+        "lookup:3x8+m3x3/nss) or 'ar' for plain autoregressive decoding (default: auto, the plan tuned for this model "
+        "pair if a plan file was stamped for it, else chain:2/block)",
     )
     parser.add_argument(
         "--selector", default=None, help="an ONNX selector (selector export) choosing the plan of every step"

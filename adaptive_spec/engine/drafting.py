@@ -719,6 +719,7 @@ def lookup_outcome(
     root: DraftRoot | None,
     corpus: tuple[Datastore, int] | None = None,
     chain: DraftOutcome | None = None,
+    width: int = 1,
 ) -> DraftOutcome:
     """A lookup step's chain or trie (:mod:`adaptive_spec.trees.lookup`): no draft forward but ``chain``'s.
 
@@ -729,17 +730,21 @@ def lookup_outcome(
     ``chain``: the draft model's greedy chain (:func:`draft_lookup_model`), one more of the shape's paths: nodes
     ``1 .. D`` of the tree, its tokens left on the device (:func:`~adaptive_spec.trees.lookup.trie_with_path`), so
     they come back with the verifier's read and the draft's cache keeps the chain's rows as a chain plan's.
+    ``width``: with ``chain``, the draft's top ``width`` tokens at the root, the first the chain's
+    (``lookup:WxL+mAxD``): the others are nodes ``D + 1 ..``, one-token paths beside the chain, found on the device
+    (a top-k of the draft's row at the root, a function of the context too; not fed to the draft).
     """
     # one path (lookup:L) is the chain of the most recent longest match, several (lookup:WxL) its trie
     # (ids outside the LM head, possible in a prompt, are never drafted: the target gives them probability 0)
     k = corpus[1] if corpus is not None else 0
-    found = ngram_candidates(context, shape.paths - k - (chain is not None), shape.depth)
+    found = ngram_candidates(context, shape.paths - k - (width if chain is not None else 0), shape.depth)
     if corpus is not None:
         found += corpus[0].candidates(context, k, shape.depth)
     found = within_vocab(found, vocab_size)
     if chain is not None:  # the chain's nodes keep their numbers (1 .. D), so its fed rows are a chain plan's
         path = chain.tree.tokens_tensor(device)[1:]
-        tree = trie_with_path(found, path, vocab_size, shape.paths, device)
+        leaves = chain.tree.draft_probs[0].topk(width).indices[1:] if width > 1 else None  # deterministic, ties too
+        tree = trie_with_path(found, path, vocab_size, shape.paths, device, leaves)
         n, fed = tree.num_nodes, chain.fed_nodes
         rows = {i: chain.tree.draft_probs[i] for i in range(fed)}  # the model's own rows, for features
         ancestors = tree.ancestors_tensor(device)
@@ -763,8 +768,10 @@ def draft_lookup_model(
     probs_fn: ProbsFn,
     generator: torch.Generator,
     corpus: tuple[Datastore, int] | None = None,
+    width: int = 1,
 ) -> DraftOutcome:
-    """A lookup trie with the draft model's greedy chain of ``depth`` tokens as one more path (``lookup:WxL+mD``).
+    """A lookup trie with the draft model's greedy chain of ``depth`` tokens as one more path (``lookup:WxL+mD``),
+    and its next ``width - 1`` best tokens at the root as one-token paths (``lookup:WxL+mAxD``, A = ``width``).
 
     The chain is drafted as a ``chain:D`` plan's at temperature 0 (one replay where chains are captured): each
     token the argmax of the draft's row, whatever the step's temperature. It is a function of the committed
@@ -773,7 +780,7 @@ def draft_lookup_model(
     (a prefix of it) is committed there as a chain plan's.
     """
     chain = draft_tree(runner, pending, TreeShape.chain(depth), probs_fn, generator, deterministic=True)
-    return lookup_outcome(context, shape, probs_fn.vocab_size, runner.device, None, corpus, chain=chain)
+    return lookup_outcome(context, shape, probs_fn.vocab_size, runner.device, None, corpus, chain=chain, width=width)
 
 
 def draft_hybrid(

@@ -244,7 +244,8 @@ class StepMixin:
                 corpus = (self.datastore, plan.corpus_paths)
             if plan.model_depth:  # and the draft's greedy chain, merged into the trie
                 law = (run.draft_probs_fn, state.generator)
-                return draft_lookup_model(draft, pending, state.context, plan.shape, plan.model_depth, *law, corpus)
+                args = (draft, pending, state.context, plan.shape, plan.model_depth, *law, corpus, plan.model_width)
+                return draft_lookup_model(*args)
             return lookup_outcome(state.context, plan.shape, self.vocab_size, self.device, root, corpus)
         law = (run.draft_probs_fn, state.generator, sampling.greedy)
         if plan.source == "hybrid":  # looked up, then extended by the model

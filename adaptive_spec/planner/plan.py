@@ -7,6 +7,8 @@ A :class:`Plan` says how one speculative step drafts and verifies. Text form::
     lookup:WxL/<verifier>          e.g.  "lookup:3x8/nss": a trie of up to W distinct continuations found there
     lookup:WxL+K/<verifier>        e.g.  "lookup:3x8+2/nss": and K more found in the engine's datastore (a corpus)
     lookup:WxL[+K]+mD/<verifier>   e.g.  "lookup:3x8+2+m3/nss": and the draft model's greedy chain of D <= L tokens
+    lookup:WxL[+K]+mAxD/<verifier> e.g.  "lookup:3x8+2+m3x3/nss": and the draft's top A tokens at the root, the first
+                                         continued to its greedy chain of D
     hybrid:A:B/<verifier>          e.g.  "hybrid:6:2/block": up to A looked-up tokens, then B drafted by the model
 
 where ``<tree shape>`` is anything :meth:`TreeShape.parse` accepts (``chain:L``, ``iid:KxL``,
@@ -79,6 +81,8 @@ class Plan:
         model_depth: a lookup trie's branch drafted by the draft model: its greedy chain (each token the argmax
             of the draft's row, at any temperature) of this many tokens joins the trie as one more of the shape's
             ``paths`` (0: none). Still a function of the context, so NSS and greedy verification stay exact.
+        model_width: with ``model_depth``, the draft's top ``model_width`` tokens at the root: the first starts the
+            greedy chain, the others are one-token paths beside it (``lookup:WxL+mAxD``; 1: the chain alone).
 
     Raises:
         ValueError: unknown verifier, or a verifier that cannot verify the shape's law
@@ -93,6 +97,7 @@ class Plan:
     lookup_depth: int = 0
     corpus_paths: int = 0
     model_depth: int = 0
+    model_width: int = 1
 
     def __post_init__(self) -> None:
         if self.source not in SOURCES:
@@ -124,11 +129,20 @@ class Plan:
             self.source != "lookup"
             or self.shape.law is not DraftLaw.DETERMINISTIC
             or not 1 <= self.model_depth <= self.shape.depth
-            or self.corpus_paths + 1 > self.shape.paths
+            or self.corpus_paths + self.model_width > self.shape.paths
         ):
             raise ValueError(
                 "model_depth is for lookup tries: lookup:WxL+mD/nss adds the draft model's greedy chain of 1 <= D <= L "
                 "tokens to the W continuations found in the context (and K in the datastore: lookup:WxL+K+mD)"
+            )
+        if (
+            not isinstance(self.model_width, int)
+            or self.model_width < 1
+            or (self.model_width > 1 and not self.model_depth)
+        ):
+            raise ValueError(
+                "model_width is the draft's top A >= 1 tokens at the root of a lookup trie with its greedy chain "
+                "(lookup:WxL+mAxD/nss)"
             )
         if isinstance(self.shape, DraftPolicy) and self.policy is None:  # Plan(policy, verifier)
             object.__setattr__(self, "policy", self.shape)
@@ -162,6 +176,8 @@ class Plan:
             size, *extra = size.split("+")
             model = extra.pop() if extra and extra[-1].startswith("m") else ""
             k = extra[0] if len(extra) == 1 else ""
+            width, by, model_depth = model[1:].rpartition("x")
+            width = width if by else "1"
             w, x, length = size.rpartition("x")
             ok = (
                 colon
@@ -170,23 +186,26 @@ class Plan:
                 and int(length) >= 1
                 and (not x or (w.isdigit() and int(w) >= 1 - bool(extra or model)))
                 and (not extra or (k.isdigit() and int(k) >= 1))
-                and (not model or (model[1:].isdigit() and 1 <= int(model[1:]) <= int(length)))
+                and (not model or (model_depth.isdigit() and 1 <= int(model_depth) <= int(length)))
+                and width.isdigit()
+                and int(width) >= 1
             )
             if not ok:
                 raise ValueError(
                     f"plan {text!r}: a lookup plan is lookup:L (a chain of L >= 1 tokens, e.g. 'lookup:8/block'), "
                     "lookup:WxL (a trie of up to W continuations, e.g. 'lookup:3x8/nss'), lookup:WxL+K (and K "
                     "more found in the datastore, e.g. 'lookup:3x8+2/nss'), with +mD for the draft model's greedy "
-                    "chain of 1 <= D <= L tokens (e.g. 'lookup:3x8+2+m3/nss')"
+                    "chain of 1 <= D <= L tokens (e.g. 'lookup:3x8+2+m3/nss') or +mAxD for its top A tokens at the "
+                    "root, the first continued to D (e.g. 'lookup:3x8+2+m3x3/nss')"
                 )
             corpus = int(k) if extra else 0
-            depth = int(model[1:]) if model else 0
-            paths = (int(w) if x else 1) + corpus + bool(depth)
+            depth = int(model_depth) if model else 0
+            paths = (int(w) if x else 1) + corpus + (int(width) if depth else 0)
             trie = corpus or depth
             shape = _corpus_trie(paths, int(length)) if trie else TreeShape.lookup(paths, int(length))
             if shape.law is DraftLaw.DETERMINISTIC and not sep:
                 verifier = "nss"  # the default traversal reads draft rows a trie does not have
-            return cls(shape, verifier, source="lookup", corpus_paths=corpus, model_depth=depth)
+            return cls(shape, verifier, source="lookup", corpus_paths=corpus, model_depth=depth, model_width=int(width))
         if kind == "hybrid":
             a, _, b = size.partition(":")
             if not (a.isdigit() and b.isdigit() and int(a) >= 1 and int(b) >= 1):
@@ -222,10 +241,12 @@ class Plan:
 
     def __str__(self) -> str:
         if self.source == "lookup":
-            context_paths = self.shape.paths - self.corpus_paths - bool(self.model_depth)
+            model_paths = self.model_width if self.model_depth else 0
+            context_paths = self.shape.paths - self.corpus_paths - model_paths
             paths = f"{context_paths}x" if self.shape.law is DraftLaw.DETERMINISTIC else ""
             corpus = f"+{self.corpus_paths}" if self.corpus_paths else ""
-            model = f"+m{self.model_depth}" if self.model_depth else ""
+            width = f"{self.model_width}x" if self.model_width > 1 else ""
+            model = f"+m{width}{self.model_depth}" if self.model_depth else ""
             return f"lookup:{paths}{self.shape.depth}{corpus}{model}/{self.verifier}"
         if self.source == "hybrid":
             return f"hybrid:{self.lookup_depth}:{self.shape.depth - self.lookup_depth}/{self.verifier}"
@@ -258,9 +279,12 @@ class Plan:
             return Plan(TreeShape.chain(max_depth), self.verifier, self.allow_lossy, source="hybrid", lookup_depth=a)
         corpus = self.corpus_paths if max_depth > 0 else 0
         model = min(self.model_depth, max_depth)
+        width = self.model_width if model else 1
+        paths = self.shape.paths - (self.model_width - width)  # a cut to depth 0 drops the draft's other top tokens
         trie = corpus or model
-        shape = _corpus_trie(self.shape.paths, max_depth) if trie else truncate_shape(self.shape, max_depth)
-        return Plan(shape, self.verifier, self.allow_lossy, source=self.source, corpus_paths=corpus, model_depth=model)
+        shape = _corpus_trie(paths, max_depth) if trie else truncate_shape(self.shape, max_depth)
+        kw = {"corpus_paths": corpus, "model_depth": model, "model_width": width}
+        return Plan(shape, self.verifier, self.allow_lossy, source=self.source, **kw)
 
 
 def _corpus_trie(paths: int, length: int) -> TreeShape:

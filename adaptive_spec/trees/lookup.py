@@ -202,21 +202,35 @@ def _trie_structure(candidates: Sequence[Sequence[int]]) -> tuple[list[int], lis
 
 
 def trie_with_path(
-    candidates: Sequence[Sequence[int]], path: torch.Tensor, vocab_size: int, paths: int, device: torch.device | str
+    candidates: Sequence[Sequence[int]],
+    path: torch.Tensor,
+    vocab_size: int,
+    paths: int,
+    device: torch.device | str,
+    leaves: torch.Tensor | None = None,
 ) -> DraftTree:
     """The trie of ``candidates`` with a path drafted apart, ``path`` (LongTensor[D] on ``device``, not read).
 
-    Nodes ``1 .. D`` are the path's (node ``i`` its ``i``-th token, the root's first child), then the trie's
-    nodes as :func:`lookup_trie` numbers them after the root. The path is not merged into the trie, since its
-    tokens stay on the device: a trie child holding the same token as a path node is its sibling, and the walks
-    of NSS and greedy verification take such siblings as one node (:func:`adaptive_spec.verifiers.walk.
-    follow_choices`), so the tree verifies as the merged trie would. The structure and the trie's tokens go
-    over in one copy; the tokens are read with the verifier's read. Law ``DETERMINISTIC`` (a path that is a
-    function of the context, the draft model's greedy chain: ``lookup:WxL+mD``).
+    Nodes ``1 .. D`` are the path's (node ``i`` its ``i``-th token, the root's first child), then ``leaves``'
+    (LongTensor[B] on ``device``, not read: more children of the root, one token each: ``lookup:WxL+mAxD``'s other
+    B = A - 1 top tokens of the draft), then the trie's nodes as :func:`lookup_trie` numbers them after the root.
+    The path and the leaves are not merged into the trie, since their tokens stay on the device: a trie child
+    holding the same token as one of them is its sibling, and the walks of NSS and greedy verification take such
+    siblings as one node (:func:`adaptive_spec.verifiers.walk.follow_choices`), so the tree verifies as the merged
+    trie would. The structure and the trie's tokens go over in one copy; the tokens are read with the verifier's
+    read. Law ``DETERMINISTIC`` (paths that are functions of the context: the draft model's greedy chain and its
+    top tokens at the root, ``lookup:WxL+mD``, ``lookup:WxL+mAxD``).
     """
+    b = 0 if leaves is None else int(leaves.numel())
     d = int(path.numel())
     tokens, parents, depths = [-1, *([0] * d)], [-1, *range(d)], list(range(d + 1))
     child_draws = [[1], *([[i + 2] for i in range(d - 1)]), []]  # the path's first token is the root's first child
+    if b:  # the leaves: nodes d + 1 .. d + b, children of the root after the path's first node
+        tokens, parents, depths = tokens + [0] * b, parents + [0] * b, depths + [1] * b
+        child_draws[0] += [d + 1 + i for i in range(b)]
+        child_draws += [[] for _ in range(b)]
+        path = torch.cat([path, leaves])
+        d += b
     trie_tokens, trie_parents, trie_depths, trie_draws = _trie_structure(candidates)  # trie node j > 0: node j + d
     tokens += trie_tokens[1:]
     parents += [par + d if par > 0 else 0 for par in trie_parents[1:]]

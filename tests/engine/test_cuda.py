@@ -157,6 +157,7 @@ def _graph_pair(V: int = 48):
 BUCKET_PLANS = (
     "autoregressive",
     "lookup:2x4+m3/nss",  # a trie with the draft's greedy path beside it, its tokens left on the device
+    "lookup:2x4+m2x3/nss",  # and the draft's next best tokens at the root
     "chain:1/block",
     "chain:3/block",
     "chain:7/block",

@@ -54,6 +54,7 @@ def _eagle(target):
         "lookup:0x4+2/greedy",
         "lookup:2x4+m3/nss",
         "lookup:1x4+2+m2/greedy",
+        "lookup:2x4+m3x3/nss",
         "alternate-model-branch",
     ],
 )
@@ -96,12 +97,13 @@ RUNS = 1000  # a law test through the engine; the exact tests by enumeration are
         "hybrid-after-root",
         "corpus",
         "lookup:1x2+m2/nss",
+        "lookup:1x2+m3x2/nss",
         "model-branch-after-root",
     ],
 )
 def test_lossless_lookup(engine, plan, monkeypatch) -> None:
     prompt = [3, 5, 3, 5]  # a repeat, so that the lookup proposes something
-    if plan in ("lookup:2x2/nss", "lookup:1x2+m2/nss", "model-branch-after-root"):
+    if plan in ("lookup:2x2/nss", "lookup:1x2+m2/nss", "lookup:1x2+m3x2/nss", "model-branch-after-root"):
         prompt = [3, 5, 3, 6, 3]  # "3" recurs with two continuations: a trie 3 -> {6 3, 5 3}
     if plan == "corpus":  # the corpus's continuations of "6 3": a trie 3 -> {1 2, 4 4}, and the context's 3 -> 5 3
         monkeypatch.setattr(engine, "datastore", CORPUS)
@@ -188,6 +190,16 @@ def test_lookup_plan_strings() -> None:
             Plan.parse(bad)
     with pytest.raises(ValueError, match="is not lossless"):
         Plan.parse("lookup:3x4+m2/block")
+    # and the draft's top A tokens at the root, the first continued: one more path each
+    plan = Plan.parse("lookup:3x8+2+m3x3")
+    assert (plan.shape.paths, plan.model_depth, plan.model_width) == (8, 3, 3) and str(plan) == "lookup:3x8+2+m3x3/nss"
+    assert Plan.parse(str(plan)) == plan and str(plan.truncated(2)) == "lookup:3x2+2+m3x2/nss"
+    assert Plan.parse("lookup:3x8+m1x3") == Plan.parse("lookup:3x8+m3") and str(Plan.parse("lookup:0x2+m2x1")) == (
+        "lookup:0x2+m2x1/nss"
+    )
+    for bad in ("lookup:3x4+m0x3/nss", "lookup:3x4+mx3/nss", "lookup:3x4+m2x5/nss"):
+        with pytest.raises(ValueError, match=r"or \+mAxD for its top A tokens at the root"):
+            Plan.parse(bad)
     with pytest.raises(ValueError, match="a chain of L >= 1 tokens"):
         Plan.parse("lookup:x/block")
     with pytest.raises(ValueError, match="is not lossless"):
@@ -327,7 +339,7 @@ def test_negative_control_wrong_rows(engine, monkeypatch, plan, wrong) -> None:
 
 
 @pytest.mark.parametrize("wrong", [False, True], ids=["right", "wrong"])
-@pytest.mark.parametrize("plan", ["lookup:2x2/nss", "lookup:0x2+2/nss", "lookup:1x2+m2/nss"])
+@pytest.mark.parametrize("plan", ["lookup:2x2/nss", "lookup:0x2+2/nss", "lookup:1x2+m2/nss", "lookup:1x2+m3x2/nss"])
 def test_negative_control_row_reading_verifier_on_a_trie(engine, monkeypatch, wrong, plan) -> None:
     """A lookup trie (in the context, in a corpus, or with the draft's greedy path) verified by traversal
     verification, which reads the trie's (uniform) rows as a draw's law."""
@@ -425,3 +437,22 @@ def test_the_draft_path_alone_plays_a_greedy_chain_step_for_step(draft) -> None:
     assert alone.token_ids == chain.token_ids
     assert alone.stats.accept_lengths == chain.stats.accept_lengths
     assert 0 < sum(chain.stats.accept_lengths) < 3 * len(chain.stats.accept_lengths)  # some, not all, accepted
+
+
+def test_the_draft_top_tokens_at_the_root_are_paths_of_the_trie(engine) -> None:
+    """``lookup:0x1+mAx1``'s tree is the root and the draft's top A tokens there (a chain:1 step's draft row)."""
+    trees = []
+    engine.node_log = lambda tree, *_a, **_k: trees.append(tree)
+    try:
+        prompt = [3, 5, 2, 6]
+        engine.generate(prompt, max_new_tokens=2, temperature=0, plan="chain:1/block")
+        row = trees[0].draft_probs[0]  # the first step's: the draft's row at the root
+        for width in (2, 3, 5):
+            trees.clear()
+            engine.generate(prompt, max_new_tokens=2, temperature=0, plan=f"lookup:0x1+m{width}x1/nss")
+            tree = trees[0]
+            assert tree.num_nodes == width + 1 and tree.children[0] == list(range(1, width + 1))
+            assert tree.tokens[1:] == row.topk(width).indices.tolist()  # the chain's token first, then the others
+            assert tree.tokens[1] == int(row.argmax())
+    finally:
+        engine.node_log = None
