@@ -125,6 +125,15 @@ class Plan:
                 "corpus_paths is for lookup tries: lookup:WxL+K/nss finds W continuations in the context and K in the "
                 "datastore (W >= 0, K >= 1)"
             )
+        if (  # first: the check of model_depth below adds it
+            not isinstance(self.model_width, int)
+            or self.model_width < 1
+            or (self.model_width > 1 and not self.model_depth)
+        ):
+            raise ValueError(
+                "model_width is the draft's top A >= 1 tokens at the root of a lookup trie with its greedy chain "
+                "(lookup:WxL+mAxD/nss)"
+            )
         if self.model_depth and (
             self.source != "lookup"
             or self.shape.law is not DraftLaw.DETERMINISTIC
@@ -134,15 +143,6 @@ class Plan:
             raise ValueError(
                 "model_depth is for lookup tries: lookup:WxL+mD/nss adds the draft model's greedy chain of 1 <= D <= L "
                 "tokens to the W continuations found in the context (and K in the datastore: lookup:WxL+K+mD)"
-            )
-        if (
-            not isinstance(self.model_width, int)
-            or self.model_width < 1
-            or (self.model_width > 1 and not self.model_depth)
-        ):
-            raise ValueError(
-                "model_width is the draft's top A >= 1 tokens at the root of a lookup trie with its greedy chain "
-                "(lookup:WxL+mAxD/nss)"
             )
         if isinstance(self.shape, DraftPolicy) and self.policy is None:  # Plan(policy, verifier)
             object.__setattr__(self, "policy", self.shape)

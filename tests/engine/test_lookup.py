@@ -197,6 +197,9 @@ def test_lookup_plan_strings() -> None:
     assert Plan.parse("lookup:3x8+m1x3") == Plan.parse("lookup:3x8+m3") and str(Plan.parse("lookup:0x2+m2x1")) == (
         "lookup:0x2+m2x1/nss"
     )
+    for width in ("3", 0):  # a one-line error, not a TypeError from the paths' sum
+        with pytest.raises(ValueError, match="model_width is the draft's top A >= 1 tokens"):
+            dataclasses.replace(plan, model_width=width)
     for bad in ("lookup:3x4+m0x3/nss", "lookup:3x4+mx3/nss", "lookup:3x4+m2x5/nss"):
         with pytest.raises(ValueError, match=r"or \+mAxD for its top A tokens at the root"):
             Plan.parse(bad)
