@@ -1,18 +1,25 @@
 # Σ min(p, q_s) at T = 1, teacher-forced on the target's greedy answers to the demo prompts. Usage: python probe_greedy_text.py OUT.json
-import torch, json
+import json
+
+import torch
 from transformers import AutoTokenizer
+
 from adaptive_spec.engine.models import fetch_model, shipped_drafts_dir
 from adaptive_spec.engine.pretrained import load_causal_lm
-from adaptive_spec.zoo.drafts import shipped_drafts, _sequences, shift_right
+from adaptive_spec.zoo.drafts import _sequences, shift_right, shipped_drafts
 from adaptive_spec.zoo.online import answer_shard
 from adaptive_spec.zoo.user_prompts import demo_prompts
+
 torch.set_grad_enabled(False)
-d = fetch_model("smollm2"); tok = AutoTokenizer.from_pretrained(d)
+d = fetch_model("smollm2")
+tok = AutoTokenizer.from_pretrained(d)
 target = load_causal_lm(d, "target", dtype=torch.float32).eval()
-head, _ = shipped_drafts(target, shipped_drafts_dir("smollm2")); head.eval()
+head, _ = shipped_drafts(target, shipped_drafts_dir("smollm2"))
+head.eval()
 shard = answer_shard(target, tok, demo_prompts("smollm2"), 128)
 taus = [0.3, 0.5, 0.7, 0.85, 1.0, 1.2]
-acc = {t: 0.0 for t in taus}; n = 0
+acc = {t: 0.0 for t in taus}
+n = 0
 for dd, s, e, a in _sequences([shard]):
     ids = dd["ids"][s:e].long()[None]
     h = target.model(input_ids=ids).last_hidden_state
@@ -27,4 +34,6 @@ for dd, s, e, a in _sequences([shard]):
     n += pr.shape[0]
 res = {"positions": n, "sum_min_p_q_by_scale": {str(t): round(v / n, 4) for t, v in acc.items()}}
 print(res)
-import sys; json.dump(res, open(sys.argv[1], "w"), indent=2)
+import sys
+
+json.dump(res, open(sys.argv[1], "w"), indent=2)

@@ -1,22 +1,29 @@
 # Σ min(p, q_s) at T = 1, teacher-forced on answers the target samples at T = 1 (seed 0). Usage: python probe_t1_text.py OUT.json
-import torch, json
+import json
+
+import torch
 from transformers import AutoTokenizer
+
 from adaptive_spec.engine.models import fetch_model, shipped_drafts_dir
 from adaptive_spec.engine.pretrained import load_causal_lm
-from adaptive_spec.zoo.drafts import shipped_drafts, _sequences, shift_right
+from adaptive_spec.zoo.drafts import _sequences, shift_right, shipped_drafts
 from adaptive_spec.zoo.online import answer_shard
 from adaptive_spec.zoo.user_prompts import demo_prompts
+
 torch.set_grad_enabled(False)
-d = fetch_model("smollm2"); tok = AutoTokenizer.from_pretrained(d)
+d = fetch_model("smollm2")
+tok = AutoTokenizer.from_pretrained(d)
 target = load_causal_lm(d, "target", dtype=torch.float32).eval()
-head, _ = shipped_drafts(target, shipped_drafts_dir("smollm2")); head.eval()
-import adaptive_spec.zoo.online as O
+head, _ = shipped_drafts(target, shipped_drafts_dir("smollm2"))
+head.eval()
+
 orig = target.generate
 torch.manual_seed(0)
 target.generate = lambda **kw: orig(**{**kw, "do_sample": True, "temperature": 1.0, "top_k": 0, "top_p": 1.0})
 shard = answer_shard(target, tok, demo_prompts("smollm2"), 128)
 taus = [0.3, 0.5, 0.7, 0.85, 1.0, 1.2]
-acc = {t: 0.0 for t in taus}; n = 0
+acc = {t: 0.0 for t in taus}
+n = 0
 for dd, s, e, a in _sequences([shard]):
     ids = dd["ids"][s:e].long()[None]
     h = target.model(input_ids=ids).last_hidden_state
@@ -31,4 +38,6 @@ for dd, s, e, a in _sequences([shard]):
     n += pr.shape[0]
 res = {"positions": n, "sum_min_p_q_by_scale": {str(t): round(v / n, 4) for t, v in acc.items()}}
 print(res)
-import sys; json.dump(res, open(sys.argv[1], "w"), indent=2)
+import sys
+
+json.dump(res, open(sys.argv[1], "w"), indent=2)
