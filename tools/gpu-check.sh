@@ -144,7 +144,7 @@ PROMPTS=adaptive_spec/zoo/smollm2/prompts.jsonl
 # root (T = 0 on a CPU: 2.52 and 2.24, docs/measurements/cpu-2026-12-06b/), and lookup:2x6+2+m3x3/nss, at most 30
 # rows so always the 32-row graph (2.46, where the first has 24 rows on average and up to 46);
 # eagle:5:16:4:3:wor (17 rows with the pending token) and eagle:5:31:4:4:wor (32): the 32-row graph, not the 48-node
-# tree's 64-row one; at T = 1 on a CPU over three seeds 1.81 and 1.95 against the 48-node tree's 1.98 on one
+# tree's 64-row one; at T = 1 on a CPU over three seed sets 1.81 and 1.95 against the 48-node tree's 1.98 on one
 # (docs/measurements/cpu-2026-12-06c/). None of them has run on a GPU yet.
 PLANS="chain:3/block,eagle:6:48:6:4:wor/traversal,eagle:5:16:4:3:wor/traversal,eagle:5:31:4:4:wor/traversal"
 PLANS="$PLANS,lookup:8/block,lookup:3x8+2/nss"
