@@ -39,7 +39,8 @@ from adaptive_spec.planner.sources import parse_source_rule
 # Static plans measured for the pair's best static plan: model chains and lookup plans (the corpus lookup where the
 # engine has a datastore), lookup tries with the draft's greedy path and its top 3 tokens at the root (+m3x3: at T = 0
 # on a CPU 2.52 against +m3's 2.36 on the demo prompts), and a 31-node EAGLE-style tree (32 rows with the pending
-# token, the 48-node tree's 64 less half: at T = 1 on a CPU 1.95 over three seed sets, the 16-node tree's 1.81).
+# token, where the 48-node tree needs the 64-row graph; at T = 1 on a CPU 1.95 over three seed sets, where the 16-node
+# tree gets 1.81).
 DEFAULT_STATIC = (
     "chain:1/block",
     "chain:2/block",
