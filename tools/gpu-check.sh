@@ -11,7 +11,8 @@
 #                  decoder layers' own modules (--layers-too: the engine runs them in fewer kernels, engine.decoder)
 #   e2e_t0.json    bench e2e at T=0: transformers' generate, assisted and prompt lookup, the
 #                  engine's plain decoding and plans, on the 12 demo prompts, interleaved
-#   e2e_t1.json    the same at T=1 (each step at most 280 s: with the three plans of 2026-12-06, about 45 s more)
+#   e2e_t1.json    the same at T=1 (each step at most 280 s. The H200 took 136 and 167 s with four plans; the six
+#                  added since, about 8 s each there, should bring them to about 190 and 220 s)
 #   status.txt     one line per step: its exit status and seconds
 # and, only when named in --steps:
 #   phases.json    bench e2e --phase-sync on 3 prompts at T=0 (chain:2/block, lookup:8/block, the 48-node
