@@ -743,7 +743,7 @@ def lookup_outcome(
     found = within_vocab(found, vocab_size)
     if chain is not None:  # the chain's nodes keep their numbers (1 .. D), so its fed rows are a chain plan's
         path = chain.tree.tokens_tensor(device)[1:]
-        leaves = chain.tree.draft_probs[0].topk(width).indices[1:] if width > 1 else None  # deterministic, ties too
+        leaves = _root_leaves(chain.tree.draft_probs[0], path[:1], width - 1) if width > 1 else None
         tree = trie_with_path(found, path, vocab_size, shape.paths, device, leaves)
         n, fed = tree.num_nodes, chain.fed_nodes
         rows = {i: chain.tree.draft_probs[i] for i in range(fed)}  # the model's own rows, for features
@@ -757,6 +757,14 @@ def lookup_outcome(
     # only the root is in the draft cache; the tree's row there is the lookup's, the model's is root.probs[-1]
     rows = {0: root.probs[-1]}
     return DraftOutcome(tree, ancestors, pending_fed=root.pending, fed_nodes=1, lookup_rows=n, model_rows=rows)
+
+
+def _root_leaves(row: torch.Tensor, first: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` best tokens of the draft's root ``row`` other than ``first`` (LongTensor[1], the chain's first token,
+    its argmax): ``lookup:WxL+mAxD``'s one-token paths beside the chain, on the device, no read. Taking the top-k's
+    tail instead could repeat ``first`` where a tie ranks it second (a wasted leaf); masking it never does.
+    """
+    return row.index_fill(0, first, -1.0).topk(k).indices
 
 
 def draft_lookup_model(

@@ -459,3 +459,21 @@ def test_the_draft_top_tokens_at_the_root_are_paths_of_the_trie(engine) -> None:
             assert tree.tokens[1] == int(row.argmax())
     finally:
         engine.node_log = None
+
+
+def test_the_root_leaves_never_repeat_the_chain_token_on_ties() -> None:
+    """``lookup:WxL+mAxD``'s one-token paths are the draft's next best tokens after the chain's first (its argmax),
+    even where the argmax ties with others and a top-k could rank it anywhere among them."""
+    from adaptive_spec.engine.drafting import _root_leaves
+
+    row = torch.tensor([0.25, 0.05, 0.25, 0.25, 0.2])  # four-way order among the tied tokens is the top-k's to pick
+    first = row.argmax()[None]  # token 0, the chain's first token
+    for k in (1, 2, 3, 4):
+        leaves = _root_leaves(row, first, k).tolist()
+        assert int(first) not in leaves and len(set(leaves)) == k
+        assert sorted(row[leaves].tolist(), reverse=True) == sorted(row[1:].tolist(), reverse=True)[:k]
+    assert sorted(_root_leaves(row, first, 2).tolist()) == [2, 3]
+    # whichever of the tied tokens the chain took (argmax picks one, a top-k may rank another first), it is left out
+    for tied in (2, 3):
+        leaves = _root_leaves(row, torch.tensor([tied]), 3).tolist()
+        assert tied not in leaves and sorted(leaves) == sorted({0, 2, 3, 4} - {tied})
