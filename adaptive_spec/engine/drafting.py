@@ -48,7 +48,7 @@ import collections
 import dataclasses
 import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -886,8 +886,12 @@ def draft_policy_tree(
     temperature: float = 1.0,
     features: Mapping[str, float] | None = None,
     on_device: bool | None = None,
-) -> DraftOutcome:
+    deferred: bool = False,
+) -> DraftOutcome | DeferredTree:
     """Grow a tree with a drafting ``policy``: one draft forward per level.
+
+    ``deferred``: the caller takes a :class:`DeferredTree` (an EAGLE-style tree without replacement grown in one
+    replay, its read left until the target's pass is queued; the engine's step).
 
     A chain whose stop rule is device arithmetic (``conf-chain``, ``cum-chain``, ``learned-chain``) is decided on
     the device with at most one host read, on an accelerator (:func:`draft_chain_on_device`; ``on_device=True``
@@ -923,7 +927,18 @@ def draft_policy_tree(
     if captured and not isinstance(pending, DraftRoot):
         state, mark = generator.get_state(), runner.block_mark()
         grow = captured_eagle_tree if policy.without_replacement else captured_eagle_iid_tree
-        outcome = grow(runner, pending, policy, probs_fn, generator, deterministic)
+        kw = {"defer": True} if deferred and policy.without_replacement else {}
+        outcome = grow(runner, pending, policy, probs_fn, generator, deterministic, **kw)
+        if isinstance(outcome, DeferredTree):  # a child of probability 0 is drawn again as below, after the pass
+
+            def redraw(back: EagleTree) -> DraftOutcome:
+                generator.set_state(state)
+                runner.undo_block(mark)
+                runner.device_policy = False
+                kw = {"temperature": temperature, "features": features, "on_device": False}
+                return draft_policy_tree(runner, pending, back, probs_fn, generator, deterministic, **kw)
+
+            return dataclasses.replace(outcome, redraw=redraw)
         if isinstance(outcome, DraftOutcome):
             return outcome
         if outcome is not None:  # a drawn child of probability 0: the host path below, from the same generator state
@@ -1620,10 +1635,13 @@ def captured_eagle_tree(
     probs_fn: ProbsFn,
     generator: torch.Generator,
     greedy: bool,
-) -> DraftOutcome | EagleTree | None:
+    defer: bool = False,
+) -> DraftOutcome | EagleTree | DeferredTree | None:
     """An EAGLE-style tree without replacement after the ``pending`` tokens, grown in one replay of its captured graph
     (:meth:`~adaptive_spec.engine.runner.ModelRunner.captured_draft`) and read once: the outcome, ``policy`` when a
-    drawn child had probability 0 (as :func:`draft_eagle_on_device`), or None: drafted level by level.
+    drawn child had probability 0 (as :func:`draft_eagle_on_device`), or None: drafted level by level. ``defer``
+    (the slot's ``early_pass`` on too): the tree before its read, a :class:`DeferredTree` whose ``finish`` gives one
+    of the first two.
 
     The graph grows the tree by :func:`eagle_grow`, with every level's forward on the device
     (:meth:`~.runner.ModelRunner.level_forward`: the fed nodes' cache rows after the root's, their mask over the
@@ -1659,7 +1677,13 @@ def captured_eagle_tree(
     # the graph's outputs are overwritten by its next replay: the tokens, which the next step's pending ones may view,
     # are copied; the rest lives within this step
     grown = EagleGrown(tokens.clone(), parents, fed, rows, ancestors, ok, bad)
-    return eagle_outcome(full, policy, grown, vocab, int(pending.numel()))
+    p = int(pending.numel())
+    if not (defer and runner.slot.early_pass):
+        return eagle_outcome(full, policy, grown, vocab, p)
+    read = QueuedRead(_eagle_read(grown))  # queued before the target's pass, waited for after it
+    return DeferredTree(
+        grown.tokens, full.depths_d, grown.ancestors, full.n, lambda: eagle_outcome(full, policy, grown, vocab, p, read)
+    )
 
 
 def _tree_core(runner: ModelRunner, plan: _EaglePlan, width: int, probs: ProbsFn, greedy: bool, frontiers: list[int]):
@@ -1680,6 +1704,60 @@ def _tree_core(runner: ModelRunner, plan: _EaglePlan, width: int, probs: ProbsFn
         return g.tokens, g.parents, g.fed, g.rows, g.ancestors, g.ok, g.bad
 
     return core
+
+
+_PINNED: dict[tuple, torch.Tensor] = {}  # QueuedRead's host buffers, per size and dtype
+
+
+class QueuedRead:
+    """A device tensor's values brought to the host behind the work queued so far, without waiting for what is
+    queued after: on CUDA a copy into pinned memory and an event, so that the work queued next (the target's pass)
+    runs while the host waits for the copy and reads it (:meth:`tolist`); elsewhere the values are read then.
+    One read a tensor; the pinned buffer is reused by the next read of the same size (a step reads before the next
+    one queues).
+    """
+
+    def __init__(self, values: torch.Tensor) -> None:
+        self._values, self._event = values, None
+        if values.device.type == "cuda":
+            key = (values.numel(), values.dtype)
+            if key not in _PINNED:
+                _PINNED[key] = torch.empty(values.numel(), dtype=values.dtype, pin_memory=True)
+            self._values = _PINNED[key]
+            self._values.copy_(values, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def tolist(self) -> list:
+        """The values, as ``Tensor.tolist`` gives them (waiting for the copy only, on CUDA)."""
+        if self._event is not None:
+            self._event.synchronize()
+        return self._values.tolist()
+
+
+@dataclass(frozen=True)
+class DeferredTree:
+    """A tree grown on the device whose one host read waits until the target's pass over it is queued
+    (:func:`captured_eagle_tree` with ``defer``; the engine's step). The pass needs only the tensors here, so on a GPU
+    the read and the host's work on the tree overlap the pass instead of leaving the GPU idle before it.
+
+    ``finish()`` reads it: the :class:`DraftOutcome`, or the policy when a drawn child had probability 0, which
+    ``redraw(policy)`` then draws on the host (:func:`draft_policy_tree` sets it). :meth:`read` does both.
+    """
+
+    tokens: torch.Tensor  # [N] the nodes' tokens (the root's -1), on the device
+    depths: torch.Tensor  # [N] their depths
+    ancestors: torch.Tensor  # [N, N] bool
+    num_nodes: int
+    finish: Callable[[], DraftOutcome | EagleTree]
+    redraw: Callable[[EagleTree], DraftOutcome] | None = None
+
+    def read(self) -> tuple[DraftOutcome, bool]:
+        """``(the outcome, whether it was drawn again on the host)``: then the target's pass was over another tree."""
+        out = self.finish()
+        if isinstance(out, DraftOutcome):
+            return out, False
+        return self.redraw(out), True
 
 
 @dataclass(frozen=True)
@@ -1735,17 +1813,23 @@ def eagle_grow(plan: _EaglePlan, R: torch.Tensor, ok: torch.Tensor, probs_fn: Pr
     return EagleGrown(torch.cat(cands), torch.cat(parent_ids), torch.cat(fed_ids), fed_rows, ancestors, ok, bad)
 
 
+def _eagle_read(grown: EagleGrown) -> torch.Tensor:
+    """What :func:`eagle_outcome` reads of a grown tree, in one tensor: its tokens, parents, fed nodes, ok and bad."""
+    return torch.cat([grown.tokens, grown.parents, grown.fed, torch.stack([grown.ok, grown.bad])])
+
+
 def eagle_outcome(
-    plan: _EaglePlan, policy: EagleTree, grown: EagleGrown, vocab: int, p: int
+    plan: _EaglePlan, policy: EagleTree, grown: EagleGrown, vocab: int, p: int, read: QueuedRead | None = None
 ) -> DraftOutcome | EagleTree:
     """The drafted tree of :func:`eagle_grow` after its one host read, or ``policy`` when a drawn child had probability
-    0 (the caller draws the tree again on the host). ``p``: the pending tokens fed before the tree.
+    0 (the caller draws the tree again on the host). ``p``: the pending tokens fed before the tree; ``read``: that
+    read, queued earlier (:class:`DeferredTree`), else made here.
     """
     n, fed_total, device = plan.n, plan.fed, grown.tokens.device
     kids_d = plan.start[2 * n :].view(n, plan.widest).clone()
     if plan.levels:  # a frontier a level (the root's first): fed_d, whose children the plan lists in that order
         kids_d[grown.fed] = plan.kids
-    host = torch.cat([grown.tokens, grown.parents, grown.fed, torch.stack([grown.ok, grown.bad])]).tolist()  # the read
+    host = read.tolist() if read is not None else _eagle_read(grown).tolist()  # the read
     check_finite(bool(host[-2]), "draft")
     if host[-1]:
         return policy

@@ -156,6 +156,10 @@ class ModelSlot:
         drafts: capture whole drafts too (a chain, an EAGLE-style tree), one graph each (with ``graphs`` only;
             :meth:`draft_graph`). None (the default): on, unless the environment's ``ADAPTIVE_SPEC_DRAFT_GRAPHS`` is
             ``0`` (benchmarks' A/B).
+
+    ``early_pass``: a captured EAGLE-style tree's one read waits until the target's pass over it is queued
+    (:class:`~adaptive_spec.engine.drafting.DeferredTree`); on unless the environment's ``ADAPTIVE_SPEC_EARLY_PASS``
+    is ``0`` (benchmarks' A/B).
     """
 
     def __init__(
@@ -183,6 +187,7 @@ class ModelSlot:
         # whole drafts in one graph each (draft_graph), per (bucket, depth, draft and sampling key); their kept form and
         # every form's replay ms; why a draft capture failed (drafts made level by level from then on)
         self.drafts_on = os.environ.get("ADAPTIVE_SPEC_DRAFT_GRAPHS", "1").strip() != "0" if drafts is None else drafts
+        self.early_pass = os.environ.get("ADAPTIVE_SPEC_EARLY_PASS", "1").strip() != "0"
         self._drafts: dict[tuple, _DraftGraph] = {}
         self.draft_times: dict[tuple, dict[str, float]] = {}
         self.draft_failed: str | None = None

@@ -21,6 +21,7 @@ import torch
 
 from adaptive_spec.engine.draft_data import log_committed
 from adaptive_spec.engine.drafting import (
+    DeferredTree,
     DraftOutcome,
     DraftRoot,
     check_finite,
@@ -42,7 +43,7 @@ from adaptive_spec.engine.metrics import PhaseTimer
 from adaptive_spec.engine.outputs import DeviceTail, EngineState
 from adaptive_spec.engine.request import GenerationRequest
 from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
-from adaptive_spec.trees import DraftTree, TreeShape, block_ancestors, block_inputs
+from adaptive_spec.trees import DraftTree, TreeShape, block_ancestors, block_inputs, block_positions
 from adaptive_spec.verifiers import REGISTRY, VerifyResult, verify
 from adaptive_spec.verifiers.base import host_read, result_for
 
@@ -171,14 +172,19 @@ class StepMixin:
         # 1) draft the tree
         with timer.phase("draft"):
             outcome = self._draft(run, plan, draft_pending, features)
-        tree = outcome.tree
 
         # 2) score every node in one target forward: block = pending (root last) + drafted nodes
+        mark = target.block_mark() if isinstance(outcome, DeferredTree) else None
         with timer.phase("target"):
-            ids, pos = block_inputs(pending, tree, base, self.device)
-            mask = block_ancestors(n_ctx - base, outcome.ancestors)  # [block, block]
-            logits = target.block_forward(ids, pos, mask, logits_to_keep=tree.num_nodes)  # [N, V']
-            target_probs = run.target_probs_fn(logits)  # [N, V]
+            logits, target_probs = self._score(run, pending, outcome, base)  # [N, V'], [N, V]
+        if isinstance(outcome, DeferredTree):  # the tree's read, after its pass is queued: on a GPU they overlap
+            with timer.phase("draft"):
+                outcome, redrawn = outcome.read()
+            if redrawn:  # a drawn child of probability 0: drawn again on the host, so scored again
+                target.undo_block(mark)
+                with timer.phase("target"):
+                    logits, target_probs = self._score(run, pending, outcome, base)
+        tree = outcome.tree
 
         # 3) verify (the models' finite checks ride the verifier's one host read)
         with timer.phase("verify"):
@@ -193,6 +199,23 @@ class StepMixin:
             log_committed(self.draft_data, state, tree.tokens, accepted, base, logits)
         self._record(run, outcome, result, logits, target_probs)
         return StepResult(plan, tree.num_nodes, result.num_accepted, result.tokens, result.bonus, timer.take_step())
+
+    def _score(
+        self, run: Run, pending: torch.Tensor, outcome: DraftOutcome | DeferredTree, base: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target's pass over the block (``pending``, root last, then the drafted nodes; ``base``: the target's
+        cache length before the step): its logits [N, V'] and rows [N, V] over the tree's N nodes.
+        """
+        if isinstance(outcome, DeferredTree):  # read later: its device tensors alone
+            n = outcome.num_nodes
+            ids = torch.cat([pending, outcome.tokens[1:]])
+            pos = block_positions(base, len(pending), outcome.depths)
+        else:
+            n = outcome.tree.num_nodes
+            ids, pos = block_inputs(pending, outcome.tree, base, self.device)
+        mask = block_ancestors(len(run.state.context) - base, outcome.ancestors)  # [block, block]
+        logits = run.state.target.block_forward(ids, pos, mask, logits_to_keep=n)
+        return logits, run.target_probs_fn(logits)
 
     def _verify(
         self,
@@ -230,11 +253,12 @@ class StepMixin:
 
     def _draft(
         self, run: Run, plan: Plan, pending: DraftRoot | torch.Tensor | None, features: Mapping[str, float] | None
-    ) -> DraftOutcome:
+    ) -> DraftOutcome | DeferredTree:
         """Draft the step's tree by the plan's source: lookup in the context, a drafting policy, or a static shape.
 
         ``pending``: the step's first draft forward, if already run; else the draft's pending tokens (root last),
-        or None without a draft model.
+        or None without a draft model. An EAGLE-style tree grown in one replay comes back before its read
+        (:class:`~adaptive_spec.engine.drafting.DeferredTree`), read once the target's pass over it is queued.
         """
         state, sampling, draft = run.state, run.request.sampling, run.state.draft
         if plan.source == "lookup":  # found in the context: one-hot rows, no draft forward
@@ -253,7 +277,7 @@ class StepMixin:
             keep = state.root is not None  # the draft's rows over the looked-up nodes, for the next root's features
             return draft_hybrid(draft, pending, state.context, plan.lookup_depth, b, *law, keep_rows=keep)
         if plan.policy is not None and plan.shape.depth > 0:
-            kw = {"temperature": sampling.temperature, "features": features}
+            kw = {"temperature": sampling.temperature, "features": features, "deferred": True}
             return draft_policy_tree(draft, pending, plan.policy, *law, **kw)
         return draft_tree(draft, pending, plan.shape if plan.policy is None else TreeShape.chain(0), *law)
 

@@ -5,6 +5,8 @@ themselves: tests/engine/test_cuda.py."""
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import logging
 
 import pytest
@@ -449,21 +451,33 @@ def test_the_captured_tree_law_test_fails_for_draws_off_their_rows(monkeypatch, 
         assert _chi_square(_law_engine(monkeypatch), plan, 2000) < 1e-6
 
 
-def test_a_tree_with_a_child_of_probability_zero_is_grown_again_on_the_host(monkeypatch) -> None:
+@pytest.mark.parametrize("early", ["1", "0"])
+def test_a_tree_with_a_child_of_probability_zero_is_grown_again_on_the_host(monkeypatch, early) -> None:
     """Rows with fewer positive entries than a node's width (a top-k processor) make the captured tree differ from
     the host path's: it is drawn again there from the same generator state, and the run's tokens are those of the
-    engine without draft graphs, seed for seed."""
+    engine without draft graphs, seed for seed. With the tree read after the target's pass is queued (``early``,
+    the default), that pass is made again over the host's tree."""
     from adaptive_spec.rng import accelerator_path_on_cpu
 
+    monkeypatch.setenv("ADAPTIVE_SPEC_EARLY_PASS", early)
     slots_as_on_cuda(monkeypatch)
     target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
     engine = SpecEngine(target, perturbed(target, scale=0.2, seed=4))
     plan = "eagle:3:9:3:3:wor/traversal"
     real, made = drafting.captured_eagle_tree, []
 
-    def grown(*args):
-        made.append(real(*args))
-        return made[-1]
+    def grown(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if isinstance(out, drafting.DeferredTree):  # what its read gives
+            assert early == "1"
+
+            def finish():
+                made.append(out.finish())
+                return made[-1]
+
+            return dataclasses.replace(out, finish=finish)
+        made.append(out)
+        return out
 
     monkeypatch.setattr(drafting, "captured_eagle_tree", grown)
     with accelerator_path_on_cpu():
@@ -840,3 +854,45 @@ def test_the_engine_is_lossless_through_captured_static_trees(monkeypatch) -> No
         engine = _law_engine(monkeypatch)
         assert _chi_square(engine, "iid:2x2/specinfer", 2000) > 1e-3
         assert _chi_square(engine, "wor:2x2/traversal", 2000) > 1e-3
+
+
+def test_a_captured_tree_is_read_after_the_target_pass_is_queued(monkeypatch) -> None:
+    """With ``early_pass`` (the default) an EAGLE-style tree grown in one replay is read after the target's pass over
+    it is queued, so that on a GPU the pass runs while the host reads and builds the tree; the tokens are those of
+    the same engine reading first (``ADAPTIVE_SPEC_EARLY_PASS=0``), seed for seed, at both temperatures."""
+    from adaptive_spec.rng import accelerator_path_on_cpu
+
+    slots_as_on_cuda(monkeypatch)
+    target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
+    engine = SpecEngine(target, _head(target, 0.3))
+    events: list[str] = []
+    real_read, real_block = drafting.eagle_outcome, runner.ModelRunner.block_forward
+
+    def read(*args, **kwargs):  # the tree's read and the host's work on it
+        events.append("read")
+        return real_read(*args, **kwargs)
+
+    def block(self, *args, **kwargs):
+        if not isinstance(self, EagleRunner):  # the target's pass (the head's levels are in its replay)
+            events.append("pass")
+        return real_block(self, *args, **kwargs)
+
+    monkeypatch.setattr(drafting, "eagle_outcome", read)
+    monkeypatch.setattr(runner.ModelRunner, "block_forward", block)
+    outs, orders = {}, {}
+    with accelerator_path_on_cpu():
+        for early in ("1", "0"):
+            monkeypatch.setenv("ADAPTIVE_SPEC_EARLY_PASS", early)
+            engine._idle_slots = {"target": [], "draft": []}  # fresh slots, which read the setting
+            events.clear()
+            outs[early] = [
+                engine.generate([0, 9, 3], 20, temperature=t, plan="eagle:4:8:3:2:wor/traversal", seed=s).token_ids
+                for t in (0.0, 1.0)
+                for s in range(2)
+            ]
+            orders[early] = list(events)
+    assert outs["1"] == outs["0"]
+    early_order, late_order = orders["1"], orders["0"]
+    assert early_order.count("read") > 8 and early_order[:2] == ["pass", "read"]
+    assert all(a == "pass" for a, b in itertools.pairwise(early_order) if b == "read")
+    assert late_order.count("read") == early_order.count("read") and late_order[:2] == ["read", "pass"]
