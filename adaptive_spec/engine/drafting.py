@@ -1726,7 +1726,7 @@ class QueuedRead:
             self._values = _PINNED[key]
             self._values.copy_(values, non_blocking=True)
             self._event = torch.cuda.Event()
-            self._event.record()
+            self._event.record(torch.cuda.current_stream(values.device))  # the copy's stream (its device's)
 
     def tolist(self) -> list:
         """The values, as ``Tensor.tolist`` gives them (waiting for the copy only, on CUDA)."""

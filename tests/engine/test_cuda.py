@@ -256,6 +256,34 @@ def test_eagle_head_forwards_are_captured():
     assert slot.draft_failed is None and any(g.graph for g in slot._drafts.values())  # chain:4 in one replay
 
 
+def test_a_captured_tree_read_after_its_pass_gives_the_same_tokens_on_cuda(monkeypatch):
+    """A queued read gives the values it was queued behind, not waiting for later work; an EAGLE-style tree read after
+    the target's pass is queued (the default) gives the tokens of the tree read first, seed for seed, at T = 1."""
+    from adaptive_spec.engine.drafting import QueuedRead
+    from adaptive_spec.engine.eagle import EagleConfig, EagleHead
+
+    values = torch.arange(7, device=CUDA)
+    read = QueuedRead(values)
+    later = torch.randn(1024, 1024, device=CUDA)
+    _ = later @ later  # queued after the copy
+    assert read.tolist() == list(range(7))
+    target = tiny_model("llama", vocab=48, eos=None, max_positions=512)
+    head = EagleHead(EagleConfig.for_target(target.config, draft_vocab_size=40)).eval()
+    head.set_vocabulary(torch.arange(40))
+    head.bind(target)
+    engine = SpecEngine(target.to(CUDA), head.to(CUDA))
+    outs = {}
+    for early in ("1", "0"):
+        monkeypatch.setenv("ADAPTIVE_SPEC_EARLY_PASS", early)
+        engine._idle_slots = {"target": [], "draft": []}  # fresh slots, which read the setting
+        plan = "eagle:4:8:3:2:wor/traversal"
+        outs[early] = [engine.generate([0, 5, 6, 7], 24, temperature=1.0, plan=plan, seed=s) for s in range(3)]
+        outs[early] = [out.token_ids for out in outs[early]]
+        slot = engine._idle_slots["draft"][0]
+        assert slot.early_pass == (early == "1") and any(g.graph for g in slot._drafts.values())
+    assert outs["1"] == outs["0"]
+
+
 def _chain_runners(kind: str):
     """Two runners of one draft on CUDA, the first's chains captured (ModelSlot.draft_graph), the second's not."""
     from adaptive_spec.engine.eagle import EagleConfig, EagleHead, EagleRunner
