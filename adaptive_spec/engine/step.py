@@ -6,7 +6,9 @@ the planner for a plan (after the step's first draft forward when root features 
 drafts the tree from the plan's source (:mod:`adaptive_spec.engine.drafting`), scores every node
 in one target pass under the tree mask, verifies it with the plan's verifier
 (:mod:`adaptive_spec.verifiers`) and commits the accepted path to both caches. Plain decoding
-(:meth:`StepMixin._autoregressive_step`) is the same target pass over one row.
+(:meth:`StepMixin._autoregressive_step`) is the same target pass over one row. An EAGLE-style tree grown in one
+captured replay is read after its target pass is queued (:class:`~adaptive_spec.engine.drafting.DeferredTree`), so
+that on a GPU the host's read overlaps the pass.
 
 The mixin reads the engine's ``device``, ``vocab_size``, ``datastore``, ``draft_data`` and ``node_log``.
 """
