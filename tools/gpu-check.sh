@@ -42,9 +42,10 @@
 #                  minutes: not measured yet)
 #   trees_{off,on}_t{0,1}_{1,2}.json  the same for EAGLE-style trees without replacement grown in one replay
 #                  (eagle:6:48:6:4:wor/traversal, eagle:4:16:4:3:wor/traversal; about 5 minutes: not measured yet)
-#   early_{0,1}_t{0,1}_{1,2}.json  bench e2e on 4 prompts (eagle:5:31:4:4:wor/traversal and the 48-node tree) with
-#                  the captured tree read before the target's pass is queued (ADAPTIVE_SPEC_EARLY_PASS=0, as before
-#                  2026-12-06) and after it (1), alternated over two rounds at each temperature (about 4 minutes: not
+#   early_{0,1}_t{0,1}_{1,2}.json  bench e2e on 4 prompts (eagle:5:31:4:4:wor/traversal, the 48-node tree and
+#                  lookup:3x8+2+m3x3/nss) with the target's pass waiting for the draft (ADAPTIVE_SPEC_EARLY_PASS=0, as
+#                  before 2026-12-06: the captured tree read first, the trie beside the head's path copied from
+#                  pageable memory) and not (1), alternated over two rounds at each temperature (about 5 minutes: not
 #                  measured yet); the tokens are the same both ways, so the tok/s ratio is the step's time
 #   policies_{off,on}_t{0,1}_{1,2}.json  the same for policy chains drafted whole in one replay and cut at their stop
 #                  (cum-chain:4:0.2/block, learned-chain:4:0.25/block), hybrid drafts (hybrid:6:2/block: the head's
@@ -190,11 +191,12 @@ step trees 420 bash -c "for T in 0 1; do for r in 1 2; do for c in off on; do [ 
   --limit 4 --max-new-tokens $TOKENS --temperatures \$T --no-hf --no-lookup --no-hf-generate \
   --plans eagle:6:48:6:4:wor/traversal,eagle:4:16:4:3:wor/traversal --no-progress \
   --json $OUT/trees_\${c}_t\${T}_\$r.json || exit 1; done; done; done"
-# A captured EAGLE-style tree read after the target's pass is queued (engine.drafting.DeferredTree) against before it.
-step early 330 bash -c "for T in 0 1; do for r in 1 2; do for e in 0 1; do \
+# The target's pass queued without waiting for the draft (a captured EAGLE-style tree read after it, engine.drafting.
+# DeferredTree; a lookup trie beside the head's path copied without blocking) against waiting, as before.
+step early 420 bash -c "for T in 0 1; do for r in 1 2; do for e in 0 1; do \
   ADAPTIVE_SPEC_EARLY_PASS=\$e $PY -m adaptive_spec bench e2e --target smollm2 --device $DEVICE --prompts $PROMPTS \
   --limit 4 --max-new-tokens $TOKENS --temperatures \$T --no-hf --no-lookup --no-hf-generate \
-  --plans eagle:5:31:4:4:wor/traversal,eagle:6:48:6:4:wor/traversal --no-progress \
+  --plans eagle:5:31:4:4:wor/traversal,eagle:6:48:6:4:wor/traversal,lookup:3x8+2+m3x3/nss --no-progress \
   --json $OUT/early_\${e}_t\${T}_\$r.json || exit 1; done; done; done"
 # The same for policy chains (drafted to their depth in one replay, cut at the stop with one read), a model's hybrid
 # drafts (the looked-up run fed in the chain's replay; the head's hybrid drafts stay level by level) and a static tree.

@@ -720,6 +720,7 @@ def lookup_outcome(
     corpus: tuple[Datastore, int] | None = None,
     chain: DraftOutcome | None = None,
     width: int = 1,
+    queued: bool = False,
 ) -> DraftOutcome:
     """A lookup step's chain or trie (:mod:`adaptive_spec.trees.lookup`): no draft forward but ``chain``'s.
 
@@ -732,7 +733,9 @@ def lookup_outcome(
     they come back with the verifier's read and the draft's cache keeps the chain's rows as a chain plan's.
     ``width``: with ``chain``, the draft's top ``width`` tokens at the root, the first the chain's
     (``lookup:WxL+mAxD``): the others are nodes ``D + 1 ..``, one-token paths beside the chain, found on the device
-    (a top-k of the draft's row at the root, a function of the context too; not fed to the draft).
+    (a top-k of the draft's row at the root, a function of the context too; not fed to the draft). ``queued``: with
+    ``chain``, the trie's copy is queued behind the chain's draft on CUDA, not waited for
+    (:func:`~adaptive_spec.trees.lookup.trie_with_path`).
     """
     # one path (lookup:L) is the chain of the most recent longest match, several (lookup:WxL) its trie
     # (ids outside the LM head, possible in a prompt, are never drafted: the target gives them probability 0)
@@ -744,7 +747,7 @@ def lookup_outcome(
     if chain is not None:  # the chain's nodes keep their numbers (1 .. D), so its fed rows are a chain plan's
         path = chain.tree.tokens_tensor(device)[1:]
         leaves = _root_leaves(chain.tree.draft_probs[0], path[:1], width - 1) if width > 1 else None
-        tree = trie_with_path(found, path, vocab_size, shape.paths, device, leaves)
+        tree = trie_with_path(found, path, vocab_size, shape.paths, device, leaves, queued)
         n, fed = tree.num_nodes, chain.fed_nodes
         rows = {i: chain.tree.draft_probs[i] for i in range(fed)}  # the model's own rows, for features
         ancestors = tree.ancestors_tensor(device)
@@ -788,7 +791,9 @@ def draft_lookup_model(
     (a prefix of it) is committed there as a chain plan's.
     """
     chain = draft_tree(runner, pending, TreeShape.chain(depth), probs_fn, generator, deterministic=True)
-    return lookup_outcome(context, shape, probs_fn.vocab_size, runner.device, None, corpus, chain=chain, width=width)
+    queued = runner.slot is not None and runner.slot.early_pass  # the trie's copy behind the chain's replay
+    kw = {"chain": chain, "width": width, "queued": queued}
+    return lookup_outcome(context, shape, probs_fn.vocab_size, runner.device, None, corpus, **kw)
 
 
 def draft_hybrid(

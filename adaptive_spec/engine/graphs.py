@@ -157,8 +157,10 @@ class ModelSlot:
             :meth:`draft_graph`). None (the default): on, unless the environment's ``ADAPTIVE_SPEC_DRAFT_GRAPHS`` is
             ``0`` (benchmarks' A/B).
 
-    ``early_pass``: a captured EAGLE-style tree's one read waits until the target's pass over it is queued
-    (:class:`~adaptive_spec.engine.drafting.DeferredTree`); on unless the environment's ``ADAPTIVE_SPEC_EARLY_PASS``
+    ``early_pass``: the target's pass is queued without waiting for this draft's replay: a captured EAGLE-style
+    tree's one read waits until the pass is queued (:class:`~adaptive_spec.engine.drafting.DeferredTree`), and a
+    lookup trie beside this draft's path is copied without blocking (``queued`` of
+    :func:`~adaptive_spec.trees.lookup.trie_with_path`); on unless the environment's ``ADAPTIVE_SPEC_EARLY_PASS``
     is ``0`` (benchmarks' A/B).
     """
 

@@ -208,8 +208,11 @@ def trie_with_path(
     paths: int,
     device: torch.device | str,
     leaves: torch.Tensor | None = None,
+    queued: bool = False,
 ) -> DraftTree:
     """The trie of ``candidates`` with a path drafted apart, ``path`` (LongTensor[D] on ``device``, not read).
+    ``queued``: on CUDA the structure's copy is queued behind the work before it (the path's draft) instead of
+    waiting for that work (:func:`_on_device`).
 
     Nodes ``1 .. D`` are the path's (node ``i`` its ``i``-th token, the root's first child), then ``leaves``'
     (LongTensor[B] on ``device``, not read: more children of the root, one token each: ``lookup:WxL+mAxD``'s other
@@ -238,7 +241,7 @@ def trie_with_path(
     child_draws[0] += [c + d for c in trie_draws[0]]
     child_draws += [[c + d for c in kids] for kids in trie_draws[1:]]
     shape = TreeShape(DraftLaw.DETERMINISTIC, trunk=0, paths=paths, branch_len=max(depths))
-    return _on_device(tokens, parents, depths, child_draws, vocab_size, shape, device, path=path)
+    return _on_device(tokens, parents, depths, child_draws, vocab_size, shape, device, path=path, queued=queued)
 
 
 def lookup_tree(tokens: Sequence[int], vocab_size: int, device: torch.device | str | None = None) -> DraftTree:
@@ -258,12 +261,16 @@ def _on_device(
     shape: TreeShape,
     device: torch.device | str | None,
     path: torch.Tensor | None = None,
+    queued: bool = False,
 ) -> DraftTree:
     """A looked-up tree whose device copies (tokens, parents, depths, ancestor matrix, the rows' nonzero entries:
     each row even over its children) go over in one copy; the tree keeps them, so nothing copies them again.
 
     ``path``: nodes ``1 .. D``'s tokens, already on the device (:func:`trie_with_path`; ``tokens`` holds
     placeholders there): the tree's tokens stay on the device and come back with the verifier's read.
+    ``queued``: on CUDA the copy goes from pinned memory without blocking, queued behind the work before it (a
+    copy from pageable memory waits for that work to finish: the path's draft replay, while the host could be
+    queueing the target's pass); elsewhere, or without it, a plain copy.
     """
     n = len(tokens)
     edges = [(node, c, 1.0 / len(kids)) for node, kids in enumerate(child_draws) for c in kids]
@@ -271,7 +278,10 @@ def _on_device(
     anc = ancestor_rows(parents)
     host = [*tokens, *parents, *depths, *(float(x) for row in anc for x in row)]
     host += [e[0] for e in edges] + [e[1] for e in edges] + [e[2] for e in edges]
-    flat = torch.tensor(host, dtype=torch.float64, device=device)  # ids < 2**53: exact in float64; the one copy
+    if queued and torch.device(device).type == "cuda":  # the one copy, behind the draft's replay
+        flat = torch.tensor(host, dtype=torch.float64).pin_memory().to(device, non_blocking=True)
+    else:  # ids < 2**53: exact in float64; the one copy
+        flat = torch.tensor(host, dtype=torch.float64, device=device)
     t, par, dep = flat[: 3 * n].long().split(n)
     if path is not None:
         t = torch.cat([t[:1], path.to(torch.long), t[1 + path.numel() :]])
