@@ -1711,24 +1711,17 @@ def _tree_core(runner: ModelRunner, plan: _EaglePlan, width: int, probs: ProbsFn
     return core
 
 
-_PINNED: dict[tuple, torch.Tensor] = {}  # QueuedRead's host buffers, per size and dtype
-
-
 class QueuedRead:
     """A device tensor's values brought to the host behind the work queued so far, without waiting for what is
     queued after: on CUDA a copy into pinned memory and an event, so that the work queued next (the target's pass)
     runs while the host waits for the copy and reads it (:meth:`tolist`); elsewhere the values are read then.
-    One read a tensor; the pinned buffer is reused by the next read of the same size (a step reads before the next
-    one queues).
+    The pinned memory comes from torch's caching host allocator, which keeps a block from reuse until its copy ends.
     """
 
     def __init__(self, values: torch.Tensor) -> None:
         self._values, self._event = values, None
         if values.device.type == "cuda":
-            key = (values.numel(), values.dtype)
-            if key not in _PINNED:
-                _PINNED[key] = torch.empty(values.numel(), dtype=values.dtype, pin_memory=True)
-            self._values = _PINNED[key]
+            self._values = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
             self._values.copy_(values, non_blocking=True)
             self._event = torch.cuda.Event()
             self._event.record(torch.cuda.current_stream(values.device))  # the copy's stream (its device's)
