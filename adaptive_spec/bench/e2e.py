@@ -235,13 +235,9 @@ def _check_plans(engine: Any, table: dict[str, dict[str, Any]], temps: list[floa
     """Every static plan checked against the engine at its temperatures (``SpecEngine.check_plan``) before anything
     runs: one that the engine cannot play (a datastore it lacks, a greedy-only verifier at T > 0) fails at once.
     """
-    from adaptive_spec.planner.plan import StaticPlanner, as_planner
-
     for by_key in table.values():
         for t, k in zip(temps, keys, strict=True):
-            planner = as_planner(by_key[k])
-            if isinstance(planner, StaticPlanner):
-                engine.check_plan(planner.plan, t == 0)
+            engine.check_planner(by_key[k], t == 0)
 
 
 def measure(

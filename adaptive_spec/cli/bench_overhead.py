@@ -138,8 +138,7 @@ def _run(args: argparse.Namespace) -> int:
     engine = load_engine(args.target, args.draft, args.device, None, **datastore_kwargs(args.datastore))
     prompts = default_prompts(args.limit)
     for plan in plans:  # every plan checked before the first is measured
-        if plan != AUTOREGRESSIVE:
-            engine.check_plan(plan, args.temperature == 0)
+        engine.check_planner(plan, args.temperature == 0)
     if args.syncs:
         rows = count_host_syncs(engine, prompts, plans, args.temperature, args.max_new_tokens)
         print_counts(rows)

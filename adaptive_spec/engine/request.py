@@ -18,7 +18,7 @@ from adaptive_spec.engine.pretrained import eos_ids
 from adaptive_spec.engine.prompts import chat_prompt, prompt_ids
 from adaptive_spec.engine.settings import as_int, resolve_generation
 from adaptive_spec.engine.stopping import check_stopping_criteria, split_stop
-from adaptive_spec.planner.plan import Planner, StaticPlanner, as_planner
+from adaptive_spec.planner.plan import Planner, as_planner
 
 if TYPE_CHECKING:
     from adaptive_spec.engine.engine import SpecEngine
@@ -117,8 +117,7 @@ def build_request(
         raise ValueError("stop strings need a tokenizer; pass token ids instead")
     eos = gen.eos_token_ids if gen.eos_token_ids is not None else eos_ids(engine.target, engine.tokenizer)
     planner = as_planner(plan)
-    if isinstance(planner, StaticPlanner):  # a plan the engine cannot play fails before the prompt is fed
-        engine.check_plan(planner.plan, sampling.greedy)
+    engine.check_planner(planner, sampling.greedy)  # a plan the engine cannot play fails before the prompt is fed
     return GenerationRequest(
         prompt_ids=tuple(ids),
         max_new_tokens=max_new,

@@ -44,8 +44,8 @@ from adaptive_spec.engine.logits import ProbsFn
 from adaptive_spec.engine.metrics import PhaseTimer
 from adaptive_spec.engine.outputs import DeviceTail, EngineState
 from adaptive_spec.engine.request import GenerationRequest
-from adaptive_spec.planner.plan import Plan, StepResult, StepState, as_plan
-from adaptive_spec.trees import DraftTree, TreeShape, block_ancestors, block_inputs, block_positions
+from adaptive_spec.planner.plan import Plan, StaticPlanner, StepResult, StepState, as_plan, as_planner
+from adaptive_spec.trees import DraftTree, TreeShape, block_ancestors, block_inputs, device_block
 from adaptive_spec.verifiers import REGISTRY, VerifyResult, verify
 from adaptive_spec.verifiers.base import host_read, result_for
 
@@ -115,6 +115,15 @@ class StepMixin:
         plan = as_plan(run.request.planner.choose(step_state)).truncated(step_state.remaining - 1)
         self.check_plan(plan, run.request.greedy)
         return plan
+
+    def check_planner(self, plan: Any, greedy: bool) -> None:
+        """:meth:`check_plan` for what ``generate(plan=...)`` takes, before anything runs: a plan played at every
+        step (a :class:`Plan`, its string, a :class:`StaticPlanner`) is checked now; plain decoding needs no check,
+        and the plans another planner chooses are checked at each step (:meth:`_plan`).
+        """
+        planner = as_planner(plan)
+        if isinstance(planner, StaticPlanner):
+            self.check_plan(planner.plan, greedy)
 
     def check_plan(self, plan: Plan, greedy: bool) -> None:
         """Raise a one-line ``ValueError`` if this engine cannot play ``plan`` (greedy: at temperature 0).
@@ -210,8 +219,7 @@ class StepMixin:
         """
         if isinstance(outcome, DeferredTree):  # read later: its device tensors alone
             n = outcome.num_nodes
-            ids = torch.cat([pending, outcome.tokens[1:]])
-            pos = block_positions(base, len(pending), outcome.depths)
+            ids, pos = device_block(pending, outcome.tokens, outcome.depths, base)
         else:
             n = outcome.tree.num_nodes
             ids, pos = block_inputs(pending, outcome.tree, base, self.device)

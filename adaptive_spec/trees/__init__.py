@@ -7,6 +7,7 @@ from adaptive_spec.trees.masks import (
     block_ancestors,
     block_inputs,
     block_positions,
+    device_block,
     tree_attention_mask,
     tree_position_ids,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "block_ancestors",
     "block_inputs",
     "block_positions",
+    "device_block",
     "parse_policy",
     "sample_policy_tree",
     "sample_tree",

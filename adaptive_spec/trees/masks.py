@@ -110,6 +110,15 @@ def tree_position_ids(
     return (past_length + depths)[None]
 
 
+def device_block(
+    pending: torch.Tensor, tokens: torch.Tensor, depths: torch.Tensor, base: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's block from tensors on its device, nothing read or copied: ids (``pending``, root last, then the
+    tree's ``tokens`` past the root) and positions (:func:`block_positions` of the tree's ``depths``).
+    """
+    return torch.cat([pending, tokens[1:]]), block_positions(base, len(pending), depths)
+
+
 def block_inputs(
     pending: list[int] | torch.Tensor, tree: DraftTree, base: int, device: torch.device | str
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,7 +133,7 @@ def block_inputs(
     on_device = isinstance(pending, torch.Tensor)
     if tree.has_tensors(device, "tokens", "depths"):
         head = pending if on_device else torch.tensor(pending, dtype=torch.long, device=device)
-        return torch.cat([head, tree.tokens_tensor(device)[1:]]), block_positions(base, p, tree.depths_tensor(device))
+        return device_block(head, tree.tokens_tensor(device), tree.depths_tensor(device), base)
     root = base + p - 1  # the root's position
     host = [] if on_device else list(pending)
     n = len(host) + tree.num_nodes - 1  # ids copied
