@@ -24,6 +24,7 @@ import torch
 from adaptive_spec.engine.drafting import lookup_outcome
 from adaptive_spec.planner.plan import Plan, as_plan
 from adaptive_spec.trees.datastore import Datastore
+from adaptive_spec.trees.lookup import NgramIndex
 
 __all__ = ["DEFAULT_FRACTIONS", "datastore_curve", "greedy_answers", "lookup_plan", "plot_curve", "replay_lookup"]
 
@@ -68,11 +69,11 @@ def replay_lookup(plan: Plan | str, answers: Sequence[dict], datastore: Datastor
     steps = tokens = nodes = 0
     for item in answers:
         context, answer = list(item["prompt"]), list(item["answer"])
-        done = 0
+        ngrams, done = NgramIndex(context), 0  # context grows in place: the index follows it
         while done < len(answer):
             step = plan.truncated(len(answer) - done - 1)  # the engine's cut for the budget's last tokens
             corpus = (datastore, step.corpus_paths) if step.corpus_paths else None
-            tree = lookup_outcome(context, step.shape, vocab_size, cpu, None, corpus).tree
+            tree = lookup_outcome(ngrams, step.shape, vocab_size, cpu, None, corpus).tree
             node, accepted = 0, 0
             for tok in answer[done:]:  # greedy verification: follow the target's argmax while it is a child
                 node = tree.child_with_token(node, tok)

@@ -64,10 +64,9 @@ from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
 from adaptive_spec.trees.datastore import Datastore
 from adaptive_spec.trees.draw import draw_children, draw_tokens
 from adaptive_spec.trees.lookup import (
+    NgramIndex,
     hybrid_tree,
     lookup_trie,
-    ngram_candidates,
-    ngram_lookup,
     trie_with_path,
     within_vocab,
 )
@@ -712,7 +711,7 @@ class _Builder:
 
 
 def lookup_outcome(
-    context: list[int],
+    ngrams: NgramIndex,
     shape: TreeShape,
     vocab_size: int,
     device: torch.device,
@@ -724,6 +723,7 @@ def lookup_outcome(
 ) -> DraftOutcome:
     """A lookup step's chain or trie (:mod:`adaptive_spec.trees.lookup`): no draft forward but ``chain``'s.
 
+    ``ngrams``: the committed context, indexed (:class:`~adaptive_spec.trees.lookup.NgramIndex`).
     ``root``: the step's first draft forward, when it was run for the root features (else None);
     its last row is the draft model's row over the root, kept as the outcome's ``model_rows``.
     ``corpus``: ``(datastore, K)``: K of the shape's paths are found in the datastore
@@ -740,9 +740,9 @@ def lookup_outcome(
     # one path (lookup:L) is the chain of the most recent longest match, several (lookup:WxL) its trie
     # (ids outside the LM head, possible in a prompt, are never drafted: the target gives them probability 0)
     k = corpus[1] if corpus is not None else 0
-    found = ngram_candidates(context, shape.paths - k - (width if chain is not None else 0), shape.depth)
+    found = ngrams.candidates(shape.paths - k - (width if chain is not None else 0), shape.depth)
     if corpus is not None:
-        found += corpus[0].candidates(context, k, shape.depth)
+        found += corpus[0].candidates(ngrams.context, k, shape.depth)
     found = within_vocab(found, vocab_size)
     if chain is not None:  # the chain's nodes keep their numbers (1 .. D), so its fed rows are a chain plan's
         path = chain.tree.tokens_tensor(device)[1:]
@@ -773,7 +773,7 @@ def _root_leaves(row: torch.Tensor, first: torch.Tensor, k: int) -> torch.Tensor
 def draft_lookup_model(
     runner: ModelRunner,
     pending: torch.Tensor | DraftRoot,
-    context: list[int],
+    ngrams: NgramIndex,
     shape: TreeShape,
     depth: int,
     probs_fn: ProbsFn,
@@ -793,13 +793,13 @@ def draft_lookup_model(
     chain = draft_tree(runner, pending, TreeShape.chain(depth), probs_fn, generator, deterministic=True)
     queued = runner.slot is not None and runner.slot.early_pass  # the trie's copy behind the chain's replay
     kw = {"chain": chain, "width": width, "queued": queued}
-    return lookup_outcome(context, shape, probs_fn.vocab_size, runner.device, None, corpus, **kw)
+    return lookup_outcome(ngrams, shape, probs_fn.vocab_size, runner.device, None, corpus, **kw)
 
 
 def draft_hybrid(
     runner: ModelRunner,
     pending: torch.Tensor | DraftRoot,
-    context: list[int],
+    ngrams: NgramIndex,
     lookup_depth: int,
     model_depth: int,
     probs_fn: ProbsFn,
@@ -817,7 +817,7 @@ def draft_hybrid(
     ``keep_rows``: also keep the draft model's rows over the root and the looked-up nodes but the
     last (the outcome's ``model_rows``, for features); the tree's rows there stay one-hot.
     """
-    found = next(iter(within_vocab([ngram_lookup(context, lookup_depth)], probs_fn.vocab_size)), [])
+    found = next(iter(within_vocab([ngrams.match(lookup_depth).tokens], probs_fn.vocab_size)), [])
     if not found:
         return draft_tree(runner, pending, TreeShape.chain(model_depth), probs_fn, generator, deterministic)
     a = len(found)

@@ -39,7 +39,7 @@ import torch
 from adaptive_spec.engine.drafting import check_finite
 from adaptive_spec.formats.features import SCHEMA
 from adaptive_spec.planner.plan import StepState
-from adaptive_spec.trees.lookup import LookupMatch, lookup_match
+from adaptive_spec.trees.lookup import LookupMatch
 
 if TYPE_CHECKING:
     from adaptive_spec.engine.outputs import EngineState
@@ -241,7 +241,7 @@ def planner_view(request: GenerationRequest, state: EngineState, step: int, feat
     (when the planner sets ``needs_lookup``) what a lookup in the context would draft now (no forward).
     """
     wants_lookup = request.planner is not None and request.planner.needs_lookup
-    found = lookup_match(state.context, MAX_LOOKUP) if wants_lookup else LookupMatch([], 0)
+    found = state.ngrams.match(MAX_LOOKUP) if wants_lookup else LookupMatch([], 0)
     f = features
     return StepState(
         step=step,

@@ -10,6 +10,7 @@ from adaptive_spec.engine.features import RootTracker
 from adaptive_spec.engine.metrics import GenerationStats
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.planner.plan import StepResult
+from adaptive_spec.trees.lookup import NgramIndex
 
 
 @dataclass
@@ -68,6 +69,7 @@ class EngineState:
         root: the root-feature tracker, when features are computed (else None).
         tail: the last step's emitted tokens as they already are on the device, so that the next step feeds
             them without copying them over (:meth:`pending`); None before the first step.
+        ngrams: the context's n-grams, indexed as it grows: what lookup drafts search (no scan of the context).
     """
 
     context: list[int]
@@ -79,6 +81,10 @@ class EngineState:
     steps: list[StepResult] = field(default_factory=list)
     root: RootTracker | None = None
     tail: DeviceTail | None = None
+    ngrams: NgramIndex = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.ngrams = NgramIndex(self.context)
 
     def pending(self, start: int, device: torch.device) -> torch.Tensor:
         """``context[start:]`` as a LongTensor on ``device``: a view of :attr:`tail` when it holds them (nothing is

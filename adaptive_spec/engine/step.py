@@ -278,14 +278,14 @@ class StepMixin:
                 corpus = (self.datastore, plan.corpus_paths)
             if plan.model_depth:  # and the draft's greedy chain, merged into the trie
                 law = (run.draft_probs_fn, state.generator)
-                args = (draft, pending, state.context, plan.shape, plan.model_depth, *law, corpus, plan.model_width)
+                args = (draft, pending, state.ngrams, plan.shape, plan.model_depth, *law, corpus, plan.model_width)
                 return draft_lookup_model(*args)
-            return lookup_outcome(state.context, plan.shape, self.vocab_size, self.device, root, corpus)
+            return lookup_outcome(state.ngrams, plan.shape, self.vocab_size, self.device, root, corpus)
         law = (run.draft_probs_fn, state.generator, sampling.greedy)
         if plan.source == "hybrid":  # looked up, then extended by the model
             b = plan.shape.depth - plan.lookup_depth
             keep = state.root is not None  # the draft's rows over the looked-up nodes, for the next root's features
-            return draft_hybrid(draft, pending, state.context, plan.lookup_depth, b, *law, keep_rows=keep)
+            return draft_hybrid(draft, pending, state.ngrams, plan.lookup_depth, b, *law, keep_rows=keep)
         if plan.policy is not None and plan.shape.depth > 0:
             kw = {"temperature": sampling.temperature, "features": features, "deferred": True}
             return draft_policy_tree(draft, pending, plan.policy, *law, **kw)

@@ -32,7 +32,7 @@ import numpy as np
 from adaptive_spec.planner.gate import GATE_FEATURES, GATE_VERSION, PLAIN, GateFeatures, SourceGate
 from adaptive_spec.planner.plan import Plan, Planner, StepResult, StepState, as_plan
 from adaptive_spec.trees import DraftLaw
-from adaptive_spec.trees.lookup import ngram_candidates
+from adaptive_spec.trees.lookup import NgramIndex
 
 __all__ = ["GateRecorder", "collect_gate_data", "data_root_features", "fit_gate", "label_steps"]
 
@@ -195,6 +195,8 @@ def label_steps(records: Sequence[dict[str, Any]], lookup: Plan | str) -> dict[s
     xs = []
     for rec in records:
         ids = rec["ids"]
+        context: list[int] = []
+        ngrams = NgramIndex(context)  # ids[:p] for each step's p, indexed as it grows
         for step in rec["steps"]:
             if "accepted" not in step:
                 continue
@@ -202,7 +204,9 @@ def label_steps(records: Sequence[dict[str, Any]], lookup: Plan | str) -> dict[s
             rest = ids[p : p + depth]
             y = math.nan
             if step["found"] and len(rest) == depth:
-                y = lookup_depth(ngram_candidates(ids[:p], paths, depth), rest)
+                del context[p:]  # (steps come in order: nothing to delete)
+                context.extend(map(int, ids[len(context) : p]))
+                y = lookup_depth(ngrams.candidates(paths, depth), rest)
             xs.append(step["x"])
             cols["lookup"].append(y)
             cols["model"].append(step["accepted"] if step["source"] == "model" else math.nan)

@@ -29,7 +29,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from adaptive_spec.trees.shapes import DraftLaw, TreeShape
@@ -38,6 +37,7 @@ from adaptive_spec.trees.tree import DraftTree, ancestor_rows
 __all__ = [
     "MAX_NGRAM",
     "LookupMatch",
+    "NgramIndex",
     "hybrid_tree",
     "lookup_match",
     "lookup_tree",
@@ -95,23 +95,7 @@ def lookup_match(
     context: Sequence[int], max_tokens: int, max_ngram: int = MAX_NGRAM, min_ngram: int = 1
 ) -> LookupMatch:
     """The continuation :func:`ngram_lookup` proposes, with the n-gram, its number of matches and the match length."""
-    if max_tokens <= 0 or len(context) < min_ngram + 1:
-        return LookupMatch([], 0)
-    arr = np.asarray(context, dtype=np.int64)
-    L = arr.shape[0]
-    for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
-        tail = arr[L - n :]
-        windows = np.lib.stride_tricks.sliding_window_view(arr[: L - 1], n)  # starts 0 .. L - 1 - n
-        hits = np.flatnonzero((windows == tail).all(axis=1))
-        if hits.size:
-            hit = int(hits[-1])  # the most recent match
-            start = hit + n
-            back = min(hit, MAX_MATCH_LENGTH - n)  # extend the match leftwards
-            before, end = arr[hit - back : hit][::-1], arr[L - n - back : L - n][::-1]
-            same = before == end
-            agree = back if same.all() else int(np.argmin(same))  # the first disagreement
-            return LookupMatch(arr[start : start + max_tokens].tolist(), n, int(hits.size), n + agree)
-    return LookupMatch([], 0)
+    return NgramIndex(list(map(int, context)), max_ngram).match(max_tokens, max_ngram, min_ngram)
 
 
 def ngram_candidates(
@@ -127,23 +111,94 @@ def ngram_candidates(
     replaces it further down, and the first candidate is another match's; e.g. after
     ``[1, 1, 0, 1, 2, 1, 1, 1, 1]`` with 3 tokens, ``ngram_lookup`` finds ``[1]`` and the
     candidates are ``[[0, 1, 2], [1, 1, 1], [2, 1, 1]]``.
+
+    One call indexes the whole context; a context searched at every step keeps an :class:`NgramIndex`.
     """
-    if max_tokens <= 0 or paths <= 0 or len(context) < min_ngram + 1:
-        return []
-    arr = np.asarray(context, dtype=np.int64)
-    L = arr.shape[0]
-    out: list[list[int]] = []
-    for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(arr[: L - 1], n)
-        for hit in np.flatnonzero((windows == arr[L - n :]).all(axis=1))[::-1]:
-            start = int(hit) + n
-            cand = arr[start : start + max_tokens].tolist()
-            if not any(kept[: len(cand)] == cand for kept in out):
-                out = [kept for kept in out if cand[: len(kept)] != kept]  # cand extends them
-                out.append(cand)
-                if len(out) == paths:
-                    return out
-    return out
+    return NgramIndex(list(map(int, context)), max_ngram).candidates(paths, max_tokens, max_ngram, min_ngram)
+
+
+class NgramIndex:
+    """Where each n-gram (``n = 1 .. max_ngram``) of a growing context starts, so that a lookup visits its matches
+    and never scans the context (:meth:`candidates`, :meth:`match`: :func:`ngram_candidates` and
+    :func:`lookup_match` on the context as it is now).
+
+    ``context``: the list searched, held by reference, not copied. A lookup first indexes the tokens appended
+    since the last one (a few dictionary inserts a token): the engine keeps one over a request's committed
+    context (``EngineState.ngrams``), which only grows. Between two lookups the context may grow, have its last
+    token replaced, or get shorter (then it is indexed again from the start); a context cut and grown back
+    past its old length between two lookups is not seen: make a new index.
+    """
+
+    def __init__(self, context: list[int], max_ngram: int = MAX_NGRAM) -> None:
+        self.context = context
+        self.max_ngram = max_ngram
+        self._reset()
+
+    def _reset(self) -> None:
+        # _starts[n - 1][gram]: the ascending starts of ``gram`` (n tokens) that end before the context's last token
+        self._starts: list[dict[tuple[int, ...], list[int]]] = [{} for _ in range(self.max_ngram)]
+        self._indexed = 0  # the context's length when last indexed
+
+    def _sync(self) -> list[int]:
+        """Index the tokens appended since the last lookup; the context."""
+        ctx, done = self.context, self._indexed
+        length = len(ctx)
+        if length < done:
+            self._reset()
+            done = 0
+        if length > done:  # (an n-gram indexed ends before the context's last token: replacing that token is seen)
+            for n, starts in enumerate(self._starts, 1):
+                for s in range(max(0, done - n), length - n):  # starts s with s + n <= length - 1: a token follows
+                    starts.setdefault(tuple(ctx[s : s + n]), []).append(s)
+            self._indexed = length
+        return ctx
+
+    def _hits(self, max_ngram: int | None, min_ngram: int):
+        """``(n, starts)`` for ``n`` from the longest down to ``min_ngram``: the earlier starts of the context's last
+        n-gram, ascending (empty when it has none). The context is indexed (:meth:`_sync`).
+        """
+        ctx = self.context  # indexed by the caller
+        top = self.max_ngram if max_ngram is None else max_ngram
+        if top > self.max_ngram:
+            raise ValueError(f"this index holds n-grams up to {self.max_ngram} tokens, not {top}")
+        length = len(ctx)
+        for n in range(min(top, length - 1), min_ngram - 1, -1):
+            yield n, self._starts[n - 1].get(tuple(ctx[length - n :]), ())
+
+    def candidates(
+        self, paths: int, max_tokens: int, max_ngram: int | None = None, min_ngram: int = 1
+    ) -> list[list[int]]:
+        """:func:`ngram_candidates` of the context now (``max_ngram``: at most the index's, its by default)."""
+        ctx = self._sync()
+        if max_tokens <= 0 or paths <= 0 or len(ctx) < min_ngram + 1:
+            return []
+        out: list[list[int]] = []
+        for n, starts in self._hits(max_ngram, min_ngram):
+            for hit in reversed(starts):  # the most recent first
+                start = hit + n
+                cand = ctx[start : start + max_tokens]
+                if not any(kept[: len(cand)] == cand for kept in out):
+                    out = [kept for kept in out if cand[: len(kept)] != kept]  # cand extends them
+                    out.append(cand)
+                    if len(out) == paths:
+                        return out
+        return out
+
+    def match(self, max_tokens: int, max_ngram: int | None = None, min_ngram: int = 1) -> LookupMatch:
+        """:func:`lookup_match` of the context now (``max_ngram``: at most the index's, its by default)."""
+        ctx = self._sync()
+        if max_tokens <= 0 or len(ctx) < min_ngram + 1:
+            return LookupMatch([], 0)
+        end = len(ctx)
+        for n, starts in self._hits(max_ngram, min_ngram):
+            if starts:
+                hit = starts[-1]  # the most recent match
+                back = min(hit, MAX_MATCH_LENGTH - n)  # extend the match leftwards
+                agree = 0
+                while agree < back and ctx[hit - 1 - agree] == ctx[end - n - 1 - agree]:
+                    agree += 1
+                return LookupMatch(ctx[hit + n : hit + n + max_tokens], n, len(starts), n + agree)
+        return LookupMatch([], 0)
 
 
 def within_vocab(candidates: Sequence[Sequence[int]], vocab_size: int) -> list[list[int]]:

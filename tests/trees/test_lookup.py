@@ -8,6 +8,8 @@ the draft model's rows instead of the one-hot rows it was drawn from is lossy.
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
@@ -16,7 +18,11 @@ from adaptive_spec.analysis.instances import random_instance
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape, sample_tree
 from adaptive_spec.trees.lookup import (
+    MAX_MATCH_LENGTH,
+    MAX_NGRAM,
+    NgramIndex,
     hybrid_tree,
+    lookup_match,
     lookup_tree,
     lookup_trie,
     ngram_candidates,
@@ -209,3 +215,69 @@ def test_the_first_candidate_is_not_always_ngram_lookups() -> None:
     assert ngram_lookup(context, 3) == [1]
     assert ngram_candidates(context, 3, 3) == [[0, 1, 2], [1, 1, 1], [2, 1, 1]]
     assert ngram_candidates([1, 2, 1, 2, 9, 1, 2, 1], 2, 4)[0] == ngram_lookup([1, 2, 1, 2, 9, 1, 2, 1], 4)
+
+
+def _scan_candidates(ctx: list[int], paths: int, max_tokens: int, max_ngram: int, min_ngram: int) -> list[list[int]]:
+    """ngram_candidates' contract by brute force: every earlier start of the last n-gram, longest n first, most recent
+    first; a continuation that a kept one extends is skipped, one that extends kept ones replaces them."""
+    if max_tokens <= 0 or paths <= 0 or len(ctx) < min_ngram + 1:
+        return []
+    out: list[list[int]] = []
+    length = len(ctx)
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        for s in range(length - 1 - n, -1, -1):
+            if ctx[s : s + n] != ctx[length - n :]:
+                continue
+            cand = ctx[s + n : s + n + max_tokens]
+            if any(kept[: len(cand)] == cand for kept in out):
+                continue
+            out = [kept for kept in out if cand[: len(kept)] != kept] + [cand]
+            if len(out) == paths:
+                return out
+    return out
+
+
+def _scan_match(ctx: list[int], max_tokens: int, max_ngram: int, min_ngram: int) -> tuple[list[int], int, int, int]:
+    """lookup_match's contract by brute force: (continuation, n, earlier occurrences, match length)."""
+    length = len(ctx)
+    if max_tokens <= 0 or length < min_ngram + 1:
+        return [], 0, 0, 0
+    for n in range(min(max_ngram, length - 1), min_ngram - 1, -1):
+        hits = [s for s in range(length - n) if ctx[s : s + n] == ctx[length - n :]]
+        if hits:
+            hit, agree = hits[-1], n
+            while agree < MAX_MATCH_LENGTH and hit + n - agree - 1 >= 0:
+                if ctx[hit + n - agree - 1] != ctx[length - agree - 1]:
+                    break
+                agree += 1
+            return ctx[hit + n : hit + n + max_tokens], n, len(hits), agree
+    return [], 0, 0, 0
+
+
+def test_the_ngram_index_finds_what_a_scan_of_the_context_finds() -> None:
+    """NgramIndex (what the engine searches each step) against brute force: one-shot, and following a context
+    that grows, shrinks and has its last token replaced between lookups."""
+    rng = random.Random(0)
+    for _ in range(1500):
+        ctx = [rng.randrange(rng.choice([2, 3, 6])) for _ in range(rng.randrange(0, 40))]
+        mx, mn = rng.choice([1, 2, 3, 4]), rng.choice([1, 1, 2])
+        paths, depth = rng.choice([0, 1, 2, 3, 5]), rng.choice([0, 1, 3, 8])
+        assert ngram_candidates(ctx, paths, depth, mx, mn) == _scan_candidates(ctx, paths, depth, mx, mn)
+        m = lookup_match(ctx, depth, mx, mn)
+        assert (m.tokens, m.ngram, m.matches, m.match_length) == _scan_match(ctx, depth, mx, mn)
+    for _ in range(150):
+        vocab, ctx = rng.choice([2, 3, 5]), []
+        index = NgramIndex(ctx)
+        for _ in range(40):
+            r = rng.random()
+            if r < 0.1 and ctx:
+                del ctx[rng.randrange(len(ctx)) :]
+            elif r < 0.2 and ctx:
+                ctx[-1] = (ctx[-1] + 1) % vocab
+            else:
+                ctx.extend(rng.randrange(vocab) for _ in range(rng.randrange(0, 4)))
+            assert index.candidates(3, 6) == _scan_candidates(ctx, 3, 6, MAX_NGRAM, 1)
+            m = index.match(64, max_ngram=2)
+            assert (m.tokens, m.ngram, m.matches, m.match_length) == _scan_match(ctx, 64, 2, 1)
+    with pytest.raises(ValueError, match="n-grams up to 3 tokens, not 4"):
+        NgramIndex([1, 2, 1, 2]).candidates(2, 3, max_ngram=4)
