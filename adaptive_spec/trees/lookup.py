@@ -29,10 +29,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from adaptive_spec.trees.shapes import DraftLaw, TreeShape
-from adaptive_spec.trees.tree import DraftTree, ancestor_rows
+from adaptive_spec.trees.tree import DraftTree, ancestor_masks, unpack_masks
 
 __all__ = [
     "MAX_NGRAM",
@@ -328,23 +329,26 @@ def _on_device(
     queueing the target's pass); elsewhere, or without it, a plain copy.
     """
     n = len(tokens)
-    edges = [(node, c, 1.0 / len(kids)) for node, kids in enumerate(child_draws) for c in kids]
-    m = len(edges)
-    anc = ancestor_rows(parents)
-    host = [*tokens, *parents, *depths, *(float(x) for row in anc for x in row)]
-    host += [e[0] for e in edges] + [e[1] for e in edges] + [e[2] for e in edges]
+    src = [node for node, kids in enumerate(child_draws) for _ in kids]  # the rows' nonzero entries: (src, dst, w)
+    dst = [c for kids in child_draws for c in kids]
+    m = len(src)
+    host = np.empty(3 * n + 3 * m + n * n)  # float64: ids < 2**53 are exact
+    host[: 3 * n + 2 * m] = [*tokens, *parents, *depths, *src, *dst]
+    host[3 * n + 2 * m : 3 * n + 3 * m] = [1.0 / len(child_draws[i]) for i in src]
+    host[3 * n + 3 * m :] = unpack_masks(ancestor_masks(parents)).ravel()
+    flat = torch.from_numpy(host)
     if queued and torch.device(device).type == "cuda":  # the one copy, behind the draft's replay
-        flat = torch.tensor(host, dtype=torch.float64).pin_memory().to(device, non_blocking=True)
-    else:  # ids < 2**53: exact in float64; the one copy
-        flat = torch.tensor(host, dtype=torch.float64, device=device)
-    t, par, dep = flat[: 3 * n].long().split(n)
+        flat = flat.pin_memory().to(device, non_blocking=True)
+    else:  # the one copy (none on a CPU)
+        flat = flat.to(device)
+    ints = flat[: 3 * n + 2 * m].long()
+    t, par, dep = ints[: 3 * n].view(3, n)
     if path is not None:
         t = torch.cat([t[:1], path.to(torch.long), t[1 + path.numel() :]])
-    ancestors = flat[3 * n : 3 * n + n * n].view(n, n).bool()
-    at = flat[3 * n + n * n :]
     probs = torch.zeros(n, vocab_size, dtype=torch.float32, device=flat.device)
     if m:
-        probs[at[:m].long(), t[at[m : 2 * m].long()]] = at[2 * m :].float()
+        probs[ints[3 * n : 3 * n + m], t[ints[3 * n + m :]]] = flat[3 * n + 2 * m : 3 * n + 3 * m].float()
+    ancestors = flat[3 * n + 3 * m :].view(n, n).bool()
     tree = DraftTree(tokens if path is None else t, parents, depths, probs, child_draws, shape)
     tree.keep_tensors(tokens=t, parents=par, depths=dep, ancestors=ancestors)
     return tree

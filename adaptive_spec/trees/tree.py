@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
 import torch
 
 from adaptive_spec.trees.shapes import DraftLaw, TreeShape
@@ -297,6 +299,26 @@ def _padded_rows(lists: list[list[int]], fill: int) -> list[list[int]]:
     """``lists`` padded with ``fill`` to the longest one's length (at least 1)."""
     width = max(1, max(map(len, lists)))
     return [r + [fill] * (width - len(r)) for r in lists]
+
+
+def ancestor_masks(parents: Sequence[int]) -> list[int]:
+    """The ancestor matrix of a tree as one bit mask a node: bit ``j`` of mask ``i`` is set when node ``j`` is node
+    ``i`` or one of its ancestors (parents precede children).
+    """
+    masks: list[int] = []
+    for i, par in enumerate(parents):
+        masks.append((masks[par] if par >= 0 else 0) | (1 << i))
+    return masks
+
+
+def unpack_masks(masks: Sequence[int]) -> np.ndarray:
+    """Bit masks (:func:`ancestor_masks`) unpacked at once into a uint8 [N, N] matrix of 0/1: bit ``j`` of ``masks[i]``
+    at ``[i, j]`` (unpacking every entry in Python costs a CPU 0.4 ms at 48 nodes).
+    """
+    n = len(masks)
+    width = (n + 7) // 8
+    packed = np.frombuffer(b"".join(a.to_bytes(width, "little") for a in masks), dtype=np.uint8).reshape(n, width)
+    return np.unpackbits(packed, axis=1, count=n, bitorder="little")
 
 
 def ancestor_rows(parents: list[int]) -> list[list[bool]]:

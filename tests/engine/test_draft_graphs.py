@@ -650,8 +650,10 @@ def test_an_eagle_heads_captured_hybrid_draft_is_the_level_by_level_draft(monkey
     rows and block rows (:func:`_trees_against_level_by_level`, on the CPU's path: the captured chain's uniforms are
     its draws)."""
     from adaptive_spec.engine.drafting import draft_hybrid
+    from adaptive_spec.trees.lookup import NgramIndex
 
     contexts = [[5, 9, 3, 7, 11, 5, 9], [5, 9, 3, 5, 9], [3, 6, 3], [1, 2, 3, 4, 5, 6, 7, 1, 2], [8, 6], [3, 8, 3]]
+    contexts = [NgramIndex(c) for c in contexts]
     calls = []
 
     def draft_one(r, pending, probs_fn, g, greedy):
