@@ -33,3 +33,29 @@ def test_block_inputs_from_lists_and_from_device_tensors_agree() -> None:
         assert ids.tolist() == want_ids and pos.tolist() == want_pos
     with pytest.raises(ValueError, match="tokens/parents/depths"):
         on_device.keep_tensors(tokens=torch.tensor([1, 2]))
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 8, 9, 17, 48])
+def test_ancestor_bit_masks_unpack_to_the_ancestor_rows(n) -> None:
+    """The bit masks of a random tree (parents before children), unpacked at once across byte boundaries, are its
+    ancestor rows: node i and its ancestors, nothing else."""
+    import random
+
+    import numpy as np
+
+    from adaptive_spec.trees.tree import ancestor_masks, ancestor_rows, unpack_masks
+
+    rng = random.Random(n)
+    parents = [-1, *(rng.randrange(i) for i in range(1, n))]
+    matrix = unpack_masks(ancestor_masks(parents))
+    assert matrix.dtype == np.uint8 and matrix.shape == (n, n)
+    assert matrix.astype(bool).tolist() == ancestor_rows(parents)
+    assert matrix.sum() == sum(len(_path(parents, i)) for i in range(n))
+
+
+def _path(parents: list[int], i: int) -> list[int]:
+    out = []
+    while i >= 0:
+        out.append(i)
+        i = parents[i]
+    return out
