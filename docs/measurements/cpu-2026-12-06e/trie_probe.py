@@ -1,3 +1,10 @@
+"""Old against new looked-up tree builders in one process (this CPU, alone): ms a call, three rounds, then a check that
+both give the same trees. Run from the repository root:
+
+    git show 8d8eb48:adaptive_spec/trees/lookup.py > /tmp/lookup_old.py
+    .venv/bin/python docs/measurements/cpu-2026-12-06e/trie_probe.py
+"""
+
 import importlib.util, sys, time, torch
 spec = importlib.util.spec_from_file_location("old", "/tmp/lookup_old.py"); old = importlib.util.module_from_spec(spec); sys.modules["old"]=old; spec.loader.exec_module(old)
 from adaptive_spec.trees import lookup as new
