@@ -323,13 +323,7 @@ def unpack_masks(masks: Sequence[int]) -> np.ndarray:
 
 def ancestor_rows(parents: list[int]) -> list[list[bool]]:
     """The ancestor matrix of a tree as host lists: row i holds node i and its ancestors (parents precede children)."""
-    n = len(parents)
-    rows: list[list[bool]] = []
-    for i, par in enumerate(parents):
-        row = list(rows[par]) if par >= 0 else [False] * n
-        row[i] = True
-        rows.append(row)
-    return rows
+    return unpack_masks(ancestor_masks(parents)).astype(bool).tolist()
 
 
 def _get_tokens(self: DraftTree) -> list[int]:
