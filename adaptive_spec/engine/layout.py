@@ -1,4 +1,4 @@
-"""Weight memory orders for CPU decoding: ``Linear`` weights row-major (stock), column-major, or both.
+"""Weight forms for CPU decoding: ``Linear`` weights row-major (stock), column-major, oneDNN-packed, or per size.
 
 A ``Linear`` computes ``x @ W.T`` with ``W`` of shape ``[out, in]``. Stored the usual way
 (row-major), the CPU BLAS behind ``F.linear`` takes one code path; the same values stored
@@ -10,14 +10,25 @@ in float32 on 2 EPYC threads, context 256): one target token 41.4 -> 33.1 ms col
 111 against 128 ms at one token but 292 against 272 ms at eight. Same math, same values, same
 state dict: only the memory order changes.
 
+A third form is **packed**: a copy of the weight in oneDNN's blocked layout
+(``torch.ops.mkldnn._reorder_linear_weight``), multiplied by oneDNN's own kernels
+(``torch.ops.mkldnn._linear_pointwise``), which pick their code by the CPU's instruction set where MKL's
+``F.linear`` takes a slow path for a few rows on an AMD host: SmolLM2's whole target pass on 2 EPYC threads took
+58 against 71 ms at two rows, 55 against 80 at three, 61 against 93 at four, and no less at one row
+(``docs/measurements/cpu-2026-12-06f/``). The same dot products summed in another order (logits within about
+1e-4 of the stock order's). The packed copy is an opaque tensor: it is kept outside the module's parameters and
+buffers (never saved, moved or copied), made again from the weight when the weight changes (a new tensor, an
+in-place write, another dtype), and used only without autograd (oneDNN's op has no backward): under
+``torch.enable_grad()`` every form falls back to the stock weight.
+
 - :func:`column_major_linears`: every CPU ``Linear`` weight column-major, in place;
-- :func:`per_size_linears`: chosen weights kept in both orders, each forward picking by its row
+- :func:`per_size_linears`: chosen weights kept in more than one form, each forward picking by its row
   count (:class:`PerSizeLinear`; the stock weight stays the parameter, the column-major copy is a
-  buffer outside the state dict);
+  buffer outside the state dict, the packed copy an attribute);
 - :func:`row_major_linears`: back to the stock order (before ``save_pretrained``: safetensors
   saves only contiguous tensors).
 
-Which order each weight gets on this host is measured and cached by
+Which form each weight gets on this host is measured and cached by
 :mod:`adaptive_spec.engine.weight_order`, which
 :meth:`SpecEngine.from_pretrained <adaptive_spec.engine.engine.SpecEngine.from_pretrained>` applies.
 Saving such a model needs nothing: transformers' ``save_pretrained`` (5.x) packs each tensor as it
@@ -34,13 +45,19 @@ import torch
 from torch.nn import functional
 
 __all__ = [
+    "FORMS",
     "PerSizeLinear",
     "column_major_linears",
     "linear_groups",
     "linear_orders",
+    "packed_linear",
+    "packing_available",
     "per_size_linears",
     "row_major_linears",
 ]
+
+#: The forms a forward can multiply by: the stock weight, its column-major copy, its oneDNN-packed copy.
+FORMS = ("row", "column", "packed")
 
 
 def linear_groups(*models: torch.nn.Module) -> Iterator[tuple[torch.nn.Parameter, list[torch.nn.Linear]]]:
@@ -63,32 +80,100 @@ def _reorderable(w: torch.Tensor) -> bool:
     return w.device.type == "cpu" and w.shape[0] > 1 and w.shape[1] > 1
 
 
-class PerSizeLinear(torch.nn.Linear):
-    """A ``Linear`` whose weight is kept in both orders; each forward uses the one chosen for its row count.
+def packing_available() -> bool:
+    """Whether this torch has oneDNN's packed linear (``torch.ops.mkldnn``) and it runs here."""
+    global _PACKING
+    if _PACKING is None:
+        try:
+            w = torch.ones(2, 3)
+            y = packed_linear(torch.ones(1, 3), torch.ops.mkldnn._reorder_linear_weight(w, 1), None)
+            _PACKING = bool(torch.backends.mkldnn.is_available() and torch.equal(y, torch.full((1, 2), 3.0)))
+        except (AttributeError, RuntimeError, NotImplementedError):
+            _PACKING = False
+    return _PACKING
 
-    ``weight`` (the parameter) stays in the stock row-major order; ``weight_column_major`` is a
-    non-persistent buffer with the same values stored column-major. ``column_rows[r]`` says whether
-    a forward of ``r`` rows (tokens) uses the copy; forwards of more rows than the tuple covers use
-    ``column_above``. Made only by :func:`per_size_linears`, which turns a plain ``Linear`` into one
-    in place (its parameters, state dict and hooks stay); :func:`row_major_linears` turns it back.
+
+_PACKING: bool | None = None
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``F.linear(x, W, bias)`` with ``W`` as oneDNN's packed copy (``torch.ops.mkldnn._reorder_linear_weight``)."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+class _Packed:
+    """A weight's oneDNN-packed copy, made on first use and again whenever the weight changes.
+
+    Never copied or pickled (an opaque tensor cannot be): a copy starts empty and packs on its first use.
     """
 
-    column_rows: tuple[bool, ...]
-    column_above: bool
+    def __init__(self) -> None:
+        self.tensor: torch.Tensor | None = None
+        self.key: tuple | None = None
+
+    def of(self, weight: torch.Tensor) -> torch.Tensor:
+        """The packed copy of ``weight`` (a CPU tensor), made now if ``weight`` is not what it was made from."""
+        try:
+            version = weight._version
+        except RuntimeError:  # an inference tensor keeps no version counter: a write in place goes unseen
+            version = None
+        key = (weight.data_ptr(), version, weight.dtype, tuple(weight.shape))
+        if key != self.key or self.tensor is None:
+            with torch.no_grad():
+                self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 1)
+            self.key = key
+        return self.tensor
+
+    def __deepcopy__(self, memo: dict) -> _Packed:
+        return _Packed()
+
+    def __getstate__(self) -> dict:
+        return {}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__()
+
+
+class PerSizeLinear(torch.nn.Linear):
+    """A ``Linear`` whose weight is kept in more than one form; each forward uses the one chosen for its row count.
+
+    ``weight`` (the parameter) stays in the stock row-major order. ``weight_column_major`` (where a
+    size uses it) is a non-persistent buffer with the same values stored column-major; the packed copy
+    (:class:`_Packed`) is an attribute outside the state dict. ``row_forms[r]`` (one of :data:`FORMS`) is the
+    form a forward of ``r`` rows (tokens) uses; forwards of more rows than the tuple covers use
+    ``form_above``. With autograd on, or a weight no longer on the CPU, every forward uses the stock weight.
+    Made only by :func:`per_size_linears`, which turns a plain ``Linear`` into one in place (its
+    parameters, state dict and hooks stay); :func:`row_major_linears` turns it back.
+    """
+
+    row_forms: tuple[str, ...]
+    form_above: str
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``F.linear`` with the weight copy chosen for ``x``'s row count."""
+        """``F.linear`` with the weight form chosen for ``x``'s row count."""
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        column = self.column_rows[rows] if rows < len(self.column_rows) else self.column_above
-        return functional.linear(x, self.weight_column_major if column else self.weight, self.bias)
+        form = self.row_forms[rows] if rows < len(self.row_forms) else self.form_above
+        if form == "row" or torch.is_grad_enabled() or self.weight.device.type != "cpu":
+            return functional.linear(x, self.weight, self.bias)
+        if form == "column":
+            return functional.linear(x, self.weight_column_major, self.bias)
+        if x.device.type != "cpu" or x.dtype != self.weight.dtype:
+            return functional.linear(x, self.weight, self.bias)
+        return packed_linear(x, self.packed_weight.of(self.weight), self.bias)
+
+    @property
+    def column_rows(self) -> tuple[bool, ...]:
+        """Per row count: whether a forward uses the column-major copy."""
+        return tuple(f == "column" for f in self.row_forms)
 
 
 def _to_plain(module: torch.nn.Linear) -> None:
-    """Turn a :class:`PerSizeLinear` back into a plain ``Linear`` (its copy dropped)."""
+    """Turn a :class:`PerSizeLinear` back into a plain ``Linear`` (its copies dropped)."""
     if type(module) is PerSizeLinear:
-        del module.weight_column_major
-        del module.column_rows
-        del module.column_above
+        if "weight_column_major" in module._buffers:
+            del module.weight_column_major
+        for name in ("packed_weight", "row_forms", "form_above"):
+            module.__dict__.pop(name, None)
         module.__class__ = torch.nn.Linear
 
 
@@ -124,25 +209,40 @@ def row_major_linears(*models: torch.nn.Module) -> int:
 
 
 def per_size_linears(
-    weight: torch.nn.Parameter, modules: Sequence[torch.nn.Linear], column_rows: Sequence[bool], column_above: bool
+    weight: torch.nn.Parameter, modules: Sequence[torch.nn.Linear], row_forms: Sequence[str], form_above: str
 ) -> bool:
-    """Keep ``weight`` in both orders and let each of ``modules`` (plain ``Linear`` layers holding it) pick
-    per forward: :class:`PerSizeLinear` with ``column_rows`` / ``column_above``.
+    """Keep ``weight`` in the forms ``row_forms`` and ``form_above`` name (:data:`FORMS`) and let each of
+    ``modules`` (plain ``Linear`` layers holding it) pick per forward: :class:`PerSizeLinear`, a forward of ``r``
+    rows using ``row_forms[r]``, larger ones ``form_above``.
 
     Returns False (nothing changed) when a module is not a plain ``Linear`` on a CPU, or has its own
-    ``forward`` (e.g. an accelerate hook).
+    ``forward`` (e.g. an accelerate hook), or a packed form is asked for where oneDNN's is not available.
+
+    Raises:
+        ValueError: a form not in :data:`FORMS`.
     """
+    forms = (*row_forms, form_above)
+    if any(f not in FORMS for f in forms):
+        raise ValueError(f"weight forms must be among {', '.join(FORMS)}, got {sorted(set(forms) - set(FORMS))}")
     if not _reorderable(weight) or any(type(m) is not torch.nn.Linear or "forward" in vars(m) for m in modules):
+        return False
+    if "packed" in forms and not packing_available():
         return False
     with torch.no_grad():
         if not weight.is_contiguous():
             weight.data = weight.data.contiguous()
-        copy = weight.detach().t().contiguous().t()
+        copy = weight.detach().t().contiguous().t() if "column" in forms else None
+    packed = _Packed() if "packed" in forms else None
+    if packed is not None:
+        packed.of(weight)  # packed now, not inside the first timed forward
     for module in modules:
         module.__class__ = PerSizeLinear
-        module.register_buffer("weight_column_major", copy, persistent=False)
-        module.column_rows = tuple(bool(c) for c in column_rows)
-        module.column_above = bool(column_above)
+        if copy is not None:
+            module.register_buffer("weight_column_major", copy, persistent=False)
+        if packed is not None:
+            module.packed_weight = packed
+        module.row_forms = tuple(forms[:-1])
+        module.form_above = form_above
     return True
 
 

@@ -4,14 +4,15 @@ whatever it picks."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from adaptive_spec.engine import weight_order
-from adaptive_spec.engine.layout import PerSizeLinear, row_major_linears
+from adaptive_spec.engine import SpecEngine, weight_order
+from adaptive_spec.engine.layout import PerSizeLinear, packing_available, row_major_linears
 from adaptive_spec.engine.weight_order import CACHE_NAME, ORDER_ENV, SIZES, ShapeChoice, arrange_linears
 from tests.engine.test_layout import _logits
 from tests.helpers.tiny import tiny_model
@@ -118,9 +119,12 @@ def test_per_size_when_the_orders_trade_wins_same_logits(auto, monkeypatch, tmp_
     # the forward size picks the copy: spoil the column-major copy, and only small forwards see it
     layer = model.model.layers[0].mlp.down_proj
     x1, x8 = torch.randn(1, 1, layer.in_features), torch.randn(1, 8, layer.in_features)
-    good1, good8 = layer(x1), layer(x8)
+    with torch.inference_mode():
+        good1, good8 = layer(x1), layer(x8)
     layer.weight_column_major = torch.zeros_like(layer.weight_column_major)
-    assert not torch.allclose(layer(x1), good1) and torch.equal(layer(x8), good8)
+    with torch.inference_mode():
+        assert not torch.allclose(layer(x1), good1) and torch.equal(layer(x8), good8)
+    assert torch.allclose(layer(x1), good1)  # with autograd on, the stock weight: gradients reach it
     assert row_major_linears(model) == counts["per-size"]
     assert all(type(m) is torch.nn.Linear and not hasattr(m, "weight_column_major") for m in linears)
     model.save_pretrained(tmp_path / "saved")
@@ -178,7 +182,7 @@ def test_the_override_needs_no_measurement(monkeypatch, tmp_path, order) -> None
 
 def test_a_bad_override_is_one_clear_line(monkeypatch) -> None:
     monkeypatch.setenv(ORDER_ENV, "sideways")
-    with pytest.raises(ValueError, match=f"^{ORDER_ENV} must be one of auto, column, row, got 'sideways'$"):
+    with pytest.raises(ValueError, match=f"^{ORDER_ENV} must be one of auto, column, packed, row, got 'sideways'$"):
         arrange_linears(_model())
 
 
@@ -203,3 +207,109 @@ def test_measure_shape_reports_both_orders_and_stops_at_its_deadline() -> None:
     assert all(x > 0 for x in got["row_ms"] + got["column_ms"])
     assert all(0 <= x <= 1 for x in got["column_faster"])
     assert weight_order.measure_shape(16, 24, torch.float32, False, deadline=0.0) is None
+
+
+# ------------------------------------------------------------------ oneDNN's packed copy
+
+needs_packing = pytest.mark.skipif(not packing_available(), reason="this torch has no oneDNN packed linear")
+
+
+def _fake_packed(column_ms: list[float], packed_ms: list[float]):
+    """measure_shape's stand-in with the packed form: the stock order 1 ms at every size."""
+
+    def measure(out, inp, dtype, bias, sizes=SIZES, deadline=None):
+        got = _fake(column_ms, [])(out, inp, dtype, bias, sizes)
+        return got | {"packed_ms": list(packed_ms), "packed_faster": [1.0 if p < 1 else 0.0 for p in packed_ms]}
+
+    return measure
+
+
+def test_a_packed_win_takes_its_sizes_and_the_faster_of_two_winners() -> None:
+    sizes = (1, 2, 4)
+
+    def choice(column_ms, packed_ms):
+        faster = [1.0] * 3
+        return ShapeChoice("8x8 float32", sizes, (1.0,) * 3, tuple(column_ms), tuple(faster), tuple(packed_ms), faster)
+
+    both = choice([0.8, 0.9, 1.1], [0.9, 0.5, 0.6])
+    assert both.wins() == ["column", "packed", "packed"] and both.order == "per-size"
+    forms, above = both.row_forms()
+    assert forms == ("row", "column", "packed", "packed", "packed") and above == "packed"
+    assert choice([1.0, 1.0, 1.0], [0.97, 1.2, 0.5]).wins() == ["tie", "tie", "packed"]  # 3 % is within the margin
+    gap = choice([1.0, 1.0, 1.0], [0.5, 1.0, 0.5])  # 3 rows lie between a packed win and a tie: the stock order
+    assert gap.row_forms() == (("row", "packed", "row", "row", "packed"), "packed")
+    assert ShapeChoice("8x8 float32", sizes, (1.0,) * 3, (0.5,) * 3, (1.0,) * 3).order == "column"  # no packed form
+
+
+@needs_packing
+def test_packed_where_it_wins_same_logits_and_state(auto, monkeypatch, tmp_path) -> None:
+    column = [0.5 if n == 1 else 1.5 for n in SIZES]  # column-major at one row, packed from two on
+    monkeypatch.setattr(weight_order, "measure_shape", _fake_packed(column, [1.2 if n == 1 else 0.5 for n in SIZES]))
+    model = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    logits = _logits(model)
+    counts = arrange_linears(model)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert counts["per-size"] == len({id(m.weight) for m in linears}) and counts["column"] == counts["row"] == 0
+    assert all(type(m) is PerSizeLinear and m.row_forms[:3] == ("row", "column", "packed") for m in linears)
+    assert all(m.form_above == "packed" and m.weight.is_contiguous() for m in linears)
+    assert model.state_dict().keys() == before.keys()  # the copies are outside the state dict
+    torch.testing.assert_close(_logits(model), logits, rtol=1e-5, atol=1e-5)
+    # the forward size picks the form: spoil the packed copy, and only forwards of two rows and more see it
+    layer = model.model.layers[0].mlp.down_proj
+    x1, x8 = torch.randn(1, 1, layer.in_features), torch.randn(1, 8, layer.in_features)
+    with torch.inference_mode():
+        good1, good8 = layer(x1), layer(x8)
+        layer.packed_weight.tensor = torch.ops.mkldnn._reorder_linear_weight(torch.zeros_like(layer.weight), 1)
+        assert torch.equal(layer(x1), good1) and not torch.allclose(layer(x8), good8)
+    assert torch.allclose(layer(x8), good8, rtol=1e-5, atol=1e-5)  # autograd on: the stock weight
+    # a weight written in place is packed again
+    with torch.no_grad():
+        layer.weight.mul_(2)
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x8), 2 * good8, rtol=1e-5, atol=1e-5)
+    # a copy packs its own (an opaque tensor cannot be copied), and gives the same logits
+    with torch.no_grad():
+        layer.weight.div_(2)
+    twin = copy.deepcopy(model)
+    torch.testing.assert_close(_logits(twin), logits, rtol=1e-5, atol=1e-5)
+    assert row_major_linears(model) == counts["per-size"]
+    assert all(type(m) is torch.nn.Linear and not hasattr(m, "packed_weight") for m in linears)
+    model.save_pretrained(tmp_path / "saved")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    assert all(torch.equal(v, before[k]) for k, v in again.state_dict().items() if k in before)
+
+
+@needs_packing
+def test_the_packed_override_same_greedy_tokens(tiny_pair, monkeypatch, tmp_path) -> None:
+    monkeypatch.setenv("ADAPTIVE_SPEC_HOME", str(tmp_path))
+    monkeypatch.setattr(weight_order, "measure_shape", lambda *a, **k: pytest.fail("measured"))
+    monkeypatch.setenv(ORDER_ENV, "packed")
+    packed = SpecEngine.from_pretrained(device="cpu")
+    for m in (packed.target, packed.draft):
+        linears = [x for x in m.modules() if isinstance(x, torch.nn.Linear)]
+        assert linears and all(type(x) is PerSizeLinear and x.form_above == "packed" for x in linears)
+    monkeypatch.setenv(ORDER_ENV, "row")
+    plain = SpecEngine.from_pretrained(device="cpu")
+    for plan in ("autoregressive", "chain:2/block", "iid:2x2/specinfer"):
+        a = packed.generate("w5 w6 w7", max_new_tokens=12, temperature=0.0, plan=plan)
+        b = plain.generate("w5 w6 w7", max_new_tokens=12, temperature=0.0, plan=plan)
+        assert a.token_ids == b.token_ids, plan
+    assert not (tmp_path / CACHE_NAME).exists()
+
+
+def test_the_packed_override_without_onednn_is_one_clear_line(monkeypatch) -> None:
+    monkeypatch.setenv(ORDER_ENV, "packed")
+    monkeypatch.setattr(weight_order, "packing_available", lambda: False)
+    with pytest.raises(ValueError, match=f"^{ORDER_ENV}=packed needs torch built with oneDNN"):
+        arrange_linears(_model())
+
+
+@needs_packing
+def test_measure_shape_times_the_packed_form_where_there_is_one(monkeypatch) -> None:
+    got = weight_order.measure_shape(16, 24, torch.float32, True, sizes=(1, 3))
+    assert len(got["packed_ms"]) == 2 and all(x > 0 for x in got["packed_ms"])
+    assert all(0 <= x <= 1 for x in got["packed_faster"])
+    monkeypatch.setattr(weight_order, "packing_available", lambda: False)
+    got = weight_order.measure_shape(16, 24, torch.float32, True, sizes=(1, 3))
+    assert got["packed_ms"] is None and got["packed_faster"] is None

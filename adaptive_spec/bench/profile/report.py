@@ -86,12 +86,20 @@ def _print_weight_order(report: dict[str, Any]) -> None:
     )
     for shape in report["shapes"]:
         wins = {
-            w: [str(n) for n, x in zip(shape["sizes"], shape["wins"], strict=True) if x == w] for w in ("column", "row")
+            w: [str(n) for n, x in zip(shape["sizes"], shape["wins"], strict=True) if x == w]
+            for w in ("column", "packed", "row")
         }
         ratio = " ".join(
             f"{n}:{c / r:.2f}" for n, r, c in zip(shape["sizes"], shape["row_ms"], shape["column_ms"], strict=True)
         )
+        packed = shape.get("packed_ms")
+        packed_ratio = (
+            " ".join(f"{n}:{q / r:.2f}" for n, r, q in zip(shape["sizes"], shape["row_ms"], packed, strict=True))
+            if packed
+            else "not measured"
+        )
         print(
             f"    {shape['shape']}: {shape['order']} (column-major wins at {','.join(wins['column']) or 'no'} rows, "
-            f"the stock order at {','.join(wins['row']) or 'no'}; column/stock time {ratio})"
+            f"packed at {','.join(wins['packed']) or 'no'}, the stock order at {','.join(wins['row']) or 'no'}; "
+            f"column/stock time {ratio}; packed/stock {packed_ratio})"
         )
