@@ -14,10 +14,12 @@ the file to re-measure (e.g. after a measurement on a busy machine). One call me
 :data:`BUDGET_S` seconds, the shapes holding most of the weights first; a shape left over (a busy
 machine) keeps the stock order and is measured on a load at least :data:`RETRY_S` seconds later.
 
-At each size a form (column-major, packed) **wins** when its median is at least :data:`WIN_MARGIN` under the
-stock order's and it was the faster of the two in at least :data:`AGREEMENT` of the rounds; where both win, the
-one with the lower median. The stock order wins when column-major's median is more than :data:`TIE_TOLERANCE`
-over; anything else is a tie (no measurable difference). Then, per shape:
+At each size column-major **wins** when its median is at least :data:`WIN_MARGIN` under the stock order's and it
+was the faster of the two in at least :data:`AGREEMENT` of the rounds; the packed copy wins (over either) when its
+median is at least :data:`WIN_MARGIN` under the better order's (column-major's where that won, else the stock
+order's) with the same agreement against the stock order, and only from :data:`PACKED_FROM` rows up. The stock
+order wins when column-major's median is more than :data:`TIE_TOLERANCE` over; anything else is a tie (no measurable
+difference). Then, per shape:
 
 - column-major wins somewhere, packed nowhere and the stock order nowhere: stored column-major (one copy);
 - packed wins somewhere, or column-major and the stock order both do: more than one form, each forward picking
@@ -64,6 +66,7 @@ from adaptive_spec.files import user_data_dir, write_json_atomic
 __all__ = [
     "CACHE_NAME",
     "ORDER_ENV",
+    "PACKED_FROM",
     "SIZES",
     "ShapeChoice",
     "arrange_linears",
@@ -87,6 +90,10 @@ TIE_TOLERANCE = 0.02
 """The stock order wins at a size when column-major's median is more than this share over it."""
 COPY_MEMORY_SHARE = 1 / 8
 """The most of the machine's memory that the second copies of per-size weights may take."""
+PACKED_FROM = 2
+"""The fewest rows a forward uses the packed copy for. At one row its timed wins did not carry over to the model:
+with the packed copy chosen at one row for two or three of SmolLM2's shapes its one-row pass took 2-8 % longer (an
+EPYC host, ``docs/measurements/cpu-2026-12-06f/``), each oneDNN call costing about 12 µs more than ``F.linear``'s."""
 RING_BYTES = 32 << 20
 """Each timed pass multiplies by distinct weights of at least this many bytes together (past the caches)."""
 MAX_TIMED_ROWS = 4096
@@ -147,23 +154,27 @@ class ShapeChoice:
         """Per size: ``column``, ``packed``, ``row`` or ``tie`` (:data:`WIN_MARGIN`, :data:`TIE_TOLERANCE`,
         :data:`AGREEMENT`; the module docstring).
         """
-        forms = {"column": (self.column_ms, self.column_faster)}
-        if self.packed_ms is not None and self.packed_faster is not None:
-            forms["packed"] = (self.packed_ms, self.packed_faster)
         out = []
         for i, r in enumerate(self.row_ms):
-            winners = {
-                f: ms[i] for f, (ms, share) in forms.items() if ms[i] <= (1 - WIN_MARGIN) * r and share[i] >= AGREEMENT
-            }
-            if winners:
-                out.append(min(winners, key=winners.__getitem__))
-            elif (
-                self.column_ms[i] > (1 + TIE_TOLERANCE) * r
-            ):  # no agreement asked: any doubt goes the stock order's way
+            column = self.column_ms[i] <= (1 - WIN_MARGIN) * r and self.column_faster[i] >= AGREEMENT
+            best = self.column_ms[i] if column else r  # what the packed copy has to beat: the better order
+            if self.sizes[i] >= PACKED_FROM and self._packed_wins(i, best):
+                out.append("packed")
+            elif column:
+                out.append("column")
+            elif self.column_ms[i] > (1 + TIE_TOLERANCE) * r:  # no agreement asked: doubt goes the stock order's way
                 out.append("row")
             else:
                 out.append("tie")
         return out
+
+    def _packed_wins(self, i: int, best: float) -> bool:
+        """Whether the packed copy wins at the ``i``-th size: :data:`WIN_MARGIN` under ``best`` (the better order's
+        median) and the faster than the stock order in :data:`AGREEMENT` of the rounds.
+        """
+        if self.packed_ms is None or self.packed_faster is None:
+            return False
+        return self.packed_ms[i] <= (1 - WIN_MARGIN) * best and self.packed_faster[i] >= AGREEMENT
 
     @property
     def order(self) -> str:
