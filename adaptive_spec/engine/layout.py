@@ -80,6 +80,9 @@ def _reorderable(w: torch.Tensor) -> bool:
     return w.device.type == "cpu" and w.shape[0] > 1 and w.shape[1] > 1
 
 
+_PACKING: bool | None = None  # packing_available()'s answer, once asked
+
+
 def packing_available() -> bool:
     """Whether this torch has oneDNN's packed linear (``torch.ops.mkldnn``) and it runs here."""
     global _PACKING
@@ -91,9 +94,6 @@ def packing_available() -> bool:
         except (AttributeError, RuntimeError, NotImplementedError):
             _PACKING = False
     return _PACKING
-
-
-_PACKING: bool | None = None
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -160,11 +160,6 @@ class PerSizeLinear(torch.nn.Linear):
         if x.device.type != "cpu" or x.dtype != self.weight.dtype:
             return functional.linear(x, self.weight, self.bias)
         return packed_linear(x, self.packed_weight.of(self.weight), self.bias)
-
-    @property
-    def column_rows(self) -> tuple[bool, ...]:
-        """Per row count: whether a forward uses the column-major copy."""
-        return tuple(f == "column" for f in self.row_forms)
 
 
 def _to_plain(module: torch.nn.Linear) -> None:

@@ -200,11 +200,6 @@ class ShapeChoice:
             forms.append(below if below == above else "row")
         return tuple(forms), wins[self.sizes[-1]]
 
-    def column_rows(self) -> tuple[tuple[bool, ...], bool]:
-        """:meth:`row_forms` as ``(column-major for r rows, r < len; column-major above)``."""
-        forms, above = self.row_forms()
-        return tuple(f == "column" for f in forms), above == "column"
-
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready: the shape, sizes, measurements, per-size winners and the order."""
         return {

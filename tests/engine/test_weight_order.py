@@ -197,8 +197,8 @@ def test_a_win_needs_the_margin_and_the_agreement() -> None:
     assert choice([0.9, 1.5, 0.9], [1.0, 0.6, 1.0]).wins() == ["column", "row", "column"]  # slower: no agreement asked
     mixed = choice([0.9, 1.1, 0.9], [1.0, 0.0, 1.0])
     assert mixed.order == "per-size"
-    rows, above = mixed.column_rows()
-    assert rows == (False, True, False, False, True) and above  # 3 lies between a loss and a win: stock
+    forms, above = mixed.row_forms()
+    assert forms == ("row", "column", "row", "row", "column") and above == "column"  # 3: between a loss and a win
 
 
 def test_measure_shape_reports_both_orders_and_stops_at_its_deadline() -> None:

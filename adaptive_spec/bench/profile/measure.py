@@ -460,8 +460,8 @@ def _weight_order_copies(target: Any) -> dict[str, Any]:
 
 def weight_order_report(target: Any) -> dict[str, Any]:
     """What the engine's weight order is on this host: the setting, how ``target``'s CPU weights are
-    stored, and per weight shape this host's cached (else now measured) medians in both orders and what
-    they choose (:mod:`adaptive_spec.engine.weight_order`).
+    stored, and per weight shape this host's cached (else now measured) medians in every form (the two orders and
+    oneDNN's packed copy) and what they choose (:mod:`adaptive_spec.engine.weight_order`).
     """
     from adaptive_spec.engine.layout import linear_orders
     from adaptive_spec.engine.weight_order import ORDER_ENV, shape_choices, weight_order_setting
