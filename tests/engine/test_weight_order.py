@@ -42,6 +42,32 @@ def _shapes(model) -> set[tuple[int, int]]:
     return {tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)}
 
 
+def _per_size(monkeypatch, measure):
+    """A tiny model arranged with ``measure`` standing in for measure_shape, every weight per size; returns the
+    model, its state dict and logits before, and its Linear layers. Same logits and state dict keys after.
+    """
+    monkeypatch.setattr(weight_order, "measure_shape", measure)
+    model = _model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    logits = _logits(model)
+    counts = arrange_linears(model)
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    assert counts["per-size"] == len({id(m.weight) for m in linears}) and counts["column"] == counts["row"] == 0
+    assert all(type(m) is PerSizeLinear and m.weight.is_contiguous() for m in linears)
+    assert model.state_dict().keys() == before.keys()  # the copies are outside the state dict
+    torch.testing.assert_close(_logits(model), logits, rtol=1e-5, atol=1e-5)
+    return model, before, logits, linears
+
+
+def _back_to_stock_and_saved(model, before, linears, copy_attr: str, tmp_path) -> None:
+    """row_major_linears turns every layer back into a plain Linear without its copy; the model saves as loaded."""
+    assert row_major_linears(model) == len({id(m.weight) for m in linears})
+    assert all(type(m) is torch.nn.Linear and not hasattr(m, copy_attr) for m in linears)
+    model.save_pretrained(tmp_path / "saved")
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    assert all(torch.equal(v, before[k]) for k, v in again.state_dict().items() if k in before)
+
+
 @pytest.fixture
 def auto(monkeypatch, tmp_path):
     """Auto order, a fresh user data folder; returns the cache path."""
@@ -104,18 +130,9 @@ def test_the_stock_order_where_column_major_wins_nowhere(auto, monkeypatch) -> N
 
 def test_per_size_when_the_orders_trade_wins_same_logits(auto, monkeypatch, tmp_path) -> None:
     column = [0.5 if n <= 3 else 1.5 for n in SIZES]  # column-major wins at 1-3 rows, loses from 4 on
-    monkeypatch.setattr(weight_order, "measure_shape", _fake(column, []))
-    model = _model()
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    logits = _logits(model)
-    counts = arrange_linears(model)
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    assert counts["per-size"] == len({id(m.weight) for m in linears}) and counts["column"] == counts["row"] == 0
-    assert all(type(m) is PerSizeLinear and m.weight.is_contiguous() for m in linears)
+    model, before, _, linears = _per_size(monkeypatch, _fake(column, []))
     assert all(not m.weight_column_major.is_contiguous() for m in linears)
-    assert model.state_dict().keys() == before.keys()
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
-    torch.testing.assert_close(_logits(model), logits, rtol=1e-5, atol=1e-5)
     # the forward size picks the copy: spoil the column-major copy, and only small forwards see it
     layer = model.model.layers[0].mlp.down_proj
     x1, x8 = torch.randn(1, 1, layer.in_features), torch.randn(1, 8, layer.in_features)
@@ -125,11 +142,7 @@ def test_per_size_when_the_orders_trade_wins_same_logits(auto, monkeypatch, tmp_
     with torch.inference_mode():
         assert not torch.allclose(layer(x1), good1) and torch.equal(layer(x8), good8)
     assert torch.allclose(layer(x1), good1)  # with autograd on, the stock weight: gradients reach it
-    assert row_major_linears(model) == counts["per-size"]
-    assert all(type(m) is torch.nn.Linear and not hasattr(m, "weight_column_major") for m in linears)
-    model.save_pretrained(tmp_path / "saved")
-    again = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
-    assert all(torch.equal(v, before[k]) for k, v in again.state_dict().items() if k in before)
+    _back_to_stock_and_saved(model, before, linears, "weight_column_major", tmp_path)
 
 
 def test_no_second_copies_past_the_memory_share(auto, monkeypatch) -> None:
@@ -246,17 +259,9 @@ def test_a_packed_win_takes_its_sizes_and_must_beat_the_better_order() -> None:
 @needs_packing
 def test_packed_where_it_wins_same_logits_and_state(auto, monkeypatch, tmp_path) -> None:
     column = [0.5 if n == 1 else 1.5 for n in SIZES]  # column-major at one row, packed from two on
-    monkeypatch.setattr(weight_order, "measure_shape", _fake_packed(column, [1.2 if n == 1 else 0.5 for n in SIZES]))
-    model = _model()
-    before = {k: v.clone() for k, v in model.state_dict().items()}
-    logits = _logits(model)
-    counts = arrange_linears(model)
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    assert counts["per-size"] == len({id(m.weight) for m in linears}) and counts["column"] == counts["row"] == 0
-    assert all(type(m) is PerSizeLinear and m.row_forms[:3] == ("row", "column", "packed") for m in linears)
-    assert all(m.form_above == "packed" and m.weight.is_contiguous() for m in linears)
-    assert model.state_dict().keys() == before.keys()  # the copies are outside the state dict
-    torch.testing.assert_close(_logits(model), logits, rtol=1e-5, atol=1e-5)
+    measure = _fake_packed(column, [1.2 if n == 1 else 0.5 for n in SIZES])
+    model, before, logits, linears = _per_size(monkeypatch, measure)
+    assert all(m.row_forms[:3] == ("row", "column", "packed") and m.form_above == "packed" for m in linears)
     # the forward size picks the form: spoil the packed copy, and only forwards of two rows and more see it
     layer = model.model.layers[0].mlp.down_proj
     x1, x8 = torch.randn(1, 1, layer.in_features), torch.randn(1, 8, layer.in_features)
@@ -275,11 +280,7 @@ def test_packed_where_it_wins_same_logits_and_state(auto, monkeypatch, tmp_path)
         layer.weight.div_(2)
     twin = copy.deepcopy(model)
     torch.testing.assert_close(_logits(twin), logits, rtol=1e-5, atol=1e-5)
-    assert row_major_linears(model) == counts["per-size"]
-    assert all(type(m) is torch.nn.Linear and not hasattr(m, "packed_weight") for m in linears)
-    model.save_pretrained(tmp_path / "saved")
-    again = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
-    assert all(torch.equal(v, before[k]) for k, v in again.state_dict().items() if k in before)
+    _back_to_stock_and_saved(model, before, linears, "packed_weight", tmp_path)
 
 
 @needs_packing
