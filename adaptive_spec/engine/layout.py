@@ -14,12 +14,12 @@ A third form is **packed**: a copy of the weight in oneDNN's blocked layout
 (``torch.ops.mkldnn._reorder_linear_weight``), multiplied by oneDNN's own kernels
 (``torch.ops.mkldnn._linear_pointwise``), which pick their code by the CPU's instruction set where MKL's
 ``F.linear`` takes a slow path for a few rows on an AMD host: SmolLM2's whole target pass on 2 EPYC threads took
-58 against 71 ms at two rows, 55 against 80 at three, 61 against 93 at four, and no less at one row
-(``docs/measurements/cpu-2026-12-06f/``). The same dot products summed in another order (logits within about
-1e-4 of the stock order's). The packed copy is an opaque tensor: it is kept outside the module's parameters and
-buffers (never saved, moved or copied), made again from the weight when the weight changes (a new tensor, an
-in-place write, another dtype), and used only without autograd (oneDNN's op has no backward): under
-``torch.enable_grad()`` every form falls back to the stock weight.
+56.5 against 69.6 ms at two rows, 62.9 against 86.6 at three, 50.7 against 76.9 at four (at one row, where it is not
+used, 41.5 against 42.0; ``docs/measurements/cpu-2026-12-06f/``). The same dot products summed in another order
+(logits within about 1e-4 of the stock order's). The packed copy is an opaque tensor: it is kept outside the
+module's parameters and buffers (never saved, moved or copied), made again from the weight when the weight changes
+(a new tensor, an in-place write, another dtype), and used only without autograd (oneDNN's op has no backward):
+under ``torch.enable_grad()`` every form falls back to the stock weight.
 
 - :func:`column_major_linears`: every CPU ``Linear`` weight column-major, in place;
 - :func:`per_size_linears`: chosen weights kept in more than one form, each forward picking by its row
