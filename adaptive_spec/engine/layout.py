@@ -16,15 +16,15 @@ A third form is **packed**: a copy of the weight in oneDNN's blocked layout
 ``F.linear`` takes a slow path for a few rows on an AMD host: SmolLM2's whole target pass on 2 EPYC threads took
 56.5 against 69.6 ms at two rows, 62.9 against 86.6 at three, 50.7 against 76.9 at four (at one row, where it is not
 used, 41.5 against 42.0; ``docs/measurements/cpu-2026-12-06f/``). The same dot products summed in another order
-(logits within about 1e-4 of the stock order's). The packed copy is an opaque tensor: it is kept outside the
-module's parameters and buffers (never saved, moved or copied), made again from the weight when the weight changes
-(a new tensor, an in-place write, another dtype), and used only without autograd (oneDNN's op has no backward):
-under ``torch.enable_grad()`` every form falls back to the stock weight.
+(logits within about 1e-4 of the stock order's). The packed copy is an opaque tensor. Both copies, column-major and
+packed, are kept outside the module's parameters and buffers (never saved, moved or copied), made again from the
+weight when the weight changes (a new tensor, an in-place write such as ``load_state_dict``, another dtype), and
+used only without autograd (oneDNN's op has no backward): under ``torch.enable_grad()`` every form falls back to
+the stock weight.
 
 - :func:`column_major_linears`: every CPU ``Linear`` weight column-major, in place;
 - :func:`per_size_linears`: chosen weights kept in more than one form, each forward picking by its row
-  count (:class:`PerSizeLinear`; the stock weight stays the parameter, the column-major copy is a
-  buffer outside the state dict, the packed copy an attribute);
+  count (:class:`PerSizeLinear`; the stock weight stays the parameter, the copies are attributes);
 - :func:`row_major_linears`: back to the stock order (before ``save_pretrained``: safetensors
   saves only contiguous tensors).
 
@@ -101,18 +101,32 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-class _Packed:
-    """A weight's oneDNN-packed copy, made on first use and again whenever the weight changes.
+def _column_major(weight: torch.Tensor) -> torch.Tensor:
+    return weight.detach().t().contiguous().t()
 
-    Never copied or pickled (an opaque tensor cannot be): a copy starts empty and packs on its first use.
+
+def _onednn_packed(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 1)
+
+
+#: How each copied form is made from the weight.
+_MAKE_COPY = {"column": _column_major, "packed": _onednn_packed}
+
+
+class _Copy:
+    """A weight's copy in another form (``column`` or ``packed``), made on first use and again whenever the weight
+    changes: a new tensor, an in-place write (``load_state_dict``, an optimizer's step), another dtype.
+
+    Never copied or pickled (an opaque packed tensor cannot be): a copy starts empty and makes its own on first use.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, form: str) -> None:
+        self.form = form
         self.tensor: torch.Tensor | None = None
         self.key: tuple | None = None
 
     def of(self, weight: torch.Tensor) -> torch.Tensor:
-        """The packed copy of ``weight`` (a CPU tensor), made now if ``weight`` is not what it was made from."""
+        """The copy of ``weight`` (a CPU tensor), made now if ``weight`` is not what it was made from."""
         try:
             version = weight._version
         except RuntimeError:  # an inference tensor keeps no version counter: a write in place goes unseen
@@ -120,28 +134,28 @@ class _Packed:
         key = (weight.data_ptr(), version, weight.dtype, tuple(weight.shape))
         if key != self.key or self.tensor is None:
             with torch.no_grad():
-                self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 1)
+                self.tensor = _MAKE_COPY[self.form](weight)
             self.key = key
         return self.tensor
 
-    def __deepcopy__(self, memo: dict) -> _Packed:
-        return _Packed()
+    def __deepcopy__(self, memo: dict) -> _Copy:
+        return _Copy(self.form)
 
     def __getstate__(self) -> dict:
-        return {}
+        return {"form": self.form}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__()
+        self.__init__(state["form"])
 
 
 class PerSizeLinear(torch.nn.Linear):
     """A ``Linear`` whose weight is kept in more than one form; each forward uses the one chosen for its row count.
 
-    ``weight`` (the parameter) stays in the stock row-major order. ``weight_column_major`` (where a
-    size uses it) is a non-persistent buffer with the same values stored column-major; the packed copy
-    (:class:`_Packed`) is an attribute outside the state dict. ``row_forms[r]`` (one of :data:`FORMS`) is the
-    form a forward of ``r`` rows (tokens) uses; forwards of more rows than the tuple covers use
-    ``form_above``. With autograd on, or a weight no longer on the CPU, every forward uses the stock weight.
+    ``weight`` (the parameter) stays in the stock row-major order. Where a size uses them, ``column_weight`` (the
+    same values stored column-major) and ``packed_weight`` (oneDNN's layout) hold copies outside the parameters,
+    buffers and state dict (:class:`_Copy`), made again when the weight changes. ``row_forms[r]`` (one of
+    :data:`FORMS`) is the form a forward of ``r`` rows (tokens) uses; forwards of more rows than the tuple covers
+    use ``form_above``. With autograd on, or a weight no longer on the CPU, every forward uses the stock weight.
     Made only by :func:`per_size_linears`, which turns a plain ``Linear`` into one in place (its
     parameters, state dict and hooks stay); :func:`row_major_linears` turns it back.
     """
@@ -156,7 +170,7 @@ class PerSizeLinear(torch.nn.Linear):
         if form == "row" or torch.is_grad_enabled() or self.weight.device.type != "cpu":
             return functional.linear(x, self.weight, self.bias)
         if form == "column":
-            return functional.linear(x, self.weight_column_major, self.bias)
+            return functional.linear(x, self.column_weight.of(self.weight), self.bias)
         if x.device.type != "cpu" or x.dtype != self.weight.dtype:
             return functional.linear(x, self.weight, self.bias)
         return packed_linear(x, self.packed_weight.of(self.weight), self.bias)
@@ -165,9 +179,7 @@ class PerSizeLinear(torch.nn.Linear):
 def _to_plain(module: torch.nn.Linear) -> None:
     """Turn a :class:`PerSizeLinear` back into a plain ``Linear`` (its copies dropped)."""
     if type(module) is PerSizeLinear:
-        if "weight_column_major" in module._buffers:
-            del module.weight_column_major
-        for name in ("packed_weight", "row_forms", "form_above"):
+        for name in ("column_weight", "packed_weight", "row_forms", "form_above"):
             module.__dict__.pop(name, None)
         module.__class__ = torch.nn.Linear
 
@@ -226,16 +238,13 @@ def per_size_linears(
     with torch.no_grad():
         if not weight.is_contiguous():
             weight.data = weight.data.contiguous()
-        copy = weight.detach().t().contiguous().t() if "column" in forms else None
-    packed = _Packed() if "packed" in forms else None
-    if packed is not None:
-        packed.of(weight)  # packed now, not inside the first timed forward
+    copies = {form: _Copy(form) for form in ("column", "packed") if form in forms}
+    for copy in copies.values():
+        copy.of(weight)  # made now, not inside the first timed forward
     for module in modules:
         module.__class__ = PerSizeLinear
-        if copy is not None:
-            module.register_buffer("weight_column_major", copy, persistent=False)
-        if packed is not None:
-            module.packed_weight = packed
+        module.column_weight = copies.get("column")
+        module.packed_weight = copies.get("packed")
         module.row_forms = tuple(forms[:-1])
         module.form_above = form_above
     return True

@@ -130,19 +130,25 @@ def test_the_stock_order_where_column_major_wins_nowhere(auto, monkeypatch) -> N
 
 def test_per_size_when_the_orders_trade_wins_same_logits(auto, monkeypatch, tmp_path) -> None:
     column = [0.5 if n <= 3 else 1.5 for n in SIZES]  # column-major wins at 1-3 rows, loses from 4 on
-    model, before, _, linears = _per_size(monkeypatch, _fake(column, []))
-    assert all(not m.weight_column_major.is_contiguous() for m in linears)
+    model, before, logits, linears = _per_size(monkeypatch, _fake(column, []))
+    assert all(not m.column_weight.tensor.is_contiguous() for m in linears)
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     # the forward size picks the copy: spoil the column-major copy, and only small forwards see it
     layer = model.model.layers[0].mlp.down_proj
     x1, x8 = torch.randn(1, 1, layer.in_features), torch.randn(1, 8, layer.in_features)
     with torch.inference_mode():
         good1, good8 = layer(x1), layer(x8)
-    layer.weight_column_major = torch.zeros_like(layer.weight_column_major)
+    layer.column_weight.tensor = torch.zeros_like(layer.column_weight.tensor)
     with torch.inference_mode():
         assert not torch.allclose(layer(x1), good1) and torch.equal(layer(x8), good8)
     assert torch.allclose(layer(x1), good1)  # with autograd on, the stock weight: gradients reach it
-    _back_to_stock_and_saved(model, before, linears, "weight_column_major", tmp_path)
+    # load_state_dict writes the weights in place: the (spoiled) copy is made again from them
+    model.load_state_dict({k: 2 * v for k, v in before.items()})
+    with torch.inference_mode():
+        torch.testing.assert_close(layer(x1), 2 * good1, rtol=1e-5, atol=1e-5)
+    model.load_state_dict(before)
+    torch.testing.assert_close(_logits(model), logits, rtol=1e-5, atol=1e-5)
+    _back_to_stock_and_saved(model, before, linears, "column_weight", tmp_path)
 
 
 def test_no_second_copies_past_the_memory_share(auto, monkeypatch) -> None:
