@@ -47,9 +47,11 @@ from torch.nn import functional
 __all__ = [
     "FORMS",
     "PerSizeLinear",
+    "column_major_copy",
     "column_major_linears",
     "linear_groups",
     "linear_orders",
+    "packed_copy",
     "packed_linear",
     "packing_available",
     "per_size_linears",
@@ -89,7 +91,7 @@ def packing_available() -> bool:
     if _PACKING is None:
         try:
             w = torch.ones(2, 3)
-            y = packed_linear(torch.ones(1, 3), torch.ops.mkldnn._reorder_linear_weight(w, 1), None)
+            y = packed_linear(torch.ones(1, 3), packed_copy(w), None)
             _PACKING = bool(torch.backends.mkldnn.is_available() and torch.equal(y, torch.full((1, 2), 3.0)))
         except (AttributeError, RuntimeError, NotImplementedError):
             _PACKING = False
@@ -97,20 +99,22 @@ def packing_available() -> bool:
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``F.linear(x, W, bias)`` with ``W`` as oneDNN's packed copy (``torch.ops.mkldnn._reorder_linear_weight``)."""
+    """``F.linear(x, W, bias)`` with ``W`` as oneDNN's packed copy (:func:`packed_copy`)."""
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def _column_major(weight: torch.Tensor) -> torch.Tensor:
+def column_major_copy(weight: torch.Tensor) -> torch.Tensor:
+    """``weight``'s values stored column-major (``weight.T`` contiguous, seen as ``weight``'s shape)."""
     return weight.detach().t().contiguous().t()
 
 
-def _onednn_packed(weight: torch.Tensor) -> torch.Tensor:
+def packed_copy(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` packed in oneDNN's blocked layout, for :func:`packed_linear`."""
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), 1)
 
 
 #: How each copied form is made from the weight.
-_MAKE_COPY = {"column": _column_major, "packed": _onednn_packed}
+_MAKE_COPY = {"column": column_major_copy, "packed": packed_copy}
 
 
 class _Copy:
@@ -192,7 +196,7 @@ def column_major_linears(*models: torch.nn.Module) -> int:
             for module in modules:
                 _to_plain(module)
             if _reorderable(w) and w.is_contiguous():
-                w.data = w.data.t().contiguous().t()
+                w.data = column_major_copy(w)
                 changed += 1
     return changed
 
@@ -238,7 +242,7 @@ def per_size_linears(
     with torch.no_grad():
         if not weight.is_contiguous():
             weight.data = weight.data.contiguous()
-    copies = {form: _Copy(form) for form in ("column", "packed") if form in forms}
+    copies = {form: _Copy(form) for form in _MAKE_COPY if form in forms}
     for copy in copies.values():
         copy.of(weight)  # made now, not inside the first timed forward
     for module in modules:

@@ -54,8 +54,10 @@ import torch
 from torch.nn import functional
 
 from adaptive_spec.engine.layout import (
+    column_major_copy,
     column_major_linears,
     linear_groups,
+    packed_copy,
     packed_linear,
     packing_available,
     per_size_linears,
@@ -170,7 +172,7 @@ class ShapeChoice:
 
     def _packed_wins(self, i: int, best: float) -> bool:
         """Whether the packed copy wins at the ``i``-th size: :data:`WIN_MARGIN` under ``best`` (the better order's
-        median) and the faster than the stock order in :data:`AGREEMENT` of the rounds.
+        median) and faster than the stock order in :data:`AGREEMENT` of the rounds.
         """
         if self.packed_ms is None or self.packed_faster is None:
             return False
@@ -244,7 +246,7 @@ def measure_shape(
     b = torch.zeros(out, dtype=dtype) if bias else None
     forms = {
         "row": [functools.partial(functional.linear, weight=w, bias=b) for w in row],
-        "column": [functools.partial(functional.linear, weight=w.t().contiguous().t(), bias=b) for w in row],
+        "column": [functools.partial(functional.linear, weight=column_major_copy(w), bias=b) for w in row],
     }
     packed = _packed_ring(row, b)
     if packed is not None:
@@ -283,7 +285,7 @@ def _packed_ring(weights: Sequence[torch.Tensor], bias: torch.Tensor | None) -> 
     if not packing_available():
         return None
     try:
-        packed = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in weights]
+        packed = [packed_copy(w) for w in weights]
         calls = [functools.partial(packed_linear, packed=p, bias=bias) for p in packed]
         calls[0](torch.zeros(1, weights[0].shape[1], dtype=weights[0].dtype))
     except (RuntimeError, NotImplementedError):  # e.g. a dtype oneDNN does not pack on this CPU
@@ -401,7 +403,7 @@ def arrange_linears(*models: torch.nn.Module, order: str | None = None) -> dict[
         for w, modules in groups:
             how = choice[id(w)].order if choice[id(w)] is not None else "row"
             if how == "column":
-                w.data = w.data.t().contiguous().t()
+                w.data = column_major_copy(w)
             elif how == "per-size":
                 how = "per-size" if copies and per_size_linears(w, modules, *forms[id(w)]) else "row"
             counts[how] += 1
