@@ -17,8 +17,9 @@ A third form is **packed**: a copy of the weight in oneDNN's blocked layout
 56.5 against 69.6 ms at two rows, 62.9 against 86.6 at three, 50.7 against 76.9 at four (at one row, where it is not
 used, 41.5 against 42.0; ``docs/measurements/cpu-2026-12-06f/``). The same dot products summed in another order
 (logits within about 1e-4 of the stock order's). The packed copy is an opaque tensor. Both copies, column-major and
-packed, are kept outside the module's parameters and buffers (never saved, moved or copied), made again from the
-weight when the weight changes (a new tensor, an in-place write such as ``load_state_dict``, another dtype), and
+packed, are kept outside the module's parameters and buffers (never saved, moved or copied; dropped when the weight
+leaves the CPU), made again from the weight when the weight changes (a new tensor, an in-place write such as
+``load_state_dict``, another dtype), and
 used only without autograd (oneDNN's op has no backward): under ``torch.enable_grad()`` every form falls back to
 the stock weight.
 
@@ -117,6 +118,16 @@ def packed_copy(weight: torch.Tensor) -> torch.Tensor:
 _MAKE_COPY = {"column": column_major_copy, "packed": packed_copy}
 
 
+def _version(weight: torch.Tensor) -> int | None:
+    """``weight``'s version counter (bumped by every in-place write), or None where it keeps none: an inference
+    tensor, or a parameter first made under ``torch.inference_mode`` (its counter stays absent after ``.data = ...``).
+    """
+    try:
+        return weight._version
+    except RuntimeError:
+        return None
+
+
 class _Copy:
     """A weight's copy in another form (``column`` or ``packed``), made on first use and again whenever the weight
     changes: a new tensor, an in-place write (``load_state_dict``, an optimizer's step), another dtype.
@@ -129,18 +140,25 @@ class _Copy:
         self.tensor: torch.Tensor | None = None
         self.key: tuple | None = None
 
-    def of(self, weight: torch.Tensor) -> torch.Tensor:
-        """The copy of ``weight`` (a CPU tensor), made now if ``weight`` is not what it was made from."""
+    def of(self, weight: torch.Tensor) -> torch.Tensor | None:
+        """The copy of ``weight`` (a CPU tensor), made now if ``weight`` is not what it was made from; None for a
+        weight whose writes cannot be seen (an inference tensor keeps no version counter): use the weight itself.
+        """
         try:
-            version = weight._version
-        except RuntimeError:  # an inference tensor keeps no version counter: a write in place goes unseen
-            version = None
+            version = weight._version  # inline, not _version(): a forward's every layer asks
+        except RuntimeError:
+            self.clear()
+            return None
         key = (weight.data_ptr(), version, weight.dtype, tuple(weight.shape))
         if key != self.key or self.tensor is None:
             with torch.no_grad():
                 self.tensor = _MAKE_COPY[self.form](weight)
             self.key = key
         return self.tensor
+
+    def clear(self) -> None:
+        """Drop the copy (made again on next use)."""
+        self.tensor = self.key = None
 
     def __deepcopy__(self, memo: dict) -> _Copy:
         return _Copy(self.form)
@@ -173,11 +191,25 @@ class PerSizeLinear(torch.nn.Linear):
         form = self.row_forms[rows] if rows < len(self.row_forms) else self.form_above
         if form == "row" or torch.is_grad_enabled() or self.weight.device.type != "cpu":
             return functional.linear(x, self.weight, self.bias)
-        if form == "column":
-            return functional.linear(x, self.column_weight.of(self.weight), self.bias)
-        if x.device.type != "cpu" or x.dtype != self.weight.dtype:
+        if form == "packed" and (x.device.type != "cpu" or x.dtype != self.weight.dtype):
             return functional.linear(x, self.weight, self.bias)
-        return packed_linear(x, self.packed_weight.of(self.weight), self.bias)
+        copy = (self.column_weight if form == "column" else self.packed_weight).of(self.weight)
+        if copy is None:
+            return functional.linear(x, self.weight, self.bias)
+        if form == "column":
+            return functional.linear(x, copy, self.bias)
+        return packed_linear(x, copy, self.bias)
+
+    def _apply(self, fn, recurse: bool = True):
+        """``Module._apply`` (``.to``, ``.cuda``, ``.half``, ...), then the copies dropped where the weight left the
+        CPU: they would hold host memory no forward reads (a forward on the CPU again makes them anew).
+        """
+        out = super()._apply(fn, recurse)
+        if self.weight.device.type != "cpu":
+            for holder in (self.column_weight, self.packed_weight):
+                if holder is not None:
+                    holder.clear()
+        return out
 
 
 def _to_plain(module: torch.nn.Linear) -> None:
@@ -227,7 +259,9 @@ def per_size_linears(
     rows using ``row_forms[r]``, larger ones ``form_above``.
 
     Returns False (nothing changed) when a module is not a plain ``Linear`` on a CPU, or has its own
-    ``forward`` (e.g. an accelerate hook), or a packed form is asked for where oneDNN's is not available.
+    ``forward`` (e.g. an accelerate hook), or a packed form is asked for where oneDNN's is not available, or the
+    weight keeps no version counter (made under ``torch.inference_mode``: a write in place would leave its copies
+    stale unseen, so it keeps the stock form).
 
     Raises:
         ValueError: a form not in :data:`FORMS`.
@@ -236,6 +270,8 @@ def per_size_linears(
     if any(f not in FORMS for f in forms):
         raise ValueError(f"weight forms must be among {', '.join(FORMS)}, got {sorted(set(forms) - set(FORMS))}")
     if not _reorderable(weight) or any(type(m) is not torch.nn.Linear or "forward" in vars(m) for m in modules):
+        return False
+    if _version(weight) is None:  # a copy could go stale unseen (an inference tensor's writes are not counted)
         return False
     if "packed" in forms and not packing_available():
         return False

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from torch.nn import functional
 from transformers import AutoModelForCausalLM
 
 from adaptive_spec.engine import SpecEngine, weight_order
@@ -149,6 +150,42 @@ def test_per_size_when_the_orders_trade_wins_same_logits(auto, monkeypatch, tmp_
     model.load_state_dict(before)
     torch.testing.assert_close(_logits(model), logits, rtol=1e-5, atol=1e-5)
     _back_to_stock_and_saved(model, before, linears, "column_weight", tmp_path)
+
+
+def test_copies_never_go_stale_unseen_nor_linger_off_the_cpu(auto, monkeypatch) -> None:
+    column = [0.5 if n <= 3 else 1.5 for n in SIZES]
+    model, before, _, linears = _per_size(monkeypatch, _fake(column, []))
+    layer = model.model.layers[0].mlp.down_proj
+    x1 = torch.randn(1, 1, layer.in_features)
+    # a weight that keeps no version counter (made under inference mode): its writes in place cannot be seen, so a
+    # forward multiplies by the weight itself, never by a copy made before such a write
+    with torch.inference_mode():
+        layer.weight = torch.nn.Parameter(before["model.layers.0.mlp.down_proj.weight"].clone(), requires_grad=False)
+        layer(x1)
+        layer.weight.mul_(3)
+        torch.testing.assert_close(layer(x1), functional.linear(x1, layer.weight), rtol=1e-5, atol=1e-5)
+    assert layer.column_weight.tensor is None
+    # moved off the CPU, every layer drops its copies (they would only hold host memory)
+    with torch.inference_mode():
+        model(torch.tensor([[1, 2, 3]]))
+    assert all(m.column_weight.tensor is not None for m in linears if m is not layer)
+    model.to("meta")
+    assert all(m.column_weight.tensor is None for m in linears)
+
+
+def test_a_model_made_under_inference_mode_keeps_the_stock_form(auto, monkeypatch) -> None:
+    monkeypatch.setattr(weight_order, "measure_shape", _fake([0.5 if n <= 3 else 1.5 for n in SIZES], []))
+    with torch.inference_mode():
+        model = _model()
+        twice = {k: 2 * v for k, v in model.state_dict().items()}
+    counts = arrange_linears(model)
+    assert counts["per-size"] == 0 and counts["row"] > 0
+    assert not any(isinstance(m, PerSizeLinear) for m in model.modules())
+    with torch.inference_mode():
+        model.load_state_dict(twice)  # a write in place no copy would have seen
+    fresh = _model()
+    fresh.load_state_dict(twice)
+    torch.testing.assert_close(_logits(model), _logits(fresh), rtol=1e-5, atol=1e-5)
 
 
 def test_no_second_copies_past_the_memory_share(auto, monkeypatch) -> None:
