@@ -167,10 +167,12 @@ class OpGraph:
 
 def record_ops(slot: ModelSlot, run: Callable, wrap: Callable[[Callable], Callable] | None = None):
     """``ModelSlot._record`` with a stand-in that replays as a CUDA graph does (see the module's docstring): ``(graph,
-    outputs)``. ``wrap(run)``: what records instead of ``run`` itself (a test's guard). The recording runs ``run``
-    once, as :func:`record_eagerly`'s does.
+    outputs)``. ``wrap(run)``: what records instead of ``run`` itself (a test's guard). As a capture on CUDA, ``run``
+    runs once unrecorded first (the slot's warm-up): what it makes on first use (a layer's stacked projections) is made
+    there, so the recording reads it as a graph would, not the ops that made it.
     """
     form = slot.kv.attention_form
+    run()
     call = run if wrap is None else wrap(run)
     recorder = _OpRecorder()
     with recorder:

@@ -115,7 +115,17 @@ class _Fused:
     def _sources(layer: torch.nn.Module) -> tuple:
         attn, mlp = layer.self_attn, layer.mlp
         lins = (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)
-        return tuple((lin.weight.data_ptr(), lin.weight.dtype, lin.weight.device) for lin in lins)
+        return tuple((lin.weight.data_ptr(), _version(lin.weight), lin.weight.dtype, lin.weight.device) for lin in lins)
+
+
+def _version(weight: torch.Tensor) -> int | None:
+    """``weight``'s version counter (bumped by each write in place), or None where it keeps none (an inference tensor:
+    a captured slot then never uses the stacked copies, :class:`~.graphs.ModelSlot`).
+    """
+    try:
+        return weight._version
+    except RuntimeError:
+        return None
 
 
 def _stacked(lins: Sequence[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -130,8 +140,8 @@ def _stacked(lins: Sequence[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tenso
 
 
 def fused_weights(layer: torch.nn.Module) -> _Fused:
-    """``layer``'s stacked query/key/value and gate/up weights, made once (again when a weight was replaced or
-    moved) and kept on the layer, outside its state dict.
+    """``layer``'s stacked query/key/value and gate/up weights, made once (again when a weight was replaced, moved or
+    written in place) and kept on the layer, outside its state dict.
     """
     fused = layer.__dict__.get("_adaptive_spec_fused")
     if fused is None or fused.sources != _Fused._sources(layer):

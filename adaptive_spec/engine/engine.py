@@ -535,6 +535,13 @@ class SpecEngine(StepMixin):
         if fast_path_parts(model) is None and not is_eagle_head(model):
             return None
         idle = self._idle_slots[role]
+        while idle and not idle[-1].fits(model):
+            stale = idle.pop()  # its graphs read tensors replaced or written since: dropped with it
+            _log.info(
+                "the %s's weights changed since its static cache was made: making a new one%s",
+                role,
+                " (its forwards are captured again)" if stale.captured else "",
+            )
         slot = (
             idle.pop() if idle else ModelSlot(model, capacity, graphs=self.cuda_graphs, compiled=self.compile_forwards)
         )

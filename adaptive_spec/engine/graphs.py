@@ -44,6 +44,7 @@ two logits nearly tie.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -55,7 +56,7 @@ import torch
 
 from adaptive_spec.engine.static_cache import SCRATCH, StaticKV, round_capacity
 
-__all__ = ["BUCKETS", "COMPILED", "DRAFT_DEPTH", "ModelSlot", "bucket_for", "fastest_bucket"]
+__all__ = ["BUCKETS", "COMPILED", "DRAFT_DEPTH", "ModelSlot", "bucket_for", "fastest_bucket", "weights_key"]
 
 _log = logging.getLogger("adaptive_spec.engine")
 
@@ -99,6 +100,31 @@ def fastest_bucket(n: int, times: dict[int, float]) -> int | None:
         if best is None or times[b] < FASTER * times[best]:
             best = b
     return best
+
+
+def weights_key(model: Any) -> tuple:
+    """What a model's static cache and captured forwards were made from: each parameter's storage, version counter
+    (None where it keeps none: an inference tensor), dtype, device and shape (an EAGLE head's bound embedding table
+    too), and each buffer's storage, dtype, device and shape (a buffer's values may change: a captured kernel reads
+    them where they are).
+
+    A graph reads the tensors it was captured with: a parameter replaced (``load_state_dict(assign=True)``,
+    ``.to(dtype)``, ``.half()``) leaves it reading freed memory, and one written in place leaves stale the stacked
+    copies a fused capture form multiplies by (:func:`~.decoder.fused_weights`). So the engine lends a slot only to
+    the weights it was made from (:meth:`ModelSlot.fits`).
+    """
+    params = list(model.parameters())
+    with contextlib.suppress(AttributeError, NotImplementedError, ValueError):  # an EAGLE head's target's table
+        params.append(model.get_input_embeddings().weight)
+    key: list[tuple] = []
+    for p in params:
+        try:
+            version = p._version
+        except RuntimeError:
+            version = None
+        key.append((p.data_ptr(), version, p.dtype, p.device, p.shape))
+    key.extend((b.data_ptr(), b.dtype, b.device, b.shape) for b in model.buffers())
+    return tuple(key)
 
 
 def _why(err: BaseException) -> str:
@@ -168,6 +194,9 @@ class ModelSlot:
         self, model: Any, capacity: int, graphs: bool = False, compiled: bool = False, drafts: bool | None = None
     ) -> None:
         self.model = model
+        self.weights = weights_key(model)  # what the slot was made from (fits)
+        # a parameter without a version counter could be written in place unseen: no stacked copies (fused forms) then
+        self.untracked = any(len(k) == 5 and k[1] is None for k in self.weights)
         self.graphs_on = bool(graphs) and model.device.type == "cuda"
         self.compile_on = bool(compiled) and self.graphs_on
         self.kv = StaticKV.for_model(model, self._rows(capacity))
@@ -195,6 +224,12 @@ class ModelSlot:
         self.draft_failed: str | None = None
         self.draft_capture_s = 0.0  # seconds spent capturing (and timing) draft graphs
         self._constants: dict[str, torch.Tensor] = {}
+
+    def fits(self, model: Any) -> bool:
+        """Whether this slot serves ``model`` as it is now: the same model, with the weights the slot was made from
+        (:func:`weights_key`; a weight replaced, moved, cast or written in place since makes a new slot).
+        """
+        return model is self.model and weights_key(model) == self.weights
 
     def _rows(self, capacity: int) -> int:
         """Rows to allocate for ``capacity``: rounded up, compiling or not.
@@ -300,6 +335,8 @@ class ModelSlot:
         """
         kept: tuple[_Graph, float, str] | None = None
         times: dict[str, float] = {}
+        if self.untracked:  # the projections' own weights, never stacked copies (fits); the first form still first
+            forms = tuple(dict.fromkeys(f.partition("+")[0] for f in forms))
         for form in forms:
             if form in self.form_failed:
                 continue

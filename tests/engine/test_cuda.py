@@ -198,6 +198,27 @@ def test_greedy_equals_transformers_in_every_bucket_with_cuda_graphs(attention, 
         assert {split_form(f)[0] for f in slot.forms.values()} == {attention}
 
 
+@pytest.mark.parametrize("how", ["in place", "replaced"])
+@pytest.mark.parametrize("linears", ["split", "fused"])
+def test_weights_changed_between_requests_decode_as_the_new_weights(how, linears, monkeypatch):
+    """Weights written in place (their fused copies stale) or replaced (every graph on the old tensors) after a request:
+    the next request gets a new slot, captured again, and decodes greedily as transformers does with the new weights."""
+    monkeypatch.setenv("ADAPTIVE_SPEC_LINEARS", linears)
+    target, draft = _graph_pair()
+    engine = SpecEngine(target, draft)
+    prompt = [0, 9, 3, 4]
+    ids = torch.tensor([prompt], device=CUDA)
+    first = engine.generate(prompt, max_new_tokens=24, temperature=0, plan="chain:3/block")
+    slot = engine._idle_slots["target"][0]
+    assert slot.captured and all(f.endswith("+fused") == (linears == "fused") for f in slot.forms.values())
+    target.load_state_dict(perturbed(target, scale=1.0, seed=7).state_dict(), assign=how == "replaced")
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=24)
+    assert expected[0, 4:].tolist() != first.token_ids  # the new weights decode otherwise
+    out = engine.generate(prompt, max_new_tokens=24, temperature=0, plan="chain:3/block")
+    assert out.token_ids == expected[0, 4:].tolist()
+    assert engine._idle_slots["target"][0] is not slot and engine._idle_slots["target"][0].captured
+
+
 def _captured_and_eager(compiled: bool = False):
     """A runner over a captured slot and one over an eager slot of the same target, both fed a 5-token context;
     the slot, and a 3-row block's ancestors (a root with two children, the second a sibling of the first)."""

@@ -749,10 +749,11 @@ def test_the_stand_in_replays_the_recorded_ops_with_the_values_they_were_recorde
     from adaptive_spec.bench import stand_in
 
     slot = SimpleNamespace(kv=SimpleNamespace(attention_form="sdpa"))
-    # after each of two replays: the cache and the output; the recording wrote 1 to the cache's first rows
-    want = {stand_in.record_ops: [([4.0, 4.0, 0.0], 16.0), ([7.0, 7.0, 0.0], 28.0)]}
-    want[stand_in.record_eagerly] = [([31.0, 31.0, 0.0], 124.0), ([531.0, 531.0, 0.0], 2124.0)]
-    for record, after in want.items():
+    # after recording, then after each of two replays: the cache and the output. The recorded ops' recording runs the
+    # function twice (a warm-up, as a capture's on CUDA, then the recorded call), the other stand-in once.
+    want = {stand_in.record_ops: [([2.0, 2.0, 0.0], 8.0), ([5.0, 5.0, 0.0], 20.0), ([8.0, 8.0, 0.0], 32.0)]}
+    want[stand_in.record_eagerly] = [([1.0, 1.0, 0.0], 4.0), ([31.0, 31.0, 0.0], 124.0), ([531.0, 531.0, 0.0], 2124.0)]
+    for record, (recorded, *after) in want.items():
         state, cache = {"scale": 1.0, "x": torch.ones(2)}, torch.zeros(3)
 
         def run(state=state, cache=cache):
@@ -760,7 +761,7 @@ def test_the_stand_in_replays_the_recorded_ops_with_the_values_they_were_recorde
             return (cache.sum()[None] * 2,)
 
         graph, (out,) = record(slot, run)
-        assert cache.tolist() == [1.0, 1.0, 0.0] and out.item() == 4.0  # recorded once, as a capture's warm-up
+        assert (cache.tolist(), out.item()) == recorded, record
         state["x"].fill_(3.0)  # written in place: every replay reads it
         state["scale"] = 10.0  # a Python value: baked into the recorded ops
         graph.replay()

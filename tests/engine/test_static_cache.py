@@ -436,3 +436,68 @@ def test_the_engines_captured_path_decodes_greedily_as_transformers_on_a_cpu(mon
         kept = engine.attention_forms()[role]
         assert set(kept) == set(slot.captured) and all(k["kept"] == "matmul+fused" for k in kept.values()), role
         assert all(set(k["ms"]) == {"sdpa", "matmul", "sdpa+fused", "matmul+fused"} for k in kept.values()), role
+
+
+@pytest.mark.parametrize("draft_kind", ["model", "eagle"])
+@pytest.mark.parametrize("how", ["in place", "replaced"])
+def test_weights_changed_between_requests_get_a_new_slot_and_right_tokens(monkeypatch, caplog, how, draft_kind) -> None:
+    """A captured pass reads the tensors it was captured with. Weights written in place (``load_state_dict``) leave the
+    fused form's stacked copies stale, and weights replaced (``assign=True``) leave every graph on the old tensors: the
+    engine lends such a model a new slot, captured again, and its greedy tokens are the new weights' (the stand-in graph
+    replays with the tensors it recorded, as a CUDA graph does, and refuses a tensor freed since). An EAGLE head reads
+    the target's embedding table: its slot is made again too when that table is replaced. Unchanged weights keep their
+    slots across requests."""
+    from adaptive_spec.engine.eagle import EagleConfig, EagleHead
+
+    slots_as_on_cuda(monkeypatch, lambda self, g: g.rows.numel() - (0.5 if g.graph.form.endswith("+fused") else 0))
+    target = tiny_model("llama", vocab=48, eos=None, max_positions=512)
+    if draft_kind == "eagle":
+        draft = EagleHead(EagleConfig.for_target(target.config, draft_vocab_size=40)).eval()
+        draft.set_vocabulary(torch.arange(40))
+        draft.bind(target)
+    else:
+        draft = perturbed(target, scale=0.3)
+    engine = SpecEngine(target, draft)
+    prompt, ids = [0, 9, 3, 4], torch.tensor([[0, 9, 3, 4]])
+    first = engine.generate(prompt, max_new_tokens=16, temperature=0, plan="chain:3/block")
+    engine.generate(prompt, max_new_tokens=16, temperature=0, plan="chain:3/block")
+    slots = {role: list(v) for role, v in engine._idle_slots.items()}
+    assert slots["target"][0].forms and all(f.endswith("+fused") for f in slots["target"][0].forms.values())
+    assert engine._idle_slots == slots  # the same slots a second request: nothing in a run changes the weights
+    new = perturbed(target, scale=1.0, seed=7).state_dict()
+    target.load_state_dict(new, assign=how == "replaced")
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=16)
+    assert expected[0, 4:].tolist() != first.token_ids  # the new weights decode otherwise
+    with caplog.at_level(logging.INFO, logger="adaptive_spec.engine"):
+        out = engine.generate(prompt, max_new_tokens=16, temperature=0, plan="chain:3/block")
+    assert out.token_ids == expected[0, 4:].tolist()
+    assert engine._idle_slots["target"][0] is not slots["target"][0]
+    renewed = {"target"} | ({"draft"} if draft_kind == "eagle" else set())  # the head's: the table it reads changed
+    assert (engine._idle_slots["draft"] == slots["draft"]) == ("draft" not in renewed)
+    lines = [r.getMessage() for r in caplog.records if "weights changed" in r.getMessage()]
+    assert lines == [
+        f"the {role}'s weights changed since its static cache was made: making a new one (its forwards are captured "
+        "again)"
+        for role in ("target", "draft")
+        if role in renewed
+    ]
+
+
+def test_a_slot_of_weights_without_version_counters_keeps_the_split_projections(monkeypatch) -> None:
+    """Weights made under inference mode keep no version counter: a write in place could not be seen, so the slot never
+    captures the fused form's stacked copies of them."""
+    cost = {"sdpa": 4.0, "matmul": 3.0, "sdpa+fused": 1.0, "matmul+fused": 2.0}
+    captured = []
+    monkeypatch.setattr(
+        ModelSlot, "_capture", lambda self, b, core, extra: captured.append(self.kv.attention_form) or (b, captured[-1])
+    )
+    monkeypatch.setattr(ModelSlot, "_time", lambda self, g: cost[g[1]])
+    forms = tuple(cost)
+    with torch.inference_mode():
+        untracked = tiny_model("llama", vocab=48)
+    for model, kept, tried in ((tiny_model("llama", vocab=48), "sdpa+fused", forms), (untracked, "matmul", forms[:2])):
+        slot = ModelSlot(model, 64)
+        slot.graphs_on = True  # as on CUDA; capture and timing stand in for the device's
+        captured.clear()
+        assert slot.graph(1, None, (), forms) == (1, kept)
+        assert tuple(captured[: len(tried)]) == tried and set(slot.form_times[1]) == set(tried)
