@@ -103,27 +103,27 @@ def fastest_bucket(n: int, times: dict[int, float]) -> int | None:
 
 
 def weights_key(model: Any) -> tuple:
-    """What a model's static cache and captured forwards were made from: each parameter's storage, version counter
-    (None where it keeps none: an inference tensor), dtype, device and shape (an EAGLE head's bound embedding table
-    too), and each buffer's storage, dtype, device and shape (a buffer's values may change: a captured kernel reads
-    them where they are).
+    """What a model's static cache and captured forwards were made from: each parameter's and buffer's storage, version
+    counter (None where it keeps none: an inference tensor), dtype, device and shape, an EAGLE head's bound embedding
+    table's too.
 
     A graph reads the tensors it was captured with: a parameter replaced (``load_state_dict(assign=True)``,
     ``.to(dtype)``, ``.half()``) leaves it reading freed memory, and one written in place leaves stale the stacked
-    copies a fused capture form multiplies by (:func:`~.decoder.fused_weights`). So the engine lends a slot only to
-    the weights it was made from (:meth:`ModelSlot.fits`).
+    copies a fused capture form multiplies by (:func:`~.decoder.fused_weights`), or a slot's constants made from a
+    buffer (an EAGLE head's draft vocabulary, ``set_vocabulary``). So the engine lends a slot only to the weights it
+    was made from (:meth:`ModelSlot.fits`). Nothing in a run writes them: a slot serves request after request.
     """
-    params = list(model.parameters())
+    tensors = list(model.parameters())
     with contextlib.suppress(AttributeError, NotImplementedError, ValueError):  # an EAGLE head's target's table
-        params.append(model.get_input_embeddings().weight)
+        tensors.append(model.get_input_embeddings().weight)
+    tensors.extend(model.buffers())
     key: list[tuple] = []
-    for p in params:
+    for t in tensors:
         try:
-            version = p._version
+            version = t._version
         except RuntimeError:
             version = None
-        key.append((p.data_ptr(), version, p.dtype, p.device, p.shape))
-    key.extend((b.data_ptr(), b.dtype, b.device, b.shape) for b in model.buffers())
+        key.append((t.data_ptr(), version, t.dtype, t.device, t.shape))
     return tuple(key)
 
 
@@ -196,7 +196,7 @@ class ModelSlot:
         self.model = model
         self.weights = weights_key(model)  # what the slot was made from (fits)
         # a parameter without a version counter could be written in place unseen: no stacked copies (fused forms) then
-        self.untracked = any(len(k) == 5 and k[1] is None for k in self.weights)
+        self.untracked = any(k[1] is None for k in self.weights)
         self.graphs_on = bool(graphs) and model.device.type == "cuda"
         self.compile_on = bool(compiled) and self.graphs_on
         self.kv = StaticKV.for_model(model, self._rows(capacity))

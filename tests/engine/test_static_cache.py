@@ -501,3 +501,30 @@ def test_a_slot_of_weights_without_version_counters_keeps_the_split_projections(
         captured.clear()
         assert slot.graph(1, None, (), forms) == (1, kept)
         assert tuple(captured[: len(tried)]) == tried and set(slot.form_times[1]) == set(tried)
+
+
+def test_a_new_draft_vocabulary_gets_a_new_slot(monkeypatch) -> None:
+    """An EAGLE head's draft vocabulary lives in buffers written in place (``set_vocabulary``); a captured draft reads
+    the slot's copy of it: the next request gets a new slot holding the new one."""
+    from adaptive_spec.engine.eagle import EagleConfig, EagleHead
+
+    slots_as_on_cuda(monkeypatch)
+    target = tiny_model("llama", vocab=48, eos=None, max_positions=512)
+    head = EagleHead(EagleConfig.for_target(target.config, draft_vocab_size=40)).eval()
+    head.set_vocabulary(torch.arange(40))
+    engine = SpecEngine(target, head.bind(target))
+    prompt, ids = [0, 9, 3, 4], torch.tensor([[0, 9, 3, 4]])
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=12)
+    assert (
+        engine.generate(prompt, max_new_tokens=12, temperature=0, plan="chain:3/block").token_ids
+        == expected[0, 4:].tolist()
+    )
+    old = engine._idle_slots["draft"][0]
+    assert torch.equal(old._constants["token_ids"], torch.arange(40))
+    head.set_vocabulary(torch.arange(8, 48))
+    assert (
+        engine.generate(prompt, max_new_tokens=12, temperature=0, plan="chain:3/block").token_ids
+        == expected[0, 4:].tolist()
+    )
+    new = engine._idle_slots["draft"][0]
+    assert new is not old and torch.equal(new._constants["token_ids"], torch.arange(8, 48))
