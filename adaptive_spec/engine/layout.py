@@ -189,15 +189,17 @@ class PerSizeLinear(torch.nn.Linear):
         """``F.linear`` with the weight form chosen for ``x``'s row count."""
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         form = self.row_forms[rows] if rows < len(self.row_forms) else self.form_above
-        if form == "row" or torch.is_grad_enabled() or self.weight.device.type != "cpu":
-            return functional.linear(x, self.weight, self.bias)
-        if form == "packed" and (x.device.type != "cpu" or x.dtype != self.weight.dtype):
-            return functional.linear(x, self.weight, self.bias)
-        copy = (self.column_weight if form == "column" else self.packed_weight).of(self.weight)
-        if copy is None:
-            return functional.linear(x, self.weight, self.bias)
+        w = self.weight  # one module attribute lookup (they are slow): a forward of every layer asks
+        if form == "row" or torch.is_grad_enabled() or w.device.type != "cpu":
+            return functional.linear(x, w, self.bias)
         if form == "column":
-            return functional.linear(x, copy, self.bias)
+            copy = self.column_weight.of(w)
+            return functional.linear(x, w if copy is None else copy, self.bias)
+        if x.device.type != "cpu" or x.dtype != w.dtype:
+            return functional.linear(x, w, self.bias)
+        copy = self.packed_weight.of(w)
+        if copy is None:
+            return functional.linear(x, w, self.bias)
         return packed_linear(x, copy, self.bias)
 
     def _apply(self, fn, recurse: bool = True):
