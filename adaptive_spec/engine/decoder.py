@@ -51,6 +51,8 @@ from typing import Any
 import torch
 from torch.nn import functional
 
+from adaptive_spec.engine.layout import version_counter
+
 __all__ = [
     "ATTENTION_FORMS",
     "LINEAR_FORMS",
@@ -115,17 +117,10 @@ class _Fused:
     def _sources(layer: torch.nn.Module) -> tuple:
         attn, mlp = layer.self_attn, layer.mlp
         lins = (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)
-        return tuple((lin.weight.data_ptr(), _version(lin.weight), lin.weight.dtype, lin.weight.device) for lin in lins)
-
-
-def _version(weight: torch.Tensor) -> int | None:
-    """``weight``'s version counter (bumped by each write in place), or None where it keeps none (an inference tensor:
-    a captured slot then never uses the stacked copies, :class:`~.graphs.ModelSlot`).
-    """
-    try:
-        return weight._version
-    except RuntimeError:
-        return None
+        # no version counter (an inference tensor): a captured slot never uses the stacked copies (ModelSlot.untracked)
+        return tuple(
+            (lin.weight.data_ptr(), version_counter(lin.weight), lin.weight.dtype, lin.weight.device) for lin in lins
+        )
 
 
 def _stacked(lins: Sequence[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:

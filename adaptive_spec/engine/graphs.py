@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 
+from adaptive_spec.engine.layout import version_counter
 from adaptive_spec.engine.static_cache import SCRATCH, StaticKV, round_capacity
 
 __all__ = ["BUCKETS", "COMPILED", "DRAFT_DEPTH", "ModelSlot", "bucket_for", "fastest_bucket", "weights_key"]
@@ -117,14 +118,7 @@ def weights_key(model: Any) -> tuple:
     with contextlib.suppress(AttributeError, NotImplementedError, ValueError):  # an EAGLE head's target's table
         tensors.append(model.get_input_embeddings().weight)
     tensors.extend(model.buffers())
-    key: list[tuple] = []
-    for t in tensors:
-        try:
-            version = t._version
-        except RuntimeError:
-            version = None
-        key.append((t.data_ptr(), version, t.dtype, t.device, t.shape))
-    return tuple(key)
+    return tuple((t.data_ptr(), version_counter(t), t.dtype, t.device, t.shape) for t in tensors)
 
 
 def _why(err: BaseException) -> str:

@@ -19,9 +19,9 @@ used, 41.5 against 42.0; ``docs/measurements/cpu-2026-12-06f/``). The same dot p
 (logits within about 1e-4 of the stock order's). The packed copy is an opaque tensor. Both copies, column-major and
 packed, are kept outside the module's parameters and buffers (never saved, moved or copied; dropped when the weight
 leaves the CPU), made again from the weight when the weight changes (a new tensor, an in-place write such as
-``load_state_dict``, another dtype), and
-used only without autograd (oneDNN's op has no backward): under ``torch.enable_grad()`` every form falls back to
-the stock weight.
+``load_state_dict``, another dtype), and used only without autograd (oneDNN's op has no backward): under
+``torch.enable_grad()`` every form falls back to the stock weight. A weight without a version counter (made under
+``torch.inference_mode``) keeps the stock form: a write in place to it could not be seen.
 
 - :func:`column_major_linears`: every CPU ``Linear`` weight column-major, in place;
 - :func:`per_size_linears`: chosen weights kept in more than one form, each forward picking by its row
@@ -57,6 +57,7 @@ __all__ = [
     "packing_available",
     "per_size_linears",
     "row_major_linears",
+    "version_counter",
 ]
 
 #: The forms a forward can multiply by: the stock weight, its column-major copy, its oneDNN-packed copy.
@@ -118,9 +119,11 @@ def packed_copy(weight: torch.Tensor) -> torch.Tensor:
 _MAKE_COPY = {"column": column_major_copy, "packed": packed_copy}
 
 
-def _version(weight: torch.Tensor) -> int | None:
+def version_counter(weight: torch.Tensor) -> int | None:
     """``weight``'s version counter (bumped by every in-place write), or None where it keeps none: an inference
     tensor, or a parameter first made under ``torch.inference_mode`` (its counter stays absent after ``.data = ...``).
+    What a copy made from a weight checks to know the weight unchanged (here, :func:`~.decoder.fused_weights`,
+    :func:`~.graphs.weights_key`).
     """
     try:
         return weight._version
@@ -145,7 +148,7 @@ class _Copy:
         weight whose writes cannot be seen (an inference tensor keeps no version counter): use the weight itself.
         """
         try:
-            version = weight._version  # inline, not _version(): a forward's every layer asks
+            version = weight._version  # inline, not version_counter(): a forward's every layer asks
         except RuntimeError:
             self.clear()
             return None
@@ -273,7 +276,7 @@ def per_size_linears(
         raise ValueError(f"weight forms must be among {', '.join(FORMS)}, got {sorted(set(forms) - set(FORMS))}")
     if not _reorderable(weight) or any(type(m) is not torch.nn.Linear or "forward" in vars(m) for m in modules):
         return False
-    if _version(weight) is None:  # a copy could go stale unseen (an inference tensor's writes are not counted)
+    if version_counter(weight) is None:  # a copy could go stale unseen (an inference tensor's writes are not counted)
         return False
     if "packed" in forms and not packing_available():
         return False
