@@ -528,3 +528,18 @@ def test_a_new_draft_vocabulary_gets_a_new_slot(monkeypatch) -> None:
     )
     new = engine._idle_slots["draft"][0]
     assert new is not old and torch.equal(new._constants["token_ids"], torch.arange(8, 48))
+
+
+def test_models_cast_between_requests_get_caches_of_their_new_dtype() -> None:
+    """A slot's static cache has its model's dtype: after ``.to(torch.float64)`` the next request gets new caches
+    (before, the old float32 caches met float64 queries deep inside torch's attention)."""
+    target, draft = _pair()
+    engine = SpecEngine(target, draft)
+    first = engine.generate([0, 5, 6], max_new_tokens=8, temperature=0, plan="chain:3/block")
+    target.to(torch.float64)
+    draft.to(torch.float64)
+    out = engine.generate([0, 5, 6], max_new_tokens=8, temperature=0, plan="chain:3/block")
+    ids = torch.tensor([[0, 5, 6]])
+    expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8)
+    assert out.token_ids == expected[0, 3:].tolist() and len(first.token_ids) == 8
+    assert all(slot.kv.keys[0].dtype == torch.float64 for slots in engine._idle_slots.values() for slot in slots)
