@@ -61,6 +61,7 @@ __all__ = [
     "decoder_layers",
     "fused_weights",
     "lean_parts",
+    "refresh_fused",
     "rms",
     "split_form",
 ]
@@ -115,12 +116,45 @@ class _Fused:
 
     @staticmethod
     def _sources(layer: torch.nn.Module) -> tuple:
+        """Each stacked weight's and bias's storage, version counter, dtype and device (None for a missing bias)."""
         attn, mlp = layer.self_attn, layer.mlp
-        lins = (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj)
+        tensors = [t for lin in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj) for t in
+                   (lin.weight, lin.bias)]  # fmt: skip
         # no version counter (an inference tensor): a captured slot never uses the stacked copies (ModelSlot.untracked)
-        return tuple(
-            (lin.weight.data_ptr(), version_counter(lin.weight), lin.weight.dtype, lin.weight.device) for lin in lins
-        )
+        return tuple(None if t is None else (t.data_ptr(), version_counter(t), t.dtype, t.device) for t in tensors)
+
+    def refresh(self, layer: torch.nn.Module) -> bool:
+        """Write the copies again, in place, where the layer's weights were written in place since (same storage, dtype
+        and device; a graph that reads the copies then reads the new values). False where a weight was replaced.
+        """
+        now = self._sources(layer)
+        if [s and s[:1] + s[2:] for s in now] != [s and s[:1] + s[2:] for s in self.sources]:
+            return False
+        if now != self.sources:
+            attn, mlp = layer.self_attn, layer.mlp
+            with torch.inference_mode():
+                for (copy, bias), lins in (
+                    ((self.qkv, self.qkv_bias), (attn.q_proj, attn.k_proj, attn.v_proj)),
+                    ((self.gate_up, self.gate_up_bias), (mlp.gate_proj, mlp.up_proj)),
+                ):
+                    weight, biases = _stacked(lins)
+                    copy.copy_(weight)
+                    if bias is not None:
+                        bias.copy_(biases)
+            self.sources = now
+        return True
+
+
+def refresh_fused(model: torch.nn.Module) -> bool:
+    """Every layer's stacked copies of ``model`` (:func:`fused_weights`) written again in place where its weights were
+    written in place since (:meth:`_Fused.refresh`); False where a layer's weights were replaced instead.
+    """
+    fresh = True
+    for module in model.modules():
+        fused = module.__dict__.get("_adaptive_spec_fused")
+        if fused is not None and not fused.refresh(module):
+            fresh = False
+    return fresh
 
 
 def _stacked(lins: Sequence[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:

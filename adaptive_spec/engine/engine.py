@@ -536,7 +536,7 @@ class SpecEngine(StepMixin):
             return None
         idle = self._idle_slots[role]
         while idle and not idle[-1].fits(model):
-            stale = idle.pop()  # its graphs read tensors replaced or written since: dropped with it
+            stale = idle.pop()  # its graphs read tensors replaced since (or constants of buffers written): dropped
             _log.info(
                 "the %s's weights changed since its static cache was made: making a new one%s",
                 role,

@@ -54,6 +54,7 @@ from typing import Any
 
 import torch
 
+from adaptive_spec.engine.decoder import refresh_fused
 from adaptive_spec.engine.layout import version_counter
 from adaptive_spec.engine.static_cache import SCRATCH, StaticKV, round_capacity
 
@@ -103,22 +104,30 @@ def fastest_bucket(n: int, times: dict[int, float]) -> int | None:
     return best
 
 
-def weights_key(model: Any) -> tuple:
-    """What a model's static cache and captured forwards were made from: each parameter's and buffer's storage, version
-    counter (None where it keeps none: an inference tensor), dtype, device and shape, an EAGLE head's bound embedding
-    table's too.
+def weights_key(model: Any) -> tuple[tuple, tuple]:
+    """What a model's static cache and captured forwards were made from: ``(parameters, buffers)``, each tensor's
+    storage, version counter (None where it keeps none: an inference tensor), dtype, device and shape; an EAGLE head's
+    bound embedding table among its parameters.
 
-    A graph reads the tensors it was captured with: a parameter replaced (``load_state_dict(assign=True)``,
-    ``.to(dtype)``, ``.half()``) leaves it reading freed memory, and one written in place leaves stale the stacked
-    copies a fused capture form multiplies by (:func:`~.decoder.fused_weights`), or a slot's constants made from a
-    buffer (an EAGLE head's draft vocabulary, ``set_vocabulary``). So the engine lends a slot only to the weights it
+    A graph reads the tensors it was captured with. A parameter replaced (``load_state_dict(assign=True)``,
+    ``.to(dtype)``, ``.half()``) leaves it reading freed memory; a buffer written in place leaves stale a slot's
+    constants made from it (an EAGLE head's draft vocabulary, ``set_vocabulary``); a parameter written in place
+    (``load_state_dict``) is read where it is, but leaves stale the stacked copies a fused capture form multiplies by
+    (:func:`~.decoder.fused_weights`) until they are written again. So the engine lends a slot only to the weights it
     was made from (:meth:`ModelSlot.fits`). Nothing in a run writes them: a slot serves request after request.
     """
-    tensors = list(model.parameters())
+    params = list(model.parameters())
     with contextlib.suppress(AttributeError, NotImplementedError, ValueError):  # an EAGLE head's target's table
-        tensors.append(model.get_input_embeddings().weight)
-    tensors.extend(model.buffers())
-    return tuple((t.data_ptr(), version_counter(t), t.dtype, t.device, t.shape) for t in tensors)
+        params.append(model.get_input_embeddings().weight)
+
+    def key(tensors: Any) -> tuple:
+        return tuple((t.data_ptr(), version_counter(t), t.dtype, t.device, t.shape) for t in tensors)
+
+    return key(params), key(model.buffers())
+
+
+def _unversioned(key: tuple) -> list[tuple]:
+    return [k[:1] + k[2:] for k in key]
 
 
 def _why(err: BaseException) -> str:
@@ -190,7 +199,7 @@ class ModelSlot:
         self.model = model
         self.weights = weights_key(model)  # what the slot was made from (fits)
         # a parameter without a version counter could be written in place unseen: no stacked copies (fused forms) then
-        self.untracked = any(k[1] is None for k in self.weights)
+        self.untracked = any(k[1] is None for part in self.weights for k in part)
         self.graphs_on = bool(graphs) and model.device.type == "cuda"
         self.compile_on = bool(compiled) and self.graphs_on
         self.kv = StaticKV.for_model(model, self._rows(capacity))
@@ -221,9 +230,21 @@ class ModelSlot:
 
     def fits(self, model: Any) -> bool:
         """Whether this slot serves ``model`` as it is now: the same model, with the weights the slot was made from
-        (:func:`weights_key`; a weight replaced, moved, cast or written in place since makes a new slot).
+        (:func:`weights_key`). Parameters only written in place since are read by the graphs where they are: their
+        stacked copies are written again in place (:func:`~.decoder.refresh_fused`) and the slot serves on. A tensor
+        replaced, moved or cast, a buffer written, or compiled graphs (which may hold their own copies) make a new slot.
         """
-        return model is self.model and weights_key(model) == self.weights
+        if model is not self.model:
+            return False
+        now = weights_key(model)
+        if now == self.weights:
+            return True
+        params, buffers = now
+        in_place = buffers == self.weights[1] and _unversioned(params) == _unversioned(self.weights[0])
+        if not in_place or self._compiled or not refresh_fused(model):
+            return False
+        self.weights = now
+        return True
 
     def _rows(self, capacity: int) -> int:
         """Rows to allocate for ``capacity``: rounded up, compiling or not.

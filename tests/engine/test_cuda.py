@@ -201,8 +201,9 @@ def test_greedy_equals_transformers_in_every_bucket_with_cuda_graphs(attention, 
 @pytest.mark.parametrize("how", ["in place", "replaced"])
 @pytest.mark.parametrize("linears", ["split", "fused"])
 def test_weights_changed_between_requests_decode_as_the_new_weights(how, linears, monkeypatch):
-    """Weights written in place (their fused copies stale) or replaced (every graph on the old tensors) after a request:
-    the next request gets a new slot, captured again, and decodes greedily as transformers does with the new weights."""
+    """Weights written in place after a request (the slot serves on, its fused copies written again in place) or
+    replaced (every graph on the old tensors: a new slot, captured again): the next request decodes greedily as
+    transformers does with the new weights."""
     monkeypatch.setenv("ADAPTIVE_SPEC_LINEARS", linears)
     target, draft = _graph_pair()
     engine = SpecEngine(target, draft)
@@ -216,7 +217,7 @@ def test_weights_changed_between_requests_decode_as_the_new_weights(how, linears
     assert expected[0, 4:].tolist() != first.token_ids  # the new weights decode otherwise
     out = engine.generate(prompt, max_new_tokens=24, temperature=0, plan="chain:3/block")
     assert out.token_ids == expected[0, 4:].tolist()
-    assert engine._idle_slots["target"][0] is not slot and engine._idle_slots["target"][0].captured
+    assert (engine._idle_slots["target"][0] is slot) == (how == "in place") and engine._idle_slots["target"][0].captured
 
 
 def _captured_and_eager(compiled: bool = False):

@@ -440,13 +440,13 @@ def test_the_engines_captured_path_decodes_greedily_as_transformers_on_a_cpu(mon
 
 @pytest.mark.parametrize("draft_kind", ["model", "eagle"])
 @pytest.mark.parametrize("how", ["in place", "replaced"])
-def test_weights_changed_between_requests_get_a_new_slot_and_right_tokens(monkeypatch, caplog, how, draft_kind) -> None:
-    """A captured pass reads the tensors it was captured with. Weights written in place (``load_state_dict``) leave the
-    fused form's stacked copies stale, and weights replaced (``assign=True``) leave every graph on the old tensors: the
-    engine lends such a model a new slot, captured again, and its greedy tokens are the new weights' (the stand-in graph
-    replays with the tensors it recorded, as a CUDA graph does, and refuses a tensor freed since). An EAGLE head reads
-    the target's embedding table: its slot is made again too when that table is replaced. Unchanged weights keep their
-    slots across requests."""
+def test_weights_changed_between_requests_decode_as_the_new_weights(monkeypatch, caplog, how, draft_kind) -> None:
+    """A captured pass reads the tensors it was captured with (the stand-in graph replays with the tensors it recorded,
+    as a CUDA graph does, and refuses a tensor freed since). Weights written in place (``load_state_dict``) are read
+    where they are, but the fused form's stacked copies are written again (in place: the graphs read them where they
+    are), and the slots serve on. Weights replaced (``assign=True``) leave every graph on the old tensors: the engine
+    lends the model a new slot, captured again, and says so; an EAGLE head, which reads the target's embedding table,
+    gets one too. Either way the greedy tokens are the new weights'. Unchanged weights keep their slots."""
     from adaptive_spec.engine.eagle import EagleConfig, EagleHead
 
     slots_as_on_cuda(monkeypatch, lambda self, g: g.rows.numel() - (0.5 if g.graph.form.endswith("+fused") else 0))
@@ -471,9 +471,9 @@ def test_weights_changed_between_requests_get_a_new_slot_and_right_tokens(monkey
     with caplog.at_level(logging.INFO, logger="adaptive_spec.engine"):
         out = engine.generate(prompt, max_new_tokens=16, temperature=0, plan="chain:3/block")
     assert out.token_ids == expected[0, 4:].tolist()
-    assert engine._idle_slots["target"][0] is not slots["target"][0]
-    renewed = {"target"} | ({"draft"} if draft_kind == "eagle" else set())  # the head's: the table it reads changed
-    assert (engine._idle_slots["draft"] == slots["draft"]) == ("draft" not in renewed)
+    renewed = set() if how == "in place" else {"target"} | ({"draft"} if draft_kind == "eagle" else set())
+    for role in ("target", "draft"):  # the head's slot is new when the table it reads was replaced
+        assert (engine._idle_slots[role] == slots[role]) == (role not in renewed), role
     lines = [r.getMessage() for r in caplog.records if "weights changed" in r.getMessage()]
     assert lines == [
         f"the {role}'s weights changed since its static cache was made: making a new one (its forwards are captured "
@@ -543,3 +543,27 @@ def test_models_cast_between_requests_get_caches_of_their_new_dtype() -> None:
     expected = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=8)
     assert out.token_ids == expected[0, 3:].tolist() and len(first.token_ids) == 8
     assert all(slot.kv.keys[0].dtype == torch.float64 for slots in engine._idle_slots.values() for slot in slots)
+
+
+def test_stacked_copies_are_written_again_in_place_after_writes_in_place() -> None:
+    """Qwen2's projections have biases: a write in place to a bias alone is seen too. The copies keep their storage (a
+    graph reads them there); a weight replaced cannot be refreshed (a new slot)."""
+    from adaptive_spec.engine.decoder import fused_weights, refresh_fused
+
+    model = tiny_model("qwen2", vocab=48)
+    layer = model.model.layers[0]
+    fused = fused_weights(layer)
+    storage = (fused.qkv.data_ptr(), fused.qkv_bias.data_ptr(), fused.gate_up.data_ptr())
+    assert refresh_fused(model)  # nothing written: nothing to do
+    attn = layer.self_attn
+    with torch.no_grad():
+        attn.k_proj.bias.add_(1.0)  # a bias alone
+    assert refresh_fused(model) and fused_weights(layer) is fused
+    torch.testing.assert_close(fused.qkv_bias, torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]))
+    with torch.no_grad():
+        layer.mlp.up_proj.weight.mul_(2.0)
+    assert refresh_fused(model) and fused_weights(layer) is fused
+    torch.testing.assert_close(fused.gate_up, torch.cat([layer.mlp.gate_proj.weight, layer.mlp.up_proj.weight]))
+    assert (fused.qkv.data_ptr(), fused.qkv_bias.data_ptr(), fused.gate_up.data_ptr()) == storage
+    attn.q_proj.weight = torch.nn.Parameter(attn.q_proj.weight.detach().clone())
+    assert not refresh_fused(model)
