@@ -64,6 +64,7 @@ __all__ = [
     "refresh_fused",
     "rms",
     "split_form",
+    "unversioned",
 ]
 
 #: The forms of attention :func:`attend` knows: torch's fused kernel, then two matrix products and a softmax.
@@ -106,20 +107,23 @@ class _Fused:
     """A layer's stacked projection weights (:func:`fused_weights`), with the weights they were made from."""
 
     def __init__(self, layer: torch.nn.Module) -> None:
-        attn, mlp = layer.self_attn, layer.mlp
+        qkv, gate_up = self._groups(layer)
         self.sources = self._sources(layer)
-        qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
         self.sizes = [lin.out_features for lin in qkv]
         self.qkv, self.qkv_bias = _stacked(qkv)
-        self.gate_up, self.gate_up_bias = _stacked((mlp.gate_proj, mlp.up_proj))
-        self.gate_up_sizes = [mlp.gate_proj.out_features, mlp.up_proj.out_features]
+        self.gate_up, self.gate_up_bias = _stacked(gate_up)
+        self.gate_up_sizes = [lin.out_features for lin in gate_up]
 
     @staticmethod
-    def _sources(layer: torch.nn.Module) -> tuple:
-        """Each stacked weight's and bias's storage, version counter, dtype and device (None for a missing bias)."""
+    def _groups(layer: torch.nn.Module) -> tuple[tuple[torch.nn.Linear, ...], tuple[torch.nn.Linear, ...]]:
+        """The projections stacked: the queries', keys' and values'; the MLP's gate and up."""
         attn, mlp = layer.self_attn, layer.mlp
-        tensors = [t for lin in (attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj) for t in
-                   (lin.weight, lin.bias)]  # fmt: skip
+        return (attn.q_proj, attn.k_proj, attn.v_proj), (mlp.gate_proj, mlp.up_proj)
+
+    @classmethod
+    def _sources(cls, layer: torch.nn.Module) -> tuple:
+        """Each stacked weight's and bias's storage, version counter, dtype and device (None for a missing bias)."""
+        tensors = [t for group in cls._groups(layer) for lin in group for t in (lin.weight, lin.bias)]
         # no version counter (an inference tensor): a captured slot never uses the stacked copies (ModelSlot.untracked)
         return tuple(None if t is None else (t.data_ptr(), version_counter(t), t.dtype, t.device) for t in tensors)
 
@@ -128,21 +132,26 @@ class _Fused:
         and device; a graph that reads the copies then reads the new values). False where a weight was replaced.
         """
         now = self._sources(layer)
-        if [s and s[:1] + s[2:] for s in now] != [s and s[:1] + s[2:] for s in self.sources]:
+        if unversioned(now) != unversioned(self.sources):
             return False
         if now != self.sources:
-            attn, mlp = layer.self_attn, layer.mlp
             with torch.inference_mode():
-                for (copy, bias), lins in (
-                    ((self.qkv, self.qkv_bias), (attn.q_proj, attn.k_proj, attn.v_proj)),
-                    ((self.gate_up, self.gate_up_bias), (mlp.gate_proj, mlp.up_proj)),
+                for (copy, bias), group in zip(
+                    ((self.qkv, self.qkv_bias), (self.gate_up, self.gate_up_bias)), self._groups(layer), strict=True
                 ):
-                    weight, biases = _stacked(lins)
+                    weight, biases = _stacked(group)
                     copy.copy_(weight)
                     if bias is not None:
                         bias.copy_(biases)
             self.sources = now
         return True
+
+
+def unversioned(key: Sequence[tuple | None]) -> list[tuple | None]:
+    """A weights key's entries (``(storage, version counter, ...)``, or None) without their version counters: equal
+    where the same tensors were at most written in place.
+    """
+    return [k and k[:1] + k[2:] for k in key]
 
 
 def refresh_fused(model: torch.nn.Module) -> bool:
@@ -169,11 +178,12 @@ def _stacked(lins: Sequence[torch.nn.Linear]) -> tuple[torch.Tensor, torch.Tenso
 
 
 def fused_weights(layer: torch.nn.Module) -> _Fused:
-    """``layer``'s stacked query/key/value and gate/up weights, made once (again when a weight was replaced, moved or
-    written in place) and kept on the layer, outside its state dict.
+    """``layer``'s stacked query/key/value and gate/up weights, made once and kept on the layer, outside its state dict:
+    written again in place when a weight was written in place (a graph reads the copies where they are), made again
+    when one was replaced or moved.
     """
     fused = layer.__dict__.get("_adaptive_spec_fused")
-    if fused is None or fused.sources != _Fused._sources(layer):
+    if fused is None or not fused.refresh(layer):
         fused = _Fused(layer)
         layer.__dict__["_adaptive_spec_fused"] = fused
     return fused

@@ -54,7 +54,7 @@ from typing import Any
 
 import torch
 
-from adaptive_spec.engine.decoder import refresh_fused
+from adaptive_spec.engine.decoder import refresh_fused, unversioned
 from adaptive_spec.engine.layout import version_counter
 from adaptive_spec.engine.static_cache import SCRATCH, StaticKV, round_capacity
 
@@ -126,10 +126,6 @@ def weights_key(model: Any) -> tuple[tuple, tuple]:
     return key(params), key(model.buffers())
 
 
-def _unversioned(key: tuple) -> list[tuple]:
-    return [k[:1] + k[2:] for k in key]
-
-
 def _why(err: BaseException) -> str:
     """One line on a failure: its type and its message's first line."""
     return f"{type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
@@ -198,8 +194,6 @@ class ModelSlot:
     ) -> None:
         self.model = model
         self.weights = weights_key(model)  # what the slot was made from (fits)
-        # a parameter without a version counter could be written in place unseen: no stacked copies (fused forms) then
-        self.untracked = any(k[1] is None for part in self.weights for k in part)
         self.graphs_on = bool(graphs) and model.device.type == "cuda"
         self.compile_on = bool(compiled) and self.graphs_on
         self.kv = StaticKV.for_model(model, self._rows(capacity))
@@ -228,6 +222,13 @@ class ModelSlot:
         self.draft_capture_s = 0.0  # seconds spent capturing (and timing) draft graphs
         self._constants: dict[str, torch.Tensor] = {}
 
+    @property
+    def untracked(self) -> bool:
+        """Whether a tensor of the model keeps no version counter: a write in place to it could not be seen, so the
+        slot never captures stacked copies of the weights (fused forms).
+        """
+        return any(k[1] is None for part in self.weights for k in part)
+
     def fits(self, model: Any) -> bool:
         """Whether this slot serves ``model`` as it is now: the same model, with the weights the slot was made from
         (:func:`weights_key`). Parameters only written in place since are read by the graphs where they are: their
@@ -240,7 +241,7 @@ class ModelSlot:
         if now == self.weights:
             return True
         params, buffers = now
-        in_place = buffers == self.weights[1] and _unversioned(params) == _unversioned(self.weights[0])
+        in_place = buffers == self.weights[1] and unversioned(params) == unversioned(self.weights[0])
         if not in_place or self._compiled or not refresh_fused(model):
             return False
         self.weights = now
