@@ -125,7 +125,8 @@ class ModelRunner:
         # EAGLE-style policy trees decided on the device (engine.drafting); off once a step redid its tree on the host
         self.device_policy = True
         # policy trees decided on the device (chains, conf-delayed trunks, EAGLE trees with i.i.d. children): each
-        # policy's last stop depths in the request, which choose the level where it reads the host (drafting._look)
+        # policy's last stop depths in the request, which choose the level where it reads the host
+        # (drafting.chains.look_level)
         self.chain_look: dict[str, collections.deque] = {}
 
     def _lean_parts(self, attention: str) -> tuple[int, int, int] | None:

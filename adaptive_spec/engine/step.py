@@ -32,15 +32,13 @@ from adaptive_spec.engine.drafting import (
     draft_policy_tree,
     draft_root,
     draft_tree,
-    finite_flag,
     lookup_outcome,
-    rows_ok,
     sample_categorical,
 )
 from adaptive_spec.engine.eagle import EagleRunner
 from adaptive_spec.engine.features import RootFeatures, planner_view
 from adaptive_spec.engine.graphs import ModelSlot
-from adaptive_spec.engine.logits import ProbsFn
+from adaptive_spec.engine.logits import ProbsFn, finite_flag, rows_ok
 from adaptive_spec.engine.metrics import PhaseTimer
 from adaptive_spec.engine.outputs import DeviceTail, EngineState
 from adaptive_spec.engine.request import GenerationRequest

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from adaptive_spec.engine.drafting import check_finite, finite_flag
-from adaptive_spec.engine.logits import ProbsFn
+from adaptive_spec.engine.drafting import check_finite
+from adaptive_spec.engine.logits import ProbsFn, finite_flag
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.trees import DraftLaw, DraftTree, TreeShape
@@ -150,7 +150,7 @@ def grow_forest(
     """Draw every maximal tree, one draft forward per depth; returns the draft row of each expanded node.
 
     The draft cache holds the context minus its last token; the block is [root, forest nodes...].
-    Draws follow the engine's drafting laws (``engine/drafting.py``): at temperature 0 single
+    Draws follow the engine's drafting laws (:mod:`adaptive_spec.engine.drafting`): at temperature 0 single
     walkers (chains, trunks) take the argmax and without-replacement nodes their top-w tokens,
     while i.i.d. rollouts are sampled.
     """

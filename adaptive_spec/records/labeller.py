@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from adaptive_spec.analysis.expected import expected_block_efficiency
-from adaptive_spec.engine.drafting import check_finite, finite_flag
-from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
+from adaptive_spec.engine.drafting import check_finite
+from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor, finite_flag
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.planner.plan import Plan
 from adaptive_spec.records.forest import Forest, cut_tree, family_specs, grow_forest, policy_chain_length

@@ -21,6 +21,7 @@ from adaptive_spec.engine.drafting import chain_on_device, draft_policy_tree, dr
 from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.trees.policy import LearnedChain, LookedChain, parse_policy
+from tests.helpers.drafting import drafting_attr, patch_drafting
 from tests.helpers.dynamic_cases import TinyAcceptanceNet
 from tests.helpers.reads import counted_reads
 from tests.helpers.tiny import tiny_model
@@ -127,14 +128,14 @@ def test_device_policies_through_an_eagle_head_keep_greedy_equality(plan, monkey
     """Through an EAGLE head (whose rows ride on the target's features, undone with the block rows after a stop),
     on the accelerator's path: greedy tokens equal transformers', and a sampled run goes to its end, the same for
     the same seed."""
-    from adaptive_spec.engine import SpecEngine, drafting
+    from adaptive_spec.engine import SpecEngine
     from adaptive_spec.rng import accelerator_path_on_cpu
     from tests.engine.test_eagle import make_head
 
     calls = []
     for name in ("draft_chain_on_device", "draft_conf_delayed"):
-        real = getattr(drafting, name)
-        monkeypatch.setattr(drafting, name, lambda *a, real=real: calls.append(a[-1]) or real(*a))
+        real = drafting_attr(name)
+        patch_drafting(monkeypatch, name, lambda *a, real=real: calls.append(a[-1]) or real(*a))
 
     target = tiny_model("llama", vocab=8, hidden=16, eos=None, init_range=0.5, seed=11, layers=1)
     head = make_head(target, 6, [0, 1, 2, 3, 5, 6], seed=2, init=0.5)

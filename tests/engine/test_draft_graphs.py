@@ -20,6 +20,7 @@ from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_pr
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.trees import TreeShape
 from tests.helpers import laws
+from tests.helpers.drafting import drafting_attr, patch_drafting
 from tests.helpers.graphs import record_eagerly, record_ops, slots_as_on_cuda
 from tests.helpers.tiny import perturbed, tiny_model
 
@@ -238,8 +239,8 @@ def test_the_engine_is_lossless_through_captured_chains(monkeypatch) -> None:
 def test_the_captured_chain_law_test_fails_for_draws_off_their_rows(monkeypatch) -> None:
     """The negative control: a captured chain whose tokens are not drawn from the rows it reports (each uniform
     cubed) makes the engine's law wrong, and the same test says so."""
-    real = drafting.inverse_cdf_from
-    monkeypatch.setattr(drafting, "inverse_cdf_from", lambda rows, u: real(rows, u**3))
+    real = drafting_attr("inverse_cdf_from")
+    patch_drafting(monkeypatch, "inverse_cdf_from", lambda rows, u: real(rows, u**3))
     assert _chi_square(_law_engine(monkeypatch), "chain:2/block", 2000) < 1e-6
 
 
@@ -464,7 +465,7 @@ def test_a_tree_with_a_child_of_probability_zero_is_grown_again_on_the_host(monk
     target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
     engine = SpecEngine(target, perturbed(target, scale=0.2, seed=4))
     plan = "eagle:3:9:3:3:wor/traversal"
-    real, made = drafting.captured_eagle_tree, []
+    real, made = drafting_attr("captured_eagle_tree"), []
 
     def grown(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -479,7 +480,7 @@ def test_a_tree_with_a_child_of_probability_zero_is_grown_again_on_the_host(monk
         made.append(out)
         return out
 
-    monkeypatch.setattr(drafting, "captured_eagle_tree", grown)
+    patch_drafting(monkeypatch, "captured_eagle_tree", grown)
     with accelerator_path_on_cpu():
         outs = []
         for on in (True, False):
@@ -573,8 +574,8 @@ def test_the_captured_policy_chain_law_test_fails_for_draws_off_their_rows(monke
     (each uniform cubed) make the engine's law wrong, and the same test says so."""
     from adaptive_spec.rng import accelerator_path_on_cpu
 
-    real = drafting.inverse_cdf_from
-    monkeypatch.setattr(drafting, "inverse_cdf_from", lambda rows, u: real(rows, u**3))
+    real = drafting_attr("inverse_cdf_from")
+    patch_drafting(monkeypatch, "inverse_cdf_from", lambda rows, u: real(rows, u**3))
     with accelerator_path_on_cpu():
         assert _chi_square(_law_engine(monkeypatch), "cum-chain:3:0.2/block", 2000) < 1e-6
 
@@ -714,7 +715,7 @@ def test_the_stand_in_graph_refuses_what_a_cuda_graph_cannot_record(monkeypatch,
     this file fail where a real capture would: a chain core that reads the host, draws, or indexes by a boolean mask
     fails to capture (one logged line, the chain drafted level by level), where the real core captures (asserted
     throughout: ``draft_failed is None``)."""
-    real = drafting.inverse_cdf_from
+    real = drafting_attr("inverse_cdf_from")
 
     def spoiled(rows, u):
         if unrecordable == "item":
@@ -730,7 +731,7 @@ def test_the_stand_in_graph_refuses_what_a_cuda_graph_cannot_record(monkeypatch,
         return real(rows, u)
 
     (captured, _), _ = _runners("model", monkeypatch)
-    monkeypatch.setattr(drafting, "inverse_cdf_from", spoiled)
+    patch_drafting(monkeypatch, "inverse_cdf_from", spoiled)
     with torch.inference_mode():
         captured.chain_forward(torch.tensor([0, 5, 9]), logits_to_keep=1)
         g = torch.Generator().manual_seed(0)
@@ -869,7 +870,7 @@ def test_a_captured_tree_is_read_after_the_target_pass_is_queued(monkeypatch) ->
     target = tiny_model("llama", vocab=V, eos=None, max_positions=512)
     engine = SpecEngine(target, _head(target, 0.3))
     events: list[str] = []
-    real_read, real_block = drafting.eagle_outcome, runner.ModelRunner.block_forward
+    real_read, real_block = drafting_attr("eagle_outcome"), runner.ModelRunner.block_forward
 
     def read(*args, **kwargs):  # the tree's read and the host's work on it
         events.append("read")
@@ -880,7 +881,7 @@ def test_a_captured_tree_is_read_after_the_target_pass_is_queued(monkeypatch) ->
             events.append("pass")
         return real_block(self, *args, **kwargs)
 
-    monkeypatch.setattr(drafting, "eagle_outcome", read)
+    patch_drafting(monkeypatch, "eagle_outcome", read)
     monkeypatch.setattr(runner.ModelRunner, "block_forward", block)
     outs, orders = {}, {}
     with accelerator_path_on_cpu():

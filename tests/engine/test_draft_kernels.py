@@ -17,7 +17,7 @@ import logging
 import pytest
 import torch
 
-from adaptive_spec.engine import SpecEngine, draft_kernels, drafting
+from adaptive_spec.engine import SpecEngine, draft_kernels
 from adaptive_spec.engine.drafting import draft_policy_tree, draft_root
 from adaptive_spec.engine.logits import ProbsFn, SamplingConfig, build_logits_processor
 from adaptive_spec.engine.runner import ModelRunner
@@ -25,6 +25,7 @@ from adaptive_spec.rng import accelerator_path_on_cpu
 from adaptive_spec.trees.policy import parse_policy
 from adaptive_spec.verifiers import kernels
 from tests.engine.test_eagle_device import CONTEXT, IID_POLICIES, V, _same_iid, draws_at_the_top
+from tests.helpers.drafting import drafting_attr, patch_drafting
 from tests.helpers.tiny import tiny_model
 
 pytest.importorskip("triton")
@@ -86,8 +87,8 @@ def test_the_fused_levels_grow_the_torch_codes_tree(fused, monkeypatch, device, 
     code."""
     policy, model, probs_fn = parse_policy(text), _model(device, flat), _probs_fn()
     reads = []
-    real = drafting._read_iid
-    monkeypatch.setattr(drafting, "_read_iid", lambda *a: reads.append(a[-1]) or real(*a))
+    real = drafting_attr("_read_iid")
+    patch_drafting(monkeypatch, "_read_iid", lambda *a: reads.append(a[-1]) or real(*a))
     merged = 0
     for seed in range(4):
         for look in (None, policy.depth):

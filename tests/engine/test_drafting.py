@@ -111,7 +111,7 @@ def test_policy_builder_unpacks_the_ancestor_matrix_from_its_bit_masks(n):
     """The host path's ancestor matrix, unpacked in bulk, is the one its per-level mask rows read entry by entry."""
     import random
 
-    from adaptive_spec.engine.drafting import _Builder
+    from adaptive_spec.engine.drafting.policy import _Builder
     from adaptive_spec.trees.tree import ancestor_rows
 
     rng, b = random.Random(n), _Builder()

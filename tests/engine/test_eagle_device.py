@@ -33,6 +33,7 @@ from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.rng import accelerator_path_on_cpu
 from adaptive_spec.trees.policy import parse_policy
 from tests.engine.test_eagle import make_head
+from tests.helpers.drafting import drafting_attr, patch_drafting
 from tests.helpers.tiny import perturbed, tiny_model
 
 V = 12
@@ -143,18 +144,18 @@ def test_generations_are_the_same_on_the_device_and_on_the_host(monkeypatch, law
     draws alike (the looks: the next test)."""
     host_plans = GENERATION_PLANS[law]
     if law == "iid":
-        monkeypatch.setattr(drafting, "_look", lambda *a, least, first: (collections.deque(maxlen=0), least))
+        patch_drafting(monkeypatch, "look_level", lambda *a, least, first: (collections.deque(maxlen=0), least))
         host_plans = [_cut_at_first_uncertain(plan) for plan in host_plans]
     target = tiny_model("llama", vocab=48, hidden=32, seed=3, eos=None)
     draft = make_head(target, 40, range(8, 48)) if head else perturbed(target, 0.2, 4)
     engine = SpecEngine(target, draft)
     name = "draft_eagle_on_device" if law == "wor" else "draft_eagle_iid_on_device"
     runs, grown = {}, []
-    real = getattr(drafting, name)
-    monkeypatch.setattr(drafting, name, lambda *a: grown.append(real(*a)) or grown[-1])
+    real = drafting_attr(name)
+    patch_drafting(monkeypatch, name, lambda *a: grown.append(real(*a)) or grown[-1])
     for where in ("cpu", "device", "host") if law == "iid" else ("device", "host"):
         if where == "host":
-            monkeypatch.setattr(drafting, "eagle_on_device", lambda *a: False)
+            patch_drafting(monkeypatch, "eagle_on_device", lambda *a: False)
         ahead = law == "iid" and where != "cpu"
         with accelerator_path_on_cpu() if ahead else contextlib.nullcontext():  # the verifiers' paths alike
             runs[where] = [
@@ -190,7 +191,7 @@ def _cuts_and_alone(monkeypatch, cache: str, make, text: str) -> list[tuple]:
     """The plans of a policy's depth cuts made with its own (checked: in one copy for all), each beside the plan made
     for the cut alone."""
     policy, cpu, copies = parse_policy(text), torch.device("cpu"), []
-    monkeypatch.setattr(drafting, cache, {})
+    patch_drafting(monkeypatch, cache, {})
     monkeypatch.setattr(torch, "tensor", lambda *a, **k: copies.append(a) or torch.as_tensor(*a, **k))
     full = make(policy, cpu)
     cuts = [make(policy.truncated(d), cpu) for d in range(1, policy.depth)]
@@ -198,7 +199,7 @@ def _cuts_and_alone(monkeypatch, cache: str, make, text: str) -> list[tuple]:
     monkeypatch.undo()
     alone = []
     for d in range(1, policy.depth):
-        monkeypatch.setattr(drafting, cache, {})
+        patch_drafting(monkeypatch, cache, {})
         alone.append(make(policy.truncated(d), cpu))
     return list(zip(cuts, alone, strict=True))
 
@@ -206,7 +207,7 @@ def _cuts_and_alone(monkeypatch, cache: str, make, text: str) -> list[tuple]:
 def test_a_policys_depth_cuts_get_their_plans_in_the_same_transfer(monkeypatch):
     """The plans of a policy's depth cuts (its last steps in a request) are made with its own, in one copy, and each
     equals the plan made for the cut alone."""
-    for cut, alone in _cuts_and_alone(monkeypatch, "_EAGLE_PLANS", drafting._eagle_plan, "eagle:6:48:6:4:wor"):
+    for cut, alone in _cuts_and_alone(monkeypatch, "_EAGLE_PLANS", drafting_attr("_eagle_plan"), "eagle:6:48:6:4:wor"):
         assert (cut.n, cut.fed, cut.widest, cut.depths) == (alone.n, alone.fed, alone.widest, alone.depths)
         assert [(lv.widths, lv.fed, lv.kids) for lv in cut.levels] == [
             (lv.widths, lv.fed, lv.kids) for lv in alone.levels
@@ -245,8 +246,8 @@ def test_the_device_drafter_grows_the_host_drafters_iid_tree(model, text, temper
     assert eagle_on_device(policy, V) and not policy.without_replacement
     probs_fn = ProbsFn(build_logits_processor(SamplingConfig(temperature=1.0).generation_config()), V, one_hot=False)
     reads, merged, longer = [], 0, 0
-    real = drafting._read_iid
-    monkeypatch.setattr(drafting, "_read_iid", lambda *a: reads.append(1) or real(*a))
+    real = drafting_attr("_read_iid")
+    patch_drafting(monkeypatch, "_read_iid", lambda *a: reads.append(1) or real(*a))
     for seed in range(8):
         host, r_host, g_host = _grow(model, policy, probs_fn, seed, temperature == 0, False)
         reads.clear()  # the look at the tree's depth: the whole tree, no level blind
@@ -273,13 +274,13 @@ def test_iid_frontier_rows_per_level() -> None:
 def draws_at_the_top(monkeypatch) -> None:
     """The drafter's draws forced to each row's top k (the same uniforms consumed): with a top-k processor narrower
     than k, drawn children of probability 0."""
-    real = drafting.draw_tokens
+    real = drafting_attr("draw_tokens")
 
     def topk_draws(rows, k, generator, **kw):
         real(rows, k, generator, **kw)
         return rows.topk(k, dim=-1).indices
 
-    monkeypatch.setattr(drafting, "draw_tokens", topk_draws)
+    patch_drafting(monkeypatch, "draw_tokens", topk_draws)
 
 
 def test_iid_draws_of_probability_zero_are_drafted_again_on_the_host(model, monkeypatch) -> None:
@@ -302,7 +303,7 @@ def test_iid_draws_of_probability_zero_are_drafted_again_on_the_host(model, monk
 def test_an_iid_policys_depth_cuts_get_their_plans_in_the_same_transfer(monkeypatch):
     """As without replacement: the plans of an i.i.d. EAGLE policy's depth cuts come with its own, in one copy, and
     each equals the plan made for the cut alone."""
-    for cut, alone in _cuts_and_alone(monkeypatch, "_IID_PLANS", drafting._iid_plan, "eagle:6:48:6:4"):
+    for cut, alone in _cuts_and_alone(monkeypatch, "_IID_PLANS", drafting_attr("_iid_plan"), "eagle:6:48:6:4"):
         assert (cut.slots, cut.certain, cut.m) == (alone.slots, alone.certain, alone.m)
         for name in ("start", "tables", "counters", "ancestors", "earlier", "root", "one", "pad"):
             assert torch.equal(getattr(cut, name), getattr(alone, name)), name
@@ -319,7 +320,7 @@ def test_an_iid_tree_is_read_at_its_look_and_is_the_host_drafters(model, text) -
     policy = parse_policy(text)
     probs_fn = ProbsFn(build_logits_processor(SamplingConfig(temperature=1.0).generation_config()), V, one_hot=False)
     certain = _certain(policy)
-    reads, real = [], drafting._read_iid
+    reads, real = [], drafting_attr("_read_iid")
 
     def counted(*a):
         reads.append(1)
@@ -333,7 +334,7 @@ def test_an_iid_tree_is_read_at_its_look_and_is_the_host_drafters(model, text) -
             depth = max(host.tree.depths)
             reads.clear()
             with pytest.MonkeyPatch.context() as mp:
-                mp.setattr(drafting, "_read_iid", counted)
+                patch_drafting(mp, "_read_iid", counted)
                 dev, runner, _ = _grow(model, policy, probs_fn, seed, False, True, look=look)
             ta, tb = dev.tree, host.tree
             assert (ta.tokens, ta.parents, ta.depths, ta.child_draws) == (
@@ -365,12 +366,12 @@ def test_a_path_through_nodes_one_to_k_keeps_its_draft_rows(monkeypatch) -> None
     engine = SpecEngine(target, perturbed(target, 0.2, 4))
     runs, roles, grown = {}, {"target": engine.target, "draft": engine.draft}, []
     real = drafting.draft_eagle_iid_on_device
-    monkeypatch.setattr(drafting, "draft_eagle_iid_on_device", lambda *a: grown.append(real(*a)) or grown[-1])
+    patch_drafting(monkeypatch, "draft_eagle_iid_on_device", lambda *a: grown.append(real(*a)) or grown[-1])
     with accelerator_path_on_cpu():  # the policy's plans, made once
         engine.generate([5, 6, 7, 9], max_new_tokens=4, plan=plan, seed=0)
     for where in ("device", "host"):
         if where == "host":
-            monkeypatch.setattr(drafting, "eagle_on_device", lambda *a: False)
+            patch_drafting(monkeypatch, "eagle_on_device", lambda *a: False)
         with HostSyncCounter(roles=roles) as counter:  # the accelerator's path
             runs[where] = [
                 engine.generate([5, 6, 7, 9], max_new_tokens=24, temperature=1.0, plan=plan, seed=s) for s in (2, 3)

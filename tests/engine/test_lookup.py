@@ -464,7 +464,7 @@ def test_the_draft_top_tokens_at_the_root_are_paths_of_the_trie(engine) -> None:
 def test_the_root_leaves_never_repeat_the_chain_token_on_ties() -> None:
     """``lookup:WxL+mAxD``'s one-token paths are the draft's next best tokens after the chain's first (its argmax),
     even where the argmax ties with others and a top-k could rank it anywhere among them."""
-    from adaptive_spec.engine.drafting import _root_leaves
+    from adaptive_spec.engine.drafting.lookup import _root_leaves
 
     row = torch.tensor([0.25, 0.05, 0.25, 0.25, 0.2])  # four-way order among the tied tokens is the top-k's to pick
     first = row.argmax()[None]  # token 0, the chain's first token

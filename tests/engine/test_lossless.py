@@ -16,6 +16,7 @@ from adaptive_spec.engine.logits import SamplingConfig
 from adaptive_spec.trees import DraftLaw
 from adaptive_spec.verifiers import REGISTRY
 from tests.helpers import laws
+from tests.helpers.drafting import patch_drafting
 from tests.helpers.laws import chi_square_pvalue
 from tests.helpers.tiny import perturbed, tiny_model
 
@@ -123,7 +124,7 @@ def test_lossless_end_to_end_eagle_iid_on_the_device(engine: SpecEngine, monkeyp
 
     grown = []
     real = drafting.draft_eagle_iid_on_device
-    monkeypatch.setattr(drafting, "draft_eagle_iid_on_device", lambda *a: grown.append(1) or real(*a))
+    patch_drafting(monkeypatch, "draft_eagle_iid_on_device", lambda *a: grown.append(1) or real(*a))
     with accelerator_path_on_cpu():
         assert run_case(engine, "specinfer", DraftLaw.DYNAMIC_IID, runs=2000, shape="eagle:2:5:2:3") > 1e-3
     assert len(grown) >= 2000
@@ -149,7 +150,7 @@ def test_lossless_end_to_end_policy_chain_on_the_device(engine: SpecEngine, plan
             past.append(out.tree.num_nodes == a[2].depth + 1)
         return out
 
-    monkeypatch.setattr(drafting, "draft_chain_on_device", counted)
+    patch_drafting(monkeypatch, "draft_chain_on_device", counted)
     counts = torch.zeros(V, V, V, dtype=torch.long)
     with accelerator_path_on_cpu():
         for seed in range(2000):
@@ -178,7 +179,7 @@ def test_lossless_end_to_end_conf_delayed_trunk_on_the_device(engine: SpecEngine
             stopped.append(not bool(out.tree.slots[1].all()))
         return out
 
-    monkeypatch.setattr(drafting, "draft_conf_delayed", counted)
+    patch_drafting(monkeypatch, "draft_conf_delayed", counted)
     with accelerator_path_on_cpu():
         # the root's row has a top-1 of 0.39: a trunk at 0.35, which branches a node or two later; at 0.5 the paths
         # branch at the root (its top-1 is 0.42 at T = 0.9) and stop there at a branch threshold of 0.45 (a first

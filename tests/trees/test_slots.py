@@ -22,6 +22,7 @@ from adaptive_spec.bench.overhead import HostSyncCounter
 from adaptive_spec.engine import SpecEngine
 from adaptive_spec.trees import DraftTree, TreeShape
 from adaptive_spec.trees.slots import build_layout, layouts_to_device, slot_layout
+from tests.helpers.drafting import drafting_attr, patch_drafting
 from tests.helpers.tiny import perturbed, tiny_model
 
 
@@ -150,28 +151,27 @@ def test_the_engine_drafts_static_trees_without_a_host_read(plan):
     with HostSyncCounter(roles={"target": target, "draft": draft}) as counter:
         r = engine.generate([5, 6, 7], max_new_tokens=8, temperature=temperature, plan=plan, seed=0)
     sites = {site for (stage, _, _, site) in counter.sites if stage == "step"}
-    assert r.stats.steps > 0 and not [s for s in sites if s.startswith("engine/drafting.py")]
+    assert r.stats.steps > 0 and not [s for s in sites if s.startswith("engine/drafting/")]
     assert counter.syncs["step", "engine", "tolist"] >= r.stats.steps  # the verifier's read brings the tree back
     assert max(r.stats.tree_sizes) == TreeShape.parse(plan.split("/")[0]).max_nodes  # every slot is scored
 
 
 def test_a_read_planted_in_a_level_is_seen(monkeypatch):
     """Negative control for the test above: the counter sees a read inside the slot drafter."""
-    import adaptive_spec.engine.drafting as drafting
 
-    real = drafting.draw_children
+    real = drafting_attr("draw_children")
 
     def reading(*args, **kwargs):
         out = real(*args, **kwargs)
         out[0].tolist()
         return out
 
-    monkeypatch.setattr(drafting, "draw_children", reading)
+    patch_drafting(monkeypatch, "draw_children", reading)
     target = tiny_model("llama", vocab=48, seed=3, eos=None)
     engine = SpecEngine(target, perturbed(target, 0.2, 4))
     with HostSyncCounter(roles={"target": target}) as counter:
         engine.generate([5, 6, 7], max_new_tokens=4, temperature=1.0, plan="iid:3x2/specinfer", seed=0)
-    assert any(site.startswith("engine/drafting.py") for (stage, _, _, site) in counter.sites if stage == "step")
+    assert any(site.startswith("engine/drafting/") for (stage, _, _, site) in counter.sites if stage == "step")
 
 
 def test_the_commit_reads_an_accepted_path_off_the_ancestor_matrix_on_the_device(monkeypatch):
