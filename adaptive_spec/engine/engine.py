@@ -136,20 +136,7 @@ class SpecEngine(StepMixin):
         self.draft = place(draft, "draft", device, dtype)
         self.device = device
         self.tokenizer = tokenizer
-        # The engine's vocabulary is the target's: a draft with fewer logits gives the missing
-        # ids probability 0 (still lossless: the residual reaches them), and a draft with fewer
-        # input embeddings reads them as its own last id (any draft input is lossless).
-        self.vocab_size = logits_size(self.target)
-        self.draft_vocab_size = logits_size(self.draft)
-        self.input_vocab_size = int(self.target.get_input_embeddings().weight.shape[0])
-        draft_inputs = int(self.draft.get_input_embeddings().weight.shape[0])
-        self.draft_input_limit = draft_inputs if draft_inputs < self.input_vocab_size else None
-        if tokenizer is not None and draft_tokenizer is not None:
-            check_same_tokenizer(tokenizer, draft_tokenizer, min(len(tokenizer), len(draft_tokenizer)))
-        windows = [context_window(m) for m in (self.target, self.draft)]
-        windows = [w for w in windows if w]
-        self.max_positions: int | None = min(windows) if windows else None
-        self.eos_token_ids = eos_ids(self.target, tokenizer)
+        self._set_vocabularies(tokenizer, draft_tokenizer)
         # Check the attention implementations now rather than at the first call.
         ModelRunner(self.target)
         draft_runner(self.draft)
@@ -194,6 +181,24 @@ class SpecEngine(StepMixin):
             log = feature_log if isinstance(feature_log, FeatureLogger) else FeatureLogger(feature_log)
             log.attach(self.describe())
             self.feature_log = log
+
+    def _set_vocabularies(self, tokenizer: Any, draft_tokenizer: Any) -> None:
+        """The pair's vocabulary sizes, context window and end-of-sequence ids; the two tokenizers checked.
+
+        The engine's vocabulary is the target's: a draft with fewer logits gives the missing ids probability 0 (still
+        lossless: the residual reaches them), and a draft with fewer input embeddings reads them as its own last id
+        (any draft input is lossless).
+        """
+        self.vocab_size = logits_size(self.target)
+        self.draft_vocab_size = logits_size(self.draft)
+        self.input_vocab_size = int(self.target.get_input_embeddings().weight.shape[0])
+        draft_inputs = int(self.draft.get_input_embeddings().weight.shape[0])
+        self.draft_input_limit = draft_inputs if draft_inputs < self.input_vocab_size else None
+        if tokenizer is not None and draft_tokenizer is not None:
+            check_same_tokenizer(tokenizer, draft_tokenizer, min(len(tokenizer), len(draft_tokenizer)))
+        windows = [w for w in (context_window(m) for m in (self.target, self.draft)) if w]
+        self.max_positions: int | None = min(windows) if windows else None
+        self.eos_token_ids = eos_ids(self.target, tokenizer)
 
     def _datastore(self, datastore: Datastore | str | os.PathLike | None) -> Datastore | None:
         """The datastore given (loaded from its file), checked against the target's vocabulary."""

@@ -101,24 +101,18 @@ def _looked_trunk(
     """:func:`draft_conf_delayed`'s trunk decided on the device and read once, at its look: ``(its tokens, whether
     each was drawn validly, the fed nodes' rows)``, each a list over the trunk's nodes, cut where it branches.
     """
-    D, device, p, base = policy.depth, runner.device, root.pending, root.base
+    D, p, base = policy.depth, root.pending, root.base
     R, ok = root.probs[-1:], root.ok
-    tokens, valid, rows = [], [], []
+    trunk = tokens, valid, rows = [], [], []
     stops, look = look_level(runner, policy, D - 1)
     going, marks = [], []  # per trunk decision: every decision so far confident (BoolTensor[1]); before each feed
     for j in range(look):  # decision j: trunk node j's row confident -> its one child, node j + 1
         confident = R.amax(-1).double() >= policy.threshold
         going.append(confident if j == 0 else going[-1] & confident)
-        drawn, drawn_ok = draw_children(R, 1, generator, replace=False, greedy=deterministic)  # [1, 1]
-        tokens.append(drawn[0])
-        valid.append(drawn_ok[0])
-        if j + 1 < D:  # fed, to be decided next (a node at depth D is a leaf)
+        if j + 1 < D:  # its child fed, to be decided next (a node at depth D is a leaf)
             marks.append(runner.block_mark())
-            pos = torch.full((1,), base + p + j, dtype=torch.long, device=device)
-            logits = runner.block_forward(drawn[0], pos, None, logits_to_keep=1)
-            R = probs_fn(logits)
-            ok = ok & finite_flag(logits, R)
-            rows.append(R)
+        R, fed_ok = _trunk_child(runner, R, base + p + j, j + 1 < D, probs_fn, generator, deterministic, trunk)
+        ok = ok if fed_ok is None else ok & fed_ok
     t, good = torch.stack([torch.cat(going).sum().double(), ok.double()]).tolist()  # the trunk's one read
     check_finite(good, "draft")
     t = int(t)  # the trunk branches at depth t: where it stopped, or at the look
@@ -137,24 +131,44 @@ def _read_trunk(
     deterministic: bool,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     """:func:`draft_conf_delayed`'s trunk read level by level (one host read a node), as :func:`_looked_trunk`'s."""
-    D, device, p, base = policy.depth, runner.device, root.pending, root.base
+    D, p, base = policy.depth, root.pending, root.base
     R, ok = root.probs[-1:], root.ok
-    tokens, valid, rows = [], [], []
+    trunk = tokens, _, _ = [], [], []
     while len(tokens) < D:
         top1, good = torch.stack([R.max().double(), ok.double()]).tolist()  # the trunk node's one read
         check_finite(good, "draft")
         if top1 < policy.threshold:
             break
-        drawn, drawn_ok = draw_children(R, 1, generator, replace=False, greedy=deterministic)  # [1, 1]
-        tokens.append(drawn[0])
-        valid.append(drawn_ok[0])
-        if len(tokens) < D:  # fed, to be read next: one token attending to every row before it
-            pos = torch.full((1,), base + p - 1 + len(tokens), dtype=torch.long, device=device)
-            logits = runner.block_forward(drawn[0], pos, None, logits_to_keep=1)
-            R = probs_fn(logits)
-            ok = finite_flag(logits, R)
-            rows.append(R)
-    return tokens, valid, rows
+        n = len(tokens)  # its child, node n + 1, fed to be read next unless it is a leaf
+        R, ok = _trunk_child(runner, R, base + p + n, n + 1 < D, probs_fn, generator, deterministic, trunk)
+    return trunk
+
+
+def _trunk_child(
+    runner: ModelRunner,
+    R: torch.Tensor,
+    position: int,
+    feed: bool,
+    probs_fn: ProbsFn,
+    generator: torch.Generator,
+    deterministic: bool,
+    trunk: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]],
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A trunk node's one child drawn from its row ``R`` and appended to ``trunk`` (tokens, valid draws, rows); with
+    ``feed``, fed at ``position`` (one token attending to every row before it). ``(its row, whether its logits were
+    finite)`` when fed, else ``(R, None)``.
+    """
+    drawn, drawn_ok = draw_children(R, 1, generator, replace=False, greedy=deterministic)  # [1, 1]
+    tokens, valid, rows = trunk
+    tokens.append(drawn[0])
+    valid.append(drawn_ok[0])
+    if not feed:
+        return R, None
+    pos = torch.full((1,), position, dtype=torch.long, device=runner.device)
+    logits = runner.block_forward(drawn[0], pos, None, logits_to_keep=1)
+    row = probs_fn(logits)
+    rows.append(row)
+    return row, finite_flag(logits, row)
 
 
 def captured_conf_delayed(
