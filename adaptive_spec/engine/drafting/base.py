@@ -15,9 +15,7 @@ from adaptive_spec.engine.logits import ProbsFn, finite_flag
 from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.trees import DraftTree
 from adaptive_spec.trees.draw import draw_tokens
-from adaptive_spec.trees.policy import (
-    EagleTree,
-)
+from adaptive_spec.trees.policy import EagleTree
 
 
 @dataclass
@@ -71,7 +69,7 @@ class DraftOutcome:
 
         The tree's row, except at a node whose children were looked up: there the tree's row is
         the lookup's (what the verifier reads), and the model's row is the one it output when
-        the node was fed to it, if that row was kept (:func:`draft_hybrid`'s ``keep_rows``).
+        the node was fed to it, if that row was kept (:func:`~.lookup.draft_hybrid`'s ``keep_rows``).
         Features and logs of the draft's distribution read this, never a lookup's row.
         """
         if node < self.lookup_rows:
@@ -110,7 +108,7 @@ class DraftRoot:
 def draft_root(runner: ModelRunner, pending: torch.Tensor, probs_fn: ProbsFn, keep: int = 1) -> DraftRoot:
     """Feed the ``pending`` tokens (LongTensor[p], root last) to the draft; keep the last ``keep`` rows.
 
-    The rows stay in the draft cache as block rows ``0 .. p - 1``; :func:`draft_tree` grows
+    The rows stay in the draft cache as block rows ``0 .. p - 1``; :func:`~.static.draft_tree` grows
     the tree after them, and the caller commits or rolls back.
     """
     p = int(pending.numel())
@@ -166,11 +164,11 @@ class QueuedRead:
 @dataclass(frozen=True)
 class DeferredTree:
     """A tree grown on the device whose one host read waits until the target's pass over it is queued
-    (:func:`captured_eagle_tree` with ``defer``; the engine's step). The pass needs only the tensors here, so on a GPU
-    the read and the host's work on the tree overlap the pass instead of leaving the GPU idle before it.
+    (:func:`~.eagle_tree.captured_eagle_tree` with ``defer``; the engine's step). The pass needs only the tensors here,
+    so on a GPU the read and the host's work on the tree overlap the pass instead of leaving the GPU idle before it.
 
     ``finish()`` reads it: the :class:`DraftOutcome`, or the policy when a drawn child had probability 0, which
-    ``redraw(policy)`` then draws on the host (:func:`draft_policy_tree` sets it). :meth:`read` does both.
+    ``redraw(policy)`` then draws on the host (:func:`~.policy.draft_policy_tree` sets it). :meth:`read` does both.
     """
 
     tokens: torch.Tensor  # [N] the nodes' tokens (the root's -1), on the device

@@ -110,8 +110,8 @@ def captured_policy_chain(
     temperature: float = 1.0,
 ) -> DraftOutcome | None:
     """A policy chain (``conf-chain``, ``cum-chain``, ``learned-chain``) drafted to its depth in one replay of the
-    chain's graph (:func:`captured_chain`), then cut at the policy's own stop: one host read. None: drafted level by
-    level (no graph for it).
+    chain's graph (:func:`~.static.captured_chain`), then cut at the policy's own stop: one host read. None: drafted
+    level by level (no graph for it).
 
     Every node's decision is made after the replay, on the device, from the rows and tokens it returns, by the
     arithmetic of the level-by-level drafter (:class:`_ChainRuleOnDevice`, over the whole chain at once); the one

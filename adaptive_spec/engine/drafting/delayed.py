@@ -62,18 +62,18 @@ def draft_conf_delayed(
     drops, at depth ``t < D``, gets ``paths`` i.i.d. draws, and from there (``branch_threshold`` 0, a budget of
     ``depth · paths``) each node gets as many draws as paths stand on it, to depth ``D``: the policy's law from
     there on is the static ``delayed(t, paths, D − t)`` shape's (``iid`` at ``t = 0``), drafted into its slots
-    (:func:`draft_slots`, the trunk as its first levels) with no host read. A trunk that stays confident to
+    (:func:`~.static.draft_slots`, the trunk as its first levels) with no host read. A trunk that stays confident to
     depth ``D`` is a chain. One read per trunk node instead of one read and one copy per level.
 
-    ``looked`` (an accelerator: :func:`draft_policy_tree`): the trunk is decided on the device, its nodes drawn and
-    fed without waiting, and read once, after ``l`` decisions (the *look*, from the past steps of the policy as a
-    policy chain's, :func:`draft_chain_on_device`): a trunk that stopped by then branches where it stopped, one that
-    did not branches at depth ``l``. That is the tree of
+    ``looked`` (an accelerator: :func:`~.policy.draft_policy_tree`): the trunk is decided on the device, its nodes drawn
+    and fed without waiting, and read once, after ``l`` decisions (the *look*, from the past steps of the policy as a
+    policy chain's, :func:`~.chains.draft_chain_on_device`): a trunk that stopped by then branches where it stopped, one
+    that did not branches at depth ``l``. That is the tree of
     :class:`~adaptive_spec.trees.policy.LookedDelayed` ``(policy, l)``, whose law the exact tests check.
 
     Paths that may stop (a ``branch_threshold``, the device's path only: :func:`delayed_on_slots`): a path node
     is fed only if the row its token was drawn from has a top-1 of at least the threshold, decided on the device
-    level by level in the same slots (:func:`draft_slots`), a stopped path's later draws flagged invalid: the
+    level by level in the same slots (:func:`~.static.draft_slots`), a stopped path's later draws flagged invalid: the
     policy's tree, with no read for the paths.
     """
     D, K, device = policy.depth, policy.paths, runner.device
@@ -186,10 +186,10 @@ def captured_conf_delayed(
     from the same past steps), each node drawn as the level-by-level drafter draws it (the argmax at temperature 0,
     else the exponential race, a level a call) and every decision made on the device; the one read is the trunk's
     length ``t`` where it stopped (or the look) and the finite flag. The paths' graph then feeds the pending tokens
-    and the ``t`` trunk tokens again as a chain (:func:`replay_slots`, the tokens in its noise) and drafts the paths
-    from the branch node as the static ``delayed(0, paths, depth - t)`` shape's slots, ``branch_threshold`` flagged
-    on the device: the slots of ``delayed(t, paths, depth - t)`` after its trunk, in the same order, with the same
-    draws. The second replay rewrites the first's rows with the same values, so the cache holds what the
+    and the ``t`` trunk tokens again as a chain (:func:`~.static.replay_slots`, the tokens in its noise) and drafts the
+    paths from the branch node as the static ``delayed(0, paths, depth - t)`` shape's slots, ``branch_threshold``
+    flagged on the device: the slots of ``delayed(t, paths, depth - t)`` after its trunk, in the same order, with the
+    same draws. The second replay rewrites the first's rows with the same values, so the cache holds what the
     level-by-level drafter leaves.
     """
     D, K, vocab = policy.depth, policy.paths, probs_fn.vocab_size

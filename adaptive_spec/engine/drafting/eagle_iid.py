@@ -23,9 +23,7 @@ from adaptive_spec.engine.runner import ModelRunner
 from adaptive_spec.rng import inverse_cdf_from
 from adaptive_spec.trees import DraftTree
 from adaptive_spec.trees.draw import draw_tokens
-from adaptive_spec.trees.policy import (
-    EagleTree,
-)
+from adaptive_spec.trees.policy import EagleTree
 from adaptive_spec.verifiers import kernels
 
 
@@ -53,7 +51,7 @@ class _IidPlan:
 
 
 def _iid_plan(policy: EagleTree, device: torch.device) -> _IidPlan:
-    """The plan of ``policy`` on ``device`` (made once, with its depth cuts', :func:`plan_with_cuts`)."""
+    """The plan of ``policy`` on ``device`` (made once, with its depth cuts', :func:`~.eagle_tree.plan_with_cuts`)."""
     return plan_with_cuts(_IID_PLANS, policy, device, _iid_host, lambda c, h, part, d: _iid_device(c, *h, part, d))
 
 
@@ -147,13 +145,13 @@ def draft_eagle_iid_on_device(
 ) -> DraftOutcome | EagleTree:
     """An EAGLE-style tree with i.i.d. children, decided on the device: one host read for the whole tree.
 
-    The host path (:func:`draft_policy_tree`) gives each fed node ``width`` i.i.d. draws within the budget (spent
-    in frontier order), merges a node's draws by token into its children (in the order of first appearance) and
+    The host path (:func:`~.policy.draft_policy_tree`) gives each fed node ``width`` i.i.d. draws within the budget
+    (spent in frontier order), merges a node's draws by token into its children (in the order of first appearance) and
     feeds the ``top_k`` new nodes of highest path probability (ties: the first made), in the order made. How many
     distinct children the draws give is not known in advance, so each level here has its most frontier rows
-    (:func:`eagle_iid_slots`): the first are the fed nodes, the others padding rows that are fed to the draft too
-    (attending to the root; their rows are never read) and whose draws are invalid. Node numbers, budget, merges
-    and the choice of the fed nodes are computed on the device with the host path's arithmetic (float64 path
+    (:func:`~.eagle_tree.eagle_iid_slots`): the first are the fed nodes, the others padding rows that are fed to the
+    draft too (attending to the root; their rows are never read) and whose draws are invalid. Node numbers, budget,
+    merges and the choice of the fed nodes are computed on the device with the host path's arithmetic (float64 path
     probabilities, a stable sort), by the torch code (:class:`_IidTorch`) or, where the fused kernels run, a launch
     a level (:class:`_IidFused`); the host path draws on as many rows (it pads its rows likewise), so from one
     generator state both grow the same tree.
@@ -263,7 +261,7 @@ def captured_eagle_iid_tree(
 
     The tree is :func:`draft_eagle_iid_on_device`'s, to the same look (from the same past trees): the torch code's
     bookkeeping (:class:`_IidTorch`, padding rows and all) with every level's forward on the device
-    (:meth:`~.runner.ModelRunner.level_forward`, through :class:`TreeInGraph`), and the draws as
+    (:meth:`~.runner.ModelRunner.level_forward`, through :class:`~.static.TreeInGraph`), and the draws as
     :func:`~adaptive_spec.trees.draw.draw_tokens` makes them on an accelerator: inverse-CDF draws (the first child the
     argmax at temperature 0) from ``width`` uniforms a frontier row, or the exponential race for one child at
     temperature > 0, the noise drawn before the replay a level a call of the level-by-level drafter's shape from the

@@ -26,15 +26,16 @@ from adaptive_spec.trees.policy import (
 
 def eagle_on_device(policy: DraftPolicy, vocab: int) -> bool:
     """Whether the device grows ``policy``'s trees: EAGLE-style, no wider than the vocabulary
-    (:func:`draft_eagle_on_device` without replacement, :func:`draft_eagle_iid_on_device` with i.i.d. children).
+    (:func:`draft_eagle_on_device` without replacement, :func:`~.eagle_iid.draft_eagle_iid_on_device` with i.i.d.
+    children).
     """
     return isinstance(policy, EagleTree) and policy.depth > 0 and policy.width <= vocab
 
 
 def eagle_iid_slots(policy: EagleTree) -> list[int]:
     """Per level of an EAGLE-style tree with i.i.d. children, the most frontier nodes it can have: the rows its
-    children are drawn from on the device (:func:`draft_eagle_iid_on_device`), and on the host too (the host path
-    pads its rows to as many, so that both draw the same uniforms from one generator state).
+    children are drawn from on the device (:func:`~.eagle_iid.draft_eagle_iid_on_device`), and on the host too (the host
+    path pads its rows to as many, so that both draw the same uniforms from one generator state).
     """
     out = [1]
     while len(out) < policy.depth:
@@ -177,7 +178,7 @@ def draft_eagle_on_device(
 ) -> DraftOutcome | EagleTree:
     """An EAGLE-style tree without replacement, decided on the device: one host read for the whole tree.
 
-    The host path (:func:`draft_policy_tree`) feeds, per level, the ``top_k`` new nodes of highest path
+    The host path (:func:`~.policy.draft_policy_tree`) feeds, per level, the ``top_k`` new nodes of highest path
     probability (ties: the first made) and gives each ``width`` children within the budget. Without
     replacement a frontier node gets exactly its width in distinct children unless its row has fewer
     positive entries, so the counts per level are known in advance (:func:`eagle_levels`) and only *which*
@@ -218,8 +219,8 @@ def captured_eagle_tree(
     """An EAGLE-style tree without replacement after the ``pending`` tokens, grown in one replay of its captured graph
     (:meth:`~adaptive_spec.engine.runner.ModelRunner.captured_draft`) and read once: the outcome, ``policy`` when a
     drawn child had probability 0 (as :func:`draft_eagle_on_device`), or None: drafted level by level. ``defer``
-    (the slot's ``early_pass`` on too): the tree before its read, a :class:`DeferredTree` whose ``finish`` gives one
-    of the first two.
+    (the slot's ``early_pass`` on too): the tree before its read, a :class:`~.base.DeferredTree` whose ``finish`` gives
+    one of the first two.
 
     The graph grows the tree by :func:`eagle_grow`, with every level's forward on the device
     (:meth:`~.runner.ModelRunner.level_forward`: the fed nodes' cache rows after the root's, their mask over the
@@ -347,7 +348,7 @@ def eagle_outcome(
 ) -> DraftOutcome | EagleTree:
     """The drafted tree of :func:`eagle_grow` after its one host read, or ``policy`` when a drawn child had probability
     0 (the caller draws the tree again on the host). ``p``: the pending tokens fed before the tree; ``read``: that
-    read, queued earlier (:class:`DeferredTree`), else made here.
+    read, queued earlier (:class:`~.base.DeferredTree`), else made here.
     """
     n, fed_total, device = plan.n, plan.fed, grown.tokens.device
     kids_d = plan.start[2 * n :].view(n, plan.widest).clone()

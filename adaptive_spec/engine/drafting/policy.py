@@ -81,18 +81,18 @@ def draft_policy_tree(
 ) -> DraftOutcome | DeferredTree:
     """Grow a tree with a drafting ``policy``: one draft forward per level.
 
-    ``deferred``: the caller takes a :class:`DeferredTree` (an EAGLE-style tree without replacement grown in one
+    ``deferred``: the caller takes a :class:`~.base.DeferredTree` (an EAGLE-style tree without replacement grown in one
     replay, its read left until the target's pass is queued; the engine's step).
 
     A chain whose stop rule is device arithmetic (``conf-chain``, ``cum-chain``, ``learned-chain``) is decided on
-    the device with at most one host read, on an accelerator (:func:`draft_chain_on_device`; ``on_device=True``
+    the device with at most one host read, on an accelerator (:func:`~.chains.draft_chain_on_device`; ``on_device=True``
     takes that path on a CPU too, ``False`` the host path). An EAGLE-style policy is decided on the device, with
-    one host read for the whole tree without replacement (:func:`draft_eagle_on_device`) and usually with i.i.d.
-    children too, on an accelerator
-    (:func:`draft_eagle_iid_on_device`; ``on_device=False`` forces the host path below, and
+    one host read for the whole tree without replacement (:func:`~.eagle_tree.draft_eagle_on_device`) and usually with
+    i.i.d. children too, on an accelerator
+    (:func:`~.eagle_iid.draft_eagle_iid_on_device`; ``on_device=False`` forces the host path below, and
     the runner's ``device_policy`` turns it off for a run after a step had to redo its tree). A
     ``conf-delayed`` policy whose paths go on once branched reads its trunk, then drafts the paths into
-    slots (:func:`draft_conf_delayed`; ``on_device=False`` forces the host path here too). Any other
+    slots (:func:`~.delayed.draft_conf_delayed`; ``on_device=False`` forces the host path here too). Any other
     policy decides on the host, one read per level, as follows (so does every policy on a CPU, where a read costs
     nothing and the device paths' forwards past a stop would).
 
@@ -188,10 +188,11 @@ def _eagle_level_by_level(
     deterministic: bool,
     on_device: bool | None,
 ) -> DraftOutcome | DraftPolicy:
-    """An EAGLE-style tree grown on the device a forward a level, with one host read (:func:`draft_eagle_on_device`,
-    :func:`draft_eagle_iid_on_device`), where :func:`draft_policy_tree` takes that path: the outcome, else the policy
-    to grow on the host (another policy; or a drawn child had probability 0, and then the generator and the draft's
-    block are put back and the policy is the one the device drafted: an i.i.d. tree's cut at its look).
+    """An EAGLE-style tree grown on the device a forward a level, with one host read
+    (:func:`~.eagle_tree.draft_eagle_on_device`, :func:`~.eagle_iid.draft_eagle_iid_on_device`), where
+    :func:`draft_policy_tree` takes that path: the outcome, else the policy to grow on the host (another policy; or a
+    drawn child had probability 0, and then the generator and the draft's block are put back and the policy is the one
+    the device drafted: an i.i.d. tree's cut at its look).
     """
     if on_device is None:
         on_device = runner.device_policy and eagle_on_device(policy, probs_fn.vocab_size)

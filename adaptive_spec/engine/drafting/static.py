@@ -32,7 +32,7 @@ def draft_tree(
     """Draft a tree of ``shape`` after the committed context; see the module docstring.
 
     ``pending`` is either the pending tokens, fed here (not at all for a depth-0 shape), or
-    the :class:`DraftRoot` of their forward, already run. The draft cache is left holding
+    the :class:`~.base.DraftRoot` of their forward, already run. The draft cache is left holding
     the pending tokens plus the fed tree nodes; the caller commits or rolls back.
     """
     V, device, D = probs_fn.vocab_size, runner.device, shape.depth
@@ -72,10 +72,10 @@ def captured_chain(
     from the row with a uniform from ``generator``, the chain's ``depth`` uniforms drawn before the replay (on a CPU
     from one generator state the same uniforms, so the same tokens: tested).
 
-    ``given`` (LongTensor[a], a hybrid draft's looked-up tokens for an EAGLE-style head, :func:`draft_hybrid`): fed
-    one at a time after the pending ones, each level reading the head's output for the one before, and the chain
-    drawn after the last of them (the root's row is then the row over it, as :func:`_extend_root` makes it). They
-    travel in the graph's noise, ahead of the uniforms (float64 holds every token id exactly): one graph per ``a``.
+    ``given`` (LongTensor[a], a hybrid draft's looked-up tokens for an EAGLE-style head, :func:`~.lookup.draft_hybrid`):
+    fed one at a time after the pending ones, each level reading the head's output for the one before, and the chain
+    drawn after the last of them (the root's row is then the row over it, as :func:`~.lookup._extend_root` makes it).
+    They travel in the graph's noise, ahead of the uniforms (float64 holds every token id exactly): one graph per ``a``.
     """
     probs = runner.graph_probs(probs_fn)
     if probs is None:
@@ -149,9 +149,9 @@ def chain_step(runner: ModelRunner, cols: torch.Tensor, token: torch.Tensor, r, 
 
 
 class TreeInGraph:
-    """Inside a captured tree draft (:func:`_slots_core`, :func:`_tree_core`): the pending rows' forward as a bucket's
-    (:meth:`~adaptive_spec.engine.runner.ModelRunner.root_stage`), the root's row ``root`` [1, V] and its finite flag
-    ``ok``, then :meth:`level` a level at a time, each level's nodes written after the ones fed before them.
+    """Inside a captured tree draft (:func:`_slots_core`, :func:`~.eagle_tree._tree_core`): the pending rows' forward as
+    a bucket's (:meth:`~adaptive_spec.engine.runner.ModelRunner.root_stage`), the root's row ``root`` [1, V] and its
+    finite flag ``ok``, then :meth:`level` a level at a time, each level's nodes written after the ones fed before them.
     """
 
     def __init__(self, runner: ModelRunner, probs: ProbsFn, ids, pos, mask, extra, rows, last, given=None) -> None:
@@ -231,10 +231,10 @@ def replay_slots(
     branch_threshold: float = 0.0,
 ) -> tuple[torch.Tensor, ...] | None:
     """:func:`captured_slots`'s replay: the graph's outputs ``(tokens, valid, rows, ok)`` (:func:`slots_grow`'s, and
-    whether every row was finite), or None: not captured. ``trunk`` (LongTensor[t], :func:`captured_conf_delayed`): a
-    trunk's tokens fed as a chain after the pending ones, the layout's root its last; they travel in the graph's noise,
-    a row after the exponentials (float32 holds every token id below 2**24 exactly: a larger vocabulary drafts level by
-    level), one graph per trunk length.
+    whether every row was finite), or None: not captured. ``trunk`` (LongTensor[t],
+    :func:`~.delayed.captured_conf_delayed`): a trunk's tokens fed as a chain after the pending ones, the layout's root
+    its last; they travel in the graph's noise, a row after the exponentials (float32 holds every token id below 2**24
+    exactly: a larger vocabulary drafts level by level), one graph per trunk length.
     ``branch_threshold``: :func:`slots_grow`'s.
     """
     probs = runner.graph_probs(probs_fn)
@@ -331,9 +331,9 @@ def draft_slots(
     child draws are merged then. Every row's finiteness is the outcome's ``ok``, read with them.
 
     ``trunk``: the first levels of a ``delayed`` layout, already drawn and fed (one slot each, in slot order), as
-    ``(tokens, valid, rows)`` after the root's (:func:`draft_conf_delayed`); the levels after them are drafted.
-    ``branch_threshold`` (walker laws, ``conf-delayed``'s paths that may stop): a node below the branching point
-    has children only if the row its own token was drawn from has a top-1 of at least it (its parent's row, as
+    ``(tokens, valid, rows)`` after the root's (:func:`~.delayed.draft_conf_delayed`); the levels after them are
+    drafted. ``branch_threshold`` (walker laws, ``conf-delayed``'s paths that may stop): a node below the branching
+    point has children only if the row its own token was drawn from has a top-1 of at least it (its parent's row, as
     the policy's ``feed``); the draws of a walker whose node has none are flagged invalid (with everything under
     them, :meth:`SlotLayout.merge`), so the tree is the policy's, though every slot is still fed.
     """
