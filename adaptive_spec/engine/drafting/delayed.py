@@ -78,7 +78,8 @@ def draft_conf_delayed(
     """
     D, K, device = policy.depth, policy.paths, runner.device
     _delayed_layouts(D, K, probs_fn.vocab_size, device)  # every trunk length's slots on the device, in one copy
-    trunk = (_looked_trunk if looked else _read_trunk)(runner, root, policy, probs_fn, generator, deterministic)
+    grown = _Trunk(runner, root, policy, probs_fn, generator, deterministic)
+    trunk = grown.looked() if looked else grown.read()
     tokens, _, rows = trunk
     t = len(tokens)
     shape = TreeShape.delayed(t, K, D - t)
@@ -90,85 +91,74 @@ def draft_conf_delayed(
     return out
 
 
-def _looked_trunk(
-    runner: ModelRunner,
-    root: DraftRoot,
-    policy: ConfidenceDelayed,
-    probs_fn: ProbsFn,
-    generator: torch.Generator,
-    deterministic: bool,
-) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """:func:`draft_conf_delayed`'s trunk decided on the device and read once, at its look: ``(its tokens, whether
-    each was drawn validly, the fed nodes' rows)``, each a list over the trunk's nodes, cut where it branches.
+class _Trunk:
+    """:func:`draft_conf_delayed`'s trunk as it grows: its tokens, whether each was drawn validly, and the fed nodes'
+    rows, each a list over the trunk's nodes; :meth:`looked` or :meth:`read` grows it.
     """
-    D, p, base = policy.depth, root.pending, root.base
-    R, ok = root.probs[-1:], root.ok
-    trunk = tokens, valid, rows = [], [], []
-    stops, look = look_level(runner, policy, D - 1)
-    going, marks = [], []  # per trunk decision: every decision so far confident (BoolTensor[1]); before each feed
-    for j in range(look):  # decision j: trunk node j's row confident -> its one child, node j + 1
-        confident = R.amax(-1).double() >= policy.threshold
-        going.append(confident if j == 0 else going[-1] & confident)
-        if j + 1 < D:  # its child fed, to be decided next (a node at depth D is a leaf)
-            marks.append(runner.block_mark())
-        R, fed_ok = _trunk_child(runner, R, base + p + j, j + 1 < D, probs_fn, generator, deterministic, trunk)
-        ok = ok if fed_ok is None else ok & fed_ok
-    t, good = torch.stack([torch.cat(going).sum().double(), ok.double()]).tolist()  # the trunk's one read
-    check_finite(good, "draft")
-    t = int(t)  # the trunk branches at depth t: where it stopped, or at the look
-    stops.append(t if t < look else look + 1)
-    if t < len(marks):  # trunk nodes fed after the branch node: their rows go
-        runner.undo_block(marks[t])
-    return tokens[:t], valid[:t], rows[:t]
 
+    def __init__(
+        self,
+        runner: ModelRunner,
+        root: DraftRoot,
+        policy: ConfidenceDelayed,
+        probs_fn: ProbsFn,
+        generator: torch.Generator,
+        deterministic: bool,
+    ) -> None:
+        self.runner, self.root, self.policy, self.probs_fn = runner, root, policy, probs_fn
+        self.generator, self.deterministic = generator, deterministic
+        self.tokens: list[torch.Tensor] = []
+        self.valid: list[torch.Tensor] = []
+        self.rows: list[torch.Tensor] = []
 
-def _read_trunk(
-    runner: ModelRunner,
-    root: DraftRoot,
-    policy: ConfidenceDelayed,
-    probs_fn: ProbsFn,
-    generator: torch.Generator,
-    deterministic: bool,
-) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """:func:`draft_conf_delayed`'s trunk read level by level (one host read a node), as :func:`_looked_trunk`'s."""
-    D, p, base = policy.depth, root.pending, root.base
-    R, ok = root.probs[-1:], root.ok
-    trunk = tokens, _, _ = [], [], []
-    while len(tokens) < D:
-        top1, good = torch.stack([R.max().double(), ok.double()]).tolist()  # the trunk node's one read
+    def looked(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """Decided on the device and read once, at its look: ``(tokens, valid, rows)``, cut where it branches."""
+        runner, D = self.runner, self.policy.depth
+        R, ok = self.root.probs[-1:], self.root.ok
+        stops, look = look_level(runner, self.policy, D - 1)
+        going, marks = [], []  # per trunk decision: every decision so far confident (BoolTensor[1]); before each feed
+        for j in range(look):  # decision j: trunk node j's row confident -> its one child, node j + 1
+            confident = R.amax(-1).double() >= self.policy.threshold
+            going.append(confident if j == 0 else going[-1] & confident)
+            if j + 1 < D:  # its child fed, to be decided next (a node at depth D is a leaf)
+                marks.append(runner.block_mark())
+            R, fed_ok = self._child(R, j, j + 1 < D)
+            ok = ok if fed_ok is None else ok & fed_ok
+        t, good = torch.stack([torch.cat(going).sum().double(), ok.double()]).tolist()  # the trunk's one read
         check_finite(good, "draft")
-        if top1 < policy.threshold:
-            break
-        n = len(tokens)  # its child, node n + 1, fed to be read next unless it is a leaf
-        R, ok = _trunk_child(runner, R, base + p + n, n + 1 < D, probs_fn, generator, deterministic, trunk)
-    return trunk
+        t = int(t)  # the trunk branches at depth t: where it stopped, or at the look
+        stops.append(t if t < look else look + 1)
+        if t < len(marks):  # trunk nodes fed after the branch node: their rows go
+            runner.undo_block(marks[t])
+        return self.tokens[:t], self.valid[:t], self.rows[:t]
 
+    def read(self) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """Read level by level, one host read a node: ``(tokens, valid, rows)``, as :meth:`looked`'s."""
+        D = self.policy.depth
+        R, ok = self.root.probs[-1:], self.root.ok
+        while len(self.tokens) < D:
+            top1, good = torch.stack([R.max().double(), ok.double()]).tolist()  # the trunk node's one read
+            check_finite(good, "draft")
+            if top1 < self.policy.threshold:
+                break
+            n = len(self.tokens)  # its child, node n + 1, fed to be read next unless it is a leaf
+            R, ok = self._child(R, n, n + 1 < D)
+        return self.tokens, self.valid, self.rows
 
-def _trunk_child(
-    runner: ModelRunner,
-    R: torch.Tensor,
-    position: int,
-    feed: bool,
-    probs_fn: ProbsFn,
-    generator: torch.Generator,
-    deterministic: bool,
-    trunk: tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]],
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """A trunk node's one child drawn from its row ``R`` and appended to ``trunk`` (tokens, valid draws, rows); with
-    ``feed``, fed at ``position`` (one token attending to every row before it). ``(its row, whether its logits were
-    finite)`` when fed, else ``(R, None)``.
-    """
-    drawn, drawn_ok = draw_children(R, 1, generator, replace=False, greedy=deterministic)  # [1, 1]
-    tokens, valid, rows = trunk
-    tokens.append(drawn[0])
-    valid.append(drawn_ok[0])
-    if not feed:
-        return R, None
-    pos = torch.full((1,), position, dtype=torch.long, device=runner.device)
-    logits = runner.block_forward(drawn[0], pos, None, logits_to_keep=1)
-    row = probs_fn(logits)
-    rows.append(row)
-    return row, finite_flag(logits, row)
+    def _child(self, R: torch.Tensor, n: int, feed: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Trunk node ``n``'s one child, drawn from its row ``R``; with ``feed``, fed (one token attending to every
+        row before it). ``(its row, whether its logits were finite)`` when fed, else ``(R, None)``.
+        """
+        drawn, drawn_ok = draw_children(R, 1, self.generator, replace=False, greedy=self.deterministic)  # [1, 1]
+        self.tokens.append(drawn[0])
+        self.valid.append(drawn_ok[0])
+        if not feed:
+            return R, None
+        pos = torch.full((1,), self.root.base + self.root.pending + n, dtype=torch.long, device=self.runner.device)
+        logits = self.runner.block_forward(drawn[0], pos, None, logits_to_keep=1)
+        row = self.probs_fn(logits)
+        self.rows.append(row)
+        return row, finite_flag(logits, row)
 
 
 def captured_conf_delayed(
